@@ -1,0 +1,36 @@
+# heft — see README.md. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X heft/shared/version.Version=$(VERSION)
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+
+.PHONY: help build build-cross test vet lint demo clean
+
+help: ## list targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+build: ## build bin/heft-agent, bin/heft-coordinator, bin/heft-sim
+	@mkdir -p $(BIN)
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./agent/cmd/heft-agent ./coordinator/cmd/heft-coordinator ./sim/cmd/heft-sim
+
+build-cross: ## check the agent builds without cgo and for macOS on Apple silicon
+	CGO_ENABLED=0 $(GO) build -o /dev/null ./agent/cmd/heft-agent
+	CGO_ENABLED=0 GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./agent/cmd/heft-agent
+
+test: ## run every test with the race detector
+	$(GO) test -race -count=1 ./...
+
+vet: ## go vet, with and without cgo
+	$(GO) vet ./...
+	CGO_ENABLED=0 $(GO) vet ./...
+
+lint: vet ## gofmt check + vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+demo: build ## start a simulated fleet on loopback and print the dashboard's address
+	./scripts/demo.sh
+
+clean: ## remove build outputs
+	rm -rf $(BIN) dist

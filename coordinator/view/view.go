@@ -1,0 +1,120 @@
+// Package view holds the JSON shapes the coordinator serves: the public
+// /api/v1 contract, the dashboard's live stream, and nothing else.
+// Unknown numbers are null, so they are pointers here.
+package view
+
+import (
+	"time"
+
+	"heft/shared/wire"
+)
+
+// Worker states.
+const (
+	StatePending   = "pending"
+	StateMeasuring = "measuring"
+	StateAdmitted  = "admitted"
+	StateHeld      = "held"
+	StateOffline   = "offline"
+)
+
+// Warning severities, most severe first.
+const (
+	SeverityCritical = "critical"
+	SeverityWarning  = "warning"
+	SeverityInfo     = "info"
+)
+
+// Warning codes.
+const (
+	WarnDPPoolImbalance       = "dp_pool_imbalance"
+	WarnGPUClockLow           = "gpu_clock_low"
+	WarnGPUThrottled          = "gpu_throttled"
+	WarnForeignGPUProcess     = "foreign_gpu_process"
+	WarnProbeIncompleteOutput = "probe_incomplete_output"
+	WarnProbeFailed           = "probe_failed"
+	WarnEngineUnreachable     = "engine_unreachable"
+	WarnAgentOffline          = "agent_offline"
+	WarnWeightClamped         = "weight_clamped"
+	WarnAdminOverride         = "admin_override"
+)
+
+// Warning is one health problem of a worker.
+type Warning struct {
+	Code     string    `json:"code"`
+	Severity string    `json:"severity"`
+	Message  string    `json:"message"`
+	Since    time.Time `json:"since"`
+}
+
+// Rank is one data-parallel rank's KV pool.
+type Rank struct {
+	DPRank   int   `json:"dp_rank"`
+	KVTokens int64 `json:"kv_tokens"`
+}
+
+// MeasurementPoint is one past measurement, for the dashboard's chart.
+type MeasurementPoint struct {
+	At            time.Time `json:"at"`
+	ThroughputTPS float64   `json:"throughput_tps"`
+	WarmupTPS     float64   `json:"warmup_tps"`
+	Valid         bool      `json:"valid"`
+}
+
+// Worker is one engine endpoint as GET /api/v1/workers shows it. The first
+// block of fields is the public contract; the rest are extensions.
+type Worker struct {
+	ID           string     `json:"id"`
+	Node         string     `json:"node"`
+	Model        string     `json:"model"`
+	Engine       string     `json:"engine"`
+	URL          string     `json:"url"`
+	State        string     `json:"state"`
+	Throughput   *float64   `json:"throughput_tps"`
+	Weight       *float64   `json:"weight"`
+	PinnedWeight *float64   `json:"pinned_weight"`
+	MeasuredAt   *time.Time `json:"measured_at"`
+	Ranks        []Rank     `json:"ranks"`
+	Warnings     []Warning  `json:"warnings"`
+
+	EngineVersion  string             `json:"engine_version,omitempty"`
+	WarmupTPS      *float64           `json:"warmup_tps"`
+	ComputedWeight *float64           `json:"computed_weight"`          // before a pin replaces it
+	AdminDecision  string             `json:"admin_decision,omitempty"` // "admit" | "hold" | ""
+	PoolRatio      *float64           `json:"pool_min_over_max"`
+	LaunchArgs     []string           `json:"launch_args,omitempty"`
+	GPUs           []wire.GPU         `json:"gpus"`
+	Load           wire.Load          `json:"load"`
+	Measurement    *wire.Measurement  `json:"measurement,omitempty"`
+	History        []MeasurementPoint `json:"history"`
+	AgentConnected bool               `json:"agent_connected"`
+	LastSeen       *time.Time         `json:"last_seen"`
+	ProbeStatus    string             `json:"probe_status,omitempty"` // running | deferred_busy | failed | ""
+}
+
+// Workers is the body of GET /api/v1/workers.
+type Workers struct {
+	Workers []Worker `json:"workers"`
+}
+
+// WeightEntry is one admitted worker in a model's weight table.
+type WeightEntry struct {
+	ID         string     `json:"id"`
+	Node       string     `json:"node"`
+	URL        string     `json:"url"`
+	Weight     float64    `json:"weight"`
+	Pinned     bool       `json:"pinned"`
+	Throughput *float64   `json:"throughput_tps"`
+	MeasuredAt *time.Time `json:"measured_at"`
+}
+
+// Weights is the body of GET /api/v1/models/{model}/weights.
+type Weights struct {
+	Model   string        `json:"model"`
+	Workers []WeightEntry `json:"workers"`
+}
+
+// Error is the body of every error response.
+type Error struct {
+	Error string `json:"error"`
+}

@@ -1,0 +1,427 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+)
+
+// Limits on what one message may hold. They bound memory per agent and
+// keep a confused or hostile peer from growing the coordinator's state.
+const (
+	MaxGPUs         = 64
+	MaxEngines      = 32
+	MaxRanks        = 1024
+	MaxProcesses    = 1024
+	MaxListItems    = 256
+	MaxStringBytes  = 4096
+	MaxProblemCount = 64
+)
+
+// ErrVersion is returned for a message from an older or newer peer.
+var ErrVersion = errors.New("unsupported protocol version")
+
+// ErrInvalid wraps every validation failure.
+var ErrInvalid = errors.New("invalid message")
+
+// Encode builds an envelope for payload and marshals it. payload must be one
+// of the payload pointer types; its type decides the message type.
+func Encode(payload any) ([]byte, error) {
+	env := Envelope{Version: ProtocolVersion}
+	switch p := payload.(type) {
+	case *Hello:
+		env.Type, env.Hello = TypeHello, p
+	case *Snapshot:
+		env.Type, env.Snapshot = TypeSnapshot, p
+	case *ProbeResult:
+		env.Type, env.ProbeResult = TypeProbeResult, p
+	case *ProbeStatus:
+		env.Type, env.ProbeStatus = TypeProbeStatus, p
+	case *Welcome:
+		env.Type, env.Welcome = TypeWelcome, p
+	case *CachedMeasurement:
+		env.Type, env.Cached = TypeCached, p
+	case *ProbeRequest:
+		env.Type, env.ProbeRequest = TypeProbeRequest, p
+	default:
+		return nil, fmt.Errorf("wire: cannot encode %T", payload)
+	}
+	if err := env.Validate(); err != nil {
+		return nil, err
+	}
+	return json.Marshal(env)
+}
+
+// Decode parses and validates one message. Errors wrap ErrVersion or
+// ErrInvalid so a caller can pick a close reason.
+func Decode(data []byte) (*Envelope, error) {
+	if len(data) > MaxMessageBytes {
+		return nil, fmt.Errorf("%w: message of %d bytes exceeds %d", ErrInvalid, len(data), MaxMessageBytes)
+	}
+	// Peek at the version first so a newer peer gets a version error even
+	// when its payload no longer fits our structs.
+	var head struct {
+		Type    string `json:"type"`
+		Version *int   `json:"v"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return nil, fmt.Errorf("%w: not a JSON object: %v", ErrInvalid, err)
+	}
+	if head.Version == nil {
+		return nil, fmt.Errorf("%w: missing protocol version", ErrInvalid)
+	}
+	if *head.Version != ProtocolVersion {
+		return nil, fmt.Errorf("%w: peer speaks v%d, this side v%d", ErrVersion, *head.Version, ProtocolVersion)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var env Envelope
+	if err := dec.Decode(&env); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := env.Validate(); err != nil {
+		return nil, err
+	}
+	return &env, nil
+}
+
+// Validate checks that exactly the payload named by Type is present and
+// that it holds sane values.
+func (e *Envelope) Validate() error {
+	if e.Version != ProtocolVersion {
+		return fmt.Errorf("%w: peer speaks v%d, this side v%d", ErrVersion, e.Version, ProtocolVersion)
+	}
+	set := 0
+	for _, p := range []bool{e.Hello != nil, e.Snapshot != nil, e.ProbeResult != nil, e.ProbeStatus != nil,
+		e.Welcome != nil, e.Cached != nil, e.ProbeRequest != nil} {
+		if p {
+			set++
+		}
+	}
+	if set != 1 {
+		return invalid("message %q must carry exactly one payload, has %d", e.Type, set)
+	}
+	var err error
+	switch e.Type {
+	case TypeHello:
+		err = need(e.Hello != nil, e.Type, func() error { return e.Hello.Validate() })
+	case TypeSnapshot:
+		err = need(e.Snapshot != nil, e.Type, func() error { return e.Snapshot.Validate() })
+	case TypeProbeResult:
+		err = need(e.ProbeResult != nil, e.Type, func() error { return e.ProbeResult.Validate() })
+	case TypeProbeStatus:
+		err = need(e.ProbeStatus != nil, e.Type, func() error { return e.ProbeStatus.Validate() })
+	case TypeWelcome:
+		err = need(e.Welcome != nil, e.Type, func() error { return e.Welcome.Validate() })
+	case TypeCached:
+		err = need(e.Cached != nil, e.Type, func() error { return e.Cached.Measurement.Validate() })
+	case TypeProbeRequest:
+		err = need(e.ProbeRequest != nil, e.Type, func() error { return e.ProbeRequest.Validate() })
+	default:
+		return invalid("unknown message type %q", e.Type)
+	}
+	return err
+}
+
+func need(present bool, typ string, validate func() error) error {
+	if !present {
+		return invalid("message %q lacks its %q payload", typ, typ)
+	}
+	return validate()
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// Validate checks a Hello.
+func (h *Hello) Validate() error {
+	if err := checkName("hello.node", h.Node); err != nil {
+		return err
+	}
+	if err := checkString("hello.agent_version", h.AgentVersion); err != nil {
+		return err
+	}
+	return h.Host.Validate()
+}
+
+// Validate checks host facts.
+func (h *Host) Validate() error {
+	for name, s := range map[string]string{"host.hostname": h.Hostname, "host.os": h.OS, "host.platform": h.Platform,
+		"host.platform_version": h.PlatformVersion, "host.kernel_version": h.KernelVersion, "host.arch": h.Arch, "host.cpu_model": h.CPUModel} {
+		if err := checkString(name, s); err != nil {
+			return err
+		}
+	}
+	if h.CPUCores < 0 {
+		return invalid("host.cpu_cores is negative")
+	}
+	return nil
+}
+
+// Validate checks a Snapshot.
+func (s *Snapshot) Validate() error {
+	if err := checkName("snapshot.node", s.Node); err != nil {
+		return err
+	}
+	if err := s.Host.Validate(); err != nil {
+		return err
+	}
+	if err := checkString("snapshot.gpu_error", s.GPUError); err != nil {
+		return err
+	}
+	if len(s.GPUs) > MaxGPUs {
+		return invalid("snapshot has %d GPUs, at most %d", len(s.GPUs), MaxGPUs)
+	}
+	if len(s.Engines) > MaxEngines {
+		return invalid("snapshot has %d engines, at most %d", len(s.Engines), MaxEngines)
+	}
+	for i := range s.GPUs {
+		if err := s.GPUs[i].Validate(); err != nil {
+			return fmt.Errorf("gpu %d: %w", i, err)
+		}
+	}
+	for i := range s.Engines {
+		if err := s.Engines[i].Validate(); err != nil {
+			return fmt.Errorf("engine %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// Validate checks one GPU's facts.
+func (g *GPU) Validate() error {
+	for name, s := range map[string]string{"gpu.uuid": g.UUID, "gpu.name": g.Name, "gpu.error": g.Error} {
+		if err := checkString(name, s); err != nil {
+			return err
+		}
+	}
+	if g.Index < 0 {
+		return invalid("gpu.index is negative")
+	}
+	for name, v := range map[string]float64{"gpu.temperature_c": g.TemperatureC, "gpu.power_draw_w": g.PowerDrawW,
+		"gpu.power_limit_w": g.PowerLimitW, "gpu.utilization_percent": g.UtilizationPercent} {
+		if err := checkNumber(name, v); err != nil {
+			return err
+		}
+	}
+	if err := checkStrings("gpu.clock_event_reasons", g.ClockEventReasons); err != nil {
+		return err
+	}
+	if err := checkStrings("gpu.unsupported", g.Unsupported); err != nil {
+		return err
+	}
+	return checkProcesses("gpu.processes", g.Processes)
+}
+
+func checkProcesses(name string, ps []GPUProcess) error {
+	if len(ps) > MaxProcesses {
+		return invalid("%s has %d entries, at most %d", name, len(ps), MaxProcesses)
+	}
+	for _, p := range ps {
+		if p.PID < 0 {
+			return invalid("%s: negative pid", name)
+		}
+		if err := checkString(name+".name", p.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks one engine's facts.
+func (e *Engine) Validate() error {
+	if !slices.Contains(EngineKinds, e.Kind) {
+		return invalid("engine.kind %q is not one of %s", e.Kind, strings.Join(EngineKinds, ", "))
+	}
+	for name, s := range map[string]string{"engine.url": e.URL, "engine.model": e.Model, "engine.version": e.Version,
+		"engine.error": e.Error, "engine.capacity_key": e.CapacityKey, "engine.launch_args_source": e.LaunchArgsSource,
+		"engine.ranks_source": e.RanksSource} {
+		if err := checkString(name, s); err != nil {
+			return err
+		}
+	}
+	if e.URL == "" {
+		return invalid("engine.url is empty")
+	}
+	for name, list := range map[string][]string{"engine.models": e.Models, "engine.launch_args": e.LaunchArgs, "engine.gpu_uuids": e.GPUUUIDs} {
+		if err := checkStrings(name, list); err != nil {
+			return err
+		}
+	}
+	if e.PID < 0 {
+		return invalid("engine.pid is negative")
+	}
+	if err := checkProcesses("engine.foreign_processes", e.ForeignProcesses); err != nil {
+		return err
+	}
+	if err := e.Load.Validate(); err != nil {
+		return err
+	}
+	return CheckRanks(e.Ranks)
+}
+
+// CheckRanks validates a list of KV pools: bounded, non-negative, unique ranks.
+func CheckRanks(ranks []Rank) error {
+	if len(ranks) > MaxRanks {
+		return invalid("%d ranks, at most %d", len(ranks), MaxRanks)
+	}
+	seen := make(map[int]bool, len(ranks))
+	for _, r := range ranks {
+		if r.DPRank < 0 || r.KVTokens < 0 {
+			return invalid("rank %d has negative values", r.DPRank)
+		}
+		if seen[r.DPRank] {
+			return invalid("dp_rank %d appears twice", r.DPRank)
+		}
+		seen[r.DPRank] = true
+	}
+	return nil
+}
+
+// Validate checks an engine load.
+func (l *Load) Validate() error {
+	if l.Running < 0 || l.Waiting < 0 {
+		return invalid("load has negative request counts")
+	}
+	if err := checkNumber("load.kv_usage", l.KVUsage); err != nil {
+		return err
+	}
+	if len(l.Ranks) > MaxRanks {
+		return invalid("load has %d ranks, at most %d", len(l.Ranks), MaxRanks)
+	}
+	for _, r := range l.Ranks {
+		if r.DPRank < 0 || r.Running < 0 || r.Waiting < 0 {
+			return invalid("load rank %d has negative values", r.DPRank)
+		}
+		if err := checkNumber("load.ranks.kv_usage", r.KVUsage); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks a probe result.
+func (p *ProbeResult) Validate() error {
+	if err := checkString("probe_result.request_id", p.RequestID); err != nil {
+		return err
+	}
+	return p.Measurement.Validate()
+}
+
+// Validate checks a measurement: every number finite and non-negative, and
+// a throughput only where the measurement claims to be valid.
+func (m *Measurement) Validate() error {
+	if m.CapacityKey == "" {
+		return invalid("measurement.capacity_key is empty")
+	}
+	for name, s := range map[string]string{"measurement.capacity_key": m.CapacityKey, "measurement.node": m.Node,
+		"measurement.engine_kind": m.EngineKind, "measurement.engine_url": m.EngineURL, "measurement.model": m.Model,
+		"measurement.prompt": m.Prompt, "measurement.failure": m.Failure, "measurement.trigger": m.Trigger} {
+		if err := checkString(name, s); err != nil {
+			return err
+		}
+	}
+	for name, v := range map[string]float64{"throughput_tps": m.ThroughputTPS, "warmup_tps": m.WarmupTPS,
+		"wall_seconds": m.WallSeconds, "decode_tps_p50": m.DecodeTPSP50, "decode_tps_p95": m.DecodeTPSP95,
+		"ttft_seconds_p50": m.TTFTP50, "ttft_seconds_p95": m.TTFTP95, "sm_clock_min_mhz": m.SMClockMinMHz,
+		"sm_clock_median_mhz": m.SMClockMedianMHz, "sm_clock_max_mhz": m.SMClockMaxMHz} {
+		if err := checkNumber("measurement."+name, v); err != nil {
+			return err
+		}
+	}
+	if m.OutputTokens < 0 || m.ExpectedTokens < 0 || m.Requests < 0 || m.Concurrency < 0 || m.TokensPerReq < 0 {
+		return invalid("measurement has negative counts")
+	}
+	if len(m.Problems) > MaxProblemCount {
+		return invalid("measurement has %d problems, at most %d", len(m.Problems), MaxProblemCount)
+	}
+	if err := checkStrings("measurement.problems", m.Problems); err != nil {
+		return err
+	}
+	if err := checkStrings("measurement.clock_event_reasons", m.ClockEventReasons); err != nil {
+		return err
+	}
+	return m.LoadBefore.Validate()
+}
+
+// Validate checks a probe status.
+func (p *ProbeStatus) Validate() error {
+	if p.CapacityKey == "" {
+		return invalid("probe_status.capacity_key is empty")
+	}
+	switch p.State {
+	case ProbeRunning, ProbeDeferredBusy, ProbeFailed:
+	default:
+		return invalid("probe_status.state %q is unknown", p.State)
+	}
+	for name, s := range map[string]string{"probe_status.request_id": p.RequestID, "probe_status.capacity_key": p.CapacityKey, "probe_status.message": p.Message} {
+		if err := checkString(name, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate checks a welcome.
+func (w *Welcome) Validate() error {
+	if w.SnapshotSeconds < 0 {
+		return invalid("welcome.snapshot_seconds is negative")
+	}
+	return checkString("welcome.coordinator_version", w.CoordinatorVersion)
+}
+
+// Validate checks a probe request.
+func (p *ProbeRequest) Validate() error {
+	if p.CapacityKey == "" {
+		return invalid("probe_request.capacity_key is empty")
+	}
+	switch p.Reason {
+	case ReasonRegistration, ReasonScheduled, ReasonOnDemand:
+	default:
+		return invalid("probe_request.reason %q is unknown", p.Reason)
+	}
+	return checkString("probe_request.request_id", p.RequestID)
+}
+
+func checkNumber(name string, v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return invalid("%s is not a finite number", name)
+	}
+	if v < 0 {
+		return invalid("%s is negative (%g)", name, v)
+	}
+	return nil
+}
+
+func checkString(name, s string) error {
+	if len(s) > MaxStringBytes {
+		return invalid("%s is %d bytes, at most %d", name, len(s), MaxStringBytes)
+	}
+	return nil
+}
+
+func checkName(name, s string) error {
+	if strings.TrimSpace(s) == "" {
+		return invalid("%s is empty", name)
+	}
+	if len(s) > 253 {
+		return invalid("%s is longer than 253 bytes", name)
+	}
+	return nil
+}
+
+func checkStrings(name string, list []string) error {
+	if len(list) > MaxListItems {
+		return invalid("%s has %d items, at most %d", name, len(list), MaxListItems)
+	}
+	for _, s := range list {
+		if err := checkString(name, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}

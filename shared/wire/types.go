@@ -1,0 +1,282 @@
+// Package wire defines the messages that heft-agent and heft-coordinator
+// exchange over their one websocket, and the facts those messages carry.
+//
+// Every message is one JSON object, an Envelope, with a type, the protocol
+// version, and exactly one payload. Decode is the only way in: it checks the
+// version, the type, the payload and every number before anything else sees
+// the message.
+package wire
+
+import "time"
+
+// ProtocolVersion is bumped on any change an older peer cannot read.
+const ProtocolVersion = 1
+
+// MaxMessageBytes is the largest message either side accepts.
+const MaxMessageBytes = 1 << 20
+
+// Message types, agent → coordinator.
+const (
+	TypeHello       = "hello"
+	TypeSnapshot    = "snapshot"
+	TypeProbeResult = "probe_result"
+	TypeProbeStatus = "probe_status"
+)
+
+// Message types, coordinator → agent.
+const (
+	TypeWelcome      = "welcome"
+	TypeCached       = "cached_measurement"
+	TypeProbeRequest = "probe_request"
+)
+
+// Engine kinds.
+const (
+	EngineVLLM     = "vllm"
+	EngineSGLang   = "sglang"
+	EngineMLX      = "mlx"
+	EngineLlamaCpp = "llamacpp"
+	EngineOllama   = "ollama"
+)
+
+// EngineKinds lists every kind the agent knows, in a stable order.
+var EngineKinds = []string{EngineVLLM, EngineSGLang, EngineMLX, EngineLlamaCpp, EngineOllama}
+
+// Envelope is one message. Exactly the payload that matches Type is set.
+type Envelope struct {
+	Type    string `json:"type"`
+	Version int    `json:"v"`
+
+	Hello        *Hello             `json:"hello,omitempty"`
+	Snapshot     *Snapshot          `json:"snapshot,omitempty"`
+	ProbeResult  *ProbeResult       `json:"probe_result,omitempty"`
+	ProbeStatus  *ProbeStatus       `json:"probe_status,omitempty"`
+	Welcome      *Welcome           `json:"welcome,omitempty"`
+	Cached       *CachedMeasurement `json:"cached_measurement,omitempty"`
+	ProbeRequest *ProbeRequest      `json:"probe_request,omitempty"`
+}
+
+// Hello is the first message of every connection.
+type Hello struct {
+	Node         string `json:"node"`
+	AgentVersion string `json:"agent_version"`
+	Host         Host   `json:"host"`
+}
+
+// Host describes the machine the agent runs on.
+type Host struct {
+	Hostname        string `json:"hostname"`
+	OS              string `json:"os"`
+	Platform        string `json:"platform,omitempty"`
+	PlatformVersion string `json:"platform_version,omitempty"`
+	KernelVersion   string `json:"kernel_version,omitempty"`
+	Arch            string `json:"arch"`
+	CPUModel        string `json:"cpu_model,omitempty"`
+	CPUCores        int    `json:"cpu_cores"`
+	MemoryTotal     uint64 `json:"memory_total_bytes"`
+	MemoryAvailable uint64 `json:"memory_available_bytes"`
+	// UnifiedMemory is true on Apple silicon, where the GPU shares host memory.
+	UnifiedMemory bool `json:"unified_memory,omitempty"`
+}
+
+// Snapshot is what the agent sees now. It is sent on change and as a
+// heartbeat, and always whole: the coordinator replaces the previous one.
+type Snapshot struct {
+	Node string    `json:"node"`
+	At   time.Time `json:"at"`
+	Host Host      `json:"host"`
+	GPUs []GPU     `json:"gpus"`
+	// GPUError says why GPU facts are missing (no NVML, no driver), once.
+	GPUError string   `json:"gpu_error,omitempty"`
+	Engines  []Engine `json:"engines"`
+}
+
+// GPU is one device as NVML (or powermetrics on a Mac) reports it.
+// Zero means "not reported"; Unsupported names fields the device refused.
+type GPU struct {
+	Index              int          `json:"index"`
+	UUID               string       `json:"uuid"`
+	Name               string       `json:"name"`
+	MemoryTotal        uint64       `json:"memory_total_bytes"`
+	MemoryFree         uint64       `json:"memory_free_bytes"`
+	MemoryUsed         uint64       `json:"memory_used_bytes"`
+	SMClockMHz         uint32       `json:"sm_clock_mhz"`
+	SMClockMaxMHz      uint32       `json:"sm_clock_max_mhz"`
+	MemClockMHz        uint32       `json:"mem_clock_mhz"`
+	MemClockMaxMHz     uint32       `json:"mem_clock_max_mhz"`
+	ClockEventReasons  []string     `json:"clock_event_reasons,omitempty"`
+	TemperatureC       float64      `json:"temperature_c"`
+	PowerDrawW         float64      `json:"power_draw_w"`
+	PowerLimitW        float64      `json:"power_limit_w"`
+	UtilizationPercent float64      `json:"utilization_percent"`
+	Processes          []GPUProcess `json:"processes,omitempty"`
+	Unsupported        []string     `json:"unsupported,omitempty"`
+	// Error is set when this device could not be read; the others still are.
+	Error string `json:"error,omitempty"`
+}
+
+// GPUProcess is a process holding memory on a GPU.
+type GPUProcess struct {
+	PID        int    `json:"pid"`
+	Name       string `json:"name,omitempty"`
+	UsedMemory uint64 `json:"used_memory_bytes"`
+	// Foreign is true when the process is outside the engine's process tree.
+	Foreign bool `json:"foreign,omitempty"`
+}
+
+// Engine is one inference engine endpoint beside the agent.
+type Engine struct {
+	Kind    string   `json:"kind"`
+	URL     string   `json:"url"`
+	Model   string   `json:"model,omitempty"`
+	Models  []string `json:"models,omitempty"`
+	Version string   `json:"version,omitempty"`
+	Ready   bool     `json:"ready"`
+	// Error says why the engine could not be read (unreachable, not JSON...).
+	Error string `json:"error,omitempty"`
+
+	// CapacityKey identifies what was measured: node + kind + model +
+	// normalised launch arguments. A worker in the coordinator is one key.
+	CapacityKey string `json:"capacity_key,omitempty"`
+	// LaunchArgs are normalised flag=value pairs, sorted by flag.
+	LaunchArgs       []string `json:"launch_args,omitempty"`
+	LaunchArgsSource string   `json:"launch_args_source,omitempty"` // cmdline | log | server_info
+
+	PID      int      `json:"pid,omitempty"`
+	GPUUUIDs []string `json:"gpu_uuids,omitempty"`
+	// ForeignProcesses hold memory on the engine's GPUs from outside its tree.
+	ForeignProcesses []GPUProcess `json:"foreign_processes,omitempty"`
+
+	Load Load `json:"load"`
+	// Ranks are the KV pools of each data-parallel rank, sorted by DPRank.
+	Ranks       []Rank    `json:"ranks,omitempty"`
+	RanksSource string    `json:"ranks_source,omitempty"` // log path, "metrics", "server_info"
+	RanksAt     time.Time `json:"ranks_at,omitzero"`
+}
+
+// Load is how busy an engine is right now.
+type Load struct {
+	Known   bool       `json:"known"`
+	Running int        `json:"running"`
+	Waiting int        `json:"waiting"`
+	KVUsage float64    `json:"kv_usage"` // 0..1, the busiest rank
+	Ranks   []RankLoad `json:"ranks,omitempty"`
+}
+
+// RankLoad is the load of one data-parallel rank.
+type RankLoad struct {
+	DPRank  int     `json:"dp_rank"`
+	Running int     `json:"running"`
+	Waiting int     `json:"waiting"`
+	KVUsage float64 `json:"kv_usage"`
+}
+
+// Rank is one data-parallel rank's KV pool.
+type Rank struct {
+	DPRank   int   `json:"dp_rank"`
+	KVTokens int64 `json:"kv_tokens"`
+}
+
+// ProbeResult carries one measurement (or the failure of one) for a
+// capacity key, answering a ProbeRequest.
+type ProbeResult struct {
+	RequestID   string      `json:"request_id,omitempty"`
+	Measurement Measurement `json:"measurement"`
+}
+
+// Measurement is the outcome of one probe: a warm-up burst and a measured
+// burst. Throughput is only valid when Failure is empty and Complete is true.
+type Measurement struct {
+	CapacityKey string `json:"capacity_key"`
+	Node        string `json:"node,omitempty"`
+	EngineKind  string `json:"engine_kind"`
+	EngineURL   string `json:"engine_url"`
+	Model       string `json:"model"`
+
+	ThroughputTPS float64 `json:"throughput_tps"`
+	WarmupTPS     float64 `json:"warmup_tps"`
+	OutputTokens  int     `json:"output_tokens"`
+	// ExpectedTokens is requests × tokens per request.
+	ExpectedTokens int     `json:"expected_tokens"`
+	WallSeconds    float64 `json:"wall_seconds"`
+	Requests       int     `json:"requests"`
+	Concurrency    int     `json:"concurrency"`
+	TokensPerReq   int     `json:"tokens_per_request"`
+	Prompt         string  `json:"prompt,omitempty"`
+
+	DecodeTPSP50 float64 `json:"decode_tps_p50"`
+	DecodeTPSP95 float64 `json:"decode_tps_p95"`
+	TTFTP50      float64 `json:"ttft_seconds_p50"`
+	TTFTP95      float64 `json:"ttft_seconds_p95"`
+
+	// GPU clocks sampled during the measured burst.
+	SMClockMinMHz     float64  `json:"sm_clock_min_mhz,omitempty"`
+	SMClockMedianMHz  float64  `json:"sm_clock_median_mhz,omitempty"`
+	SMClockMaxMHz     float64  `json:"sm_clock_max_mhz,omitempty"`
+	ClockEventReasons []string `json:"clock_event_reasons,omitempty"`
+
+	LoadBefore Load `json:"load_before"`
+	// Busy records that the engine had work in flight when an on-demand
+	// probe started anyway.
+	Busy bool `json:"busy,omitempty"`
+	// Complete is false when the engine returned fewer (or more) tokens
+	// than asked, or usage and stream disagreed.
+	Complete bool `json:"complete"`
+	// Failure is a warning code (probe_failed, probe_incomplete_output,
+	// engine_unreachable) when the measurement is not valid; Problems says why.
+	Failure  string   `json:"failure,omitempty"`
+	Problems []string `json:"problems,omitempty"`
+
+	Trigger    string    `json:"trigger,omitempty"` // registration | scheduled | on_demand | cli
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// Valid reports whether the measurement may be used for a weight.
+func (m Measurement) Valid() bool {
+	return m.Failure == "" && m.Complete && m.ThroughputTPS > 0
+}
+
+// Probe states reported in ProbeStatus.
+const (
+	ProbeRunning      = "running"
+	ProbeDeferredBusy = "deferred_busy"
+	ProbeFailed       = "failed"
+)
+
+// ProbeStatus tells the coordinator what became of a probe request.
+type ProbeStatus struct {
+	RequestID   string `json:"request_id,omitempty"`
+	CapacityKey string `json:"capacity_key"`
+	State       string `json:"state"`
+	Message     string `json:"message,omitempty"`
+}
+
+// Welcome answers Hello.
+type Welcome struct {
+	CoordinatorVersion string `json:"coordinator_version"`
+	// SnapshotSeconds is how often the agent should send a heartbeat snapshot.
+	SnapshotSeconds int `json:"snapshot_seconds"`
+}
+
+// CachedMeasurement hands the agent the coordinator's fresh measurement
+// for a capacity key, so a reconnect costs no burst.
+type CachedMeasurement struct {
+	Measurement Measurement `json:"measurement"`
+	ExpiresAt   time.Time   `json:"expires_at"`
+}
+
+// Probe request reasons.
+const (
+	ReasonRegistration = "registration"
+	ReasonScheduled    = "scheduled"
+	ReasonOnDemand     = "on_demand"
+)
+
+// ProbeRequest asks the agent to measure one engine. Scheduled requests
+// are deferred while the engine is busy; on-demand ones run anyway.
+type ProbeRequest struct {
+	RequestID   string `json:"request_id"`
+	CapacityKey string `json:"capacity_key"`
+	Reason      string `json:"reason"`
+}
