@@ -6,6 +6,7 @@ package view
 import (
 	"time"
 
+	"heft/shared/health"
 	"heft/shared/wire"
 )
 
@@ -20,23 +21,22 @@ const (
 
 // Warning severities, most severe first.
 const (
-	SeverityCritical = "critical"
-	SeverityWarning  = "warning"
-	SeverityInfo     = "info"
+	SeverityCritical = health.Critical
+	SeverityWarning  = health.Warning
+	SeverityInfo     = health.Info
 )
 
-// Warning codes.
+// Warning codes (the same as shared/health's).
 const (
-	WarnDPPoolImbalance       = "dp_pool_imbalance"
-	WarnGPUClockLow           = "gpu_clock_low"
-	WarnGPUThrottled          = "gpu_throttled"
-	WarnForeignGPUProcess     = "foreign_gpu_process"
-	WarnProbeIncompleteOutput = "probe_incomplete_output"
-	WarnProbeFailed           = "probe_failed"
-	WarnEngineUnreachable     = "engine_unreachable"
-	WarnAgentOffline          = "agent_offline"
-	WarnWeightClamped         = "weight_clamped"
-	WarnAdminOverride         = "admin_override"
+	WarnDPPoolImbalance       = health.CodeDPPoolImbalance
+	WarnGPUClockLow           = health.CodeGPUClockLow
+	WarnGPUThrottled          = health.CodeGPUThrottled
+	WarnForeignGPUProcess     = health.CodeForeignGPUProcess
+	WarnProbeIncompleteOutput = health.CodeProbeIncompleteOutput
+	WarnProbeFailed           = health.CodeProbeFailed
+	WarnEngineUnreachable     = health.CodeEngineUnreachable
+	WarnAgentOffline          = health.CodeAgentOffline
+	WarnWeightClamped         = health.CodeWeightClamped
 )
 
 // Warning is one health problem of a worker.

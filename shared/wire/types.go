@@ -185,7 +185,7 @@ type ProbeResult struct {
 }
 
 // Measurement is the outcome of one probe: a warm-up burst and a measured
-// burst. Throughput is only valid when Failure is empty and Complete is true.
+// burst. See Valid for when its throughput may be used.
 type Measurement struct {
 	CapacityKey string `json:"capacity_key"`
 	Node        string `json:"node,omitempty"`
@@ -232,9 +232,12 @@ type Measurement struct {
 	FinishedAt time.Time `json:"finished_at"`
 }
 
-// Valid reports whether the measurement may be used for a weight.
+// Valid reports whether the measurement may be used for a weight. An
+// engine that cannot be told an exact length (mlx-lm, Ollama) gives a valid
+// but incomplete measurement; one that could and still fell short has a
+// Failure and is not valid.
 func (m Measurement) Valid() bool {
-	return m.Failure == "" && m.Complete && m.ThroughputTPS > 0
+	return m.Failure == "" && m.ThroughputTPS > 0 && m.OutputTokens > 0
 }
 
 // Probe states reported in ProbeStatus.

@@ -1,0 +1,259 @@
+// Package health turns facts about an engine, its GPUs and its last
+// measurement into warnings an operator can act on. The agent's inspect
+// command and the coordinator use the same rules and the same words.
+package health
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"heft/shared/wire"
+)
+
+// Warning codes.
+const (
+	CodeDPPoolImbalance       = "dp_pool_imbalance"
+	CodeGPUClockLow           = "gpu_clock_low"
+	CodeGPUThrottled          = "gpu_throttled"
+	CodeForeignGPUProcess     = "foreign_gpu_process"
+	CodeProbeIncompleteOutput = "probe_incomplete_output"
+	CodeProbeFailed           = "probe_failed"
+	CodeEngineUnreachable     = "engine_unreachable"
+	CodeAgentOffline          = "agent_offline"
+	CodeWeightClamped         = "weight_clamped"
+)
+
+// Severities, most severe first.
+const (
+	Critical = "critical"
+	Warning  = "warning"
+	Info     = "info"
+)
+
+// SeverityRank orders severities: lower is more severe.
+func SeverityRank(s string) int {
+	switch s {
+	case Critical:
+		return 0
+	case Warning:
+		return 1
+	default:
+		return 2
+	}
+}
+
+// Thresholds are the configurable limits behind the warnings.
+type Thresholds struct {
+	// PoolHold: smallest/largest DP pool below this holds the worker.
+	PoolHold float64 `toml:"pool_hold"`
+	// PoolWarn: below this (but above PoolHold) warns.
+	PoolWarn float64 `toml:"pool_warn"`
+	// ClockLow: median SM clock during the measured burst below this
+	// fraction of its maximum warns.
+	ClockLow float64 `toml:"clock_low"`
+	// ForeignMinBytes: foreign processes holding less are ignored.
+	ForeignMinBytes uint64 `toml:"foreign_min_bytes"`
+}
+
+// DefaultThresholds are the limits PRODUCT.md and the issues name.
+func DefaultThresholds() Thresholds {
+	return Thresholds{PoolHold: 0.5, PoolWarn: 0.9, ClockLow: 0.8, ForeignMinBytes: 256 << 20}
+}
+
+// Finding is one warning before it gets a time stamp.
+type Finding struct {
+	Code     string `json:"code"`
+	Severity string `json:"severity"`
+	Message  string `json:"message"`
+}
+
+// Sort orders findings most severe first, then by code.
+func Sort(fs []Finding) {
+	sort.SliceStable(fs, func(i, j int) bool {
+		if a, b := SeverityRank(fs[i].Severity), SeverityRank(fs[j].Severity); a != b {
+			return a < b
+		}
+		return fs[i].Code < fs[j].Code
+	})
+}
+
+// PoolRatio returns smallest/largest pool and the ranks holding them.
+// ok is false with fewer than two ranks or an empty largest pool.
+func PoolRatio(ranks []wire.Rank) (ratio float64, smallest, largest wire.Rank, ok bool) {
+	if len(ranks) < 2 {
+		return 0, wire.Rank{}, wire.Rank{}, false
+	}
+	smallest, largest = ranks[0], ranks[0]
+	for _, r := range ranks[1:] {
+		if r.KVTokens < smallest.KVTokens {
+			smallest = r
+		}
+		if r.KVTokens > largest.KVTokens {
+			largest = r
+		}
+	}
+	if largest.KVTokens <= 0 {
+		return 0, smallest, largest, false
+	}
+	return float64(smallest.KVTokens) / float64(largest.KVTokens), smallest, largest, true
+}
+
+// Pools warns when data-parallel pools are uneven. A critical finding means
+// the worker must be held out of the weight table.
+func Pools(ranks []wire.Rank, th Thresholds) *Finding {
+	ratio, small, large, ok := PoolRatio(ranks)
+	if !ok || ratio >= th.PoolWarn {
+		return nil
+	}
+	sev := Warning
+	verdict := "It is admitted, but watch it."
+	if ratio < th.PoolHold {
+		sev = Critical
+		verdict = "It is held out of the weight table until the pools are even or an admin admits it."
+	}
+	msg := fmt.Sprintf(
+		"data-parallel pools are uneven: rank %d holds %s KV tokens, rank %d only %s (%.0f%% of the largest). "+
+			"Requests are dealt to ranks in turn, so every %s request lands on the small pool, where few fit and the rest queue while the other ranks sit idle. "+
+			"%s Fix: give each rank whole, empty GPUs (find the foreign process on rank %d's GPU, it started with less free memory), "+
+			"or run the ranks as separate servers behind heft's weights.",
+		large.DPRank, thousands(large.KVTokens), small.DPRank, thousands(small.KVTokens), ratio*100,
+		ordinal(len(ranks)), verdict, small.DPRank)
+	return &Finding{Code: CodeDPPoolImbalance, Severity: sev, Message: msg}
+}
+
+// ForeignProcesses warns about memory held on the engine's GPUs by
+// processes outside the engine's process tree.
+func ForeignProcesses(e wire.Engine, gpus []wire.GPU, th Thresholds) *Finding {
+	var parts []string
+	for _, g := range gpus {
+		if len(e.GPUUUIDs) > 0 && !slices.Contains(e.GPUUUIDs, g.UUID) {
+			continue
+		}
+		for _, p := range g.Processes {
+			if !p.Foreign || p.UsedMemory < th.ForeignMinBytes {
+				continue
+			}
+			name := p.Name
+			if name == "" {
+				name = "?"
+			}
+			parts = append(parts, fmt.Sprintf("pid %d (%s) holds %s on GPU %d", p.PID, name, gib(p.UsedMemory), g.Index))
+		}
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	return &Finding{Code: CodeForeignGPUProcess, Severity: Warning, Message: "processes outside the engine hold memory on its GPUs: " +
+		strings.Join(parts, "; ") + ". They shrink the KV pool at the engine's next start and compete for the GPU."}
+}
+
+// Clocks warns when the SM clock during the measured burst ran well under
+// its maximum, or when the GPU reported throttle reasons other than idle.
+func Clocks(m wire.Measurement, th Thresholds) []Finding {
+	var out []Finding
+	if m.SMClockMaxMHz > 0 && m.SMClockMedianMHz > 0 && m.SMClockMedianMHz < th.ClockLow*m.SMClockMaxMHz {
+		msg := fmt.Sprintf("SM clock during the measured burst: median %.0f MHz, minimum %.0f MHz, against a maximum of %.0f MHz (%.0f%%)",
+			m.SMClockMedianMHz, m.SMClockMinMHz, m.SMClockMaxMHz, 100*m.SMClockMedianMHz/m.SMClockMaxMHz)
+		if len(m.ClockEventReasons) > 0 {
+			msg += "; reasons: " + strings.Join(m.ClockEventReasons, ", ")
+		}
+		out = append(out, Finding{Code: CodeGPUClockLow, Severity: Warning, Message: msg + ". The measured throughput is what this GPU gives while held back; check cooling, power limits and application clocks."})
+	}
+	if r := activeReasons(m.ClockEventReasons); len(r) > 0 {
+		out = append(out, Finding{Code: CodeGPUThrottled, Severity: Warning, Message: "the GPU was throttled during the measured burst: " +
+			strings.Join(r, ", ") + "."})
+	}
+	return out
+}
+
+// activeReasons drops reasons that are not a problem under load.
+func activeReasons(reasons []string) []string {
+	var out []string
+	for _, r := range reasons {
+		switch r {
+		case "gpu_idle", "applications_clocks_setting", "display_clock_setting", "none":
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// Measurement turns a probe's outcome into findings.
+func Measurement(m wire.Measurement, th Thresholds) []Finding {
+	var out []Finding
+	switch {
+	case m.Failure == CodeProbeIncompleteOutput:
+		out = append(out, Finding{Code: CodeProbeIncompleteOutput, Severity: Critical, Message: "the engine returned " +
+			fmt.Sprintf("%d of %d tokens asked for", m.OutputTokens, m.ExpectedTokens) + problems(m) +
+			"; the measurement was not used."})
+	case m.Failure != "":
+		out = append(out, Finding{Code: CodeProbeFailed, Severity: Critical, Message: "the probe failed" + problems(m) + "."})
+	case !m.Complete:
+		out = append(out, Finding{Code: CodeProbeIncompleteOutput, Severity: Warning, Message: fmt.Sprintf(
+			"this engine cannot be told to produce an exact length: %d of %d tokens came back, and throughput is counted from the tokens received", m.OutputTokens, m.ExpectedTokens) + problems(m) + "."})
+	}
+	if m.Failure == "" {
+		out = append(out, Clocks(m, th)...)
+	}
+	return out
+}
+
+// Engine turns an engine's current facts into findings.
+func Engine(e wire.Engine, gpus []wire.GPU, th Thresholds) []Finding {
+	var out []Finding
+	if e.Error != "" {
+		out = append(out, Finding{Code: CodeEngineUnreachable, Severity: Critical, Message: "the engine at " + e.URL + " cannot be read: " + e.Error})
+	}
+	if f := Pools(e.Ranks, th); f != nil {
+		out = append(out, *f)
+	}
+	if f := ForeignProcesses(e, gpus, th); f != nil {
+		out = append(out, *f)
+	}
+	return out
+}
+
+func problems(m wire.Measurement) string {
+	if len(m.Problems) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(m.Problems, "; ") + ")"
+}
+
+func gib(b uint64) string {
+	return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+}
+
+func ordinal(n int) string {
+	switch n {
+	case 2:
+		return "second"
+	case 3:
+		return "third"
+	case 4:
+		return "fourth"
+	default:
+		return fmt.Sprintf("%dth", n)
+	}
+}
+
+// thousands formats 24094 as "24,094".
+func thousands(n int64) string {
+	s := fmt.Sprint(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
