@@ -30,7 +30,8 @@ lint: vet ## gofmt check + vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
 demo: build ## start a simulated fleet on loopback and print the dashboard's address
-	./scripts/demo.sh
+	$(GO) build -o $(BIN)/heft-demo ./scripts/demo
+	$(BIN)/heft-demo --bin $(BIN)
 
 clean: ## remove build outputs
 	rm -rf $(BIN) dist

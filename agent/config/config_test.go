@@ -1,0 +1,389 @@
+package config
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// productTOML is the agent example from PRODUCT.md, verbatim.
+const productTOML = `# heft-agent
+[coordinator]
+url = "ws://127.0.0.1:7070/api/v1/agent"
+token = "s3cret"                 # or token_file = "/etc/heft/agent.token"
+[node]
+name = "gpu-a"                   # default: the host name
+[[engine]]
+kind = "vllm"                    # vllm | sglang | mlx | llamacpp | ollama
+url = "http://127.0.0.1:8000"
+log = "/var/log/vllm/server.log" # optional: the engine's start-up log
+`
+
+func writeFile(t *testing.T, name, text string, mode os.FileMode) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(text), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil { // umask may have narrowed it
+		t.Fatal(err)
+	}
+	return p
+}
+
+func envOf(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestLoadProductExample(t *testing.T) {
+	path := writeFile(t, "agent.toml", productTOML, 0o600)
+	cfg, err := Load(path, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("product example does not validate: %v", err)
+	}
+	if cfg.Coordinator.URL != "ws://127.0.0.1:7070/api/v1/agent" || cfg.Coordinator.Token != "s3cret" {
+		t.Errorf("coordinator = %+v", cfg.Coordinator)
+	}
+	if cfg.Node.Name != "gpu-a" {
+		t.Errorf("node = %q", cfg.Node.Name)
+	}
+	want := Engine{Kind: "vllm", URL: "http://127.0.0.1:8000", Log: "/var/log/vllm/server.log"}
+	if len(cfg.Engines) != 1 || cfg.Engines[0] != want {
+		t.Errorf("engines = %+v", cfg.Engines)
+	}
+	if cfg.Probe.Concurrency != 16 || cfg.Probe.Tokens != 128 || cfg.SnapshotInterval != 15*time.Second ||
+		cfg.PollInterval != time.Second || cfg.Log.Level != "info" {
+		t.Errorf("defaults not kept: %+v", cfg)
+	}
+	if cfg.Path != path {
+		t.Errorf("path = %q", cfg.Path)
+	}
+	// Loopback over ws:// is fine.
+	if w := cfg.PlainTextWarning(); w != "" {
+		t.Errorf("warning for loopback: %q", w)
+	}
+}
+
+func TestParseAllKeys(t *testing.T) {
+	cfg := Default()
+	err := cfg.Parse(`
+snapshot_interval = "30s"
+poll_interval = "250ms"
+[coordinator]
+url = "wss://coord.example:7070/api/v1/agent"
+token_file = "/etc/heft/agent.token"
+ca_file = "/etc/heft/ca.pem"
+insecure_skip_verify = true
+[probe]
+concurrency = 8
+tokens = 64
+prompt = "count"
+[log]
+level = "debug"
+json = true
+[[engine]]
+kind = "sglang"
+url = "http://127.0.0.1:30000"
+model = "qwen"
+[[engine]]
+kind = "ollama"
+url = "http://127.0.0.1:11434"
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.SnapshotInterval != 30*time.Second || cfg.PollInterval != 250*time.Millisecond {
+		t.Errorf("intervals = %s %s", cfg.SnapshotInterval, cfg.PollInterval)
+	}
+	c := cfg.Coordinator
+	if c.TokenFile != "/etc/heft/agent.token" || c.CAFile != "/etc/heft/ca.pem" || !c.InsecureSkipVerify {
+		t.Errorf("coordinator = %+v", c)
+	}
+	if cfg.Probe != (Probe{Concurrency: 8, Tokens: 64, Prompt: "count"}) || cfg.Log != (Log{Level: "debug", JSON: true}) {
+		t.Errorf("probe %+v log %+v", cfg.Probe, cfg.Log)
+	}
+	if len(cfg.Engines) != 2 || cfg.Engines[0].Model != "qwen" || cfg.Engines[1].Kind != "ollama" {
+		t.Errorf("engines = %+v", cfg.Engines)
+	}
+}
+
+func TestUnknownKeysNamed(t *testing.T) {
+	cfg := Default()
+	err := cfg.Parse("[coordinator]\nurl = \"ws://x\"\ntokn = \"a\"\n[[engine]]\nkind = \"vllm\"\nadress = \"x\"\n")
+	if err == nil {
+		t.Fatal("unknown keys accepted")
+	}
+	for _, k := range []string{"coordinator.tokn", "engine.adress"} {
+		if !strings.Contains(err.Error(), k) {
+			t.Errorf("error %q does not name %s", err, k)
+		}
+	}
+}
+
+func TestBadTOML(t *testing.T) {
+	path := writeFile(t, "bad.toml", "[coordinator\nurl=", 0o600)
+	_, err := Load(path, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("err = %v, want one naming the file", err)
+	}
+	cfg := Default()
+	if err := cfg.Parse(`snapshot_interval = "soon"`); err == nil {
+		t.Error("bad duration accepted")
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.toml"), nil, nil); err == nil {
+		t.Error("missing file accepted")
+	}
+}
+
+func TestNodeDefaultsToHostname(t *testing.T) {
+	host, err := os.Hostname()
+	if err != nil {
+		t.Skip("no host name here:", err)
+	}
+	cfg, err := Load("", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Node.Name != host {
+		t.Errorf("node = %q, want host name %q", cfg.Node.Name, host)
+	}
+}
+
+func TestLayering(t *testing.T) {
+	path := writeFile(t, "agent.toml", productTOML, 0o600)
+	tokFile := writeFile(t, "tok", "from-file\n", 0o600)
+
+	t.Run("env over file", func(t *testing.T) {
+		cfg, err := Load(path, nil, envOf(map[string]string{
+			"HEFT_COORDINATOR_URL":   "wss://c.example/api/v1/agent",
+			"HEFT_TOKEN_FILE":        tokFile,
+			"HEFT_NODE":              "gpu-env",
+			"HEFT_ENGINES":           "sglang=http://127.0.0.1:30000,log=/tmp/s.log; mlx=http://127.0.0.1:8080",
+			"HEFT_PROBE_CONCURRENCY": "4",
+			"HEFT_LOG_JSON":          "true",
+			"HEFT_POLL_INTERVAL":     "2s",
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatalf("validate: %v", err)
+		}
+		if cfg.Coordinator.URL != "wss://c.example/api/v1/agent" || cfg.Node.Name != "gpu-env" {
+			t.Errorf("got %+v", cfg)
+		}
+		// token_file from env replaces the file's token instead of clashing.
+		if cfg.Coordinator.Token != "" || cfg.Coordinator.TokenFile != tokFile {
+			t.Errorf("coordinator = %+v", cfg.Coordinator)
+		}
+		if len(cfg.Engines) != 2 || cfg.Engines[0] != (Engine{Kind: "sglang", URL: "http://127.0.0.1:30000", Log: "/tmp/s.log"}) {
+			t.Errorf("engines = %+v", cfg.Engines)
+		}
+		if cfg.Probe.Concurrency != 4 || !cfg.Log.JSON || cfg.PollInterval != 2*time.Second {
+			t.Errorf("got %+v", cfg)
+		}
+	})
+
+	t.Run("flags over env", func(t *testing.T) {
+		cfg, err := Load("", []string{
+			"--config", path,
+			"--coordinator", "ws://10.0.0.5:7070/api/v1/agent",
+			"--token-file", tokFile,
+			"--node", "gpu-flag",
+			"--engine", "vllm=http://127.0.0.1:8001,log=/tmp/v.log,model=m",
+			"--engine", "llamacpp=http://127.0.0.1:8002",
+			"--log-level", "debug",
+		}, envOf(map[string]string{"HEFT_NODE": "gpu-env", "HEFT_TOKEN": "env-token", "HEFT_LOG_LEVEL": "warn"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Path != path || cfg.Node.Name != "gpu-flag" || cfg.Log.Level != "debug" {
+			t.Errorf("got %+v", cfg)
+		}
+		if cfg.Coordinator.Token != "" || cfg.Coordinator.TokenFile != tokFile {
+			t.Errorf("coordinator = %+v", cfg.Coordinator)
+		}
+		if len(cfg.Engines) != 2 || cfg.Engines[0] != (Engine{Kind: "vllm", URL: "http://127.0.0.1:8001", Log: "/tmp/v.log", Model: "m"}) {
+			t.Errorf("engines = %+v", cfg.Engines)
+		}
+		tok, err := cfg.Token()
+		if err != nil || tok != "from-file" {
+			t.Errorf("token = %q, %v", tok, err)
+		}
+	})
+
+	t.Run("HEFT_CONFIG names the file", func(t *testing.T) {
+		cfg, err := Load("", nil, envOf(map[string]string{"HEFT_CONFIG": path}))
+		if err != nil || cfg.Node.Name != "gpu-a" {
+			t.Fatalf("cfg %+v err %v", cfg, err)
+		}
+	})
+
+	t.Run("unset flags keep lower layers", func(t *testing.T) {
+		cfg, err := Load(path, []string{"--log-level", "warn"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Probe.Concurrency != 16 || cfg.Coordinator.Token != "s3cret" || len(cfg.Engines) != 1 {
+			t.Errorf("flag defaults leaked over the file: %+v", cfg)
+		}
+	})
+}
+
+func TestLoadErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"unknown flag", []string{"--nope"}, nil, "nope"},
+		{"bad engine flag", []string{"--engine", "vllm"}, nil, "KIND=URL"},
+		{"bad engine option", []string{"--engine", "vllm=http://x,color=red"}, nil, "color"},
+		{"stray argument", []string{"extra"}, nil, "extra"},
+		{"bad env number", nil, map[string]string{"HEFT_PROBE_TOKENS": "many"}, "HEFT_PROBE_TOKENS"},
+		{"bad env duration", nil, map[string]string{"HEFT_SNAPSHOT_INTERVAL": "5"}, "HEFT_SNAPSHOT_INTERVAL"},
+		{"bad env bool", nil, map[string]string{"HEFT_LOG_JSON": "yes please"}, "HEFT_LOG_JSON"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load("", tc.args, envOf(tc.env))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Load("", []string{"-h"}, nil); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: err = %v, want flag.ErrHelp", err)
+	}
+}
+
+func TestValidateListsEveryProblem(t *testing.T) {
+	openFile := writeFile(t, "tok", "x", 0o644)
+	cfg := Default()
+	cfg.Node.Name = ""
+	cfg.Engines = []Engine{{Kind: "tgi", URL: "http://127.0.0.1:1"}, {Kind: "vllm", URL: "ftp://x"}}
+	cfg.Probe.Concurrency = 0
+	cfg.Log.Level = "loud"
+	cfg.PollInterval = 0
+	err := cfg.Validate()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"no coordinator URL", "no agent token", "no node name", `unknown kind "tgi"`,
+		"engine 2", "concurrency", `log level "loud"`, "poll_interval"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q:\n%v", want, err)
+		}
+	}
+
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		want   string
+	}{
+		{"both token forms", func(c *Config) { c.Coordinator.TokenFile = "/x" }, "both token and token_file"},
+		{"open token file", func(c *Config) { c.Coordinator.Token, c.Coordinator.TokenFile = "", openFile }, "chmod 600"},
+		{"missing token file", func(c *Config) { c.Coordinator.Token, c.Coordinator.TokenFile = "", "/does/not/exist" }, "token file"},
+		{"empty token file", func(c *Config) {
+			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "empty", " \n", 0o600)
+		}, "is empty"},
+		{"bad scheme", func(c *Config) { c.Coordinator.URL = "tcp://h:1" }, "scheme"},
+		{"no host", func(c *Config) { c.Coordinator.URL = "ws:///api" }, "no host"},
+		{"unparseable", func(c *Config) { c.Coordinator.URL = "ws://%zz" }, "coordinator URL"},
+		{"missing CA", func(c *Config) { c.Coordinator.CAFile = "/does/not/exist" }, "ca file"},
+		{"CA not PEM", func(c *Config) { c.Coordinator.CAFile = writeFile(t, "ca", "nope", 0o644) }, "no PEM"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			c.Coordinator.URL = "ws://127.0.0.1:7070/api/v1/agent"
+			c.Coordinator.Token = "t"
+			tc.mutate(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestToken(t *testing.T) {
+	c := Default()
+	c.Coordinator.Token = "inline"
+	if tok, err := c.Token(); err != nil || tok != "inline" {
+		t.Errorf("inline token = %q, %v", tok, err)
+	}
+	c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "tok", "  abc123 \n\n", 0o600)
+	if tok, err := c.Token(); err != nil || tok != "abc123" {
+		t.Errorf("file token = %q, %v", tok, err)
+	}
+	c.Coordinator.TokenFile = filepath.Join(t.TempDir(), "gone")
+	if _, err := c.Token(); err == nil {
+		t.Error("missing token file gave no error")
+	}
+}
+
+func TestPlainTextWarning(t *testing.T) {
+	for _, tc := range []struct {
+		url  string
+		warn bool
+	}{
+		{"ws://127.0.0.1:7070/api/v1/agent", false},
+		{"ws://localhost:7070/api/v1/agent", false},
+		{"ws://[::1]:7070/api/v1/agent", false},
+		{"wss://coord.example/api/v1/agent", false},
+		{"https://10.0.0.5/api/v1/agent", false},
+		{"ws://10.0.0.5:7070/api/v1/agent", true},
+		{"http://coord.example/api/v1/agent", true},
+	} {
+		c := Default()
+		c.Coordinator.URL = tc.url
+		w := c.PlainTextWarning()
+		if (w != "") != tc.warn {
+			t.Errorf("%s: warning %q, want warning=%v", tc.url, w, tc.warn)
+		}
+		if tc.warn && !strings.Contains(w, "plain text") {
+			t.Errorf("%s: warning %q does not say why", tc.url, w)
+		}
+	}
+}
+
+func TestTLSConfig(t *testing.T) {
+	c := Default()
+	if tc, err := c.TLSConfig(); tc != nil || err != nil {
+		t.Errorf("default TLS = %v, %v; want nil, nil", tc, err)
+	}
+	c.Coordinator.CAFile = writeFile(t, "ca.pem", selfSignedPEM(t), 0o644)
+	tc, err := c.TLSConfig()
+	if err != nil || tc == nil || tc.RootCAs == nil || tc.InsecureSkipVerify {
+		t.Fatalf("TLS = %+v, %v", tc, err)
+	}
+}
+
+func selfSignedPEM(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "heft test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}

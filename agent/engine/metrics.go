@@ -1,0 +1,267 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"heft/shared/wire"
+)
+
+// MaxBodyBytes bounds every response body the agent reads from an engine.
+const MaxBodyBytes = 8 << 20
+
+// maxCount bounds request counts read from metrics; anything larger is a
+// broken exporter, not a busy engine.
+const maxCount = 1 << 24
+
+// maxKVTokens bounds a pool size read from metrics or endpoints.
+const maxKVTokens = 1 << 40
+
+// MetricsFacts is what one scrape of an engine's /metrics tells.
+type MetricsFacts struct {
+	// Load is per rank where the engine labels its series by rank
+	// (vLLM engine="k", SGLang dp_rank="k"); series without a rank
+	// label count as rank 0.
+	Load wire.Load
+	// Ranks are KV pools per rank, only where the metrics are truthful:
+	// SGLang's sglang:max_total_num_tokens{dp_rank}. Never vLLM's
+	// cache_config_info, whose num_gpu_blocks is the sum over DP ranks.
+	Ranks []wire.Rank
+	// Models are the model_name label values seen, sorted.
+	Models []string
+	// Families is how many metric families the page held.
+	Families int
+}
+
+// metricNames says which series carry what, per engine kind. The first
+// name found wins, so a newer name comes before its deprecated one.
+type metricNames struct {
+	rankLabel string
+	running   []string
+	waiting   []string
+	kvUsage   []string // a 0..1 fraction
+	pool      []string // per-rank KV pool in tokens (truthful only)
+}
+
+var metricsByKind = map[string]metricNames{
+	wire.EngineVLLM: {
+		rankLabel: "engine",
+		running:   []string{"vllm:num_requests_running"},
+		waiting:   []string{"vllm:num_requests_waiting"},
+		kvUsage:   []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+	},
+	wire.EngineSGLang: {
+		rankLabel: "dp_rank",
+		running:   []string{"sglang:num_running_reqs"},
+		waiting:   []string{"sglang:num_queue_reqs"},
+		kvUsage:   []string{"sglang:token_usage"},
+		pool:      []string{"sglang:max_total_num_tokens"},
+	},
+	wire.EngineLlamaCpp: {
+		running: []string{"llamacpp:requests_processing"},
+		waiting: []string{"llamacpp:requests_deferred"},
+		kvUsage: []string{"llamacpp:kv_cache_usage_ratio"},
+	},
+}
+
+// ErrNoMetrics is returned for an engine kind that has no /metrics
+// (mlx-lm's server, Ollama).
+var ErrNoMetrics = errors.New("this engine kind has no /metrics endpoint")
+
+// ParseMetrics reads one Prometheus text page from an engine of the given
+// kind. A page that does not parse is an error; a page that parses but
+// holds none of the kind's series gives facts with Load.Known false.
+// Values that are not finite, negative, or absurdly large are ignored.
+func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
+	names, ok := metricsByKind[kind]
+	if !ok {
+		if slices.Contains(wire.EngineKinds, kind) {
+			return MetricsFacts{}, fmt.Errorf("%s: %w", kind, ErrNoMetrics)
+		}
+		return MetricsFacts{}, fmt.Errorf("unknown engine kind %q", kind)
+	}
+	body, err := readBounded(r, MaxBodyBytes)
+	if err != nil {
+		return MetricsFacts{}, err
+	}
+	if looksLikeHTML(body) {
+		return MetricsFacts{}, errors.New("metrics do not parse: the engine answered HTML, not Prometheus text")
+	}
+	// One parser per scrape: a TextParser keeps state and is not safe
+	// for reuse across goroutines. The zero value panics.
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		return MetricsFacts{}, fmt.Errorf("metrics do not parse: %w", err)
+	}
+
+	facts := MetricsFacts{Families: len(families)}
+	ranks := map[int]*wire.RankLoad{}
+	rank := func(k int) *wire.RankLoad {
+		if ranks[k] == nil {
+			ranks[k] = &wire.RankLoad{DPRank: k}
+		}
+		return ranks[k]
+	}
+	models := map[string]bool{}
+	known := false
+
+	// each calls fn once per usable sample of the first family in list
+	// that the page holds. Several samples for one rank (TP ranks with
+	// --enable-metrics-for-all-schedulers) keep the largest value.
+	each := func(list []string, fn func(rank int, v float64)) bool {
+		for _, name := range list {
+			mf, ok := families[name]
+			if !ok {
+				continue
+			}
+			seen := map[int]float64{}
+			for _, m := range mf.GetMetric() {
+				v, ok := sampleValue(m)
+				if !ok {
+					continue
+				}
+				k, ok := rankOf(m, names.rankLabel)
+				if !ok {
+					continue
+				}
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == "model_name" && lp.GetValue() != "" && len(models) < wire.MaxListItems {
+						models[lp.GetValue()] = true
+					}
+				}
+				if old, dup := seen[k]; dup && old >= v {
+					continue
+				}
+				seen[k] = v
+			}
+			for k, v := range seen {
+				fn(k, v)
+			}
+			return true
+		}
+		return false
+	}
+
+	if each(names.running, func(k int, v float64) {
+		if v <= maxCount {
+			rank(k).Running = int(v)
+		}
+	}) {
+		known = true
+	}
+	if each(names.waiting, func(k int, v float64) {
+		if v <= maxCount {
+			rank(k).Waiting = int(v)
+		}
+	}) {
+		known = true
+	}
+	each(names.kvUsage, func(k int, v float64) {
+		rank(k).KVUsage = min(v, 1)
+	})
+	pools := map[int]int64{}
+	each(names.pool, func(k int, v float64) {
+		if v <= maxKVTokens {
+			pools[k] = int64(v)
+		}
+	})
+
+	if known || len(ranks) > 0 {
+		facts.Load.Known = known
+		for _, k := range sortedKeys(ranks) {
+			r := ranks[k]
+			facts.Load.Ranks = append(facts.Load.Ranks, *r)
+			facts.Load.Running += r.Running
+			facts.Load.Waiting += r.Waiting
+			facts.Load.KVUsage = max(facts.Load.KVUsage, r.KVUsage)
+		}
+	}
+	for _, k := range sortedKeys(pools) {
+		facts.Ranks = append(facts.Ranks, wire.Rank{DPRank: k, KVTokens: pools[k]})
+	}
+	for m := range models {
+		facts.Models = append(facts.Models, m)
+	}
+	sort.Strings(facts.Models)
+	return facts, nil
+}
+
+// sampleValue returns a gauge, counter or untyped value when it is finite
+// and not negative.
+func sampleValue(m *dto.Metric) (float64, bool) {
+	var v float64
+	switch {
+	case m.GetGauge() != nil:
+		v = m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		v = m.GetCounter().GetValue()
+	case m.GetUntyped() != nil:
+		v = m.GetUntyped().GetValue()
+	default:
+		return 0, false
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return 0, false
+	}
+	return v, true
+}
+
+// rankOf reads the rank label; a series without it is rank 0. A label
+// that is not a small non-negative integer disqualifies the sample.
+func rankOf(m *dto.Metric, label string) (int, bool) {
+	if label == "" {
+		return 0, true
+	}
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() != label {
+			continue
+		}
+		k, err := strconv.Atoi(lp.GetValue())
+		if err != nil || k < 0 || k >= wire.MaxRanks {
+			return 0, false
+		}
+		return k, true
+	}
+	return 0, true
+}
+
+func sortedKeys[V any](m map[int]V) []int {
+	keys := make([]int, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Ints(keys)
+	return keys
+}
+
+// readBounded reads all of r, failing when it holds more than limit bytes.
+func readBounded(r io.Reader, limit int64) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("read body: %w", err)
+	}
+	if int64(len(body)) > limit {
+		return nil, fmt.Errorf("answer larger than %d MiB", limit>>20)
+	}
+	return body, nil
+}
+
+// looksLikeHTML is true for a body that starts (after blanks) with a tag.
+// Neither JSON nor Prometheus text can start with '<', so a proxy's or a
+// web UI's page is told apart from a garbled answer.
+func looksLikeHTML(body []byte) bool {
+	b := bytes.TrimLeft(body, " \t\r\n")
+	b = bytes.TrimPrefix(b, []byte("\xef\xbb\xbf"))
+	return len(b) > 0 && b[0] == '<'
+}

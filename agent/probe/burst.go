@@ -1,0 +1,261 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"heft/shared/wire"
+)
+
+// exactKind reports whether an engine kind can be told an exact output
+// length. An empty kind is treated as able: the probe sends every field.
+func exactKind(kind string) bool {
+	return kind != wire.EngineMLX && kind != wire.EngineOllama
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type chatRequest struct {
+	Model         string        `json:"model"`
+	Messages      []chatMessage `json:"messages"`
+	Stream        bool          `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	MaxTokens int  `json:"max_tokens,omitempty"`
+	MinTokens int  `json:"min_tokens,omitempty"`
+	NPredict  int  `json:"n_predict,omitempty"`
+	IgnoreEOS bool `json:"ignore_eos,omitempty"`
+}
+
+// requestBody builds the chat request every request of a burst sends, with
+// the length fields each engine kind honours (reference/engines.md §1.7,
+// §2.8, §4): vLLM and SGLang max_tokens = min_tokens plus ignore_eos,
+// llama.cpp n_predict plus ignore_eos, mlx-lm and Ollama only a cap.
+func requestBody(kind, model, prompt string, tokens int) ([]byte, error) {
+	req := chatRequest{
+		Model:    model,
+		Messages: []chatMessage{{Role: "user", Content: prompt}},
+		Stream:   true,
+	}
+	req.StreamOptions.IncludeUsage = true
+	req.MaxTokens = tokens
+	switch kind {
+	case wire.EngineVLLM, wire.EngineSGLang:
+		req.MinTokens, req.IgnoreEOS = tokens, true
+	case wire.EngineLlamaCpp:
+		req.NPredict, req.IgnoreEOS = tokens, true
+	case wire.EngineMLX, wire.EngineOllama:
+	default:
+		req.MinTokens, req.NPredict, req.IgnoreEOS = tokens, tokens, true
+	}
+	return json.Marshal(req)
+}
+
+// reqResult is what one request of a burst saw.
+type reqResult struct {
+	Sent  time.Time
+	Stats streamStats
+	Err   error
+}
+
+// counters are the live progress of a burst, read by the reporter.
+type counters struct {
+	done, tokens atomic.Int64
+}
+
+// runBurst sends n identical streamed requests at once and waits for all
+// of them. It never cancels the others when one fails, so the result can
+// say how many failed; ctx bounds the whole burst.
+func runBurst(ctx context.Context, client *http.Client, url string, body []byte, n int, c *counters) []reqResult {
+	results := make([]reqResult, n)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Go(func() {
+			results[i] = doRequest(ctx, client, url, body, c)
+			c.done.Add(1)
+		})
+	}
+	wg.Wait()
+	return results
+}
+
+func doRequest(ctx context.Context, client *http.Client, url string, body []byte, c *counters) reqResult {
+	var res reqResult
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	res.Sent = time.Now()
+	resp, err := client.Do(req)
+	if err != nil {
+		res.Err = err
+		return res
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		res.Err = fmt.Errorf("engine answered %s: %s", resp.Status, clip(strings.TrimSpace(string(snippet))))
+		return res
+	}
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		res.Err = fmt.Errorf("engine answered %q, not an event stream: %s", resp.Header.Get("Content-Type"), clip(strings.TrimSpace(string(snippet))))
+		return res
+	}
+	res.Stats, res.Err = readChat(resp.Body, time.Now, func() { c.tokens.Add(1) })
+	return res
+}
+
+// burstSummary judges one burst.
+type burstSummary struct {
+	Requests, Failed int
+	// Tokens counts completion tokens: usage where reported, else chunks.
+	Tokens int
+	Wall   time.Duration
+	TPS    float64
+	// Short is true when any request came back with other than the asked
+	// number of tokens, without usage, or with usage and stream disagreeing.
+	Short bool
+	// Errors and Shortfalls describe failed and short requests, grouped.
+	Errors, Shortfalls []string
+	Decode, TTFT       []float64
+}
+
+// summarize counts a burst's tokens, from the first request sent to the
+// last token received, and says what went wrong with which requests.
+func summarize(results []reqResult, want int) burstSummary {
+	s := burstSummary{Requests: len(results)}
+	var start, end time.Time
+	errs, short := newGrouper(len(results)), newGrouper(len(results))
+	for i, r := range results {
+		if !r.Sent.IsZero() && (start.IsZero() || r.Sent.Before(start)) {
+			start = r.Sent
+		}
+		if r.Err != nil {
+			s.Failed++
+			errs.add(errorClass(r.Err), fmt.Sprintf("request %d: %v", i+1, r.Err))
+			continue
+		}
+		st := r.Stats
+		got := st.Chunks
+		if st.HasUsage {
+			got = st.Usage
+		}
+		s.Tokens += got
+		if st.LastToken.After(end) {
+			end = st.LastToken
+		}
+		switch {
+		case !st.HasUsage:
+			short.add("no usage", fmt.Sprintf("request %d: the engine reported no usage (%d chunks streamed)", i+1, st.Chunks))
+		case st.Usage != st.Chunks:
+			short.add("disagree", fmt.Sprintf("request %d: usage says %d tokens but the stream carried %d", i+1, st.Usage, st.Chunks))
+		}
+		switch {
+		case got < want:
+			short.add("fewer", fmt.Sprintf("request %d: %d tokens, asked for %d", i+1, got, want))
+		case got > want:
+			short.add("more", fmt.Sprintf("request %d: %d tokens, asked for exactly %d", i+1, got, want))
+		}
+		if !st.FirstToken.IsZero() {
+			s.TTFT = append(s.TTFT, st.FirstToken.Sub(r.Sent).Seconds())
+		}
+		if d := st.LastToken.Sub(st.FirstToken).Seconds(); st.Chunks > 1 && d > 0 {
+			s.Decode = append(s.Decode, float64(st.Chunks-1)/d)
+		}
+	}
+	if s.Tokens > 0 && end.After(start) {
+		s.Wall = end.Sub(start)
+		s.TPS = float64(s.Tokens) / s.Wall.Seconds()
+	}
+	s.Errors, s.Shortfalls = errs.lines(), short.lines()
+	s.Short = len(s.Shortfalls) > 0
+	return s
+}
+
+// errorClass groups request errors so sixteen identical failures read as
+// one line.
+func errorClass(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, errDropped):
+		return "dropped"
+	case errors.Is(err, errMalformedSSE):
+		return "malformed"
+	}
+	msg := err.Error()
+	if i := strings.Index(msg, ": "); i > 0 && strings.HasPrefix(msg, "engine answered") {
+		return msg[:i]
+	}
+	return "other"
+}
+
+// grouper collects messages by class, keeping a count and the first
+// example of each, so Problems stay short and bounded.
+type grouper struct {
+	total int
+	order []string
+	count map[string]int
+	first map[string]string
+}
+
+func newGrouper(total int) *grouper {
+	return &grouper{total: total, count: map[string]int{}, first: map[string]string{}}
+}
+
+func (g *grouper) add(class, msg string) {
+	if g.count[class] == 0 {
+		g.order = append(g.order, class)
+		g.first[class] = msg
+	}
+	g.count[class]++
+}
+
+const maxGroups = 8
+
+func (g *grouper) lines() []string {
+	var out []string
+	for i, class := range g.order {
+		if i == maxGroups {
+			out = append(out, fmt.Sprintf("and %d more kinds of problem", len(g.order)-maxGroups))
+			break
+		}
+		if n := g.count[class]; n > 1 {
+			out = append(out, fmt.Sprintf("%d of %d requests like %s", n, g.total, g.first[class]))
+		} else {
+			out = append(out, g.first[class])
+		}
+	}
+	return out
+}
+
+// percentile returns the nearest-rank p-quantile (0 < p <= 1) of xs, or 0.
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(math.Ceil(float64(len(s))*p)) - 1
+	return s[max(0, min(i, len(s)-1))]
+}

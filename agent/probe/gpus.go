@@ -1,0 +1,118 @@
+package probe
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"heft/shared/wire"
+)
+
+// gpuSampleEvery is how often SM clocks are read during the measured burst.
+const gpuSampleEvery = 200 * time.Millisecond
+
+// gpuSummary is what the clocks did during the measured burst.
+type gpuSummary struct {
+	Samples           int
+	MinMHz, MedianMHz float64
+	MaxMHz            float64
+	Reasons           []string
+	Err               error // the last read error, if no sample succeeded
+}
+
+// gpuSampler reads the engine's GPUs on a ticker until stopped.
+type gpuSampler struct {
+	mu      sync.Mutex
+	clocks  []float64
+	maxMHz  float64
+	reasons map[string]bool
+	reads   int
+	lastErr error
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startGPUSampler samples at once and then every gpuSampleEvery, so even
+// a burst shorter than the interval has a sample. uuids selects the
+// engine's GPUs; empty means all.
+func startGPUSampler(ctx context.Context, read func(context.Context) ([]wire.GPU, error), uuids []string) *gpuSampler {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &gpuSampler{reasons: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(gpuSampleEvery)
+		defer t.Stop()
+		for {
+			s.sample(ctx, read, uuids)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+func (s *gpuSampler) sample(ctx context.Context, read func(context.Context) ([]wire.GPU, error), uuids []string) {
+	gpus, err := read(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.lastErr = err
+		}
+		return
+	}
+	for _, g := range gpus {
+		if g.Error != "" || (len(uuids) > 0 && !slices.Contains(uuids, g.UUID)) {
+			continue
+		}
+		if g.SMClockMHz > 0 {
+			s.clocks = append(s.clocks, float64(g.SMClockMHz))
+			s.reads++
+		}
+		s.maxMHz = max(s.maxMHz, float64(g.SMClockMaxMHz))
+		for _, r := range g.ClockEventReasons {
+			if r != "" {
+				s.reasons[r] = true
+			}
+		}
+	}
+}
+
+// stop ends sampling and summarises. It waits briefly for a read in
+// progress; a GPU source that ignores its context cannot hold the probe.
+func (s *gpuSampler) stop() gpuSummary {
+	s.cancel()
+	select {
+	case <-s.done:
+	case <-time.After(2 * time.Second):
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sum := gpuSummary{Samples: s.reads, MaxMHz: s.maxMHz}
+	if len(s.clocks) > 0 {
+		sum.MinMHz = slices.Min(s.clocks)
+		sum.MedianMHz = median(s.clocks)
+	} else {
+		sum.Err = s.lastErr
+	}
+	for r := range s.reasons {
+		sum.Reasons = append(sum.Reasons, r)
+	}
+	slices.Sort(sum.Reasons)
+	return sum
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}

@@ -1,0 +1,353 @@
+// Package probe measures what an inference engine can carry: it waits for
+// the engine to be ready, sends the standard burst (16 concurrent streamed
+// chat requests of exactly 128 output tokens) once to warm the engine and
+// once more to measure it, and returns total tokens / wall time of the
+// second burst as a wire.Measurement.
+//
+// A probe costs two bursts and nothing more. A burst that comes back short,
+// with errors, or with usage and stream disagreeing is reported as a
+// failure with its reasons, never as a throughput.
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"heft/shared/health"
+	"heft/shared/wire"
+)
+
+// Defaults of the standard burst (PRODUCT.md, story 2).
+const (
+	DefaultConcurrency  = 16
+	DefaultTokens       = 128
+	DefaultPrompt       = "Write a long story about a lighthouse keeper and the sea."
+	DefaultReadyTimeout = 2 * time.Minute
+	DefaultBurstTimeout = 5 * time.Minute
+)
+
+// Limits on a Config, so a typo cannot start a million streams.
+const (
+	MaxConcurrency = 1024
+	MaxTokens      = 1 << 16
+)
+
+// Progress phases.
+const (
+	PhaseWaitingReady = "waiting_ready"
+	PhaseWarmup       = "warmup"
+	PhaseMeasure      = "measure"
+	PhaseDone         = "done"
+)
+
+// ErrBusy is returned by a probe with RequireIdle when the engine has
+// requests running or waiting; the caller should try again later.
+var ErrBusy = errors.New("engine is busy; probe deferred")
+
+// Config says what to probe and how.
+type Config struct {
+	URL         string // engine base URL, e.g. http://127.0.0.1:8000
+	Kind        string // wire.EngineVLLM etc.; "" sends every length field and expects an exact length
+	Model       string // "" = the first model from /v1/models
+	Concurrency int    // default 16
+	Tokens      int    // per request; default 128
+	Prompt      string // default DefaultPrompt
+	CapacityKey string
+	Node        string
+	Trigger     string // wire.ReasonScheduled etc., or "cli"
+	// RequireIdle makes Run return ErrBusy when Load reports running +
+	// waiting > 0. Scheduled probes set it; on-demand ones run anyway and
+	// record Busy. An engine whose load cannot be read is probed, with a
+	// note in Problems, so engines without metrics are still measured.
+	RequireIdle bool
+	// Load, optional, reads the engine's load just before the probe.
+	Load func(ctx context.Context) (wire.Load, error)
+	// GPUs, optional, is sampled every 200ms during the measured burst.
+	GPUs     func(ctx context.Context) ([]wire.GPU, error)
+	GPUUUIDs []string // the engine's GPUs; empty = all
+	// ReadyTimeout bounds the wait for /health and /v1/models; default 2m.
+	ReadyTimeout time.Duration
+	// BurstTimeout bounds each burst; default 5m. A stuck engine ends the
+	// probe with probe_failed.
+	BurstTimeout time.Duration
+	// Progress, optional, is called from one goroutine at a time, about
+	// ten times a second during a burst and at every phase change.
+	Progress   func(Progress)
+	HTTPClient *http.Client // default: a client with enough idle connections for the burst
+}
+
+// Progress is a live view of a running probe.
+type Progress struct {
+	Phase   string // PhaseWaitingReady, PhaseWarmup, PhaseMeasure or PhaseDone
+	Done    int    // requests finished in this burst
+	Total   int    // requests in this burst
+	Tokens  int    // tokens streamed so far in this burst
+	TPS     float64
+	Elapsed time.Duration // since the phase began
+}
+
+func (c *Config) normalize() error {
+	u, err := url.Parse(strings.TrimSpace(c.URL))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("probe: engine URL %q is not an http(s) URL", c.URL)
+	}
+	// Accept an OpenAI base URL too: health and models live at the root.
+	c.URL = strings.TrimSuffix(strings.TrimSuffix(u.String(), "/"), "/v1")
+	if c.Kind != "" && !slices.Contains(wire.EngineKinds, c.Kind) {
+		return fmt.Errorf("probe: engine kind %q is not one of %s", c.Kind, strings.Join(wire.EngineKinds, ", "))
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Tokens == 0 {
+		c.Tokens = DefaultTokens
+	}
+	if c.Prompt == "" {
+		c.Prompt = DefaultPrompt
+	}
+	if c.Concurrency < 1 || c.Concurrency > MaxConcurrency {
+		return fmt.Errorf("probe: concurrency %d is outside 1..%d", c.Concurrency, MaxConcurrency)
+	}
+	if c.Tokens < 1 || c.Tokens > MaxTokens {
+		return fmt.Errorf("probe: tokens %d is outside 1..%d", c.Tokens, MaxTokens)
+	}
+	if len(c.Prompt) > wire.MaxStringBytes {
+		return fmt.Errorf("probe: prompt is %d bytes, at most %d", len(c.Prompt), wire.MaxStringBytes)
+	}
+	if c.ReadyTimeout < 0 || c.BurstTimeout < 0 {
+		return errors.New("probe: negative timeout")
+	}
+	if c.ReadyTimeout == 0 {
+		c.ReadyTimeout = DefaultReadyTimeout
+	}
+	if c.BurstTimeout == 0 {
+		c.BurstTimeout = DefaultBurstTimeout
+	}
+	return nil
+}
+
+// Run probes one engine. It returns a Measurement whose Failure names what
+// went wrong (engine_unreachable, probe_failed, probe_incomplete_output)
+// whenever the engine misbehaved; it returns an error only for an invalid
+// Config, ErrBusy, or ctx ending.
+//
+// For a kind that can be told an exact length, a measured burst with any
+// short, long or unaccounted request has Failure probe_incomplete_output
+// and ThroughputTPS 0: the raw number is in Problems, so nothing can use it
+// as a weight by mistake. mlx-lm and Ollama cannot be told a length: their
+// measurement is valid but Complete is false, and its throughput counts the
+// tokens that came back.
+func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
+	if err := cfg.normalize(); err != nil {
+		return wire.Measurement{}, err
+	}
+	client := cfg.HTTPClient
+	if client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = cfg.Concurrency
+		client = &http.Client{Transport: tr}
+		defer tr.CloseIdleConnections()
+	}
+	p := &prober{cfg: cfg, client: client}
+	m := wire.Measurement{
+		CapacityKey:    cfg.CapacityKey,
+		Node:           cfg.Node,
+		EngineKind:     cfg.Kind,
+		EngineURL:      cfg.URL,
+		Model:          cfg.Model,
+		Concurrency:    cfg.Concurrency,
+		Requests:       cfg.Concurrency,
+		TokensPerReq:   cfg.Tokens,
+		ExpectedTokens: cfg.Concurrency * cfg.Tokens,
+		Prompt:         cfg.Prompt,
+		Trigger:        cfg.Trigger,
+		StartedAt:      time.Now().UTC(),
+	}
+	err := p.run(ctx, &m)
+	m.FinishedAt = time.Now().UTC()
+	if err == nil {
+		p.report(Progress{Phase: PhaseDone, Done: m.Requests, Total: m.Requests, Tokens: m.OutputTokens,
+			TPS: m.ThroughputTPS, Elapsed: m.FinishedAt.Sub(m.StartedAt)})
+	}
+	if len(m.Problems) > wire.MaxProblemCount {
+		m.Problems = append(m.Problems[:wire.MaxProblemCount-1], "more problems left out")
+	}
+	return m, err
+}
+
+type prober struct {
+	cfg    Config
+	client *http.Client
+}
+
+func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
+	cfg := p.cfg
+	p.report(Progress{Phase: PhaseWaitingReady})
+	waitStart := time.Now()
+	model, err := waitReady(ctx, p.client, cfg.URL, cfg.Model, cfg.ReadyTimeout, func() {
+		p.report(Progress{Phase: PhaseWaitingReady, Elapsed: time.Since(waitStart)})
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fail(m, health.CodeEngineUnreachable, err.Error())
+	}
+	m.Model = model
+
+	if cfg.Load != nil {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		load, err := cfg.Load(lctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			m.Problems = append(m.Problems, fmt.Sprintf("engine load unknown: %v", err))
+		case load.Validate() != nil:
+			m.Problems = append(m.Problems, fmt.Sprintf("engine load unusable: %v", load.Validate()))
+		case !load.Known:
+			m.LoadBefore = load
+			if cfg.RequireIdle {
+				m.Problems = append(m.Problems, "engine does not report its load; idle not verified")
+			}
+		default:
+			m.LoadBefore = load
+			if load.Running+load.Waiting > 0 {
+				if cfg.RequireIdle {
+					return ErrBusy
+				}
+				m.Busy = true
+			}
+		}
+	}
+
+	body, err := requestBody(cfg.Kind, model, cfg.Prompt, cfg.Tokens)
+	if err != nil {
+		return fmt.Errorf("probe: build request: %w", err)
+	}
+	chatURL := cfg.URL + "/v1/chat/completions"
+
+	warm, err := p.burst(ctx, PhaseWarmup, chatURL, body)
+	if err != nil {
+		return err
+	}
+	m.WarmupTPS = warm.TPS
+	for _, line := range append(warm.Errors, warm.Shortfalls...) {
+		m.Problems = append(m.Problems, "warm-up: "+line)
+	}
+	if warm.Failed == warm.Requests {
+		// Nothing came back; a second burst would only wait as long again.
+		return fail(m, health.CodeProbeFailed, "every warm-up request failed; the measured burst was not sent")
+	}
+
+	var sampler *gpuSampler
+	if cfg.GPUs != nil {
+		sampler = startGPUSampler(ctx, cfg.GPUs, cfg.GPUUUIDs)
+	}
+	meas, err := p.burst(ctx, PhaseMeasure, chatURL, body)
+	if sampler != nil {
+		g := sampler.stop()
+		m.SMClockMinMHz, m.SMClockMedianMHz, m.SMClockMaxMHz = g.MinMHz, g.MedianMHz, g.MaxMHz
+		m.ClockEventReasons = g.Reasons
+		if len(m.ClockEventReasons) > 32 {
+			m.ClockEventReasons = m.ClockEventReasons[:32]
+		}
+		if g.Samples == 0 && g.Err != nil {
+			m.Problems = append(m.Problems, fmt.Sprintf("gpu clocks not sampled: %v", g.Err))
+		}
+	}
+	if err != nil {
+		return err
+	}
+	m.OutputTokens = meas.Tokens
+	m.WallSeconds = meas.Wall.Seconds()
+	m.DecodeTPSP50, m.DecodeTPSP95 = percentile(meas.Decode, 0.5), percentile(meas.Decode, 0.95)
+	m.TTFTP50, m.TTFTP95 = percentile(meas.TTFT, 0.5), percentile(meas.TTFT, 0.95)
+	m.Problems = append(m.Problems, meas.Errors...)
+	m.Problems = append(m.Problems, meas.Shortfalls...)
+	// An engine that cannot be told a length never ran the standard burst,
+	// even when it happened to stop at the right count.
+	m.Complete = !meas.Short && meas.Failed == 0 && exactKind(cfg.Kind)
+
+	switch {
+	case meas.Failed > 0:
+		return fail(m, health.CodeProbeFailed, fmt.Sprintf("%d of %d measured requests failed; raw %.1f tok/s over %d tokens not used",
+			meas.Failed, meas.Requests, meas.TPS, meas.Tokens))
+	case meas.Short && exactKind(cfg.Kind):
+		return fail(m, health.CodeProbeIncompleteOutput, fmt.Sprintf("the engine did not return exactly %d tokens per request as asked; raw %.1f tok/s over %d of %d tokens not used",
+			cfg.Tokens, meas.TPS, meas.Tokens, m.ExpectedTokens))
+	case meas.Tokens == 0 || meas.TPS <= 0:
+		return fail(m, health.CodeProbeFailed, "the measured burst returned no tokens")
+	case !exactKind(cfg.Kind):
+		m.Problems = append(m.Problems, fmt.Sprintf("%s cannot be told an exact output length; throughput counts the %d of %d tokens that came back",
+			cfg.Kind, meas.Tokens, m.ExpectedTokens))
+	}
+	m.ThroughputTPS = meas.TPS
+	return nil
+}
+
+// fail marks m as not valid and keeps its throughput out of reach.
+func fail(m *wire.Measurement, code, why string) error {
+	m.Failure = code
+	m.ThroughputTPS = 0
+	m.Complete = false
+	m.Problems = append([]string{why}, m.Problems...)
+	return nil
+}
+
+// burst runs one burst bounded by BurstTimeout, reporting progress. It
+// returns an error only when ctx ends.
+func (p *prober) burst(ctx context.Context, phase, url string, body []byte) (burstSummary, error) {
+	n := p.cfg.Concurrency
+	bctx, cancel := context.WithTimeout(ctx, p.cfg.BurstTimeout)
+	defer cancel()
+	var c counters
+	start := time.Now()
+	p.report(Progress{Phase: phase, Total: n})
+
+	stopReporter := make(chan struct{})
+	var wg sync.WaitGroup
+	if p.cfg.Progress != nil {
+		wg.Go(func() {
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-stopReporter:
+					return
+				case <-t.C:
+					el := time.Since(start)
+					tok := int(c.tokens.Load())
+					p.report(Progress{Phase: phase, Done: int(c.done.Load()), Total: n, Tokens: tok,
+						TPS: float64(tok) / el.Seconds(), Elapsed: el})
+				}
+			}
+		})
+	}
+	results := runBurst(bctx, p.client, url, body, n, &c)
+	close(stopReporter)
+	wg.Wait()
+	if ctx.Err() != nil {
+		return burstSummary{}, ctx.Err()
+	}
+	s := summarize(results, p.cfg.Tokens)
+	if bctx.Err() != nil {
+		s.Errors = append([]string{fmt.Sprintf("the burst did not finish within %v", p.cfg.BurstTimeout)}, s.Errors...)
+	}
+	p.report(Progress{Phase: phase, Done: n, Total: n, Tokens: int(c.tokens.Load()), TPS: s.TPS, Elapsed: time.Since(start)})
+	return s, nil
+}
+
+func (p *prober) report(pr Progress) {
+	if p.cfg.Progress != nil {
+		p.cfg.Progress(pr)
+	}
+}

@@ -1,0 +1,133 @@
+package health
+
+import (
+	"strings"
+	"testing"
+
+	"heft/shared/wire"
+)
+
+func TestPools(t *testing.T) {
+	th := DefaultThresholds()
+	tests := []struct {
+		name     string
+		ranks    []wire.Rank
+		severity string // "" = no finding
+	}{
+		{"one rank", []wire.Rank{{0, 24094}}, ""},
+		{"even", []wire.Rank{{0, 24094}, {1, 24037}}, ""},
+		{"the L4 story", []wire.Rank{{0, 24094}, {1, 2925}}, Critical},
+		{"mildly uneven", []wire.Rank{{0, 1000}, {1, 700}}, Warning},
+		{"just under hold", []wire.Rank{{0, 1000}, {1, 499}}, Critical},
+		{"at hold", []wire.Rank{{0, 1000}, {1, 500}}, Warning},
+		{"at warn", []wire.Rank{{0, 1000}, {1, 900}}, ""},
+		{"empty pools", []wire.Rank{{0, 0}, {1, 0}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := Pools(tt.ranks, th)
+			if tt.severity == "" {
+				if f != nil {
+					t.Fatalf("unexpected finding %+v", f)
+				}
+				return
+			}
+			if f == nil || f.Severity != tt.severity || f.Code != CodeDPPoolImbalance {
+				t.Fatalf("finding = %+v, want %s %s", f, CodeDPPoolImbalance, tt.severity)
+			}
+		})
+	}
+	f := Pools([]wire.Rank{{0, 24094}, {1, 2925}}, th)
+	for _, want := range []string{"rank 0 holds 24,094", "rank 1 only 2,925", "12%", "second request", "held", "whole, empty GPUs", "separate servers"} {
+		if !strings.Contains(f.Message, want) {
+			t.Errorf("message lacks %q:\n%s", want, f.Message)
+		}
+	}
+}
+
+func TestPoolRatio(t *testing.T) {
+	r, small, large, ok := PoolRatio([]wire.Rank{{0, 24094}, {1, 2925}, {2, 24000}})
+	if !ok || small.DPRank != 1 || large.DPRank != 0 {
+		t.Fatalf("ratio %v small %v large %v ok %v", r, small, large, ok)
+	}
+	if got := float64(int(r*10000)) / 10000; got != 0.1213 {
+		t.Errorf("ratio = %v", r)
+	}
+}
+
+func TestForeignProcesses(t *testing.T) {
+	th := DefaultThresholds()
+	gpus := []wire.GPU{
+		{Index: 0, UUID: "GPU-0", Processes: []wire.GPUProcess{{PID: 10, Name: "python3", UsedMemory: 20 << 30}}},
+		{Index: 1, UUID: "GPU-1", Processes: []wire.GPUProcess{{PID: 10, UsedMemory: 15 << 30}, {PID: 99, Name: "train.py", UsedMemory: 3 << 30, Foreign: true}, {PID: 98, UsedMemory: 1 << 20, Foreign: true}}},
+		{Index: 2, UUID: "GPU-2", Processes: []wire.GPUProcess{{PID: 77, Name: "other", UsedMemory: 8 << 30, Foreign: true}}},
+	}
+	e := wire.Engine{GPUUUIDs: []string{"GPU-0", "GPU-1"}}
+	f := ForeignProcesses(e, gpus, th)
+	if f == nil {
+		t.Fatal("no finding")
+	}
+	if !strings.Contains(f.Message, "pid 99 (train.py) holds 3.00 GiB on GPU 1") {
+		t.Errorf("message: %s", f.Message)
+	}
+	if strings.Contains(f.Message, "pid 98") || strings.Contains(f.Message, "pid 77") {
+		t.Errorf("tiny or unrelated process reported: %s", f.Message)
+	}
+	if ForeignProcesses(wire.Engine{GPUUUIDs: []string{"GPU-0"}}, gpus, th) != nil {
+		t.Error("finding on a clean GPU")
+	}
+}
+
+func TestMeasurementFindings(t *testing.T) {
+	th := DefaultThresholds()
+	ok := wire.Measurement{ThroughputTPS: 900, OutputTokens: 2048, ExpectedTokens: 2048, Complete: true,
+		SMClockMaxMHz: 2040, SMClockMedianMHz: 2000, SMClockMinMHz: 1900}
+	if fs := Measurement(ok, th); len(fs) != 0 {
+		t.Errorf("healthy measurement: %+v", fs)
+	}
+	low := ok
+	low.SMClockMedianMHz, low.SMClockMinMHz, low.ClockEventReasons = 1200, 900, []string{"gpu_idle", "sw_thermal_slowdown"}
+	fs := Measurement(low, th)
+	codes := map[string]bool{}
+	for _, f := range fs {
+		codes[f.Code] = true
+	}
+	if !codes[CodeGPUClockLow] || !codes[CodeGPUThrottled] {
+		t.Errorf("codes = %v", codes)
+	}
+	short := ok
+	short.Failure, short.OutputTokens = CodeProbeIncompleteOutput, 1500
+	fs = Measurement(short, th)
+	if len(fs) != 1 || fs[0].Severity != Critical || !strings.Contains(fs[0].Message, "1500 of 2048") {
+		t.Errorf("short: %+v", fs)
+	}
+	mac := ok
+	mac.Complete, mac.OutputTokens = false, 1800
+	fs = Measurement(mac, th)
+	if len(fs) != 1 || fs[0].Severity != Warning || fs[0].Code != CodeProbeIncompleteOutput {
+		t.Errorf("mac: %+v", fs)
+	}
+	failed := wire.Measurement{Failure: CodeProbeFailed, Problems: []string{"3 of 16 requests failed: HTTP 500"}}
+	fs = Measurement(failed, th)
+	if len(fs) != 1 || fs[0].Code != CodeProbeFailed || !strings.Contains(fs[0].Message, "HTTP 500") {
+		t.Errorf("failed: %+v", fs)
+	}
+}
+
+func TestEngineAndSort(t *testing.T) {
+	e := wire.Engine{URL: "http://x", Error: "connection refused", Ranks: []wire.Rank{{0, 100}, {1, 80}}}
+	fs := Engine(e, nil, DefaultThresholds())
+	fs = append(fs, Finding{Code: "zzz", Severity: Info})
+	Sort(fs)
+	if fs[0].Code != CodeEngineUnreachable || fs[1].Code != CodeDPPoolImbalance || fs[2].Code != "zzz" {
+		t.Errorf("order: %+v", fs)
+	}
+}
+
+func TestThousands(t *testing.T) {
+	for in, want := range map[int64]string{0: "0", 999: "999", 1000: "1,000", 24094: "24,094", 1234567: "1,234,567", -4500: "-4,500"} {
+		if got := thousands(in); got != want {
+			t.Errorf("thousands(%d) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package wire
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func validSnapshot() *Snapshot {
+	return &Snapshot{
+		Node: "gpu-a",
+		At:   time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC),
+		Host: Host{Hostname: "gpu-a", OS: "linux", Arch: "amd64", CPUCores: 16},
+		GPUs: []GPU{{Index: 0, UUID: "GPU-1", Name: "NVIDIA L4", MemoryTotal: 24 << 30, SMClockMHz: 2040, SMClockMaxMHz: 2040}},
+		Engines: []Engine{{Kind: EngineSGLang, URL: "http://127.0.0.1:30000", Model: "Qwen/Qwen3-8B", Ready: true,
+			CapacityKey: "abc", Ranks: []Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}}},
+	}
+}
+
+func validMeasurement() Measurement {
+	return Measurement{CapacityKey: "abc", EngineKind: EngineVLLM, EngineURL: "http://127.0.0.1:8000", Model: "m",
+		ThroughputTPS: 992, WarmupTPS: 453, OutputTokens: 2048, ExpectedTokens: 2048, Requests: 16, Concurrency: 16,
+		TokensPerReq: 128, Complete: true}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, payload := range []any{
+		&Hello{Node: "gpu-a", AgentVersion: "dev", Host: Host{Hostname: "gpu-a", OS: "linux", Arch: "amd64"}},
+		validSnapshot(),
+		&ProbeResult{RequestID: "r1", Measurement: validMeasurement()},
+		&ProbeStatus{RequestID: "r1", CapacityKey: "abc", State: ProbeDeferredBusy},
+		&Welcome{CoordinatorVersion: "dev", SnapshotSeconds: 15},
+		&CachedMeasurement{Measurement: validMeasurement(), ExpiresAt: time.Now()},
+		&ProbeRequest{RequestID: "r1", CapacityKey: "abc", Reason: ReasonScheduled},
+	} {
+		data, err := Encode(payload)
+		if err != nil {
+			t.Fatalf("encode %T: %v", payload, err)
+		}
+		env, err := Decode(data)
+		if err != nil {
+			t.Fatalf("decode %T: %v\n%s", payload, err, data)
+		}
+		if env.Version != ProtocolVersion {
+			t.Errorf("%T: version %d", payload, env.Version)
+		}
+	}
+	snap := validSnapshot()
+	data, _ := Encode(snap)
+	env, _ := Decode(data)
+	if got := env.Snapshot.Engines[0].Ranks[1].KVTokens; got != 2925 {
+		t.Errorf("rank 1 pool = %d, want 2925", got)
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	good, _ := Encode(validSnapshot())
+	tests := []struct {
+		name    string
+		data    string
+		wantErr error
+		says    string
+	}{
+		{"not json", `{"type":`, ErrInvalid, "not a JSON object"},
+		{"array", `[1,2]`, ErrInvalid, "not a JSON object"},
+		{"no version", `{"type":"hello","hello":{"node":"a"}}`, ErrInvalid, "missing protocol version"},
+		{"newer peer", `{"type":"hello","v":2,"hello":{"brand":"new"}}`, ErrVersion, "v2"},
+		{"older peer", `{"type":"hello","v":0}`, ErrVersion, "v0"},
+		{"unknown type", `{"type":"gossip","v":1,"hello":{"node":"a","host":{}}}`, ErrInvalid, "unknown message type"},
+		{"no payload", `{"type":"hello","v":1}`, ErrInvalid, "exactly one payload"},
+		{"two payloads", `{"type":"hello","v":1,"hello":{"node":"a"},"welcome":{}}`, ErrInvalid, "exactly one payload"},
+		{"wrong payload", `{"type":"hello","v":1,"welcome":{}}`, ErrInvalid, "lacks"},
+		{"empty node", `{"type":"hello","v":1,"hello":{"node":" "}}`, ErrInvalid, "hello.node is empty"},
+		{"negative throughput", `{"type":"probe_result","v":1,"probe_result":{"measurement":{"capacity_key":"k","throughput_tps":-5}}}`, ErrInvalid, "negative"},
+		{"negative pool", strings.Replace(string(good), `"kv_tokens":2925`, `"kv_tokens":-1`, 1), ErrInvalid, "negative"},
+		{"duplicate rank", strings.Replace(string(good), `"dp_rank":1`, `"dp_rank":0`, 1), ErrInvalid, "twice"},
+		{"unknown engine kind", strings.Replace(string(good), `"kind":"sglang"`, `"kind":"tgi"`, 1), ErrInvalid, "engine.kind"},
+		{"bad probe state", `{"type":"probe_status","v":1,"probe_status":{"capacity_key":"k","state":"sleeping"}}`, ErrInvalid, "unknown"},
+		{"bad reason", `{"type":"probe_request","v":1,"probe_request":{"capacity_key":"k","reason":"whim"}}`, ErrInvalid, "unknown"},
+		{"too big", `{"type":"hello","v":1,"hello":{"node":"` + strings.Repeat("a", MaxMessageBytes) + `"}}`, ErrInvalid, "exceeds"},
+		{"nan literal", `{"type":"probe_result","v":1,"probe_result":{"measurement":{"capacity_key":"k","throughput_tps":NaN}}}`, ErrInvalid, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode([]byte(tt.data))
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			if tt.says != "" && !strings.Contains(err.Error(), tt.says) {
+				t.Errorf("err %q does not say %q", err, tt.says)
+			}
+		})
+	}
+}
+
+func TestEncodeRefusesNonFinite(t *testing.T) {
+	for _, v := range []float64{math.NaN(), math.Inf(1), -1} {
+		m := validMeasurement()
+		m.ThroughputTPS = v
+		if _, err := Encode(&ProbeResult{Measurement: m}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("throughput %v: err = %v, want ErrInvalid", v, err)
+		}
+	}
+	if _, err := Encode(struct{}{}); err == nil {
+		t.Error("encoding an unknown payload type succeeded")
+	}
+}
+
+func TestTooManyEngines(t *testing.T) {
+	s := validSnapshot()
+	for len(s.Engines) <= MaxEngines {
+		s.Engines = append(s.Engines, s.Engines[0])
+	}
+	env := Envelope{Type: TypeSnapshot, Version: ProtocolVersion, Snapshot: s}
+	data, _ := json.Marshal(env)
+	if _, err := Decode(data); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "engines") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestMeasurementValid(t *testing.T) {
+	m := validMeasurement()
+	if !m.Valid() {
+		t.Error("complete measurement not valid")
+	}
+	m.Complete = false // an engine that cannot force the length
+	if !m.Valid() {
+		t.Error("incomplete but unfailed measurement should stay usable")
+	}
+	m.Failure = "probe_incomplete_output"
+	if m.Valid() {
+		t.Error("failed measurement is valid")
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, p := range []any{validSnapshot(), &ProbeResult{Measurement: validMeasurement()}, &ProbeRequest{RequestID: "r", CapacityKey: "k", Reason: ReasonOnDemand}} {
+		data, _ := Encode(p)
+		f.Add(data)
+	}
+	f.Add([]byte(`{"type":"hello","v":1,"hello":{"node":"a","host":{}}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		env, err := Decode(data)
+		if err != nil {
+			return
+		}
+		// Whatever decodes must re-encode and decode to a valid message.
+		out, err := json.Marshal(env)
+		if err != nil {
+			t.Fatalf("re-marshal: %v", err)
+		}
+		if _, err := Decode(out); err != nil {
+			t.Fatalf("decoded message does not decode again: %v", err)
+		}
+	})
+}

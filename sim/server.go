@@ -1,0 +1,256 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Server is a running simulated engine.
+type Server struct {
+	cfg         Config
+	ln          net.Listener
+	hs          *http.Server
+	url         string
+	host        string
+	port        int
+	pid         int
+	start       time.Time
+	maxModelLen int64
+	ranks       []*rank
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	rr    atomic.Uint64 // round-robin dealer
+	chats atomic.Int64  // chat requests seen, for FailEvery
+	ids   atomic.Uint64
+
+	rngMu sync.Mutex
+	rng   *rand.Rand
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start validates cfg, listens on addr (e.g. "127.0.0.1:0"), writes the
+// start-up log, and starts one decode loop per rank.
+func Start(cfg Config, addr string) (*Server, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	t0, k, _ := calibrate(cfg.SingleTPS, cfg.Batch16TPS)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("sim listen: %w", err)
+	}
+	s := &Server{
+		cfg: cfg,
+		ln:  ln,
+		pid: os.Getpid(),
+		rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x68656674)),
+	}
+	tcp := ln.Addr().(*net.TCPAddr)
+	s.port = tcp.Port
+	s.host = tcp.IP.String()
+	urlHost := s.host
+	if tcp.IP.IsUnspecified() {
+		urlHost = "127.0.0.1"
+	}
+	s.url = "http://" + net.JoinHostPort(urlHost, strconv.Itoa(s.port))
+	s.maxModelLen = 40960
+	for _, t := range cfg.KVTokens {
+		s.maxModelLen = min(s.maxModelLen, t)
+	}
+
+	if cfg.LogPath != "" {
+		if err := s.writeStartLog(time.Now()); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("sim start-up log: %w", err)
+		}
+	}
+
+	s.start = time.Now()
+	m := stepModel{
+		t0: t0, k: k, start: s.start, coldFactor: cfg.ColdFactor,
+		coldFor: time.Duration(cfg.ColdSeconds * float64(time.Second)),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	for i, pool := range cfg.KVTokens {
+		r := newRank(i, pool, cfg.MaxRunning, m)
+		s.ranks = append(s.ranks, r)
+		s.wg.Go(func() { r.loop(s.ctx) })
+	}
+	s.hs = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	s.wg.Go(func() {
+		if err := s.hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.cancel()
+		}
+	})
+	return s, nil
+}
+
+// URL is the engine's base URL, e.g. "http://127.0.0.1:41234".
+func (s *Server) URL() string { return s.url }
+
+// Config is the configuration in use, defaults filled in.
+func (s *Server) Config() Config { return s.cfg }
+
+// Close stops the listener, open connections and the rank loops. It is
+// idempotent.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.cancel()
+		s.closeErr = s.hs.Close()
+		s.wg.Wait()
+	})
+	return s.closeErr
+}
+
+// InFlight sums the running and waiting sequences over all ranks.
+func (s *Server) InFlight() (running, waiting int) {
+	for _, r := range s.ranks {
+		r.mu.Lock()
+		running += len(r.running)
+		waiting += len(r.waiting)
+		r.mu.Unlock()
+	}
+	return running, waiting
+}
+
+// Ranks returns the KV pool of each rank, in tokens.
+func (s *Server) Ranks() []int64 {
+	out := make([]int64, len(s.ranks))
+	for i, r := range s.ranks {
+		out[i] = r.pool
+	}
+	return out
+}
+
+func (s *Server) ready() bool { return time.Since(s.start) >= s.cfg.Faults.NotReadyFor }
+
+// seqLimit is the most prompt + max tokens one request may ask of rank r.
+func (s *Server) seqLimit(r *rank) int64 {
+	switch s.cfg.Flavor {
+	case FlavorVLLM:
+		return min(s.maxModelLen, r.pool)
+	case FlavorLlamaCpp:
+		return r.pool / int64(s.cfg.MaxRunning)
+	}
+	return r.pool
+}
+
+func (s *Server) views() []rankView {
+	out := make([]rankView, len(s.ranks))
+	for i, r := range s.ranks {
+		out[i] = r.view()
+	}
+	return out
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", s.handleHealth)
+	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	switch s.cfg.Flavor {
+	case FlavorVLLM:
+		mux.HandleFunc("GET /metrics", s.handleVLLMMetrics)
+		mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version})
+		})
+	case FlavorSGLang:
+		mux.HandleFunc("GET /metrics", s.handleSGLangMetrics)
+		mux.HandleFunc("GET /server_info", s.handleServerInfo)
+		mux.HandleFunc("GET /get_server_info", s.handleServerInfo)
+		mux.HandleFunc("GET /model_info", s.handleModelInfo)
+		mux.HandleFunc("GET /get_model_info", s.handleModelInfo)
+		mux.HandleFunc("GET /v1/loads", s.handleLoads)
+	case FlavorMLX:
+		mux.HandleFunc("POST /chat/completions", s.handleChat)
+	case FlavorLlamaCpp:
+		mux.HandleFunc("GET /metrics", s.handleLlamaMetrics)
+		mux.HandleFunc("GET /props", s.handleProps)
+		mux.HandleFunc("GET /slots", s.handleSlots)
+	case FlavorOllama:
+		mux.HandleFunc("GET /{$}", s.handleHealth)
+		mux.HandleFunc("GET /api/version", func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version})
+		})
+		mux.HandleFunc("GET /api/ps", s.handleOllamaPS)
+		mux.HandleFunc("GET /api/tags", s.handleOllamaTags)
+	}
+	if s.cfg.Flavor == FlavorLlamaCpp {
+		// llama-server answers every route with 503 while the model loads.
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !s.ready() {
+				writeLlamaLoading(w)
+				return
+			}
+			mux.ServeHTTP(w, r)
+		})
+	}
+	return mux
+}
+
+func writeLlamaLoading(w http.ResponseWriter) {
+	writeJSON(w, http.StatusServiceUnavailable, map[string]any{
+		"error": map[string]any{"code": 503, "message": "Loading model", "type": "unavailable_error"},
+	})
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	if !s.ready() {
+		if s.cfg.Flavor == FlavorLlamaCpp {
+			writeLlamaLoading(w)
+			return
+		}
+		http.Error(w, "engine is starting", http.StatusServiceUnavailable)
+		return
+	}
+	switch s.cfg.Flavor {
+	case FlavorMLX, FlavorLlamaCpp:
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	case FlavorOllama:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("Ollama is running"))
+	default:
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	m := map[string]any{
+		"id": s.cfg.Model, "object": "model", "created": s.start.Unix(),
+		"owned_by": s.cfg.Flavor,
+	}
+	switch s.cfg.Flavor {
+	case FlavorVLLM:
+		m["root"], m["parent"], m["max_model_len"] = s.cfg.Model, nil, s.maxModelLen
+	case FlavorSGLang:
+		m["root"], m["max_model_len"] = s.cfg.Model, 40960
+	case FlavorOllama:
+		m["owned_by"] = "library"
+	case FlavorLlamaCpp:
+		m["owned_by"] = "llamacpp"
+		m["meta"] = map[string]any{"n_ctx_train": 40960}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []any{m}})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
