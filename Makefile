@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X heft/shared/version.Version=$(VERSION)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: help build build-cross test vet lint demo clean
+.PHONY: help build build-cross test vet lint demo package package-security clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -32,6 +32,15 @@ lint: vet ## gofmt check + vet
 demo: build ## start a simulated fleet on loopback and print the dashboard's address
 	$(GO) build -o $(BIN)/heft-demo ./scripts/demo
 	$(BIN)/heft-demo --bin $(BIN)
+
+package: ## build .deb and .rpm packages of both binaries into dist/ (nfpm, pinned in tools/go.mod)
+	./scripts/package.sh
+
+package-security: ## print systemd-analyze security scores of the units
+	@for u in packaging/systemd/*.service; do \
+		t=$$(mktemp -d); sed 's|/usr/bin/heft-[a-z]*|/bin/true|' $$u > $$t/$$(basename $$u); \
+		systemd-analyze security --offline=true $$t/$$(basename $$u) | tail -1; rm -rf $$t; \
+	done
 
 clean: ## remove build outputs
 	rm -rf $(BIN) dist

@@ -19,4 +19,5 @@ require (
 	github.com/shirou/gopsutil/v4 v4.26.10 // indirect
 	go.etcd.io/bbolt v1.5.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
+	gopkg.in/yaml.v3 v3.0.1 // indirect
 )

@@ -1,0 +1,461 @@
+// Package packaging holds the service units, packages, images and manifests
+// that install heft; these tests check them with the real tools (dpkg-deb,
+// rpm, systemd-analyze, nfpm) and real parsers.
+package packaging
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+	"gopkg.in/yaml.v3"
+)
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.mod not found")
+		}
+		dir = parent
+	}
+}
+
+// need returns the path of a tool the test cannot do without. .ci/run
+// installs them all; a developer without one sees a skip that names it.
+func need(t *testing.T, tool string) string {
+	t.Helper()
+	p, err := exec.LookPath(tool)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is missing (.ci/run should have installed it)", tool)
+		}
+		t.Skipf("%s not installed", tool)
+	}
+	return p
+}
+
+func run(t *testing.T, dir string, env []string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// unitKeys reads a systemd unit's Key=Value lines (last one wins, comments dropped).
+func unitKeys(t *testing.T, path string) map[string][]string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string][]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' || line[0] == '[' {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("%s: malformed line %q", path, line)
+		}
+		keys[k] = append(keys[k], v)
+	}
+	return keys
+}
+
+func TestAgentUnitKeepsNVMLAndProcessDiscoveryWorking(t *testing.T) {
+	keys := unitKeys(t, filepath.Join(repoRoot(t), "packaging/systemd/heft-agent.service"))
+	if got := keys["PrivateDevices"]; len(got) != 1 || got[0] != "no" {
+		t.Errorf("PrivateDevices = %v, want no (it hides /dev/nvidia*)", got)
+	}
+	for _, banned := range []string{"ProtectClock", "ProtectProc", "ProcSubset", "DevicePolicy", "DeviceAllow"} {
+		if v, ok := keys[banned]; ok {
+			t.Errorf("%s=%v is set; it breaks NVML or process discovery", banned, v)
+		}
+	}
+	want := map[string]string{"User": "heft", "Restart": "on-failure", "StateDirectory": "heft-agent",
+		"NoNewPrivileges": "yes", "ProtectSystem": "strict"}
+	for k, v := range want {
+		if got := keys[k]; len(got) == 0 || got[len(got)-1] != v {
+			t.Errorf("%s = %v, want %s", k, got, v)
+		}
+	}
+	if caps := strings.Join(keys["AmbientCapabilities"], " "); !strings.Contains(caps, "CAP_SYS_PTRACE") || !strings.Contains(caps, "CAP_DAC_READ_SEARCH") {
+		t.Errorf("AmbientCapabilities = %q: the agent cannot map another user's port to its process", caps)
+	}
+}
+
+func TestCoordinatorUnitIsHardened(t *testing.T) {
+	keys := unitKeys(t, filepath.Join(repoRoot(t), "packaging/systemd/heft-coordinator.service"))
+	for k, v := range map[string]string{"User": "heft", "StateDirectory": "heft", "PrivateDevices": "yes",
+		"ProtectSystem": "strict", "Restart": "on-failure", "MemoryDenyWriteExecute": "yes"} {
+		if got := keys[k]; len(got) == 0 || got[len(got)-1] != v {
+			t.Errorf("%s = %v, want %s", k, got, v)
+		}
+	}
+	if !strings.Contains(keys["ExecStart"][0], "--state-dir /var/lib/heft") {
+		t.Errorf("ExecStart %q does not use the StateDirectory", keys["ExecStart"][0])
+	}
+}
+
+func TestUnitsVerify(t *testing.T) {
+	analyze := need(t, "systemd-analyze")
+	root := repoRoot(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"heft-agent.service", "heft-coordinator.service"} {
+		t.Run(name, func(t *testing.T) {
+			data, err := os.ReadFile(filepath.Join(root, "packaging/systemd", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// verify insists that ExecStart's program exists; point it at one that does.
+			text := strings.NewReplacer("/usr/bin/heft-agent", self, "/usr/bin/heft-coordinator", self).Replace(string(data))
+			dir := t.TempDir()
+			path := filepath.Join(dir, name)
+			if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(analyze, "verify", path)
+			cmd.Env = append(os.Environ(), "SYSTEMD_LOG_LEVEL=warning")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+			}
+			for _, line := range strings.Split(string(out), "\n") {
+				// Lines about the host's own units are not ours.
+				if strings.Contains(line, name) {
+					t.Errorf("verify: %s", line)
+				}
+			}
+		})
+	}
+}
+
+// plistValue is a generic property-list node.
+type plistValue struct {
+	XMLName xml.Name
+	Text    string       `xml:",chardata"`
+	Items   []plistValue `xml:",any"`
+}
+
+func TestLaunchdPlistParses(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "packaging/launchd/io.heft.agent.plist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		XMLName xml.Name   `xml:"plist"`
+		Dict    plistValue `xml:"dict"`
+	}
+	dec := xml.NewDecoder(bytes.NewReader(data))
+	dec.Strict = true
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("plist does not parse: %v", err)
+	}
+	dict := map[string]plistValue{}
+	items := doc.Dict.Items
+	for i := 0; i+1 < len(items); i += 2 {
+		if items[i].XMLName.Local != "key" {
+			t.Fatalf("dict entry %d is <%s>, want <key>", i, items[i].XMLName.Local)
+		}
+		dict[items[i].Text] = items[i+1]
+	}
+	if dict["Label"].Text != "io.heft.agent" {
+		t.Errorf("Label = %q", dict["Label"].Text)
+	}
+	if dict["UserName"].Text != "root" {
+		t.Errorf("UserName = %q, want root (powermetrics needs it)", dict["UserName"].Text)
+	}
+	var args []string
+	for _, a := range dict["ProgramArguments"].Items {
+		args = append(args, a.Text)
+	}
+	if strings.Join(args, " ") != "/usr/local/bin/heft-agent run --config /usr/local/etc/heft/agent.toml" {
+		t.Errorf("ProgramArguments = %v", args)
+	}
+	keep := dict["KeepAlive"].Items
+	if len(keep) != 2 || keep[0].Text != "SuccessfulExit" || keep[1].XMLName.Local != "false" {
+		t.Errorf("KeepAlive should restart on failure only: %+v", keep)
+	}
+	if !strings.HasSuffix(dict["StandardErrorPath"].Text, ".log") {
+		t.Errorf("no log file: %q", dict["StandardErrorPath"].Text)
+	}
+}
+
+func TestKubernetesManifests(t *testing.T) {
+	root := repoRoot(t)
+	files, err := filepath.Glob(filepath.Join(root, "packaging/kubernetes/*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests: %v", err)
+	}
+	kinds := map[string]map[string]any{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		for {
+			var doc map[string]any
+			err := dec.Decode(&doc)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", filepath.Base(f), err)
+			}
+			kind, _ := doc["kind"].(string)
+			api, _ := doc["apiVersion"].(string)
+			meta, _ := doc["metadata"].(map[string]any)
+			if kind == "" || api == "" || meta["name"] == nil {
+				t.Fatalf("%s: a document lacks kind, apiVersion or metadata.name: %v", filepath.Base(f), doc)
+			}
+			kinds[kind+"/"+meta["name"].(string)] = doc
+		}
+	}
+	for _, want := range []string{"DaemonSet/heft-agent", "Deployment/heft-coordinator", "Service/heft-coordinator",
+		"ConfigMap/heft-agent", "ConfigMap/heft-coordinator", "Namespace/heft"} {
+		if kinds[want] == nil {
+			t.Errorf("missing %s", want)
+		}
+	}
+	ds := kinds["DaemonSet/heft-agent"]
+	pod := dig(ds, "spec", "template", "spec").(map[string]any)
+	if pod["hostPID"] != true {
+		t.Error("the agent DaemonSet needs hostPID for process discovery")
+	}
+	var hostPaths []string
+	for _, v := range pod["volumes"].([]any) {
+		if hp, ok := v.(map[string]any)["hostPath"].(map[string]any); ok {
+			hostPaths = append(hostPaths, hp["path"].(string))
+		}
+	}
+	if len(hostPaths) == 0 {
+		t.Error("no engine log path mounted from the host")
+	}
+	// The config maps must hold TOML the binaries accept.
+	for _, cm := range []string{"ConfigMap/heft-agent", "ConfigMap/heft-coordinator"} {
+		for name, text := range kinds[cm]["data"].(map[string]any) {
+			var v map[string]any
+			if _, err := toml.Decode(text.(string), &v); err != nil {
+				t.Errorf("%s %s is not TOML: %v", cm, name, err)
+			}
+		}
+	}
+}
+
+func dig(v any, path ...string) any {
+	for _, p := range path {
+		v = v.(map[string]any)[p]
+	}
+	return v
+}
+
+func TestDockerfiles(t *testing.T) {
+	root := repoRoot(t)
+	for bin, file := range map[string]string{"heft-agent": "agent.Dockerfile", "heft-coordinator": "coordinator.Dockerfile"} {
+		data, err := os.ReadFile(filepath.Join(root, "packaging/docker", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := string(data)
+		froms := strings.Count(text, "\nFROM ")
+		if froms < 2 || !strings.Contains(text, " AS build") {
+			t.Errorf("%s is not a multi-stage build", file)
+		}
+		if !strings.Contains(text, "./"+strings.Replace(bin, "heft-", "", 1)+"/cmd/"+bin) {
+			t.Errorf("%s does not build ./.../cmd/%s", file, bin)
+		}
+		if !strings.Contains(text, `ENTRYPOINT ["/usr/bin/`+bin+`"]`) {
+			t.Errorf("%s has no entrypoint for %s", file, bin)
+		}
+	}
+	agent, _ := os.ReadFile(filepath.Join(root, "packaging/docker/agent.Dockerfile"))
+	if strings.Contains(string(agent), "libnvidia-ml") && !strings.Contains(string(agent), "not in the image") {
+		t.Error("the agent image must not bake in the driver's NVML library")
+	}
+}
+
+func TestPackages(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds packages")
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("linux packages")
+	}
+	dpkg := need(t, "dpkg-deb")
+	root := repoRoot(t)
+	dist := t.TempDir()
+	run(t, root, []string{"DIST=" + dist, "VERSION=1.2.3"}, "bash", "scripts/package.sh")
+	arch := runtime.GOARCH
+	for _, pkg := range []string{"agent", "coordinator"} {
+		t.Run(pkg, func(t *testing.T) {
+			debs, _ := filepath.Glob(filepath.Join(dist, "heft-"+pkg+"_1.2.3_"+arch+".deb"))
+			if len(debs) != 1 {
+				entries, _ := os.ReadDir(dist)
+				t.Fatalf("no .deb for %s in %v", pkg, entries)
+			}
+			scratch := t.TempDir()
+			run(t, "", nil, dpkg, "-x", debs[0], scratch)
+			for _, f := range []string{"usr/bin/heft-" + pkg, "usr/lib/systemd/system/heft-" + pkg + ".service", "etc/heft/" + pkg + ".toml"} {
+				if _, err := os.Stat(filepath.Join(scratch, f)); err != nil {
+					t.Errorf("package lacks /%s", f)
+				}
+			}
+			st, err := os.Stat(filepath.Join(scratch, "usr/bin/heft-"+pkg))
+			if err == nil && st.Mode().Perm() != 0o755 {
+				t.Errorf("binary mode %v", st.Mode().Perm())
+			}
+			control := t.TempDir()
+			run(t, "", nil, dpkg, "-e", debs[0], control)
+			conffiles, err := os.ReadFile(filepath.Join(control, "conffiles"))
+			if err != nil || !strings.Contains(string(conffiles), "/etc/heft/"+pkg+".toml") {
+				t.Errorf("/etc/heft/%s.toml is not a conffile: %q %v", pkg, conffiles, err)
+			}
+			for _, script := range []string{"preinst", "postinst", "prerm"} {
+				if _, err := os.Stat(filepath.Join(control, script)); err != nil {
+					t.Errorf("no %s script", script)
+				}
+			}
+			postinst, _ := os.ReadFile(filepath.Join(control, "postinst"))
+			if strings.Contains(string(postinst), "enable --now") || strings.Contains(string(postinst), "systemctl start") {
+				t.Error("postinst starts the service before it is configured")
+			}
+			// The version the binary reports is the package's.
+			out := run(t, "", nil, filepath.Join(scratch, "usr/bin/heft-"+pkg), versionArgs(pkg)...)
+			if !strings.Contains(out, "1.2.3") {
+				t.Errorf("binary reports %q, want version 1.2.3", out)
+			}
+		})
+	}
+	if rpm, err := exec.LookPath("rpm"); err == nil || os.Getenv("CI") != "" {
+		if err != nil {
+			t.Fatal("rpm is missing (.ci/run should have installed it)")
+		}
+		rpms, _ := filepath.Glob(filepath.Join(dist, "heft-agent-1.2.3*.rpm"))
+		if len(rpms) != 1 {
+			t.Fatalf("no agent rpm in %s", dist)
+		}
+		cfg := run(t, "", nil, rpm, "-qcp", rpms[0])
+		if !strings.Contains(cfg, "/etc/heft/agent.toml") {
+			t.Errorf("rpm config files: %q", cfg)
+		}
+		files := run(t, "", nil, rpm, "-qlp", rpms[0])
+		if !strings.Contains(files, "/usr/bin/heft-agent") {
+			t.Errorf("rpm files: %q", files)
+		}
+	}
+}
+
+func versionArgs(pkg string) []string {
+	if pkg == "agent" {
+		return []string{"version"}
+	}
+	return []string{"--version"}
+}
+
+func TestInstallScript(t *testing.T) {
+	root := repoRoot(t)
+	script := filepath.Join(root, "scripts/install.sh")
+	tmp := t.TempDir()
+	token := filepath.Join(tmp, "token")
+	if err := os.WriteFile(token, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fakeBin := filepath.Join(tmp, "heft-agent")
+	if err := os.WriteFile(fakeBin, []byte("#!/bin/sh\necho heft-agent\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, osName := range []string{"Linux", "Darwin"} {
+		t.Run(osName, func(t *testing.T) {
+			prefix := t.TempDir()
+			out := run(t, root, []string{"HEFT_INSTALL_UNAME=" + osName}, "sh", script, "--prefix", prefix,
+				"--binary", fakeBin, "--coordinator", "wss://heft.example:7070/api/v1/agent", "--token-file", token,
+				"--node", "gpu-a", "--engine", "vllm=http://127.0.0.1:8000")
+			confDir, unit := "etc/heft", "etc/systemd/system/heft-agent.service"
+			if osName == "Darwin" {
+				confDir, unit = "usr/local/etc/heft", "Library/LaunchDaemons/io.heft.agent.plist"
+			}
+			for _, f := range []string{"usr/local/bin/heft-agent", confDir + "/agent.toml", confDir + "/agent.token", unit} {
+				if _, err := os.Stat(filepath.Join(prefix, f)); err != nil {
+					t.Errorf("missing %s\n%s", f, out)
+				}
+			}
+			var cfg struct {
+				Coordinator struct {
+					URL       string `toml:"url"`
+					TokenFile string `toml:"token_file"`
+				}
+				Node   struct{ Name string }
+				Engine []struct{ Kind, URL string }
+			}
+			if _, err := toml.DecodeFile(filepath.Join(prefix, confDir, "agent.toml"), &cfg); err != nil {
+				t.Fatalf("written config is not TOML: %v", err)
+			}
+			if cfg.Coordinator.URL != "wss://heft.example:7070/api/v1/agent" || cfg.Node.Name != "gpu-a" ||
+				len(cfg.Engine) != 1 || cfg.Engine[0].Kind != "vllm" || cfg.Coordinator.TokenFile != "/"+confDir+"/agent.token" {
+				t.Errorf("config = %+v", cfg)
+			}
+			st, _ := os.Stat(filepath.Join(prefix, confDir, "agent.token"))
+			if st != nil && st.Mode().Perm()&0o077 != 0 {
+				t.Errorf("token file mode %v is readable by others", st.Mode().Perm())
+			}
+			if !strings.Contains(out, "not started") {
+				t.Errorf("a --prefix install should start nothing:\n%s", out)
+			}
+		})
+	}
+
+	failures := []struct {
+		name string
+		env  string
+		args []string
+		says string
+	}{
+		{"unknown OS", "HEFT_INSTALL_UNAME=Plan9", []string{"--coordinator", "ws://x/api/v1/agent", "--token-file", token}, "unsupported operating system 'Plan9'"},
+		{"no coordinator", "HEFT_INSTALL_UNAME=Linux", []string{"--token-file", token}, "--coordinator URL is required"},
+		{"http url", "HEFT_INSTALL_UNAME=Linux", []string{"--coordinator", "http://x", "--token-file", token}, "ws:// or wss://"},
+		{"missing token", "HEFT_INSTALL_UNAME=Linux", []string{"--coordinator", "ws://x/a", "--token-file", filepath.Join(tmp, "nope")}, "cannot read token file"},
+		{"bad flag", "HEFT_INSTALL_UNAME=Linux", []string{"--frobnicate"}, "unknown flag --frobnicate"},
+	}
+	for _, f := range failures {
+		t.Run(f.name, func(t *testing.T) {
+			args := append([]string{script, "--prefix", t.TempDir(), "--binary", fakeBin}, f.args...)
+			cmd := exec.Command("sh", args...)
+			cmd.Env = append(os.Environ(), f.env)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("succeeded:\n%s", out)
+			}
+			if !strings.Contains(string(out), f.says) {
+				t.Errorf("output %q does not say %q", out, f.says)
+			}
+		})
+	}
+}
