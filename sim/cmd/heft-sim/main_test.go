@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// syncBuffer is written by run's goroutine and read by the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestRunServesUntilCancelled(t *testing.T) {
+	logPath := filepath.Join(t.TempDir(), "sglang.log")
+	ctx, cancel := context.WithCancel(t.Context())
+	var stdout, stderr syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, []string{"--flavor", "sglang", "--dp", "2", "--kv-tokens", "24094, 2925",
+			"--single-tps", "60", "--batch16-tps", "600", "--log", logPath}, &stdout, &stderr)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.HasSuffix(stdout.String(), "\n") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no URL printed; stderr: %s", stderr.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	url := strings.TrimSpace(stdout.String())
+	resp, err := http.Get(url + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("health: %d", resp.StatusCode)
+	}
+	log, err := os.ReadFile(logPath)
+	if err != nil || !strings.Contains(string(log), "DP1] KV Cache is allocated. #tokens: 2925,") {
+		t.Errorf("log (%v):\n%s", err, log)
+	}
+	cancel()
+	if c := <-code; c != 0 {
+		t.Errorf("exit code %d; stderr: %s", c, stderr.String())
+	}
+}
+
+func TestRunRejectsBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"unknown flag", []string{"--nope"}, 2, "flag provided but not defined"},
+		{"bad kv", []string{"--single-tps", "60", "--batch16-tps", "600", "--kv-tokens", "12k"}, 2, `"12k" is not a whole number`},
+		{"extra args", []string{"serve"}, 2, "unexpected arguments: serve"},
+		{"invalid calibration", []string{"--single-tps", "60", "--batch16-tps", "30"}, 1, "must be at least single-tps"},
+		{"missing calibration", nil, 1, "single-tps must be a positive number"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			if c := run(t.Context(), tc.args, &stdout, &stderr); c != tc.code || !strings.Contains(stderr.String(), tc.want) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", c, stderr.String(), tc.code, tc.want)
+			}
+			if stdout.String() != "" {
+				t.Errorf("stdout %q", stdout.String())
+			}
+		})
+	}
+}
