@@ -1,9 +1,292 @@
 package cli
 
-import "fmt"
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"time"
 
-// runProbe is a placeholder; its owner replaces this file.
+	"github.com/hashicorp/go-hclog"
+	"github.com/mattn/go-isatty"
+
+	"heft/agent/gpu"
+	"heft/agent/probe"
+	"heft/shared/wire"
+)
+
+// runProbe warms an engine and measures it with the standard burst.
+// Exit 0: a valid measurement; 1: the engine could not be measured; 2: bad flags.
 func runProbe(args []string, stdio IO) int {
-	fmt.Fprintln(stdio.Err, "heft-agent probe: not built yet")
-	return 1
+	fs := flag.NewFlagSet("heft-agent probe", flag.ContinueOnError)
+	fs.SetOutput(stdio.Err)
+	var (
+		engineURL   = fs.String("url", "", "engine base URL, e.g. http://127.0.0.1:8000 (required)")
+		model       = fs.String("model", "", "model to request (default: the first one in /v1/models)")
+		kind        = fs.String("engine", "", "engine kind: "+strings.Join(wire.EngineKinds, "|")+" (default: send every length field)")
+		concurrency = fs.Int("concurrency", probe.DefaultConcurrency, "concurrent requests per burst")
+		tokens      = fs.Int("tokens", probe.DefaultTokens, "output tokens per request")
+		prompt      = fs.String("prompt", probe.DefaultPrompt, "the prompt every request sends")
+		asJSON      = fs.Bool("json", false, "print the measurement as JSON")
+		timeout     = fs.Duration("timeout", probe.DefaultBurstTimeout, "how long to wait for the engine to be ready, and for each burst")
+	)
+	fs.Usage = func() {
+		fmt.Fprintln(stdio.Err, "usage: heft-agent probe --url URL [--model M] [--engine KIND] [--concurrency 16] [--tokens 128] [--prompt P] [--json] [--timeout D]")
+		fmt.Fprintln(stdio.Err, "\nSends the standard burst twice, keeps the second, and prints what the engine carries.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	bad := func(format string, a ...any) int {
+		fmt.Fprintf(stdio.Err, "heft-agent probe: "+format+"\n", a...)
+		return 2
+	}
+	switch {
+	case fs.NArg() > 0:
+		return bad("unexpected argument %q", fs.Arg(0))
+	case *engineURL == "":
+		return bad("--url is required, e.g. --url http://127.0.0.1:8000")
+	case *kind != "" && !slices.Contains(wire.EngineKinds, *kind):
+		return bad("--engine %q is not one of %s", *kind, strings.Join(wire.EngineKinds, ", "))
+	case *concurrency < 1 || *concurrency > probe.MaxConcurrency:
+		return bad("--concurrency must be 1..%d, got %d", probe.MaxConcurrency, *concurrency)
+	case *tokens < 1 || *tokens > probe.MaxTokens:
+		return bad("--tokens must be 1..%d, got %d", probe.MaxTokens, *tokens)
+	case *timeout <= 0:
+		return bad("--timeout must be positive, got %v", *timeout)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	// Progress goes where a person is looking: stdout normally, stderr
+	// under --json (whose stdout is for scripts), and only live on a terminal.
+	view := &probeView{w: stdio.Out, live: probeIsTerminal(stdio.Out), url: *engineURL}
+	if *asJSON {
+		view = &probeView{w: stdio.Err, live: probeIsTerminal(stdio.Err), quiet: !probeIsTerminal(stdio.Err)}
+	}
+	cfg := probe.Config{
+		URL: *engineURL, Kind: *kind, Model: *model,
+		Concurrency: *concurrency, Tokens: *tokens, Prompt: *prompt,
+		CapacityKey: "cli:" + *engineURL, Trigger: "cli",
+		ReadyTimeout: *timeout, BurstTimeout: *timeout,
+		Progress: view.update,
+	}
+	if src := probeLocalGPUs(*engineURL); src != nil {
+		defer src.Close()
+		cfg.GPUs = src.Devices
+	}
+	m, err := probe.Run(ctx, cfg)
+	view.finish()
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(stdio.Err, "heft-agent probe: interrupted; no measurement")
+			return 1
+		}
+		return bad("%v", err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdio.Out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(m); err != nil {
+			fmt.Fprintf(stdio.Err, "heft-agent probe: %v\n", err)
+			return 1
+		}
+	} else {
+		printProbeMeasurement(stdio.Out, m)
+	}
+	if !m.Valid() {
+		fmt.Fprintf(stdio.Err, "heft-agent probe: %s could not be measured (%s)", m.EngineURL, probeOrUnknown(m.Failure))
+		if len(m.Problems) > 0 {
+			fmt.Fprintf(stdio.Err, ": %s", m.Problems[0])
+		}
+		fmt.Fprintln(stdio.Err)
+		for _, p := range m.Problems[min(1, len(m.Problems)):] {
+			fmt.Fprintf(stdio.Err, "  - %s\n", p)
+		}
+		return 1
+	}
+	return 0
+}
+
+func probeOrUnknown(s string) string {
+	if s == "" {
+		return "no throughput"
+	}
+	return s
+}
+
+func probeIsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
+}
+
+// probeLocalGPUs opens this host's GPUs when the engine runs on this host, so
+// the probe can record the clocks during the measured burst. It returns
+// nil when GPUs cannot be read or the engine is elsewhere.
+func probeLocalGPUs(engineURL string) gpu.Source {
+	u, err := url.Parse(engineURL)
+	if err != nil {
+		return nil
+	}
+	host := u.Hostname()
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil
+	}
+	src, err := gpu.Open(hclog.NewNullLogger())
+	if err != nil {
+		if src != nil {
+			src.Close()
+		}
+		return nil
+	}
+	return src
+}
+
+// probeView shows a probe's progress: one line redrawn in place on a
+// terminal, a plain line per phase otherwise.
+type probeView struct {
+	w     io.Writer
+	live  bool
+	quiet bool
+	url   string
+
+	phase string
+	last  probe.Progress
+	drawn int // width of the live line on screen
+}
+
+var probePhaseLabel = map[string]string{
+	probe.PhaseWaitingReady: "waiting",
+	probe.PhaseWarmup:       "warm-up",
+	probe.PhaseMeasure:      "measuring",
+	probe.PhaseDone:         "done",
+}
+
+func (v *probeView) update(p probe.Progress) {
+	if v.quiet {
+		return
+	}
+	changed := p.Phase != v.phase
+	prev := v.phase
+	v.phase = p.Phase
+	if v.live {
+		if changed && probeIsBurst(prev) {
+			v.draw(v.last)
+			fmt.Fprintln(v.w)
+			v.drawn = 0
+		}
+		if p.Phase != probe.PhaseDone {
+			v.draw(p)
+		}
+		v.last = p
+		return
+	}
+	if changed {
+		if probeIsBurst(prev) {
+			fmt.Fprintf(v.w, "%s done: %d/%d requests, %d tokens in %.2f s, %.1f tok/s\n",
+				probePhaseLabel[prev], v.last.Done, v.last.Total, v.last.Tokens, v.last.Elapsed.Seconds(), v.last.TPS)
+		}
+		switch p.Phase {
+		case probe.PhaseWaitingReady:
+			fmt.Fprintf(v.w, "waiting for %s to be ready\n", v.url)
+		case probe.PhaseWarmup:
+			fmt.Fprintf(v.w, "warm-up burst: %d requests\n", p.Total)
+		case probe.PhaseMeasure:
+			fmt.Fprintf(v.w, "measured burst: %d requests\n", p.Total)
+		}
+	}
+	v.last = p
+}
+
+func probeIsBurst(phase string) bool {
+	return phase == probe.PhaseWarmup || phase == probe.PhaseMeasure
+}
+
+func (v *probeView) draw(p probe.Progress) {
+	var line string
+	if p.Phase == probe.PhaseWaitingReady {
+		line = fmt.Sprintf("%-9s for the engine to be ready  %5.1f s", probePhaseLabel[p.Phase], p.Elapsed.Seconds())
+	} else {
+		line = fmt.Sprintf("%-9s %3d/%d requests  %6d tokens  %8.1f tok/s  %5.1f s",
+			probePhaseLabel[p.Phase], p.Done, p.Total, p.Tokens, p.TPS, p.Elapsed.Seconds())
+	}
+	pad := max(0, v.drawn-len(line))
+	fmt.Fprintf(v.w, "\r%s%s", line, strings.Repeat(" ", pad))
+	v.drawn = len(line)
+}
+
+// finish leaves the terminal on a fresh line.
+func (v *probeView) finish() {
+	if v.live && v.drawn > 0 {
+		fmt.Fprintf(v.w, "\r%s\r", strings.Repeat(" ", v.drawn))
+		v.drawn = 0
+	}
+}
+
+// printProbeMeasurement writes the human summary of a measurement.
+func printProbeMeasurement(w io.Writer, m wire.Measurement) {
+	kind := m.EngineKind
+	if kind == "" {
+		kind = "engine kind not given"
+	}
+	fmt.Fprintf(w, "engine       %s (%s, model %s)\n", m.EngineURL, kind, probeOrDash(m.Model))
+	switch {
+	case m.Valid():
+		fmt.Fprintf(w, "throughput   %.1f tok/s  (%d tokens in %.3f s; %d requests x %d tokens)\n",
+			m.ThroughputTPS, m.OutputTokens, m.WallSeconds, m.Requests, m.TokensPerReq)
+	default:
+		fmt.Fprintf(w, "throughput   not measured: %s\n", probeOrUnknown(m.Failure))
+	}
+	if m.WarmupTPS > 0 {
+		fmt.Fprintf(w, "warm-up      %.1f tok/s", m.WarmupTPS)
+		if m.Valid() {
+			fmt.Fprintf(w, "  (measured / warm-up = %.2f; well above 1 means the engine was cold)", m.ThroughputTPS/m.WarmupTPS)
+		}
+		fmt.Fprintln(w)
+	}
+	if m.OutputTokens > 0 {
+		fmt.Fprintf(w, "tokens       %d of %d expected", m.OutputTokens, m.ExpectedTokens)
+		if !m.Complete {
+			fmt.Fprint(w, " (incomplete)")
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "decode       p50 %.1f tok/s, p95 %.1f tok/s per request\n", m.DecodeTPSP50, m.DecodeTPSP95)
+		fmt.Fprintf(w, "first token  p50 %.3f s, p95 %.3f s\n", m.TTFTP50, m.TTFTP95)
+	}
+	if m.SMClockMedianMHz > 0 {
+		fmt.Fprintf(w, "sm clock     min %.0f, median %.0f, max %.0f MHz", m.SMClockMinMHz, m.SMClockMedianMHz, m.SMClockMaxMHz)
+		if len(m.ClockEventReasons) > 0 {
+			fmt.Fprintf(w, "; clock events: %s", strings.Join(m.ClockEventReasons, ", "))
+		}
+		fmt.Fprintln(w)
+	}
+	if m.Busy {
+		fmt.Fprintf(w, "load before  %d running, %d waiting: the engine was busy\n", m.LoadBefore.Running, m.LoadBefore.Waiting)
+	}
+	fmt.Fprintf(w, "when         %s, %.1f s in all\n", m.StartedAt.Format(time.RFC3339), m.FinishedAt.Sub(m.StartedAt).Seconds())
+	if m.Valid() {
+		for _, p := range m.Problems {
+			fmt.Fprintf(w, "note         %s\n", p)
+		}
+	}
+}
+
+func probeOrDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

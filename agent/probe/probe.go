@@ -150,7 +150,13 @@ func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
 	}
 	client := cfg.HTTPClient
 	if client == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr, ok := http.DefaultTransport.(*http.Transport)
+		if ok {
+			tr = tr.Clone()
+		} else {
+			tr = &http.Transport{}
+		}
+		// Keep every connection of the warm-up for the measured burst.
 		tr.MaxIdleConnsPerHost = cfg.Concurrency
 		client = &http.Client{Transport: tr}
 		defer tr.CloseIdleConnections()
@@ -179,8 +185,17 @@ func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
 	if len(m.Problems) > wire.MaxProblemCount {
 		m.Problems = append(m.Problems[:wire.MaxProblemCount-1], "more problems left out")
 	}
+	for i, p := range m.Problems {
+		if len(p) > maxProblemBytes {
+			m.Problems[i] = strings.ToValidUTF8(p[:maxProblemBytes], "") + "..."
+		}
+	}
 	return m, err
 }
+
+// maxProblemBytes keeps each problem well inside wire.MaxStringBytes even
+// when an error quotes a long URL.
+const maxProblemBytes = 1024
 
 type prober struct {
 	cfg    Config

@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"heft/agent/probe"
+	"heft/sim"
+)
+
+func probeSim(t *testing.T, faults sim.Faults) *sim.Server {
+	t.Helper()
+	s, err := sim.Start(sim.Config{SingleTPS: 2000, Batch16TPS: 16000, Seed: 3, Faults: faults}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func probeMain(args ...string) (code int, stdout, stderr string) {
+	var out, errb bytes.Buffer
+	code = Main(append([]string{"probe"}, args...), strings.NewReader(""), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestProbeJSON(t *testing.T) {
+	s := probeSim(t, sim.Faults{})
+	code, out, errOut := probeMain("--url", s.URL(), "--engine", "vllm", "--concurrency", "4", "--tokens", "16", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d; stderr %s", code, errOut)
+	}
+	if errOut != "" {
+		t.Errorf("--json without a terminal should keep stderr quiet, got %q", errOut)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, out)
+	}
+	for _, key := range []string{"throughput_tps", "warmup_tps", "output_tokens", "wall_seconds", "requests"} {
+		if v, ok := m[key].(float64); !ok || v <= 0 {
+			t.Errorf("%s = %v, want a positive number", key, m[key])
+		}
+	}
+	if m["output_tokens"] != 64.0 || m["requests"] != 4.0 || m["trigger"] != "cli" || m["complete"] != true {
+		t.Errorf("output_tokens %v requests %v trigger %v complete %v", m["output_tokens"], m["requests"], m["trigger"], m["complete"])
+	}
+}
+
+func TestProbeHumanOutput(t *testing.T) {
+	s := probeSim(t, sim.Faults{})
+	code, out, errOut := probeMain("--url", s.URL(), "--concurrency", "4", "--tokens", "16", "--prompt", "count to ten")
+	if code != 0 {
+		t.Fatalf("exit %d; stderr %s", code, errOut)
+	}
+	for _, want := range []string{
+		"waiting for " + s.URL() + " to be ready\n",
+		"warm-up burst: 4 requests\n",
+		"warm-up done: 4/4 requests, 64 tokens",
+		"measured burst: 4 requests\n",
+		"measuring done: 4/4 requests, 64 tokens",
+		"throughput   ", "tok/s  (64 tokens in ",
+		"warm-up      ", "measured / warm-up = ",
+		"tokens       64 of 64 expected\n",
+		"decode       p50 ", "first token  p50 ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "\r") {
+		t.Errorf("plain output must not redraw lines:\n%q", out)
+	}
+}
+
+func TestProbeCannotMeasure(t *testing.T) {
+	t.Run("engine ignores min_tokens", func(t *testing.T) {
+		s := probeSim(t, sim.Faults{IgnoreMinTokens: true})
+		code, out, errOut := probeMain("--url", s.URL(), "--engine", "vllm", "--concurrency", "4", "--tokens", "500")
+		if code != 1 {
+			t.Fatalf("exit %d, want 1", code)
+		}
+		if !strings.Contains(errOut, "could not be measured (probe_incomplete_output)") || !strings.Contains(errOut, "asked for 500") {
+			t.Errorf("stderr %q", errOut)
+		}
+		if !strings.Contains(out, "throughput   not measured: probe_incomplete_output") {
+			t.Errorf("stdout %q", out)
+		}
+	})
+	t.Run("nothing listens", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		start := time.Now()
+		code, out, errOut := probeMain("--url", "http://"+addr, "--timeout", "300ms", "--json")
+		if code != 1 || !strings.Contains(errOut, "(engine_unreachable)") || !strings.Contains(errOut, "did not become ready within 300ms") {
+			t.Fatalf("exit %d stderr %q", code, errOut)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(out), &m); err != nil || m["failure"] != "engine_unreachable" {
+			t.Errorf("JSON %v (%v)", m, err)
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Errorf("an unreachable engine held the CLI for %v", time.Since(start))
+		}
+	})
+}
+
+func TestProbeBadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no url", nil, "--url is required"},
+		{"unknown engine", []string{"--url", "http://127.0.0.1:1", "--engine", "tgi"}, "not one of"},
+		{"zero concurrency", []string{"--url", "http://127.0.0.1:1", "--concurrency", "0"}, "--concurrency"},
+		{"negative tokens", []string{"--url", "http://127.0.0.1:1", "--tokens", "-3"}, "--tokens"},
+		{"bad timeout", []string{"--url", "http://127.0.0.1:1", "--timeout", "0s"}, "--timeout"},
+		{"not a url", []string{"--url", "ftp://127.0.0.1"}, "not an http(s) URL"},
+		{"stray argument", []string{"--url", "http://127.0.0.1:1", "extra"}, "unexpected argument"},
+		{"unknown flag", []string{"--fast"}, "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, errOut := probeMain(tt.args...)
+			if code != 2 || !strings.Contains(errOut, tt.want) {
+				t.Fatalf("exit %d stderr %q, want 2 and %q", code, errOut, tt.want)
+			}
+		})
+	}
+	if code, _, errOut := probeMain("-h"); code != 0 || !strings.Contains(errOut, "usage: heft-agent probe") {
+		t.Errorf("-h: exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestProbeLiveView(t *testing.T) {
+	var b bytes.Buffer
+	v := &probeView{w: &b, live: true, url: "http://x"}
+	for _, p := range []probe.Progress{
+		{Phase: probe.PhaseWaitingReady},
+		{Phase: probe.PhaseWarmup, Total: 16},
+		{Phase: probe.PhaseWarmup, Done: 3, Total: 16, Tokens: 900, TPS: 450.5, Elapsed: 2 * time.Second},
+		{Phase: probe.PhaseWarmup, Done: 16, Total: 16, Tokens: 2048, TPS: 385, Elapsed: 5 * time.Second},
+		{Phase: probe.PhaseMeasure, Total: 16},
+		{Phase: probe.PhaseMeasure, Done: 16, Total: 16, Tokens: 2048, TPS: 1200, Elapsed: 1700 * time.Millisecond},
+		{Phase: probe.PhaseDone, Done: 16, Total: 16, Tokens: 2048, TPS: 1200},
+	} {
+		v.update(p)
+	}
+	v.finish()
+	out := b.String()
+	lines := strings.Split(out, "\n")
+	if len(lines) != 3 || lines[2] != "" {
+		t.Fatalf("want the two bursts on their own lines, got %q", out)
+	}
+	// Each line ends showing the burst's final state, redrawn in place.
+	if !strings.Contains(lines[0], "\rwarm-up    16/16 requests    2048 tokens     385.0 tok/s") || !strings.Contains(lines[0], "450.5 tok/s") {
+		t.Errorf("warm-up line %q", lines[0])
+	}
+	if last := lines[1][strings.LastIndex(lines[1], "\r")+1:]; !strings.HasPrefix(last, "measuring  16/16 requests") || !strings.Contains(last, "1200.0 tok/s") {
+		t.Errorf("measure line ends with %q", last)
+	}
+	if probeIsTerminal(&b) {
+		t.Error("a buffer is not a terminal")
+	}
+}

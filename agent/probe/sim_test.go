@@ -1,0 +1,240 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"testing"
+	"time"
+
+	"heft/shared/health"
+	"heft/shared/wire"
+	"heft/sim"
+)
+
+// startSim runs a simulated engine on 127.0.0.1 for one test.
+func startSim(t testing.TB, cfg sim.Config) *sim.Server {
+	t.Helper()
+	s, err := sim.Start(cfg, "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("start sim: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// simLoad reports the sim's load as an engine client would from /metrics.
+func simLoad(s *sim.Server) func(context.Context) (wire.Load, error) {
+	return func(context.Context) (wire.Load, error) {
+		r, w := s.InFlight()
+		return wire.Load{Known: true, Running: r, Waiting: w}, nil
+	}
+}
+
+func simProbe(t *testing.T, s *sim.Server, kind string) wire.Measurement {
+	t.Helper()
+	return mustRun(t, Config{URL: s.URL(), Kind: kind, CapacityKey: "test/" + kind,
+		ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second})
+}
+
+func within(got, want, frac float64) bool { return math.Abs(got-want) <= frac*want }
+
+func TestSimThroughputIsCapacityAt16(t *testing.T) {
+	t.Parallel()
+	const s16 = 2000.0
+	s := startSim(t, sim.Config{SingleTPS: 200, Batch16TPS: s16})
+	m := simProbe(t, s, wire.EngineVLLM)
+	if !m.Valid() || !m.Complete {
+		t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
+	}
+	if m.OutputTokens != 2048 || m.Requests != 16 {
+		t.Errorf("tokens %d requests %d", m.OutputTokens, m.Requests)
+	}
+	if !within(m.ThroughputTPS, s16, 0.05) {
+		t.Errorf("throughput %.1f tok/s, want the sim's %v within 5%%", m.ThroughputTPS, s16)
+	}
+	// 16 together, each decodes at about a sixteenth of the total.
+	if !within(m.DecodeTPSP50, s16/16, 0.10) {
+		t.Errorf("decode p50 %.1f tok/s, want about %.1f", m.DecodeTPSP50, s16/16)
+	}
+}
+
+func TestSimColdEngineWarmsUp(t *testing.T) {
+	t.Parallel()
+	// PRODUCT.md story 3: probed the moment it starts, a cold engine must
+	// still give its warm capacity. The cold warm-up burst lasts longer
+	// than the cold period, so the measured burst is warm.
+	const s16, factor = 1200.0, 3.6
+	s := startSim(t, sim.Config{SingleTPS: 150, Batch16TPS: s16, ColdFactor: factor, ColdSeconds: 5})
+	m := simProbe(t, s, wire.EngineVLLM)
+	if !m.Valid() {
+		t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
+	}
+	if !within(m.ThroughputTPS, s16, 0.05) {
+		t.Errorf("throughput %.1f tok/s, want the warm %v within 5%%", m.ThroughputTPS, s16)
+	}
+	// The warm-up ran cold for all but its last few steps: its ratio to
+	// the measured burst approaches the cold factor, never beyond it.
+	if r := m.ThroughputTPS / m.WarmupTPS; r < 2.5 || r > factor*1.05 {
+		t.Errorf("cold ratio %.2f (warm-up %.1f tok/s), want between 2.5 and %v", r, m.WarmupTPS, factor)
+	}
+}
+
+func TestSimTwoSpeedsGiveTheirRatio(t *testing.T) {
+	t.Parallel()
+	fast := startSim(t, sim.Config{SingleTPS: 300, Batch16TPS: 2400})
+	slow := startSim(t, sim.Config{SingleTPS: 150, Batch16TPS: 1200})
+	// Half the standard tokens keep the test short; the ratio is the point.
+	run := func(s *sim.Server) wire.Measurement {
+		return mustRun(t, Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", ReadyTimeout: 10 * time.Second})
+	}
+	mf, ms := run(fast), run(slow)
+	if !mf.Valid() || !ms.Valid() {
+		t.Fatalf("fast %q %q, slow %q %q", mf.Failure, mf.Problems, ms.Failure, ms.Problems)
+	}
+	if r := mf.ThroughputTPS / ms.ThroughputTPS; !within(r, 2, 0.05) {
+		t.Errorf("ratio %.3f (%.1f / %.1f), want 2 within 5%%", r, mf.ThroughputTPS, ms.ThroughputTPS)
+	}
+}
+
+func TestSimFlavors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		flavor, kind string
+		complete     bool
+	}{
+		{sim.FlavorVLLM, wire.EngineVLLM, true},
+		{sim.FlavorSGLang, wire.EngineSGLang, true},
+		{sim.FlavorLlamaCpp, wire.EngineLlamaCpp, true},
+		{sim.FlavorVLLM, "", true}, // unknown kind: the union of fields works
+		{sim.FlavorMLX, wire.EngineMLX, false},
+		{sim.FlavorOllama, wire.EngineOllama, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.flavor+"/kind="+tt.kind, func(t *testing.T) {
+			s := startSim(t, sim.Config{Flavor: tt.flavor, SingleTPS: 1000, Batch16TPS: 8000, Seed: 7})
+			m := mustRun(t, Config{URL: s.URL(), Kind: tt.kind, Concurrency: 4, Tokens: 64, CapacityKey: "k", ReadyTimeout: 10 * time.Second})
+			if !m.Valid() || m.Complete != tt.complete {
+				t.Fatalf("valid %v complete %v (want %v); failure %q problems %q", m.Valid(), m.Complete, tt.complete, m.Failure, m.Problems)
+			}
+			if tt.complete && m.OutputTokens != 256 {
+				t.Errorf("tokens %d, want 256", m.OutputTokens)
+			}
+			if m.Model != sim.DefaultModel {
+				t.Errorf("model %q", m.Model)
+			}
+		})
+	}
+}
+
+func TestSimFaults(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		faults  sim.Faults
+		failure string
+	}{
+		{"ignores min_tokens", sim.Faults{IgnoreMinTokens: true}, health.CodeProbeIncompleteOutput},
+		{"usage lies", sim.Faults{UsageExtra: 2}, health.CodeProbeIncompleteOutput},
+		{"fails every 5th", sim.Faults{FailEvery: 5}, health.CodeProbeFailed},
+		{"drops streams", sim.Faults{DropStreamAfter: 10}, health.CodeProbeFailed},
+		{"malformed sse", sim.Faults{MalformedSSE: true}, health.CodeProbeFailed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startSim(t, sim.Config{SingleTPS: 1000, Batch16TPS: 8000, Seed: 1, Faults: tt.faults})
+			// 300 tokens: a natural length almost never reaches it.
+			m := mustRun(t, Config{URL: s.URL(), Kind: wire.EngineVLLM, Concurrency: 4, Tokens: 300, CapacityKey: "k",
+				ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second})
+			if m.Failure != tt.failure || m.Valid() || m.ThroughputTPS != 0 {
+				t.Fatalf("failure %q (want %q) valid %v tps %v; problems %q", m.Failure, tt.failure, m.Valid(), m.ThroughputTPS, m.Problems)
+			}
+		})
+	}
+}
+
+func TestSimNotReadyAtFirst(t *testing.T) {
+	t.Parallel()
+	s := startSim(t, sim.Config{SingleTPS: 1000, Batch16TPS: 8000, Faults: sim.Faults{NotReadyFor: 300 * time.Millisecond}})
+	var waited bool
+	m := mustRun(t, Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 16, CapacityKey: "k", ReadyTimeout: 10 * time.Second,
+		Progress: func(p Progress) { waited = waited || (p.Phase == PhaseWaitingReady && p.Elapsed > 0) }})
+	if !m.Valid() || !waited {
+		t.Fatalf("valid %v waited %v; failure %q problems %q", m.Valid(), waited, m.Failure, m.Problems)
+	}
+}
+
+func TestSimBusyDefersScheduledProbe(t *testing.T) {
+	t.Parallel()
+	s := startSim(t, sim.Config{SingleTPS: 300, Batch16TPS: 3000})
+
+	// Someone else's long request keeps the engine busy.
+	ctx, cancel := context.WithCancel(t.Context())
+	body := []byte(`{"model":"` + sim.DefaultModel + `","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", bytes.NewReader(body))
+	go func() {
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body) // until cancel
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the long request to run", func() bool { r, _ := s.InFlight(); return r > 0 })
+
+	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 16, CapacityKey: "k", Trigger: wire.ReasonScheduled,
+		RequireIdle: true, Load: simLoad(s), ReadyTimeout: 10 * time.Second}
+	m, err := Run(t.Context(), cfg)
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("err = %v, want ErrBusy (measurement %+v)", err, m)
+	}
+
+	// On demand, it runs anyway and records that the engine was busy.
+	od := cfg
+	od.RequireIdle, od.Trigger = false, wire.ReasonOnDemand
+	m = mustRun(t, od)
+	if !m.Valid() || !m.Busy || m.LoadBefore.Running != 1 {
+		t.Fatalf("on-demand: valid %v busy %v load %+v problems %q", m.Valid(), m.Busy, m.LoadBefore, m.Problems)
+	}
+
+	// Once the engine is idle, the scheduled probe goes ahead.
+	cancel()
+	waitFor(t, "the engine to be idle", func() bool { r, w := s.InFlight(); return r+w == 0 })
+	m = mustRun(t, cfg)
+	if !m.Valid() || m.Busy {
+		t.Fatalf("idle: valid %v busy %v problems %q", m.Valid(), m.Busy, m.Problems)
+	}
+}
+
+// waitFor polls cond until it holds or a generous deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// BenchmarkProbeOverhead measures what a probe costs beyond its two bursts:
+// its wall time against the ideal 2 × (2048 tokens / true tok/s).
+func BenchmarkProbeOverhead(b *testing.B) {
+	const s16 = 3000.0
+	s := startSim(b, sim.Config{SingleTPS: 300, Batch16TPS: s16})
+	ideal := 2 * (2048 / s16)
+	var total, tps float64
+	for b.Loop() {
+		start := time.Now()
+		m, err := Run(b.Context(), Config{URL: s.URL(), Kind: wire.EngineVLLM, CapacityKey: "bench"})
+		if err != nil || !m.Valid() {
+			b.Fatalf("err %v failure %q problems %q", err, m.Failure, m.Problems)
+		}
+		total += time.Since(start).Seconds()
+		tps += m.ThroughputTPS
+	}
+	b.ReportMetric(total/float64(b.N)/ideal, "wall/ideal")
+	b.ReportMetric(tps/float64(b.N), "tok/s")
+}
