@@ -1,0 +1,149 @@
+package cli_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"heft/agent/cli"
+	"heft/shared/health"
+	"heft/shared/wire"
+)
+
+// poolsFixture is the path of a fixture under the repository's testdata.
+func poolsFixture(t *testing.T, rel string) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, "testdata", rel)
+		}
+		if parent := filepath.Dir(dir); parent != dir {
+			dir = parent
+			continue
+		}
+		t.Fatal("go.mod not found")
+	}
+}
+
+func poolsRun(args ...string) (code int, stdout, stderr string) {
+	var out, errOut bytes.Buffer
+	code = cli.Main(append([]string{"pools"}, args...), strings.NewReader(""), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestPoolsJSONUneven(t *testing.T) {
+	code, out, errOut := poolsRun("--engine", "sglang", "--log", poolsFixture(t, "logs/sglang-dp2-uneven.log"), "--json")
+	if code != 0 || errOut != "" {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	const contract = `{"engine":"sglang","ranks":[{"dp_rank":0,"kv_tokens":24094},{"dp_rank":1,"kv_tokens":2925}],"min_over_max":0.1214,`
+	if !strings.HasPrefix(out, contract) || strings.Count(out, "\n") != 1 {
+		t.Fatalf("output does not start with the contract:\n%s", out)
+	}
+	var got struct {
+		Engine     string            `json:"engine"`
+		Ranks      []wire.Rank       `json:"ranks"`
+		MinOverMax float64           `json:"min_over_max"`
+		Format     string            `json:"format"`
+		Model      string            `json:"model"`
+		Ready      bool              `json:"ready"`
+		LaunchArgs map[string]string `json:"launch_args"`
+		Warning    *health.Finding   `json:"warning"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Format != "sglang-max-total" || got.Model != "Qwen/Qwen3-8B" || !got.Ready || got.LaunchArgs["dp_size"] != "2" {
+		t.Errorf("extras = %+v", got)
+	}
+	if got.Warning == nil || got.Warning.Code != health.CodeDPPoolImbalance || got.Warning.Severity != health.Critical {
+		t.Errorf("warning = %+v", got.Warning)
+	}
+}
+
+func TestPoolsJSONOneRank(t *testing.T) {
+	code, out, _ := poolsRun("-engine=vllm", "-log="+poolsFixture(t, "engines/vllm-single.log"), "-json")
+	if code != 0 || !strings.HasPrefix(out, `{"engine":"vllm","ranks":[{"dp_rank":0,"kv_tokens":379088}],"min_over_max":1,`) {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	if strings.Contains(out, `"warning"`) || !strings.Contains(out, `"api_key":"***"`) {
+		t.Errorf("output:\n%s", out)
+	}
+}
+
+func TestPoolsTableUneven(t *testing.T) {
+	code, out, errOut := poolsRun("--engine", "sglang", "--log", poolsFixture(t, "logs/sglang-dp2-uneven.log"))
+	if code != 0 || errOut != "" {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	warning := health.Pools([]wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}, health.DefaultThresholds())
+	for _, want := range []string{
+		"engine       sglang", "model        Qwen/Qwen3-8B",
+		"DP rank  KV tokens  of largest",
+		"      0     24,094      100.0%",
+		"      1      2,925       12.1%",
+		"smallest/largest: 0.1214",
+		"CRITICAL dp_pool_imbalance: " + warning.Message,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestPoolsTableEvenAndRestart(t *testing.T) {
+	code, out, _ := poolsRun("--engine", "vllm", "--log", poolsFixture(t, "engines/vllm-dp2.log"))
+	if code != 0 || !strings.Contains(out, "373,696") || !strings.Contains(out, "373,552") ||
+		!strings.Contains(out, "the data-parallel pools are even") || strings.Contains(out, "dp_pool_imbalance") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	code, out, _ = poolsRun("--engine", "sglang", "--log", poolsFixture(t, "logs/sglang-restart.log"))
+	if code != 0 || !strings.Contains(out, "2 in this log; the pools are the last one's") || !strings.Contains(out, "24,101") || strings.Contains(out, "2,925") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
+
+func TestPoolsErrors(t *testing.T) {
+	noPool := poolsFixture(t, "logs/vllm-no-pool.log")
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stderr []string
+	}{
+		{"no pool line", []string{"--engine", "vllm", "--log", noPool}, 1,
+			[]string{"no KV pool line found", `"GPU KV cache size: N tokens"`, `"# cuda blocks: N`, `"KV Cache is allocated. #tokens: N"`, `"max_total_num_tokens=N"`, "version 0.28.0"}},
+		{"no pool line, json", []string{"--engine", "vllm", "--log", noPool, "--json"}, 1, []string{"no KV pool line found"}},
+		{"wrong engine", []string{"--engine", "vllm", "--log", poolsFixture(t, "engines/sglang-dp2-even.log")}, 1, []string{`try engine "sglang"`}},
+		{"unknown engine", []string{"--engine", "ollama", "--log", noPool}, 2, []string{`unknown engine "ollama"`}},
+		{"missing file", []string{"--engine", "sglang", "--log", filepath.Join(t.TempDir(), "absent.log")}, 1, []string{"cannot read the log", "absent.log"}},
+		{"a directory", []string{"--engine", "sglang", "--log", t.TempDir()}, 1, []string{"is a directory"}},
+		{"missing flags", []string{"--engine", "vllm"}, 2, []string{"--engine and --log are both required", "usage: heft-agent pools"}},
+		{"bad flag", []string{"--nope"}, 2, []string{"flag provided but not defined: -nope"}},
+		{"extra argument", []string{"--engine", "vllm", "--log", noPool, "extra"}, 2, []string{`unexpected argument "extra"`}},
+		{"help", []string{"-h"}, 0, []string{"usage: heft-agent pools --engine vllm|sglang --log FILE [--json]"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := poolsRun(tc.args...)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d (stderr %q)", code, tc.code, errOut)
+			}
+			if out != "" {
+				t.Errorf("stdout = %q, want nothing", out)
+			}
+			for _, want := range tc.stderr {
+				if !strings.Contains(errOut, want) {
+					t.Errorf("stderr lacks %q:\n%s", want, errOut)
+				}
+			}
+		})
+	}
+}

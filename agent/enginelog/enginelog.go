@@ -1,0 +1,139 @@
+// Package enginelog reads vLLM and SGLang start-up logs: the KV pool of
+// every data-parallel rank, the launch arguments, the version, the served
+// model and whether the server said it is ready.
+//
+// The per-rank pools are printed in each rank's start-up log and nowhere
+// else reliably (vLLM's /metrics sums them over ranks; SGLang's server_info
+// shows the first rank only), so this is the agent's source for them. The
+// formats are those of reference/engines.md §1 and §2: vLLM V1 (the
+// two-line and the newest merged "GPU KV cache size" line), vLLM V0
+// ("# cuda blocks: N" times the block size) and SGLang ("KV Cache is
+// allocated. #tokens: N" and "max_total_num_tokens=N").
+//
+// A line in an unknown format is skipped. Read parses a whole log; a
+// Tracker is fed line by line by a follower (agent/logfollow).
+package enginelog
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+
+	"heft/shared/wire"
+)
+
+// Facts is what a start-up log told about the engine's latest start-up.
+type Facts struct {
+	Engine string // "vllm" | "sglang"
+	// Ranks holds one KV pool per data-parallel rank, sorted by DPRank.
+	Ranks []wire.Rank
+	// LaunchArgs maps each launch argument to its value as printed:
+	// strings unquoted, True/False/None as words, containers as their
+	// Python repr. Redacted values stay "***".
+	LaunchArgs map[string]string
+	Version    string
+	Model      string
+	Ready      bool
+	// Restarts counts the start-ups this log showed after the first one;
+	// each replaced the previous start-up's facts.
+	Restarts int
+	// Format names the pool format the ranks came from, e.g.
+	// "vllm-v1-merged"; formats joined by "," if ranks differ.
+	Format string
+
+	// Startups counts every start-up the log showed (Restarts + 1 once a
+	// start-up was seen).
+	Startups int
+	// DPSize is the data-parallel size the launch args ask for (vLLM
+	// data_parallel_size, SGLang dp_size); 0 when they do not say.
+	DPSize int
+	// FromPreviousFile is true when these facts were read before the
+	// followed file was truncated or replaced (Tracker.Reset) and the new
+	// content has shown no start-up since: right if the engine kept
+	// running (log rotation), stale if it restarted.
+	FromPreviousFile bool
+	// Notes explain choices made: TP ranks that disagreed, a default
+	// block size, arguments that could not be read whole.
+	Notes []string
+}
+
+// ErrNoPools is wrapped by Read's error when no pool line was found.
+var ErrNoPools = errors.New(`no KV pool line found; looked for vLLM V1 "GPU KV cache size: N tokens" ` +
+	`(alone or merged with "Maximum concurrency for N tokens per request"), ` +
+	`vLLM V0 "# cuda blocks: N, # CPU blocks: M" and "# GPU blocks: N, # CPU blocks: M", ` +
+	`SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA) and SGLang "max_total_num_tokens=N"`)
+
+// ErrUnknownEngine is returned for an engine kind other than vllm or sglang.
+var ErrUnknownEngine = errors.New("unknown engine kind (enginelog reads vllm and sglang logs)")
+
+// MaxLineBytes is the longest line Read keeps; the rest of a longer line
+// is skipped so one runaway line cannot exhaust memory.
+const MaxLineBytes = 1 << 20
+
+// Read parses a whole start-up log. Without a pool line it returns the
+// facts it did find together with an error wrapping ErrNoPools.
+func Read(kind string, r io.Reader) (Facts, error) {
+	t, err := NewTracker(kind)
+	if err != nil {
+		return Facts{}, err
+	}
+	// A log read with the wrong --engine is the commonest mistake; the
+	// other kind's tracker lets the error say so.
+	other, _ := NewTracker(map[string]string{kindVLLM: kindSGLang, kindSGLang: kindVLLM}[t.kind])
+	lines := 0
+	err = readLines(r, MaxLineBytes, func(line string) {
+		lines++
+		t.Feed(line)
+		other.Feed(line)
+	})
+	if err != nil {
+		return Facts{}, fmt.Errorf("read %s log: %w", t.kind, err)
+	}
+	f, ok := t.Facts()
+	if !ok {
+		hint := ""
+		if _, otherOK := other.Facts(); otherOK {
+			hint = fmt.Sprintf(", but it has %s pool lines: try engine %q", other.kind, other.kind)
+		}
+		return f, fmt.Errorf("%s log of %d lines%s: %w", t.kind, lines, hint, ErrNoPools)
+	}
+	return f, nil
+}
+
+// readLines calls fn for every line of r without its line ending. A line
+// longer than maxLine bytes is cut to its first maxLine bytes; the rest is
+// skipped without being buffered.
+func readLines(r io.Reader, maxLine int, fn func(line string)) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var buf []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if room := maxLine - len(buf); room > 0 {
+			buf = append(buf, chunk[:min(room, len(chunk))]...)
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if err == nil || len(buf) > 0 {
+			fn(trimEOL(buf))
+		}
+		buf = buf[:0]
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func trimEOL(b []byte) string {
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		b = b[:n-1]
+	}
+	if n := len(b); n > 0 && b[n-1] == '\r' {
+		b = b[:n-1]
+	}
+	return string(b)
+}

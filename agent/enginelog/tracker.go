@@ -1,0 +1,288 @@
+package enginelog
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"heft/shared/wire"
+)
+
+// Tracker gathers facts from a log fed line by line. It is safe for
+// concurrent use: a follower feeds it while a collector reads Facts.
+//
+// A log file often holds several start-ups (the server crashed or was
+// restarted and appended to the same file). Facts describe the latest:
+//
+//   - A start-up marker, the version banner or the launch-args line
+//     (vLLM "non-default args: {...}" or "args: Namespace(...)", SGLang
+//     "server_args=ServerArgs(...)"), begins a new start-up when the current
+//     one already has pools, has said it is ready, or has already shown a
+//     marker of the same kind.
+//   - A vLLM engine core announcing itself ("Initializing a V1 LLM engine")
+//     begins a new start-up when its DP rank already has a pool.
+//   - A new start-up drops every fact of the previous one: pools, launch
+//     args, version, model and readiness.
+//
+// Within one start-up, several pool lines for the same DP rank (SGLang
+// prints one per TP rank, and both "KV Cache is allocated" and
+// "max_total_num_tokens") fold into one pool: the preferred format wins
+// (SGLang's scheduler figure max_total_num_tokens, then the allocation
+// line), and lines of one format that disagree give their minimum, as the
+// engine clamps its TP ranks to the smallest, with a note.
+type Tracker struct {
+	mu       sync.Mutex
+	kind     string
+	gen      *generation
+	startups int
+	// carried: the file was truncated or replaced (Reset) and the new
+	// content has shown no start-up yet, so gen is from the old content.
+	carried bool
+}
+
+type generation struct {
+	begun                 bool
+	versionSeen, argsSeen bool
+	ready                 bool
+	version               string
+	args                  map[string]string
+	argsErr               string
+	// model by source, best first: launch args, version banner, engine init.
+	model        [3]string
+	pools        map[int]map[string]*poolVals // DP rank → format → values
+	droppedRanks int
+}
+
+// poolVals are the values one format gave for one rank.
+type poolVals struct {
+	min, max int64
+	lines    int
+}
+
+// maxNotes bounds Facts.Notes.
+const maxNotes = 16
+
+// NewTracker returns an empty tracker for kind "vllm" or "sglang"; other
+// kinds give an error wrapping ErrUnknownEngine.
+func NewTracker(kind string) (*Tracker, error) {
+	k, ok := normKind(kind)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownEngine, kind)
+	}
+	return &Tracker{kind: k, gen: &generation{}}, nil
+}
+
+// Feed reads one line (with or without its line ending).
+func (t *Tracker) Feed(line string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	eachEvent(t.kind, line, t.apply)
+}
+
+// Reset is called when the followed file was truncated or replaced. The
+// facts read so far stay available, flagged FromPreviousFile, because a
+// rotated log usually belongs to the same running engine; the first
+// start-up marker or pool line of the new content replaces them.
+func (t *Tracker) Reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.gen.begun || t.gen.ready {
+		t.carried = true
+	}
+}
+
+func (t *Tracker) apply(ev Event) {
+	switch ev.Kind {
+	case EventVersion:
+		t.startup(t.gen.versionSeen)
+		g := t.gen
+		g.versionSeen = true
+		g.version = ev.Version
+		g.model[1] = ev.Model
+	case EventLaunchArgs:
+		t.startup(t.gen.argsSeen)
+		g := t.gen
+		g.argsSeen = true
+		g.args, g.argsErr = ev.Args, ev.ArgsErr
+		g.model[0] = ev.Model
+		if ev.Version != "" {
+			g.version = ev.Version
+		}
+	case EventEngineInit:
+		_, has := t.gen.pools[ev.DPRank]
+		t.begin(has)
+		g := t.gen
+		if g.version == "" {
+			g.version = ev.Version
+		}
+		if g.model[2] == "" {
+			g.model[2] = ev.Model
+		}
+	case EventPool:
+		t.begin(false)
+		t.gen.addPool(ev)
+	case EventReady:
+		t.gen.ready = true
+	}
+}
+
+// startup handles a start-up marker; seen says whether the current
+// start-up already showed one of its kind.
+func (t *Tracker) startup(seen bool) {
+	g := t.gen
+	t.begin(seen || len(g.pools) > 0 || g.ready)
+}
+
+// begin starts a new generation when fresh is set or the facts are carried
+// over from a previous file, and otherwise counts the current one as begun.
+func (t *Tracker) begin(fresh bool) {
+	if fresh || t.carried {
+		t.gen = &generation{begun: true}
+		t.startups++
+		t.carried = false
+		return
+	}
+	if !t.gen.begun {
+		t.gen.begun = true
+		t.startups++
+	}
+}
+
+func (g *generation) addPool(ev Event) {
+	v := ev.KVTokens
+	if ev.Format == FormatVLLMBlocks {
+		v = ev.Blocks
+	}
+	if v < 0 || ev.DPRank < 0 {
+		return
+	}
+	if g.pools == nil {
+		g.pools = make(map[int]map[string]*poolVals)
+	}
+	byFormat, ok := g.pools[ev.DPRank]
+	if !ok {
+		if len(g.pools) >= wire.MaxRanks {
+			g.droppedRanks++
+			return
+		}
+		byFormat = make(map[string]*poolVals)
+		g.pools[ev.DPRank] = byFormat
+	}
+	pv, ok := byFormat[ev.Format]
+	if !ok {
+		byFormat[ev.Format] = &poolVals{min: v, max: v, lines: 1}
+		return
+	}
+	pv.min, pv.max, pv.lines = min(pv.min, v), max(pv.max, v), pv.lines+1
+}
+
+// formatPreference orders the pool formats of a kind, best first.
+var formatPreference = map[string][]string{
+	kindVLLM:   {FormatVLLMMerged, FormatVLLMTwoLine, FormatVLLMBlocks},
+	kindSGLang: {FormatSGLangMaxTotal, FormatSGLangAlloc},
+}
+
+// Facts returns the latest start-up's facts; ok is false until a pool line
+// was seen.
+func (t *Tracker) Facts() (Facts, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	g := t.gen
+	f := Facts{
+		Engine:           t.kind,
+		Version:          g.version,
+		Ready:            g.ready,
+		Startups:         t.startups,
+		Restarts:         max(t.startups-1, 0),
+		FromPreviousFile: t.carried,
+		LaunchArgs:       maps.Clone(g.args),
+		DPSize:           dpSize(t.kind, g.args),
+	}
+	for _, m := range g.model {
+		if m != "" {
+			f.Model = m
+			break
+		}
+	}
+	note := func(format string, args ...any) {
+		if len(f.Notes) < maxNotes {
+			f.Notes = append(f.Notes, fmt.Sprintf(format, args...))
+		}
+	}
+	if g.argsErr != "" {
+		note("launch args could not be read whole (%s); kept the %d read before the problem", g.argsErr, len(g.args))
+	}
+	blockSize, blockNote := g.blockSize()
+	var formats []string
+	for _, dp := range slices.Sorted(maps.Keys(g.pools)) {
+		for _, format := range formatPreference[t.kind] {
+			pv, ok := g.pools[dp][format]
+			if !ok {
+				continue
+			}
+			tokens := pv.min
+			unit := "tokens"
+			if format == FormatVLLMBlocks {
+				unit = "blocks"
+				if tokens > math.MaxInt64/blockSize {
+					note("DP rank %d: %d GPU blocks of %d tokens overflow; rank skipped", dp, tokens, blockSize)
+					break
+				}
+				tokens *= blockSize
+			}
+			if pv.min != pv.max {
+				note("DP rank %d: %d %s lines disagree (%d to %d %s); kept the smallest, as the engine clamps its tensor-parallel ranks to the smallest",
+					dp, pv.lines, format, pv.min, pv.max, unit)
+			}
+			f.Ranks = append(f.Ranks, wire.Rank{DPRank: dp, KVTokens: tokens})
+			if !slices.Contains(formats, format) {
+				formats = append(formats, format)
+			}
+			break
+		}
+	}
+	f.Format = strings.Join(formats, ",")
+	if slices.Contains(formats, FormatVLLMBlocks) {
+		note("%s", blockNote)
+	}
+	if g.droppedRanks > 0 {
+		note("%d pool lines of ranks beyond the first %d were ignored", g.droppedRanks, wire.MaxRanks)
+	}
+	if len(f.Ranks) > 0 && f.DPSize > len(f.Ranks) {
+		note("the launch args ask for %d data-parallel ranks but the log shows pools for %d (still starting, or ranks on other nodes)", f.DPSize, len(f.Ranks))
+	}
+	return f, len(f.Ranks) > 0
+}
+
+// defaultBlockSize is vLLM's block size on CUDA when none is given.
+const defaultBlockSize = 16
+
+// blockSize is the vLLM V0 block size from the launch args.
+func (g *generation) blockSize() (int64, string) {
+	s, ok := g.args["block_size"]
+	if !ok || s == "None" {
+		return defaultBlockSize, fmt.Sprintf("pool = GPU blocks × %d tokens, vLLM's default block size (no block_size in the launch args)", defaultBlockSize)
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > 1<<20 {
+		return defaultBlockSize, fmt.Sprintf("pool = GPU blocks × %d tokens, vLLM's default block size (block_size %q in the launch args is not a usable number)", defaultBlockSize, s)
+	}
+	return n, fmt.Sprintf("pool = GPU blocks × %d tokens (block_size from the launch args)", n)
+}
+
+// dpSize reads the data-parallel size from the launch args.
+func dpSize(kind string, args map[string]string) int {
+	key := "data_parallel_size"
+	if kind == kindSGLang {
+		key = "dp_size"
+	}
+	n, err := strconv.Atoi(args[key])
+	if err != nil || n < 1 || n > wire.MaxRanks {
+		return 0
+	}
+	return n
+}

@@ -1,0 +1,330 @@
+// Package logfollow follows a growing log file line by line, like tail -F:
+// it waits for the file to appear, reads what is appended, and keeps going
+// across rotation by rename, copytruncate truncation, and deletion and
+// re-creation. It polls (no inotify), so it works the same on Linux and
+// macOS and on any file system, and its memory stays flat however large
+// the file: it streams through a fixed buffer and holds at most one line.
+//
+// Limits, shared with tail -F: truncation is seen only as a shrink below
+// the bytes already read, so a file truncated and then refilled past that
+// point between two polls is read on from the old offset; and after a
+// rename rotation, lines a writer still appends to the old file once the
+// new one exists are not read.
+package logfollow
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"time"
+)
+
+// Reasons passed to Options.OnReset.
+const (
+	// ReasonTruncated: the file shrank in place (logrotate copytruncate);
+	// it is read again from its start.
+	ReasonTruncated = "truncated"
+	// ReasonReplaced: the path now names another file (rename rotation, or
+	// deletion and re-creation); the old file was read to its end first.
+	ReasonReplaced = "replaced"
+)
+
+// Options tune Follow. The zero value is ready to use.
+type Options struct {
+	// Poll is how often the file is checked once all of it was read.
+	// Default 250ms.
+	Poll time.Duration
+	// FromStart reads what the file already holds before following it.
+	// It is the default: content is skipped only with FromEnd.
+	FromStart bool
+	// FromEnd skips what the file holds when Follow starts and delivers only
+	// lines appended later. Ignored when FromStart is set. A file that does
+	// not exist yet, or one that replaces it later, is always read whole.
+	FromEnd bool
+	// MaxLineBytes bounds one line. A longer line is cut: its first
+	// MaxLineBytes bytes are delivered, OnLongLine is called, and the rest
+	// up to the newline is skipped without being buffered. Default 1 MiB.
+	MaxLineBytes int
+	// PartialAfter is how long a last line without its newline waits for
+	// the rest before it is delivered as it is. Whatever arrives later is
+	// then a line of its own. Default 2s. A partial line is also delivered
+	// when the context ends and before a rotation or truncation.
+	PartialAfter time.Duration
+	// OnReset is called when the file was truncated or replaced, before
+	// any line of the new content. reason is ReasonTruncated or
+	// ReasonReplaced.
+	OnReset func(reason string)
+	// OnLongLine is called after a line was cut to kept bytes.
+	OnLongLine func(kept int)
+
+	// idle is a test hook, called each time the follower has read all
+	// there is (or found no file) and is about to wait.
+	idle func()
+}
+
+const (
+	defaultPoll         = 250 * time.Millisecond
+	defaultMaxLineBytes = 1 << 20
+	defaultPartialAfter = 2 * time.Second
+	chunkBytes          = 64 << 10
+)
+
+func (o Options) withDefaults() Options {
+	if o.Poll <= 0 {
+		o.Poll = defaultPoll
+	}
+	if o.MaxLineBytes <= 0 {
+		o.MaxLineBytes = defaultMaxLineBytes
+	}
+	if o.PartialAfter <= 0 {
+		o.PartialAfter = defaultPartialAfter
+	}
+	return o
+}
+
+// Follow calls onLine, from the calling goroutine, for every line of the
+// file at path, without its line ending ("\n" or "\r\n"), until ctx ends;
+// it then returns nil. It returns an error when the path cannot be read
+// (a directory, no permission) or a read fails.
+func Follow(ctx context.Context, path string, opts Options, onLine func(line string)) error {
+	f := &follower{path: path, opts: opts.withDefaults(), onLine: onLine, buf: make([]byte, chunkBytes)}
+	defer f.closeFile()
+	skipExisting := f.opts.FromEnd && !f.opts.FromStart
+	for {
+		if f.file == nil {
+			ok, err := f.open(skipExisting)
+			if err != nil {
+				return err
+			}
+			skipExisting = false
+			if !ok {
+				f.idle()
+				if !f.wait(ctx) {
+					return nil
+				}
+				continue
+			}
+			if f.opened {
+				f.reset(ReasonReplaced)
+			}
+			f.opened = true
+		}
+		if err := f.readAll(ctx); err != nil {
+			return f.stop(ctx, err)
+		}
+		switched, err := f.checkFile(ctx)
+		if err != nil {
+			return f.stop(ctx, err)
+		}
+		if switched {
+			continue
+		}
+		if len(f.pending) > 0 && time.Since(f.lastData) >= f.opts.PartialAfter {
+			f.flushPartial()
+		}
+		f.idle()
+		if !f.wait(ctx) {
+			return f.stop(ctx, nil)
+		}
+	}
+}
+
+// stop ends Follow: nil once ctx is done, after delivering a partial last
+// line that was really at the end of the file (not cut by a read buffer).
+func (f *follower) stop(ctx context.Context, err error) error {
+	if ctx.Err() == nil {
+		return err
+	}
+	if f.atEOF {
+		f.flushPartial()
+	}
+	return nil
+}
+
+type follower struct {
+	path   string
+	opts   Options
+	onLine func(string)
+
+	file   *os.File
+	info   os.FileInfo // of file, to tell a replacement by os.SameFile
+	pos    int64       // bytes read from file
+	atEOF  bool        // the last read found the end of the file
+	opened bool        // a file was opened before: the next one replaces it
+
+	buf      []byte
+	pending  []byte // the line read so far, without its newline
+	skipping bool   // the current line was cut: drop bytes up to its newline
+	lastData time.Time
+}
+
+// open opens the path; ok is false when it does not exist yet.
+func (f *follower) open(skipExisting bool) (bool, error) {
+	file, err := os.Open(f.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("follow %s: %w", f.path, err)
+	}
+	info, err := file.Stat()
+	if err == nil && info.IsDir() {
+		err = errors.New("is a directory")
+	}
+	if err != nil {
+		file.Close()
+		return false, fmt.Errorf("follow %s: %w", f.path, err)
+	}
+	f.file, f.info, f.pos = file, info, 0
+	if skipExisting {
+		if f.pos, err = file.Seek(0, io.SeekEnd); err != nil {
+			f.closeFile()
+			return false, fmt.Errorf("follow %s: %w", f.path, err)
+		}
+	}
+	return true, nil
+}
+
+func (f *follower) closeFile() {
+	if f.file != nil {
+		f.file.Close()
+		f.file = nil
+	}
+}
+
+// readAll reads the open file to its current end, delivering whole lines.
+func (f *follower) readAll(ctx context.Context) error {
+	for ctx.Err() == nil {
+		n, err := f.file.Read(f.buf)
+		if n > 0 {
+			f.pos += int64(n)
+			f.lastData = time.Now()
+			f.atEOF = false
+			f.consume(f.buf[:n])
+		}
+		if err == io.EOF || (n == 0 && err == nil) {
+			f.atEOF = true
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("follow %s: %w", f.path, err)
+		}
+	}
+	return ctx.Err()
+}
+
+func (f *follower) consume(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			f.add(b)
+			return
+		}
+		f.add(b[:i])
+		if f.skipping {
+			f.skipping = false
+		} else {
+			f.deliver()
+		}
+		b = b[i+1:]
+	}
+}
+
+// add appends to the current line, cutting it at MaxLineBytes.
+func (f *follower) add(b []byte) {
+	if f.skipping {
+		return
+	}
+	room := f.opts.MaxLineBytes - len(f.pending)
+	if len(b) <= room {
+		f.pending = append(f.pending, b...)
+		return
+	}
+	f.pending = append(f.pending, b[:room]...)
+	f.deliver()
+	f.skipping = true
+	if f.opts.OnLongLine != nil {
+		f.opts.OnLongLine(f.opts.MaxLineBytes)
+	}
+}
+
+func (f *follower) deliver() {
+	line := f.pending
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	// A writer without O_APPEND keeps its offset across copytruncate and
+	// leaves a hole that reads as NULs.
+	line = bytes.TrimLeft(line, "\x00")
+	f.onLine(string(line))
+	f.pending = f.pending[:0]
+}
+
+// flushPartial delivers an unterminated last line.
+func (f *follower) flushPartial() {
+	if len(f.pending) > 0 && !f.skipping {
+		f.deliver()
+	}
+	f.pending = f.pending[:0]
+	f.skipping = false
+}
+
+// checkFile looks at the path once the open file was read to its end.
+// switched is true when the file was truncated or replaced and the
+// follower must read again at once (the new file is opened by Follow).
+func (f *follower) checkFile(ctx context.Context) (switched bool, err error) {
+	info, err := os.Stat(f.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// Deleted or renamed away: keep reading the old file, which its
+		// writer may still append to, until a new one appears.
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("follow %s: %w", f.path, err)
+	case !os.SameFile(info, f.info):
+		// Finish the old file: lines written since the last read, then its
+		// unterminated tail.
+		if err := f.readAll(ctx); err != nil {
+			return false, err
+		}
+		f.flushPartial()
+		f.closeFile()
+		return true, nil
+	case info.Size() < f.pos:
+		f.flushPartial()
+		if _, err := f.file.Seek(0, io.SeekStart); err != nil {
+			return false, fmt.Errorf("follow %s: %w", f.path, err)
+		}
+		f.pos = 0
+		f.reset(ReasonTruncated)
+		return true, nil
+	}
+	return false, nil
+}
+
+func (f *follower) idle() {
+	if f.opts.idle != nil {
+		f.opts.idle()
+	}
+}
+
+func (f *follower) reset(reason string) {
+	if f.opts.OnReset != nil {
+		f.opts.OnReset(reason)
+	}
+}
+
+func (f *follower) wait(ctx context.Context) bool {
+	t := time.NewTimer(f.opts.Poll)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
