@@ -1,0 +1,97 @@
+package fleet
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/coordinator/store"
+	"heft/shared/wire"
+)
+
+// bigFleet restores 10,000 admitted workers (1,000 nodes × 10 engines,
+// 10 models, 50 measurements of history each) from a store.
+func bigFleet(b *testing.B) (*Fleet, *clock) {
+	b.Helper()
+	st := newMemStore()
+	clk := &clock{t: t0}
+	for n := range 1000 {
+		node := fmt.Sprintf("node-%04d", n)
+		for e := range 10 {
+			id := fmt.Sprintf("%s/vllm/model-%d/%d", node, e, e)
+			st.st.Workers[id] = store.WorkerRecord{ID: id, Node: node, Model: fmt.Sprintf("model-%d", e), Engine: wire.EngineVLLM,
+				URL: fmt.Sprintf("http://10.0.%d.%d:%d", n/256, n%256, 8000+e), Ranks: []wire.Rank{{DPRank: 0, KVTokens: 20000}, {DPRank: 1, KVTokens: 19000}},
+				FirstSeen: t0, LastSeen: t0}
+			var hist []wire.Measurement
+			for i := range 50 {
+				hist = append(hist, measured(id, float64(300+(n*7+e*13+i)%900), t0.Add(-time.Duration(50-i)*time.Hour)))
+			}
+			st.st.History[id] = hist
+			st.st.Latest[id] = hist[49]
+		}
+	}
+	f, err := New(DefaultConfig(), st, clk.now, hclog.NewNullLogger())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if n := len(f.Workers()); n != 10000 {
+		b.Fatalf("%d workers", n)
+	}
+	if wt, _ := f.Weights("model-3"); len(wt.Workers) != 1000 {
+		b.Fatalf("model-3 has %d weighted workers", len(wt.Workers))
+	}
+	return f, clk
+}
+
+func BenchmarkRecomputeWeights10k(b *testing.B) {
+	f, _ := bigFleet(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		f.RecomputeWeights()
+	}
+}
+
+func BenchmarkWorkers10k(b *testing.B) {
+	f, _ := bigFleet(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(f.Workers()) != 10000 {
+			b.Fatal("lost workers")
+		}
+	}
+}
+
+// BenchmarkSnapshot10k times one node's heartbeat in a fleet of 10,000:
+// it should cost the node's workers, not the fleet's.
+func BenchmarkSnapshot10k(b *testing.B) {
+	f, _ := bigFleet(b)
+	var s wire.Snapshot
+	s.Node = "node-0042"
+	for e := range 10 {
+		s.Engines = append(s.Engines, wire.Engine{Kind: wire.EngineVLLM, URL: fmt.Sprintf("http://10.0.0.42:%d", 8000+e), Model: fmt.Sprintf("model-%d", e),
+			Ready: true, CapacityKey: fmt.Sprintf("node-0042/vllm/model-%d/%d", e, e),
+			Ranks: []wire.Rank{{DPRank: 0, KVTokens: 20000}, {DPRank: 1, KVTokens: 19000}}})
+	}
+	f.Connect("node-0042", 1, wire.Hello{Node: "node-0042"})
+	b.ReportAllocs()
+	for b.Loop() {
+		f.Snapshot("node-0042", s)
+	}
+}
+
+// BenchmarkTickIdle10k times a Tick with nothing due.
+func BenchmarkTickIdle10k(b *testing.B) {
+	f, clk := bigFleet(b)
+	for n := range 1000 {
+		node := fmt.Sprintf("node-%04d", n)
+		f.Connect(node, 1, wire.Hello{Node: node})
+	}
+	f.Tick()
+	clk.advance(time.Second)
+	b.ReportAllocs()
+	for b.Loop() {
+		f.Tick()
+	}
+}

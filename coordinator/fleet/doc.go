@@ -1,0 +1,103 @@
+// Package fleet is the coordinator's model of its workers: which engines
+// exist, what each was measured to carry, whether it is admitted into its
+// model's weight table, what is wrong with it, and when to measure it
+// again. It does no I/O of its own: agent events and admin actions come in
+// as method calls, messages for agents go out as Actions, and state is kept
+// through the Store interface. A Fleet is safe for concurrent use.
+//
+// # Workers
+//
+// A worker is one engine endpoint, identified by the capacity key the agent
+// computes (node + engine kind + model + launch arguments). An engine
+// restarted with other launch arguments therefore arrives as a new worker
+// and is measured; the old one disappears from the node's snapshot and is
+// dropped from the fleet (its measurement stays cached, so switching back
+// costs no burst). An engine the agent lists without a capacity key (it
+// could not be read, so its model is unknown) updates the readiness of the
+// node's worker at the same URL, or, if there is none, shows as a
+// placeholder worker with the ID "unkeyed:<node>:<url>" that is never
+// measured, pinned or admitted. A capacity key that arrives from a
+// different node than before moves to that node unless its current node is
+// still connected on a newer connection (the newer claim wins). An offline
+// worker not seen for ForgetAfter (24h) is dropped; its pins, decisions
+// and measurements stay stored for the day it returns.
+//
+// # States, in the order they are decided
+//
+//   - offline: the worker's agent has been disconnected for OfflineGrace or
+//     longer (agent_offline, critical). Within the grace a worker keeps the
+//     state its last facts give. After a coordinator restart the stored
+//     workers (the last one seen per node and URL) are treated as if their
+//     agents had just disconnected, so gateways keep their weights while
+//     the agents reconnect.
+//   - held by an admin "hold": overrides everything below.
+//   - pending: the engine is not ready, or cannot be read
+//     (engine_unreachable, critical, when the agent gives an error).
+//   - measuring: ready, but no measurement yet; a registration probe is
+//     requested.
+//   - held: the newest measurement is not valid (wire.Measurement.Valid):
+//     probe_failed or probe_incomplete_output, critical. A fresh probe is
+//     requested FailRetry later; a valid newer measurement replaces it. An
+//     admin "admit" does not override this: there is no number to weight.
+//   - held: the data-parallel pools are uneven below Thresholds.PoolHold
+//     (dp_pool_imbalance, critical), unless an admin admitted the worker.
+//     Below PoolWarn the same code is a warning and the worker is admitted.
+//   - admitted.
+//
+// Warnings from the agent's facts (foreign_gpu_process, gpu_clock_low,
+// gpu_throttled, a warning-level probe_incomplete_output from an engine that
+// cannot be told an exact length) do not hold a worker. Every warning
+// carries Since, the first time its code was seen on the worker without a
+// break; it is stable across snapshots.
+//
+// # Weights
+//
+// Only admitted workers get a weight. Weight = throughput / the median
+// throughput of the admitted workers of the same model, the worker itself
+// included (the mean of the two middle values for an even count), clamped
+// to [WeightMin, WeightMax]; weight_clamped (warning) says so when the
+// clamp changed the number. A pinned weight replaces the computed one (and
+// then no clamp warning is shown, since the clamp did not set the number);
+// pins survive restarts until cleared, and a pin does not admit a held
+// worker. Numbers are validated on every way in, and a weight that is not
+// a finite number above zero never reaches the table.
+//
+// # Measurements
+//
+// The newest measurement of each capacity key is cached with a bounded
+// history. When an agent (re)connects, a worker whose newest measurement
+// is valid and younger than CacheTTL is sent a CachedMeasurement and not
+// probed, so a reconnect or a coordinator restart costs no burst. Otherwise
+// it is sent a ProbeRequest: "registration" when it has no valid
+// measurement (a bad reading is replaced by a fresh measurement, never kept
+// because of a restart), "scheduled" when its valid one is too old. While
+// connected, a worker is re-measured ("scheduled") RemeasureEvery after its
+// measurement; the agent runs scheduled probes only on an idle engine and
+// answers deferred_busy otherwise, and the fleet asks again BusyRetry
+// later. Meanwhile the worker keeps its last valid measurement and weight.
+// Probes go only to workers the agent has listed on its current
+// connection, never from facts remembered across a restart.
+// A failed probe status is retried FailRetry later, a request without an
+// answer is re-sent after ProbeTimeout, and an admin's on-demand probe is
+// sent at once and runs even on a busy engine. Measurement times from an
+// agent whose clock is off by more than an hour are re-stamped with the
+// coordinator's clock, so a skewed clock cannot cause a probe loop.
+//
+// # Admin decisions
+//
+// Hold stores "hold". Admit stores "admit" when the worker's pools would
+// hold it; otherwise it clears any decision, returning the worker to the
+// automatic rules. Decisions and pins are written to the Store before
+// memory changes: when the write fails the call returns the error and the
+// fleet is as it was. Worker records are written when their facts change
+// (and at least every few minutes while seen); a failed record write is
+// logged and retried, since the agent resends those facts anyway.
+//
+// # Connections
+//
+// The server numbers each agent connection. Connect(node, conn, hello)
+// makes conn the node's current connection; Disconnect(node, conn) is
+// ignored unless conn is still current, so a late Disconnect of a replaced
+// connection does not mark the node offline. Probe requests outstanding
+// on a connection are forgotten when a new one starts.
+package fleet

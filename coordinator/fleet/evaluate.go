@@ -1,0 +1,271 @@
+package fleet
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"heft/coordinator/store"
+	"heft/coordinator/view"
+	"heft/shared/health"
+)
+
+// verdict is a worker's freshly derived state.
+type verdict struct {
+	state    string
+	findings []health.Finding
+	tps      float64 // valid throughput of an admitted worker, else 0
+}
+
+// refresh re-derives the given workers and publishes what changed. A model
+// is re-weighed only when the throughputs of its admitted workers changed
+// (or an event marked it in f.dirty), so an ordinary snapshot costs work
+// in proportion to the node's workers, not the model's. It reports whether
+// anything shown changed.
+func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
+	changed := false
+	for _, w := range ws {
+		v := f.evaluate(w, now)
+		if v.tps != w.tps {
+			f.dirty[w.eng.Model] = true
+		}
+		if v.state != w.state {
+			changed = true
+		}
+		w.state, w.base, w.tps = v.state, v.findings, v.tps
+	}
+	for _, w := range ws {
+		if !f.dirty[w.eng.Model] && f.publish(w, now) {
+			changed = true
+		}
+	}
+	for model := range f.dirty {
+		if f.reweigh(model, now) {
+			changed = true
+		}
+	}
+	clear(f.dirty)
+	return changed
+}
+
+// refreshAll re-derives every worker and every model's weights.
+func (f *Fleet) refreshAll(now time.Time) bool {
+	ws := make([]*worker, 0, len(f.workers))
+	for _, w := range f.workers {
+		ws = append(ws, w)
+	}
+	for model := range f.byModel {
+		f.dirty[model] = true
+	}
+	return f.refresh(now, ws...)
+}
+
+func (f *Fleet) refreshNode(n *node, now time.Time) bool {
+	ws := make([]*worker, 0, len(n.workers))
+	for _, w := range n.workers {
+		ws = append(ws, w)
+	}
+	return f.refresh(now, ws...)
+}
+
+// reweigh sets the weights of a model's workers from the median throughput
+// of its admitted workers, found by sorting that model's throughputs only,
+// and publishes every worker of the model.
+func (f *Fleet) reweigh(model string, now time.Time) bool {
+	ws := f.byModel[model]
+	tps := make([]float64, 0, len(ws))
+	for _, w := range ws {
+		if w.tps > 0 {
+			tps = append(tps, w.tps)
+		}
+	}
+	med := median(tps)
+	changed := false
+	for _, w := range ws {
+		f.weigh(w, model, med, len(tps))
+		if f.publish(w, now) {
+			changed = true
+		}
+	}
+	return changed
+}
+
+// evaluate derives a worker's state and warnings from its facts, its
+// newest measurement and the admin's decision, in the order doc.go gives.
+func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
+	th := f.cfg.Thresholds
+	off := f.offline(w, now)
+	var fs []health.Finding
+	if off {
+		fs = append(fs, f.offlineFinding(w))
+	}
+	fs = append(fs, health.Engine(w.eng, w.gpus, th)...)
+	m := f.newest(w.id)
+	if w.placeholder {
+		m = nil
+	}
+	if m != nil {
+		fs = append(fs, health.Measurement(*m, th)...)
+	}
+	if w.probe.failure != "" && !hasCode(fs, health.CodeProbeFailed) {
+		fs = append(fs, health.Finding{Code: health.CodeProbeFailed, Severity: health.Warning, Message: fmt.Sprintf(
+			"the last probe request could not run: %s. heft asks again every %s until a probe succeeds.", w.probe.failure, f.cfg.FailRetry)})
+	}
+	decision := f.decisions[w.id]
+	poolHold := false
+	for i := range fs {
+		if fs[i].Code == health.CodeDPPoolImbalance && fs[i].Severity == health.Critical {
+			poolHold = true
+			if decision == store.DecisionAdmit {
+				fs[i].Message += " An admin has admitted it anyway."
+			}
+		}
+	}
+	v := verdict{findings: fs}
+	switch {
+	case off:
+		v.state = view.StateOffline
+	case decision == store.DecisionHold:
+		v.state = view.StateHeld
+	case w.placeholder || !w.eng.Ready || w.eng.Error != "":
+		v.state = view.StatePending
+	case m == nil:
+		v.state = view.StateMeasuring
+	case !m.Valid():
+		v.state = view.StateHeld
+	case poolHold && decision != store.DecisionAdmit:
+		v.state = view.StateHeld
+	default:
+		v.state = view.StateAdmitted
+		v.tps = m.ThroughputTPS
+	}
+	return v
+}
+
+// poolHolds reports whether the worker's pools alone would hold it.
+func (f *Fleet) poolHolds(w *worker) bool {
+	p := health.Pools(w.eng.Ranks, f.cfg.Thresholds)
+	return p != nil && p.Severity == health.Critical
+}
+
+func (f *Fleet) offlineFinding(w *worker) health.Finding {
+	msg := fmt.Sprintf("the agent on node %s is not connected (last heard from %s); the worker is out of the weight table until it reconnects.",
+		w.node, w.lastSeen.UTC().Format(time.RFC3339))
+	if m := f.newest(w.id); m != nil && m.Valid() && !w.placeholder {
+		msg += fmt.Sprintf(" Its measurement of %s stays cached until %s, so a reconnect before then costs no burst.",
+			m.FinishedAt.UTC().Format(time.RFC3339), m.FinishedAt.Add(f.cfg.CacheTTL).UTC().Format(time.RFC3339))
+	}
+	return health.Finding{Code: health.CodeAgentOffline, Severity: health.Critical, Message: msg}
+}
+
+// weigh sets a worker's weight from its model's median throughput.
+func (f *Fleet) weigh(w *worker, model string, med float64, n int) {
+	w.computed, w.weight, w.clamp = nil, nil, nil
+	if w.tps <= 0 || med <= 0 {
+		return
+	}
+	raw := w.tps / med
+	c := min(max(raw, f.cfg.WeightMin), f.cfg.WeightMax)
+	weight := c
+	if pin, ok := f.pins[w.id]; ok {
+		weight = pin
+	} else if c != raw {
+		cf := clampFinding(model, w.tps, med, n, raw, c, f.cfg.WeightMin, f.cfg.WeightMax)
+		w.clamp = &cf
+	}
+	if !validWeight(weight) || !validWeight(c) {
+		// Cannot happen with validated input; never let it through.
+		f.log.Error("refusing a weight that is not a finite number above zero", "worker", w.id, "weight", weight, "computed", c)
+		w.clamp = nil
+		return
+	}
+	w.computed, w.weight = &c, &weight
+}
+
+// publish assembles a worker's warnings, stamps them and schedules its next
+// deadline. It reports whether its warnings or weight changed.
+func (f *Fleet) publish(w *worker, now time.Time) bool {
+	fs := w.base
+	if w.clamp != nil {
+		fs = append(slices.Clip(fs), *w.clamp)
+	}
+	health.Sort(fs)
+	changed := !slices.Equal(fs, w.findings) || !sameFloat(w.weight, w.shownWeight)
+	w.findings, w.shownWeight = fs, w.weight
+	stamp(w, now)
+	f.schedule(w, now)
+	return changed
+}
+
+func clampFinding(model string, tps, med float64, n int, raw, clamped, lo, hi float64) health.Finding {
+	what := "lowered to %g so that one worker cannot take nearly all of the model's traffic"
+	if clamped > raw {
+		what = "raised to %g so that it keeps some traffic; if it is really this slow, consider holding it"
+	}
+	msg := fmt.Sprintf("measured %.0f tok/s against a median of %.0f tok/s over the %d admitted workers of %s, a weight of %.3g; it was "+what+
+		" (weights stay within [%g, %g]). Check the measurement, and pin a weight if the gap is real.",
+		tps, med, n, model, raw, clamped, lo, hi)
+	return health.Finding{Code: health.CodeWeightClamped, Severity: health.Warning, Message: msg}
+}
+
+// stamp keeps, for each warning code, the time it was first seen on the
+// worker without a break.
+func stamp(w *worker, now time.Time) {
+	same := len(w.since) == len(w.findings)
+	for _, x := range w.findings {
+		if _, ok := w.since[x.Code]; !ok {
+			same = false
+			break
+		}
+	}
+	if same {
+		return
+	}
+	next := make(map[string]time.Time, len(w.findings))
+	for _, x := range w.findings {
+		if t, ok := w.since[x.Code]; ok {
+			next[x.Code] = t
+		} else {
+			next[x.Code] = now
+		}
+	}
+	w.since = next
+}
+
+// schedule lowers nextDue to this worker's next deadline.
+func (f *Fleet) schedule(w *worker, now time.Time) {
+	if n := f.nodes[w.node]; n != nil && !n.connected {
+		if off := n.since.Add(f.cfg.OfflineGrace); now.Before(off) {
+			f.due(off)
+		} else {
+			f.due(w.lastSeen.Add(f.cfg.ForgetAfter))
+		}
+	}
+	if at, _, ok := f.probeDue(w); ok {
+		f.due(at)
+	}
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	mid := len(s) / 2
+	if len(s)%2 == 1 {
+		return s[mid]
+	}
+	return (s[mid-1] + s[mid]) / 2
+}
+
+func hasCode(fs []health.Finding, code string) bool {
+	return slices.ContainsFunc(fs, func(x health.Finding) bool { return x.Code == code })
+}
+
+func sameFloat(a, b *float64) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}

@@ -1,0 +1,425 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/coordinator/store"
+	"heft/coordinator/view"
+	"heft/shared/health"
+	"heft/shared/wire"
+)
+
+// Errors callers map to responses.
+var (
+	// ErrNotFound: no worker (or pin) with that ID.
+	ErrNotFound = errors.New("no such worker")
+	// ErrInvalid: the input was rejected; the fleet is unchanged.
+	ErrInvalid = errors.New("invalid input")
+	// ErrNotConnected: the worker's agent is not connected, so nothing can
+	// be sent to it.
+	ErrNotConnected = errors.New("the worker's agent is not connected")
+)
+
+// Store is where the fleet keeps what must survive a restart.
+// *store.Bolt implements it.
+type Store interface {
+	Load() (store.State, error)
+	SavePin(id string, weight float64) error
+	DeletePin(id string) error
+	SaveDecision(id, decision string) error
+	DeleteDecision(id string) error
+	SaveMeasurement(m wire.Measurement, historyLen int) error
+	SaveWorker(r store.WorkerRecord) error
+}
+
+// Config holds the fleet's timings and limits.
+type Config struct {
+	CacheTTL       time.Duration // a fresh valid measurement makes a reconnect or restart cost no burst
+	RemeasureEvery time.Duration // scheduled (idle-only) re-measurement
+	OfflineGrace   time.Duration // an agent gone this long makes its workers offline
+	BusyRetry      time.Duration // ask again this long after deferred_busy
+	FailRetry      time.Duration // ask again this long after a failed or invalid probe
+	ProbeTimeout   time.Duration // a request with no answer is re-sent after this long
+	ForgetAfter    time.Duration // an offline worker unseen this long is dropped from the fleet
+	WeightMin      float64
+	WeightMax      float64
+	HistoryLen     int // measurements kept per capacity key
+	Thresholds     health.Thresholds
+}
+
+// DefaultConfig returns the documented defaults.
+func DefaultConfig() Config {
+	return Config{
+		CacheTTL:       6 * time.Hour,
+		RemeasureEvery: 6 * time.Hour,
+		OfflineGrace:   30 * time.Second,
+		BusyRetry:      30 * time.Second,
+		FailRetry:      2 * time.Minute,
+		ProbeTimeout:   10 * time.Minute,
+		ForgetAfter:    24 * time.Hour,
+		WeightMin:      0.25,
+		WeightMax:      8,
+		HistoryLen:     50,
+		Thresholds:     health.DefaultThresholds(),
+	}
+}
+
+// Validate checks a Config; errors wrap ErrInvalid.
+func (c Config) Validate() error {
+	for name, d := range map[string]time.Duration{"cache_ttl": c.CacheTTL, "remeasure_every": c.RemeasureEvery,
+		"offline_grace": c.OfflineGrace, "busy_retry": c.BusyRetry, "fail_retry": c.FailRetry,
+		"probe_timeout": c.ProbeTimeout, "forget_after": c.ForgetAfter} {
+		if d <= 0 {
+			return fmt.Errorf("%w: fleet %s must be above zero, is %s", ErrInvalid, name, d)
+		}
+	}
+	if !finite(c.WeightMin) || !finite(c.WeightMax) || c.WeightMin <= 0 || c.WeightMin > 1 || c.WeightMax < 1 {
+		return fmt.Errorf("%w: weight range [%g, %g] must satisfy 0 < min <= 1 <= max", ErrInvalid, c.WeightMin, c.WeightMax)
+	}
+	if c.HistoryLen < 1 {
+		return fmt.Errorf("%w: history length %d, need at least 1", ErrInvalid, c.HistoryLen)
+	}
+	th := c.Thresholds
+	for name, v := range map[string]float64{"pool_hold": th.PoolHold, "pool_warn": th.PoolWarn, "clock_low": th.ClockLow} {
+		if !finite(v) || v < 0 || v > 1 {
+			return fmt.Errorf("%w: threshold %s = %g, must be within [0, 1]", ErrInvalid, name, v)
+		}
+	}
+	if th.PoolHold > th.PoolWarn {
+		return fmt.Errorf("%w: threshold pool_hold %g is above pool_warn %g", ErrInvalid, th.PoolHold, th.PoolWarn)
+	}
+	return nil
+}
+
+// Action is a message for one node's agent: a *wire.ProbeRequest or a
+// *wire.CachedMeasurement.
+type Action struct {
+	Node    string
+	Message any
+}
+
+// recordEvery is how often a seen worker's record is rewritten even when
+// nothing but its last-seen time changed.
+const recordEvery = 5 * time.Minute
+
+// clockSkew is how far a measurement's time may be from the coordinator's
+// before it is re-stamped.
+const clockSkew = time.Hour
+
+// Fleet is the coordinator's set of workers.
+type Fleet struct {
+	cfg Config
+	st  Store
+	now func() time.Time
+	log hclog.Logger
+
+	mu        sync.Mutex
+	workers   map[string]*worker
+	byModel   map[string]map[string]*worker
+	nodes     map[string]*node
+	cache     map[string]*cached
+	pins      map[string]float64
+	decisions map[string]string
+	connSeq   uint64
+	reqSeq    uint64
+	reqPrefix string
+	nextDue   time.Time
+	dirty     map[string]bool // models to re-weigh at the next refresh
+
+	subMu  sync.Mutex
+	subs   map[uint64]chan struct{}
+	subSeq uint64
+}
+
+// node is one agent's connection state.
+type node struct {
+	name      string
+	conn      uint64
+	connected bool
+	order     uint64    // fleet-wide order of connections: a higher one is newer
+	since     time.Time // when it connected, or disconnected
+	hello     wire.Hello
+	workers   map[string]*worker
+}
+
+// cached is what is known about one capacity key's measurements.
+type cached struct {
+	latest  *wire.Measurement
+	history []wire.Measurement // oldest first
+	// points is history as the view shows it. It is rebuilt, never
+	// changed in place, so views can share it.
+	points []view.MeasurementPoint
+}
+
+type probeState struct {
+	reqID       string
+	reason      string
+	outstanding bool
+	sentAt      time.Time
+	status      string // the agent's last word on the current attempt
+	retryAt     time.Time
+	failure     string // the last failed status's message, until a valid result
+}
+
+type worker struct {
+	id          string
+	placeholder bool
+	node        string
+	eng         wire.Engine
+	gpus        []wire.GPU
+	firstSeen   time.Time
+	lastSeen    time.Time
+	saved       store.WorkerRecord
+	savedAt     time.Time
+	greeted     uint64 // node.order of the connection this worker was greeted on
+	probe       probeState
+
+	// Derived by evaluate, weigh and publish.
+	state       string
+	base        []health.Finding // from facts and measurement
+	tps         float64          // throughput counted in the model's median: admitted and valid, else 0
+	computed    *float64         // clamped throughput / median, before a pin
+	weight      *float64         // what the weight table shows
+	clamp       *health.Finding  // weight_clamped, when the clamp set the weight
+	findings    []health.Finding // published: base + clamp, sorted
+	shownWeight *float64         // the weight when findings were published
+	since       map[string]time.Time
+}
+
+// New builds a fleet from what st holds: pins, decisions, cached
+// measurements, and the workers last seen within ForgetAfter, which start
+// as if their agents had just disconnected.
+func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Fleet, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return nil, errors.New("fleet: no store")
+	}
+	if now == nil {
+		now = time.Now
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	state, err := st.Load()
+	if err != nil {
+		return nil, fmt.Errorf("fleet: load state: %w", err)
+	}
+	start := now()
+	f := &Fleet{
+		cfg: cfg, st: st, now: now, log: logger.Named("fleet"),
+		workers: map[string]*worker{}, byModel: map[string]map[string]*worker{}, nodes: map[string]*node{},
+		cache: map[string]*cached{}, pins: map[string]float64{}, decisions: map[string]string{}, dirty: map[string]bool{},
+		reqPrefix: strconv.FormatInt(start.UnixNano(), 36),
+		subs:      map[uint64]chan struct{}{},
+	}
+	for id, w := range state.Pins {
+		if validWeight(w) {
+			f.pins[id] = w
+		} else {
+			f.log.Warn("ignoring stored pin", "worker", id, "weight", w)
+		}
+	}
+	for id, d := range state.Decisions {
+		if d == store.DecisionAdmit || d == store.DecisionHold {
+			f.decisions[id] = d
+		} else {
+			f.log.Warn("ignoring stored decision", "worker", id, "decision", d)
+		}
+	}
+	for key, list := range state.History {
+		var ok []wire.Measurement
+		for _, m := range list {
+			if m.Validate() == nil && m.CapacityKey == key {
+				ok = append(ok, m)
+			}
+		}
+		if len(ok) > 0 {
+			f.entry(key).setHistory(ok, cfg.HistoryLen)
+		}
+	}
+	for key, m := range state.Latest {
+		if m.Validate() != nil || m.CapacityKey != key {
+			f.log.Warn("ignoring stored measurement", "capacity_key", key)
+			continue
+		}
+		m := m
+		f.entry(key).latest = &m
+	}
+	// One endpoint may have several records (it was restarted with other
+	// launch arguments); only the one seen last is still there.
+	latestAt := map[[2]string]store.WorkerRecord{}
+	for _, r := range state.Workers {
+		k := [2]string{r.Node, r.URL}
+		if old, ok := latestAt[k]; !ok || r.LastSeen.After(old.LastSeen) || (r.LastSeen.Equal(old.LastSeen) && r.ID > old.ID) {
+			latestAt[k] = r
+		}
+	}
+	for id, r := range state.Workers {
+		if id == "" || r.ID != id || wire.CheckRanks(r.Ranks) != nil || r.Node == "" {
+			f.log.Warn("ignoring stored worker", "worker", id)
+			continue
+		}
+		if start.Sub(r.LastSeen) >= cfg.ForgetAfter || latestAt[[2]string{r.Node, r.URL}].ID != id {
+			continue
+		}
+		n := f.nodeFor(r.Node)
+		n.since = start
+		w := &worker{
+			id: id, node: r.Node, firstSeen: r.FirstSeen, lastSeen: r.LastSeen, saved: r, savedAt: start,
+			eng: wire.Engine{Kind: r.Engine, URL: r.URL, Model: r.Model, Version: r.EngineVersion, Ready: true,
+				CapacityKey: id, LaunchArgs: r.LaunchArgs, Ranks: r.Ranks},
+		}
+		f.add(w)
+	}
+	f.refreshAll(start)
+	f.log.Info("fleet loaded", "workers", len(f.workers), "pins", len(f.pins), "decisions", len(f.decisions), "cached_measurements", len(state.Latest))
+	return f, nil
+}
+
+func (f *Fleet) entry(key string) *cached {
+	c := f.cache[key]
+	if c == nil {
+		c = &cached{}
+		f.cache[key] = c
+	}
+	return c
+}
+
+func (c *cached) appendHistory(m wire.Measurement, limit int) {
+	c.setHistory(append(c.history, m), limit)
+}
+
+func (c *cached) setHistory(list []wire.Measurement, limit int) {
+	c.history = list
+	if over := len(c.history) - limit; over > 0 {
+		c.history = append([]wire.Measurement(nil), c.history[over:]...)
+	}
+	c.points = make([]view.MeasurementPoint, len(c.history))
+	for i, h := range c.history {
+		c.points[i] = view.MeasurementPoint{At: h.FinishedAt, ThroughputTPS: h.ThroughputTPS, WarmupTPS: h.WarmupTPS, Valid: h.Valid()}
+	}
+}
+
+func (f *Fleet) newest(id string) *wire.Measurement {
+	if c := f.cache[id]; c != nil {
+		return c.latest
+	}
+	return nil
+}
+
+func (f *Fleet) nodeFor(name string) *node {
+	n := f.nodes[name]
+	if n == nil {
+		n = &node{name: name, workers: map[string]*worker{}}
+		f.nodes[name] = n
+	}
+	return n
+}
+
+// add indexes a new worker.
+func (f *Fleet) add(w *worker) {
+	f.workers[w.id] = w
+	f.nodeFor(w.node).workers[w.id] = w
+	f.index(w, w.eng.Model)
+	f.dirty[w.eng.Model] = true
+}
+
+func (f *Fleet) index(w *worker, model string) {
+	m := f.byModel[model]
+	if m == nil {
+		m = map[string]*worker{}
+		f.byModel[model] = m
+	}
+	m[w.id] = w
+}
+
+func (f *Fleet) unindex(w *worker, model string) {
+	if m := f.byModel[model]; m != nil {
+		delete(m, w.id)
+		if len(m) == 0 {
+			delete(f.byModel, model)
+		}
+	}
+}
+
+// drop removes a worker from the fleet; its cached measurements stay.
+func (f *Fleet) drop(w *worker) {
+	delete(f.workers, w.id)
+	if n := f.nodes[w.node]; n != nil {
+		delete(n.workers, w.id)
+	}
+	f.unindex(w, w.eng.Model)
+	f.dirty[w.eng.Model] = true
+}
+
+// offline reports whether the worker's agent has been gone past the grace.
+func (f *Fleet) offline(w *worker, now time.Time) bool {
+	n := f.nodes[w.node]
+	return n == nil || (!n.connected && !now.Before(n.since.Add(f.cfg.OfflineGrace)))
+}
+
+func (f *Fleet) connected(w *worker) bool {
+	n := f.nodes[w.node]
+	return n != nil && n.connected
+}
+
+// due lowers the next time Tick has work to do.
+func (f *Fleet) due(t time.Time) {
+	if t.Before(f.nextDue) {
+		f.nextDue = t
+	}
+}
+
+// Changes subscribes to change notifications. The channel receives after
+// every change, coalesced: a slow reader gets one wake-up for many changes,
+// and the fleet never waits for it. The returned func unsubscribes and
+// closes the channel.
+func (f *Fleet) Changes() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	f.subMu.Lock()
+	f.subSeq++
+	id := f.subSeq
+	f.subs[id] = ch
+	f.subMu.Unlock()
+	return ch, sync.OnceFunc(func() {
+		f.subMu.Lock()
+		delete(f.subs, id)
+		close(ch)
+		f.subMu.Unlock()
+	})
+}
+
+func (f *Fleet) notify() {
+	f.subMu.Lock()
+	defer f.subMu.Unlock()
+	for _, ch := range f.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+
+func validWeight(w float64) bool { return finite(w) && w > 0 }
+
+// sortedWorkers returns ws ordered by ID, for deterministic actions.
+func sortedWorkers(ws map[string]*worker) []*worker {
+	out := make([]*worker, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, w)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}

@@ -1,0 +1,215 @@
+package fleet
+
+import (
+	"slices"
+	"sort"
+	"strings"
+
+	"heft/coordinator/view"
+	"heft/shared/health"
+	"heft/shared/wire"
+)
+
+// Workers returns every worker, sorted by model, node and URL. The caller
+// may keep the values; History is shared with other callers and must not
+// be modified.
+func (f *Fleet) Workers() []view.Worker {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ws := make([]*worker, 0, len(f.workers))
+	for _, w := range f.workers {
+		ws = append(ws, w)
+	}
+	sort.Slice(ws, func(i, j int) bool { return less(ws[i], ws[j]) })
+	out := make([]view.Worker, len(ws))
+	for i, w := range ws {
+		out[i] = f.view(w)
+	}
+	return out
+}
+
+func less(a, b *worker) bool {
+	if c := strings.Compare(a.eng.Model, b.eng.Model); c != 0 {
+		return c < 0
+	}
+	if c := strings.Compare(a.node, b.node); c != 0 {
+		return c < 0
+	}
+	if c := strings.Compare(a.eng.URL, b.eng.URL); c != 0 {
+		return c < 0
+	}
+	return a.id < b.id
+}
+
+// Worker returns one worker.
+func (f *Fleet) Worker(id string) (view.Worker, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w := f.workers[id]
+	if w == nil {
+		return view.Worker{}, false
+	}
+	return f.view(w), true
+}
+
+// Weights returns a model's weight table: its admitted workers with their
+// weights, sorted by node and URL. ok is false for a model no worker
+// serves; a known model with no admitted worker has an empty table.
+func (f *Fleet) Weights(model string) (view.Weights, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ws := f.byModel[model]
+	if model == "" || len(ws) == 0 {
+		return view.Weights{}, false
+	}
+	out := view.Weights{Model: model, Workers: []view.WeightEntry{}}
+	var in []*worker
+	for _, w := range ws {
+		if w.weight != nil {
+			in = append(in, w)
+		}
+	}
+	sort.Slice(in, func(i, j int) bool { return less(in[i], in[j]) })
+	for _, w := range in {
+		_, pinned := f.pins[w.id]
+		e := view.WeightEntry{ID: w.id, Node: w.node, URL: w.eng.URL, Weight: *w.weight, Pinned: pinned}
+		if m := f.newest(w.id); m != nil {
+			tps, at := m.ThroughputTPS, m.FinishedAt
+			e.Throughput, e.MeasuredAt = &tps, &at
+		}
+		out.Workers = append(out.Workers, e)
+	}
+	return out, true
+}
+
+// Models returns the models workers serve, sorted.
+func (f *Fleet) Models() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]string, 0, len(f.byModel))
+	for m := range f.byModel {
+		if m != "" {
+			out = append(out, m)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Stats is a summary for Prometheus.
+type Stats struct {
+	WorkersByState  map[string]int // every state, zeros included
+	WarningsByCode  map[string]int // workers carrying each code, every known code included
+	ConnectedAgents int
+	Workers         []WorkerStats // sorted by ID
+}
+
+// WorkerStats is one worker's numbers.
+type WorkerStats struct {
+	ID, Model, Node, State string
+	Weight                 *float64 // nil when not in the weight table
+	Throughput             *float64 // nil without a valid measurement
+}
+
+// WarningCodes lists every code a worker can carry.
+var WarningCodes = []string{health.CodeDPPoolImbalance, health.CodeGPUClockLow, health.CodeGPUThrottled,
+	health.CodeForeignGPUProcess, health.CodeProbeIncompleteOutput, health.CodeProbeFailed,
+	health.CodeEngineUnreachable, health.CodeAgentOffline, health.CodeWeightClamped}
+
+// States lists every worker state.
+var States = []string{view.StatePending, view.StateMeasuring, view.StateAdmitted, view.StateHeld, view.StateOffline}
+
+// Stats counts workers by state and warning, and lists each worker's
+// weight and throughput.
+func (f *Fleet) Stats() Stats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := Stats{WorkersByState: map[string]int{}, WarningsByCode: map[string]int{}, Workers: make([]WorkerStats, 0, len(f.workers))}
+	for _, st := range States {
+		s.WorkersByState[st] = 0
+	}
+	for _, c := range WarningCodes {
+		s.WarningsByCode[c] = 0
+	}
+	for _, n := range f.nodes {
+		if n.connected {
+			s.ConnectedAgents++
+		}
+	}
+	for _, w := range f.workers {
+		s.WorkersByState[w.state]++
+		for c := range w.since {
+			s.WarningsByCode[c]++
+		}
+		ws := WorkerStats{ID: w.id, Model: w.eng.Model, Node: w.node, State: w.state, Weight: clonePtr(w.weight)}
+		if m := f.newest(w.id); m != nil && m.Valid() && !w.placeholder {
+			tps := m.ThroughputTPS
+			ws.Throughput = &tps
+		}
+		s.Workers = append(s.Workers, ws)
+	}
+	sort.Slice(s.Workers, func(i, j int) bool { return s.Workers[i].ID < s.Workers[j].ID })
+	return s
+}
+
+// RecomputeWeights re-derives every worker's state, warnings and weight.
+// The fleet does this itself after every change; it is exported so a
+// benchmark can time it.
+func (f *Fleet) RecomputeWeights() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refreshAll(f.now()) {
+		f.notify()
+	}
+}
+
+func (f *Fleet) view(w *worker) view.Worker {
+	v := view.Worker{
+		ID: w.id, Node: w.node, Model: w.eng.Model, Engine: w.eng.Kind, URL: w.eng.URL, State: w.state,
+		Weight: clonePtr(w.weight), ComputedWeight: clonePtr(w.computed),
+		Ranks: make([]view.Rank, len(w.eng.Ranks)), Warnings: make([]view.Warning, len(w.findings)),
+		EngineVersion: w.eng.Version, AdminDecision: f.decisions[w.id], LaunchArgs: slices.Clone(w.eng.LaunchArgs),
+		GPUs: append([]wire.GPU{}, w.gpus...), Load: w.eng.Load, History: []view.MeasurementPoint{},
+		AgentConnected: f.connected(w), ProbeStatus: w.probe.status,
+	}
+	v.Load.Ranks = slices.Clone(v.Load.Ranks)
+	if p, ok := f.pins[w.id]; ok {
+		v.PinnedWeight = &p
+	}
+	for i, r := range w.eng.Ranks {
+		v.Ranks[i] = view.Rank{DPRank: r.DPRank, KVTokens: r.KVTokens}
+	}
+	for i, x := range w.findings {
+		v.Warnings[i] = view.Warning{Code: x.Code, Severity: x.Severity, Message: x.Message, Since: w.since[x.Code]}
+	}
+	if ratio, _, _, ok := health.PoolRatio(w.eng.Ranks); ok {
+		v.PoolRatio = &ratio
+	}
+	if !w.lastSeen.IsZero() {
+		t := w.lastSeen
+		v.LastSeen = &t
+	}
+	if c := f.cache[w.id]; c != nil && !w.placeholder {
+		if m := c.latest; m != nil {
+			mc := cloneMeasurement(*m)
+			at := m.FinishedAt
+			v.Measurement, v.MeasuredAt = &mc, &at
+			if m.Valid() {
+				tps, warm := m.ThroughputTPS, m.WarmupTPS
+				v.Throughput, v.WarmupTPS = &tps, &warm
+			}
+		}
+		if c.points != nil {
+			v.History = c.points
+		}
+	}
+	return v
+}
+
+func clonePtr(p *float64) *float64 {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}

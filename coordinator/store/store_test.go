@@ -1,0 +1,522 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	bolt "go.etcd.io/bbolt"
+
+	"heft/shared/wire"
+)
+
+func testLogger(t *testing.T) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug})
+}
+
+func open(t *testing.T, dir string) *Bolt {
+	t.Helper()
+	b, err := Open(dir, testLogger(t))
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return b
+}
+
+func measurement(key string, tps float64, at time.Time) wire.Measurement {
+	return wire.Measurement{
+		CapacityKey: key, Node: "gpu-a", EngineKind: "vllm", EngineURL: "http://127.0.0.1:8000", Model: "m",
+		ThroughputTPS: tps, WarmupTPS: tps * 0.9, OutputTokens: 2048, ExpectedTokens: 2048, WallSeconds: 2048 / tps,
+		Requests: 16, Concurrency: 16, TokensPerReq: 128, Complete: true, Trigger: wire.ReasonRegistration,
+		StartedAt: at.Add(-time.Second).UTC(), FinishedAt: at.UTC(),
+	}
+}
+
+func hashFile(t *testing.T, path string) [32]byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+func TestRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	b := open(t, dir)
+	defer b.Close()
+
+	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	rec := WorkerRecord{ID: "k1", Node: "gpu-a", Model: "m", Engine: "sglang", URL: "http://127.0.0.1:30000",
+		EngineVersion: "0.4.1", LaunchArgs: []string{"--dp-size=2"}, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}},
+		FirstSeen: at, LastSeen: at.Add(time.Hour)}
+	m1 := measurement("k1", 992, at)
+	m2 := measurement("k2", 453, at)
+	for _, err := range []error{
+		b.SavePin("k1", 1.5), b.SavePin("k2", 0.5), b.DeletePin("k2"), b.DeletePin("never-pinned"),
+		b.SaveDecision("k1", DecisionAdmit), b.SaveDecision("k2", DecisionHold), b.DeleteDecision("k1"),
+		b.SaveMeasurement(m1, 10), b.SaveMeasurement(m2, 10), b.SaveWorker(rec),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := b.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Pins) != 1 || st.Pins["k1"] != 1.5 {
+		t.Errorf("pins = %v, want k1=1.5 only", st.Pins)
+	}
+	if len(st.Decisions) != 1 || st.Decisions["k2"] != DecisionHold {
+		t.Errorf("decisions = %v, want k2=hold only", st.Decisions)
+	}
+	if got := st.Latest["k1"]; got.ThroughputTPS != 992 || !got.FinishedAt.Equal(m1.FinishedAt) || got.Model != "m" {
+		t.Errorf("latest k1 = %+v", got)
+	}
+	if len(st.History["k2"]) != 1 || st.History["k2"][0].ThroughputTPS != 453 {
+		t.Errorf("history k2 = %+v", st.History["k2"])
+	}
+	got := st.Workers["k1"]
+	if got.URL != rec.URL || len(got.Ranks) != 2 || got.Ranks[1].KVTokens != 2925 || !got.LastSeen.Equal(rec.LastSeen) || got.LaunchArgs[0] != "--dp-size=2" {
+		t.Errorf("worker = %+v", got)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, FileName)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("state file mode = %v, %v; want 0600", fi.Mode().Perm(), err)
+	}
+}
+
+func TestHistoryBound(t *testing.T) {
+	b := open(t, t.TempDir())
+	defer b.Close()
+	at := time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 7 {
+		if err := b.SaveMeasurement(measurement("k", float64(100+i), at.Add(time.Duration(i)*time.Hour)), 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := b.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tps []float64
+	for _, m := range st.History["k"] {
+		tps = append(tps, m.ThroughputTPS)
+	}
+	if fmt.Sprint(tps) != "[104 105 106]" {
+		t.Errorf("history = %v, want the newest three oldest first [104 105 106]", tps)
+	}
+	if st.Latest["k"].ThroughputTPS != 106 {
+		t.Errorf("latest = %v, want 106", st.Latest["k"].ThroughputTPS)
+	}
+}
+
+func TestReopenAfterClose(t *testing.T) {
+	dir := t.TempDir()
+	b := open(t, dir)
+	if err := b.SavePin("k", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SaveMeasurement(measurement("k", 700, time.Now()), 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b = open(t, dir)
+	defer b.Close()
+	st, err := b.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pins["k"] != 2 || st.Latest["k"].ThroughputTPS != 700 || len(st.History["k"]) != 1 {
+		t.Errorf("after reopen: pins %v latest %v history %d", st.Pins, st.Latest["k"].ThroughputTPS, len(st.History["k"]))
+	}
+}
+
+func TestInvalidWritesRejected(t *testing.T) {
+	b := open(t, t.TempDir())
+	defer b.Close()
+	bad := measurement("k", math.NaN(), time.Now())
+	neg := measurement("k", -5, time.Now())
+	inf := measurement("k", math.Inf(1), time.Now())
+	cases := map[string]error{
+		"NaN pin":            b.SavePin("k", math.NaN()),
+		"negative pin":       b.SavePin("k", -1),
+		"zero pin":           b.SavePin("k", 0),
+		"infinite pin":       b.SavePin("k", math.Inf(1)),
+		"empty id":           b.SavePin("", 1),
+		"unknown decision":   b.SaveDecision("k", "maybe"),
+		"NaN throughput":     b.SaveMeasurement(bad, 5),
+		"negative tps":       b.SaveMeasurement(neg, 5),
+		"infinite tps":       b.SaveMeasurement(inf, 5),
+		"zero history":       b.SaveMeasurement(measurement("k", 5, time.Now()), 0),
+		"negative rank pool": b.SaveWorker(WorkerRecord{ID: "k", Ranks: []wire.Rank{{DPRank: 0, KVTokens: -1}}}),
+		"worker without id":  b.SaveWorker(WorkerRecord{}),
+	}
+	for name, err := range cases {
+		if err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	st, err := b.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Pins)+len(st.Decisions)+len(st.Latest)+len(st.History)+len(st.Workers) != 0 {
+		t.Errorf("rejected writes left state behind: %+v", st)
+	}
+}
+
+func TestLoadSkipsBadRecords(t *testing.T) {
+	dir := t.TempDir()
+	b := open(t, dir)
+	if err := b.SavePin("good", 1.25); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.SaveMeasurement(measurement("good", 500, time.Now()), 5); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+
+	// Write records a buggy or older writer might have left.
+	db, err := bolt.Open(filepath.Join(dir, FileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, kv := range []struct{ bucket, key, val []byte }{
+			{bucketPins, []byte("nan"), []byte(`"NaN"`)},
+			{bucketPins, []byte("neg"), []byte(`-2`)},
+			{bucketPins, []byte("text"), []byte(`{not json`)},
+			{bucketDecisions, []byte("odd"), []byte(`"perhaps"`)},
+			{bucketLatest, []byte("bad"), []byte(`{"capacity_key":"bad","throughput_tps":-3}`)},
+			{bucketLatest, []byte("moved"), []byte(`{"capacity_key":"elsewhere","throughput_tps":3}`)},
+			{bucketWorkers, []byte("w"), []byte(`[1,2]`)},
+		} {
+			if err := tx.Bucket(kv.bucket).Put(kv.key, kv.val); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var logs syncBuffer
+	b, err = Open(dir, hclog.New(&hclog.LoggerOptions{Output: &logs}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	st, err := b.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Pins) != 1 || st.Pins["good"] != 1.25 {
+		t.Errorf("pins = %v, want only good=1.25", st.Pins)
+	}
+	if len(st.Decisions) != 0 || len(st.Workers) != 0 {
+		t.Errorf("bad decisions/workers kept: %v %v", st.Decisions, st.Workers)
+	}
+	if len(st.Latest) != 1 || st.Latest["good"].ThroughputTPS != 500 {
+		t.Errorf("latest = %v, want only good", st.Latest)
+	}
+	if n := strings.Count(logs.String(), "skipping unreadable"); n != 7 {
+		t.Errorf("logged %d skip warnings, want 7:\n%s", n, logs.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestNewerSchemaRefusedUntouched(t *testing.T) {
+	dir := t.TempDir()
+	b := open(t, dir)
+	if err := b.SavePin("k", 3); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	path := filepath.Join(dir, FileName)
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte("2")) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	before := hashFile(t, path)
+	_, err = Open(dir, testLogger(t))
+	if err == nil {
+		t.Fatal("Open accepted a newer schema")
+	}
+	for _, want := range []string{path, "schema version 2", "up to version 1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if hashFile(t, path) != before {
+		t.Error("the refused state file was modified")
+	}
+}
+
+func TestCorruptFilesRefusedUntouched(t *testing.T) {
+	// A real state file, big enough to span many pages.
+	src := t.TempDir()
+	b := open(t, src)
+	for i := range 120 {
+		m := measurement(fmt.Sprintf("key-%03d", i), float64(100+i), time.Now())
+		m.Prompt = strings.Repeat("p", 400)
+		if err := b.SaveMeasurement(m, 50); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Close()
+	good, err := os.ReadFile(filepath.Join(src, FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(good) < 64<<10 {
+		t.Fatalf("fixture only %d bytes", len(good))
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	garbage := make([]byte, 64<<10)
+	for i := range garbage {
+		garbage[i] = byte(rng.Uint32())
+	}
+	scrambled := bytes.Clone(good)
+	for i := 2 * 4096; i < len(scrambled); i++ {
+		scrambled[i] = byte(rng.Uint32())
+	}
+	cases := map[string][]byte{
+		"garbage":             garbage,
+		"short text":          []byte("this is not a database\n"),
+		"truncated to half":   good[:len(good)/2],
+		"truncated to 3 page": good[:3*4096],
+		"truncated mid meta":  good[:5000],
+		"data pages garbled":  scrambled,
+	}
+	for name, content := range cases {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, FileName)
+			if err := os.WriteFile(path, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			b, err := Open(dir, testLogger(t))
+			if err == nil {
+				b.Close()
+				t.Fatal("Open accepted a corrupt file")
+			}
+			for _, want := range []string{path, "corrupt", "move it aside"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not mention %q", err, want)
+				}
+			}
+			after, rerr := os.ReadFile(path)
+			if rerr != nil || !bytes.Equal(after, content) {
+				t.Error("the refused state file was modified")
+			}
+		})
+	}
+}
+
+// Garbling any single page must give either a clean refusal or a file that
+// loads; never a crash.
+func TestEveryPageGarbled(t *testing.T) {
+	src := t.TempDir()
+	b := open(t, src)
+	for i := range 30 {
+		m := measurement(fmt.Sprintf("key-%03d", i), float64(100+i), time.Now())
+		m.Prompt = strings.Repeat("p", 300)
+		if err := b.SaveMeasurement(m, 50); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.SavePin(fmt.Sprintf("key-%03d", i), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Close()
+	good, err := os.ReadFile(filepath.Join(src, FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	refused := 0
+	for page := 2; page*4096 < len(good); page++ {
+		content := bytes.Clone(good)
+		for i := page * 4096; i < (page+1)*4096; i++ {
+			content[i] = byte(rng.Uint32())
+		}
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, FileName), content, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		b, err := Open(dir, hclog.NewNullLogger())
+		if err != nil {
+			if !strings.Contains(err.Error(), "corrupt") {
+				t.Errorf("page %d: error %q does not say corrupt", page, err)
+			}
+			refused++
+			continue
+		}
+		if _, err := b.Load(); err != nil {
+			t.Errorf("page %d: opened, but Load failed: %v", page, err)
+		}
+		b.Close()
+	}
+	if refused == 0 {
+		t.Error("no garbled page was noticed")
+	}
+	t.Logf("%d of %d garbled pages refused", refused, len(good)/4096-2)
+}
+
+func TestForeignBoltFileRefused(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, FileName)
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("other")); return err }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	before := hashFile(t, path)
+	if _, err := Open(dir, testLogger(t)); err == nil || !strings.Contains(err.Error(), "not a heft state file") {
+		t.Fatalf("err = %v, want a not-a-heft-state-file error", err)
+	}
+	if hashFile(t, path) != before {
+		t.Error("the refused file was modified")
+	}
+}
+
+func TestEmptyFileIsInitialised(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, FileName), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := open(t, dir)
+	defer b.Close()
+	if err := b.SavePin("k", 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSecondOpenWhileLocked(t *testing.T) {
+	old := lockTimeout
+	lockTimeout = 100 * time.Millisecond
+	defer func() { lockTimeout = old }()
+
+	dir := t.TempDir()
+	first := open(t, dir)
+	_, err := Open(dir, testLogger(t))
+	if err == nil || !strings.Contains(err.Error(), "locked by another process") {
+		t.Fatalf("second Open: err = %v, want a lock error", err)
+	}
+	// The first holder is unaffected, and the file opens once it lets go.
+	if err := first.SavePin("k", 1); err != nil {
+		t.Fatal(err)
+	}
+	first.Close()
+	second := open(t, dir)
+	defer second.Close()
+	st, err := second.Load()
+	if err != nil || st.Pins["k"] != 1 {
+		t.Fatalf("after the first closed: %v %v", st.Pins, err)
+	}
+}
+
+func TestStateDirIsAFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(file, testLogger(t)); err == nil {
+		t.Fatal("Open used a file as state_dir")
+	}
+	if _, err := Open("", testLogger(t)); err == nil {
+		t.Fatal("Open accepted an empty state_dir")
+	}
+}
+
+// A write acknowledged before the process is killed is there afterwards,
+// and the dead process's lock does not block the next start.
+func TestWriteSurvivesKill(t *testing.T) {
+	if dir := os.Getenv("HEFT_STORE_CHILD_DIR"); dir != "" {
+		b, err := Open(dir, hclog.NewNullLogger())
+		if err != nil {
+			fmt.Println("open:", err)
+			os.Exit(1)
+		}
+		if err := b.SavePin("k", 2.5); err != nil {
+			fmt.Println("save:", err)
+			os.Exit(1)
+		}
+		if err := b.SaveMeasurement(measurement("k", 812, time.Now()), 5); err != nil {
+			fmt.Println("save:", err)
+			os.Exit(1)
+		}
+		fmt.Println("written")
+		select {} // wait to be killed, holding the lock
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestWriteSurvivesKill$")
+	cmd.Env = append(os.Environ(), "HEFT_STORE_CHILD_DIR="+dir)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "written\n" {
+		_ = cmd.Process.Kill()
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+
+	b := open(t, dir)
+	defer b.Close()
+	st, err := b.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pins["k"] != 2.5 || st.Latest["k"].ThroughputTPS != 812 {
+		t.Errorf("after SIGKILL: pins %v latest %v", st.Pins, st.Latest["k"].ThroughputTPS)
+	}
+}
