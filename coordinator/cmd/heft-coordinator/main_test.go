@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"heft/coordinator/store"
+)
+
+// syncBuffer is a bytes.Buffer safe to read while run writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func writeConfig(t *testing.T, stateDir, extra string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "coordinator.toml")
+	body := "listen = \"127.0.0.1:0\"\nstate_dir = \"" + stateDir + "\"\nagent_token = \"s3cret\"\nadmin_token = \"adm1n\"\n" + extra
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func noEnv(string) string { return "" }
+
+func TestRunServesAndStops(t *testing.T) {
+	stateDir := t.TempDir()
+	cfg := writeConfig(t, stateDir, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"--config", cfg}, noEnv, &stdout, &stderr) }()
+
+	re := regexp.MustCompile(`heft-coordinator listening on (http://127\.0\.0\.1:\d+) \(dashboard: (http://127\.0\.0\.1:\d+/)\)`)
+	var base string
+	deadline := time.Now().Add(10 * time.Second)
+	for base == "" {
+		if m := re.FindStringSubmatch(stdout.String()); m != nil {
+			base = m[1]
+			if m[2] != base+"/" {
+				t.Errorf("dashboard URL %q", m[2])
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no listening line; stdout %q stderr %q", stdout.String(), stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := http.Get(base + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h struct{ Status string }
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil || h.Status != "ok" {
+		t.Errorf("healthz: %v %+v", err, h)
+	}
+	resp.Body.Close()
+
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d; stderr %s", code, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("run did not stop")
+	}
+	if _, err := os.Stat(filepath.Join(stateDir, store.FileName)); err != nil {
+		t.Errorf("no state file: %v", err)
+	}
+	// Logs are JSON off a terminal, and never hold a token.
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("log line is not JSON: %s", line)
+		}
+	}
+	if strings.Contains(stderr.String(), "s3cret") || strings.Contains(stderr.String(), "adm1n") {
+		t.Error("a token was logged")
+	}
+}
+
+func TestRunRefusesBadState(t *testing.T) {
+	stateDir := t.TempDir()
+	garbage := bytes.Repeat([]byte("not a database "), 1000)
+	if err := os.WriteFile(filepath.Join(stateDir, store.FileName), garbage, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr syncBuffer
+	code := run(context.Background(), []string{"--config", writeConfig(t, stateDir, "")}, noEnv, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), filepath.Join(stateDir, store.FileName)) {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	after, _ := os.ReadFile(filepath.Join(stateDir, store.FileName))
+	if !bytes.Equal(after, garbage) {
+		t.Error("the refused state file was changed")
+	}
+}
+
+func TestRunUsageErrors(t *testing.T) {
+	open := filepath.Join(t.TempDir(), "agent.token")
+	if err := os.WriteFile(open, []byte("tok\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		out  string // in stdout, or stderr when code != 0
+	}{
+		{"version", []string{"--version"}, 0, "heft-coordinator "},
+		{"help", []string{"-h"}, 0, "--state-dir"},
+		{"unknown flag", []string{"--bogus"}, 2, "bogus"},
+		{"open token file", []string{"--state-dir", t.TempDir(), "--agent-token-file", open}, 2, "chmod 600"},
+		{"unknown key", []string{"--config", writeConfig(t, t.TempDir(), "colour = \"blue\"\n")}, 2, "unknown keys: colour"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			code := run(context.Background(), tc.args, noEnv, &stdout, &stderr)
+			got := stdout.String()
+			if tc.code != 0 {
+				got = stderr.String()
+			}
+			if code != tc.code || !strings.Contains(got, tc.out) {
+				t.Errorf("exit %d, output %q; want %d with %q", code, got, tc.code, tc.out)
+			}
+		})
+	}
+}
+
+func TestListenBusy(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var stdout, stderr syncBuffer
+	code := run(context.Background(), []string{"--config", writeConfig(t, t.TempDir(), ""), "--listen", ln.Addr().String()},
+		noEnv, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "address already in use") {
+		t.Errorf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestBaseURL(t *testing.T) {
+	for _, tc := range []struct {
+		addr net.Addr
+		tls  bool
+		want string
+	}{
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 7070}, false, "http://127.0.0.1:7070"},
+		{&net.TCPAddr{IP: net.IPv4zero, Port: 7070}, true, "https://127.0.0.1:7070"},
+		{&net.TCPAddr{IP: net.IPv6unspecified, Port: 80}, false, "http://127.0.0.1:80"},
+		{&net.TCPAddr{IP: net.ParseIP("10.1.2.3"), Port: 1}, false, "http://10.1.2.3:1"},
+	} {
+		if got := baseURL(tc.addr, tc.tls); got != tc.want {
+			t.Errorf("baseURL(%v) = %q, want %q", tc.addr, got, tc.want)
+		}
+	}
+	for host, want := range map[string]bool{"127.0.0.1": true, "::1": true, "localhost": true, "": false, "0.0.0.0": false, "10.0.0.1": false} {
+		if loopback(host) != want {
+			t.Errorf("loopback(%q) = %t", host, !want)
+		}
+	}
+}

@@ -1,0 +1,297 @@
+package config
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeFile(t *testing.T, name, body string, mode os.FileMode) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(body), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, mode); err != nil { // umask may have narrowed it
+		t.Fatal(err)
+	}
+	return p
+}
+
+func envMap(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestLoadProductExample(t *testing.T) {
+	// The coordinator TOML in PRODUCT.md, verbatim.
+	path := writeFile(t, "coordinator.toml", `# heft-coordinator
+listen = "127.0.0.1:7070"
+state_dir = "/var/lib/heft"
+agent_token = "s3cret"           # or agent_token_file
+admin_token = "adm1n"            # or admin_token_file
+`, 0o644)
+	cfg, err := Load(path, nil, nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if cfg.Listen != "127.0.0.1:7070" || cfg.StateDir != "/var/lib/heft" {
+		t.Errorf("listen/state_dir = %q %q", cfg.Listen, cfg.StateDir)
+	}
+	tok, err := cfg.ReadTokens()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok.Agent != "s3cret" || tok.Admin != "adm1n" || tok.Viewer != "" {
+		t.Errorf("tokens = %+v", tok)
+	}
+	if cfg.CacheTTL != 6*time.Hour || cfg.WeightMin != 0.25 || cfg.WeightMax != 8 {
+		t.Errorf("defaults lost: %v", cfg)
+	}
+}
+
+func TestLoadFullFileDurationsAndThresholds(t *testing.T) {
+	path := writeFile(t, "c.toml", `
+listen = "0.0.0.0:8443"
+state_dir = "/tmp/heft"
+agent_token = "a"
+log_level = "debug"
+log_json = true
+offline_grace = "30s"
+cache_ttl = "1h30m"
+remeasure_every = "2h"
+weight_min = 0.5
+weight_max = 4
+[thresholds]
+pool_hold = 0.4
+pool_warn = 0.8
+clock_low = 0.7
+`, 0o600)
+	cfg, err := Load(path, nil, nil)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if cfg.OfflineGrace != 30*time.Second || cfg.CacheTTL != 90*time.Minute || cfg.RemeasureEvery != 2*time.Hour {
+		t.Errorf("durations = %s %s %s", cfg.OfflineGrace, cfg.CacheTTL, cfg.RemeasureEvery)
+	}
+	if cfg.Thresholds.PoolHold != 0.4 || cfg.Thresholds.PoolWarn != 0.8 || cfg.Thresholds.ClockLow != 0.7 {
+		t.Errorf("thresholds = %+v", cfg.Thresholds)
+	}
+	if cfg.Thresholds.ForeignMinBytes != 256<<20 {
+		t.Errorf("unset threshold lost its default: %d", cfg.Thresholds.ForeignMinBytes)
+	}
+	if !cfg.LogJSON || cfg.LogLevel != "debug" || cfg.WeightMin != 0.5 || cfg.WeightMax != 4 {
+		t.Errorf("cfg = %v", cfg)
+	}
+}
+
+func TestLoadRejectsUnknownKeys(t *testing.T) {
+	path := writeFile(t, "c.toml", `
+listne = "127.0.0.1:7070"
+agent_token = "a"
+[thresholds]
+pool_hodl = 0.3
+`, 0o600)
+	_, err := Load(path, nil, nil)
+	if err == nil {
+		t.Fatal("want an error for unknown keys")
+	}
+	for _, k := range []string{"listne", "thresholds.pool_hodl"} {
+		if !strings.Contains(err.Error(), k) {
+			t.Errorf("error %q does not name %q", err, k)
+		}
+	}
+}
+
+func TestLoadParseErrorHasPosition(t *testing.T) {
+	path := writeFile(t, "c.toml", "listen = \"127.0.0.1:7070\"\nagent_token = \n", 0o600)
+	_, err := Load(path, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Fatalf("want a parse error naming line 2, got %v", err)
+	}
+}
+
+func TestLoadBadDurationInFile(t *testing.T) {
+	path := writeFile(t, "c.toml", "agent_token = \"a\"\ncache_ttl = \"soon\"\n", 0o600)
+	if _, err := Load(path, nil, nil); err == nil || !strings.Contains(err.Error(), "soon") {
+		t.Fatalf("want an error naming the bad duration, got %v", err)
+	}
+}
+
+func TestLayering(t *testing.T) {
+	path := writeFile(t, "c.toml", `
+listen = "127.0.0.1:1"
+state_dir = "/from/file"
+agent_token = "file-token"
+cache_ttl = "1h"
+`, 0o600)
+	env := envMap(map[string]string{
+		"HEFT_COORDINATOR_LISTEN":               "127.0.0.1:2",
+		"HEFT_COORDINATOR_AGENT_TOKEN":          "env-token",
+		"HEFT_COORDINATOR_THRESHOLDS_POOL_HOLD": "0.3",
+		"HEFT_COORDINATOR_CACHE_TTL":            "2h",
+	})
+	cfg, err := Load("", []string{"--config", path, "--listen", "127.0.0.1:3", "--cache-ttl=3h"}, env)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if cfg.Listen != "127.0.0.1:3" {
+		t.Errorf("flag should beat env and file: listen = %q", cfg.Listen)
+	}
+	if cfg.CacheTTL != 3*time.Hour {
+		t.Errorf("flag should beat env: cache_ttl = %s", cfg.CacheTTL)
+	}
+	if cfg.StateDir != "/from/file" {
+		t.Errorf("file should beat defaults: state_dir = %q", cfg.StateDir)
+	}
+	if cfg.AgentToken != "env-token" {
+		t.Errorf("env should beat file: agent_token not from env")
+	}
+	if cfg.Thresholds.PoolHold != 0.3 {
+		t.Errorf("env threshold = %g", cfg.Thresholds.PoolHold)
+	}
+}
+
+func TestConfigPathFromEnv(t *testing.T) {
+	path := writeFile(t, "c.toml", "agent_token = \"a\"\nstate_dir = \"/x\"\n", 0o600)
+	cfg, err := Load("", nil, envMap(map[string]string{"HEFT_COORDINATOR_CONFIG": path}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.StateDir != "/x" {
+		t.Errorf("state_dir = %q", cfg.StateDir)
+	}
+}
+
+func TestLoadFlagErrors(t *testing.T) {
+	env := envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN": "a"})
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown flag", []string{"--nope"}, "nope"},
+		{"bad duration", []string{"--offline-grace", "forever"}, "--offline-grace"},
+		{"bad number", []string{"--weight-max", "lots"}, "--weight-max"},
+		{"stray argument", []string{"run"}, "unexpected arguments"},
+		{"secret as flag", []string{"--agent-token", "x"}, "agent-token"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load("", tc.args, env)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("want error containing %q, got %v", tc.want, err)
+			}
+		})
+	}
+	if _, err := Load("", []string{"-h"}, env); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v", err)
+	}
+	if _, err := Load("", []string{"--config", filepath.Join(t.TempDir(), "missing.toml")}, env); err == nil {
+		t.Error("a missing config file must be an error")
+	}
+}
+
+func TestVersionFlagSkipsEverything(t *testing.T) {
+	cfg, err := Load("/does/not/exist.toml", []string{"--version"}, nil)
+	if err != nil || !cfg.ShowVersion {
+		t.Fatalf("cfg.ShowVersion=%t err=%v", cfg.ShowVersion, err)
+	}
+}
+
+func TestTokenFiles(t *testing.T) {
+	good := writeFile(t, "agent.token", "  tok-from-file\n", 0o600)
+	open := writeFile(t, "open.token", "tok\n", 0o644)
+	group := writeFile(t, "group.token", "tok\n", 0o640)
+	empty := writeFile(t, "empty.token", "\n\n", 0o600)
+	twoLines := writeFile(t, "two.token", "a\nb\n", 0o600)
+
+	cfg := Default()
+	cfg.AgentTokenFile = good
+	cfg.AdminToken = "adm"
+	tok, err := cfg.ReadTokens()
+	if err != nil || tok.Agent != "tok-from-file" {
+		t.Fatalf("tokens=%+v err=%v", tok, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+
+	for _, tc := range []struct {
+		name, path, want string
+	}{
+		{"world readable", open, "chmod 600"},
+		{"group readable", group, "mode 0640"},
+		{"empty", empty, "is empty"},
+		{"two lines", twoLines, "more than one line"},
+		{"missing", filepath.Join(t.TempDir(), "nope"), "no such file"},
+		{"directory", t.TempDir(), "not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Default()
+			cfg.AgentTokenFile = tc.path
+			err := cfg.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "agent_token_file") {
+				t.Fatalf("want error with %q naming agent_token_file, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	tokFile := writeFile(t, "admin.token", "x\n", 0o600)
+	cfg := Default()
+	cfg.Listen = "7070"
+	cfg.AdminToken = "a"
+	cfg.AdminTokenFile = tokFile
+	cfg.TLSCertFile = "/etc/cert.pem"
+	cfg.Thresholds.PoolHold = 0.95 // above pool_warn
+	cfg.Thresholds.ClockLow = 1.5
+	cfg.WeightMin = 2
+	cfg.WeightMax = 1
+	cfg.CacheTTL = 0
+	cfg.LogLevel = "loud"
+	err := cfg.Validate()
+	if err == nil {
+		t.Fatal("want errors")
+	}
+	for _, want := range []string{
+		"listen", "agent_token (or agent_token_file) is required", "admin_token and admin_token_file are both set",
+		"tls_cert_file and tls_key_file must be set together", "pool_hold", "clock_low", "weight_min", "cache_ttl",
+		"log_level",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q:\n%v", want, err)
+		}
+	}
+}
+
+func TestValidateSameAgentAndAdminToken(t *testing.T) {
+	cfg := Default()
+	cfg.AgentToken, cfg.AdminToken = "same", "same"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "must differ") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestSecretsNeverPrinted(t *testing.T) {
+	cfg := Default()
+	cfg.AgentToken, cfg.AdminToken, cfg.ViewerToken = "agent-secret-1", "admin-secret-2", "viewer-secret-3"
+	for _, s := range []string{fmt.Sprint(cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), cfg.String()} {
+		if strings.Contains(s, "secret-") {
+			t.Errorf("a token leaked: %s", s)
+		}
+	}
+}
+
+func TestUsageNamesEnvAndFlags(t *testing.T) {
+	u := Usage()
+	for _, want := range []string{"--listen", "HEFT_COORDINATOR_LISTEN", "--state-dir", "--thresholds-pool-hold", "HEFT_COORDINATOR_AGENT_TOKEN"} {
+		if !strings.Contains(u, want) {
+			t.Errorf("usage lacks %q", want)
+		}
+	}
+}

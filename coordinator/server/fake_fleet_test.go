@@ -1,0 +1,276 @@
+package server
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"heft/coordinator/fleet"
+	"heft/coordinator/view"
+	"heft/shared/wire"
+)
+
+// fakeFleet is a small stand-in for *fleet.Fleet: it keeps one worker per
+// snapshot engine, honours connection ids the way the real one must, and
+// records what the server told it.
+type fakeFleet struct {
+	mu       sync.Mutex
+	current  map[string]uint64 // node → connection the fleet believes in
+	workers  map[string]*view.Worker
+	calls    []string
+	results  []wire.ProbeResult
+	subs     map[chan struct{}]struct{}
+	onSnap   func(node string, s wire.Snapshot) []fleet.Action // optional
+	probeSeq int
+}
+
+func newFakeFleet() *fakeFleet {
+	return &fakeFleet{current: map[string]uint64{}, workers: map[string]*view.Worker{}, subs: map[chan struct{}]struct{}{}}
+}
+
+func (f *fakeFleet) record(format string, args ...any) {
+	f.calls = append(f.calls, fmt.Sprintf(format, args...))
+}
+
+func (f *fakeFleet) notify() {
+	for ch := range f.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (f *fakeFleet) Connect(node string, conn uint64, hello wire.Hello) []fleet.Action {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("connect %s %d", node, conn)
+	f.current[node] = conn
+	for _, w := range f.workers {
+		if w.Node == node {
+			w.AgentConnected = true
+		}
+	}
+	f.notify()
+	return nil
+}
+
+func (f *fakeFleet) Disconnect(node string, conn uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("disconnect %s %d", node, conn)
+	if f.current[node] != conn {
+		return // a superseded connection: the node is still here
+	}
+	delete(f.current, node)
+	for _, w := range f.workers {
+		if w.Node == node {
+			w.AgentConnected = false
+			w.State = view.StateOffline
+		}
+	}
+	f.notify()
+}
+
+func (f *fakeFleet) Snapshot(node string, s wire.Snapshot) []fleet.Action {
+	f.mu.Lock()
+	f.record("snapshot %s %d", node, len(s.Engines))
+	for _, e := range s.Engines {
+		id := e.CapacityKey
+		w, ok := f.workers[id]
+		if !ok {
+			w = &view.Worker{ID: id, State: view.StatePending, Warnings: []view.Warning{}}
+			f.workers[id] = w
+		}
+		w.Node, w.Model, w.Engine, w.URL, w.AgentConnected = node, e.Model, e.Kind, e.URL, true
+		w.Ranks = nil
+		for _, r := range e.Ranks {
+			w.Ranks = append(w.Ranks, view.Rank{DPRank: r.DPRank, KVTokens: r.KVTokens})
+		}
+	}
+	f.notify()
+	hook := f.onSnap
+	f.mu.Unlock()
+	if hook != nil {
+		return hook(node, s)
+	}
+	return nil
+}
+
+func (f *fakeFleet) ProbeResult(node string, r wire.ProbeResult) ([]fleet.Action, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("probe_result %s %s", node, r.Measurement.CapacityKey)
+	w, ok := f.workers[r.Measurement.CapacityKey]
+	if !ok || w.Node != node {
+		return nil, fmt.Errorf("%w: no worker %q on node %q", fleet.ErrInvalid, r.Measurement.CapacityKey, node)
+	}
+	f.results = append(f.results, r)
+	tps := r.Measurement.ThroughputTPS
+	one := 1.0
+	w.Throughput, w.Weight, w.State = &tps, &one, view.StateAdmitted
+	f.notify()
+	return nil, nil
+}
+
+func (f *fakeFleet) ProbeStatus(node string, s wire.ProbeStatus) []fleet.Action {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("probe_status %s %s %s", node, s.CapacityKey, s.State)
+	return nil
+}
+
+func (f *fakeFleet) Tick() []fleet.Action { return nil }
+
+func (f *fakeFleet) Pin(id string, weight float64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", fleet.ErrNotFound, id)
+	}
+	if weight == 7.5 { // lets tests see how a refusal is answered
+		return fmt.Errorf("%w: the fake fleet refuses 7.5", fleet.ErrInvalid)
+	}
+	w.PinnedWeight, w.Weight = &weight, &weight
+	f.notify()
+	return nil
+}
+
+func (f *fakeFleet) Unpin(id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[id]
+	if !ok {
+		return fleet.ErrNotFound
+	}
+	w.PinnedWeight = nil
+	return nil
+}
+
+func (f *fakeFleet) setDecision(id, d, state string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[id]
+	if !ok {
+		return fleet.ErrNotFound
+	}
+	w.AdminDecision, w.State = d, state
+	return nil
+}
+
+func (f *fakeFleet) Admit(id string) error { return f.setDecision(id, "admit", view.StateAdmitted) }
+func (f *fakeFleet) Hold(id string) error  { return f.setDecision(id, "hold", view.StateHeld) }
+
+func (f *fakeFleet) Probe(id string) ([]fleet.Action, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[id]
+	if !ok {
+		return nil, fleet.ErrNotFound
+	}
+	f.probeSeq++
+	w.ProbeStatus = wire.ProbeRunning
+	return []fleet.Action{{Node: w.Node, Message: &wire.ProbeRequest{
+		RequestID: fmt.Sprintf("req-%d", f.probeSeq), CapacityKey: id, Reason: wire.ReasonOnDemand}}}, nil
+}
+
+func (f *fakeFleet) Workers() []view.Worker {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]view.Worker, 0, len(f.workers))
+	for _, w := range f.workers {
+		out = append(out, *w)
+	}
+	slices.SortFunc(out, func(a, b view.Worker) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+func (f *fakeFleet) Worker(id string) (view.Worker, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[id]
+	if !ok {
+		return view.Worker{}, false
+	}
+	return *w, true
+}
+
+func (f *fakeFleet) Weights(model string) (view.Weights, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := view.Weights{Model: model}
+	found := false
+	for _, w := range f.workers {
+		if w.Model != model {
+			continue
+		}
+		found = true
+		if w.State == view.StateAdmitted && w.Weight != nil {
+			out.Workers = append(out.Workers, view.WeightEntry{ID: w.ID, Node: w.Node, URL: w.URL, Weight: *w.Weight})
+		}
+	}
+	return out, found
+}
+
+func (f *fakeFleet) Models() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ms []string
+	for _, w := range f.workers {
+		if !slices.Contains(ms, w.Model) {
+			ms = append(ms, w.Model)
+		}
+	}
+	slices.Sort(ms)
+	return ms
+}
+
+func (f *fakeFleet) Changes() (<-chan struct{}, func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ch := make(chan struct{}, 1)
+	f.subs[ch] = struct{}{}
+	return ch, func() {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		delete(f.subs, ch)
+	}
+}
+
+func (f *fakeFleet) callLog() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+func (f *fakeFleet) currentConn(node string) (uint64, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.current[node]
+	return c, ok
+}
+
+func (f *fakeFleet) Stats() fleet.Stats {
+	st := fleet.Stats{WorkersByState: map[string]int{}, WarningsByCode: map[string]int{}}
+	for _, s := range fleet.States {
+		st.WorkersByState[s] = 0
+	}
+	for _, c := range fleet.WarningCodes {
+		st.WarningsByCode[c] = 0
+	}
+	for _, w := range f.Workers() {
+		st.WorkersByState[w.State]++
+		for _, warn := range w.Warnings {
+			st.WarningsByCode[warn.Code]++
+		}
+		var weight *float64
+		if w.State == view.StateAdmitted {
+			weight = w.Weight
+		}
+		st.Workers = append(st.Workers, fleet.WorkerStats{ID: w.ID, Model: w.Model, Node: w.Node, State: w.State,
+			Weight: weight, Throughput: w.Throughput})
+	}
+	return st
+}

@@ -1,0 +1,415 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/coder/websocket"
+	"github.com/hashicorp/go-hclog"
+
+	"heft/coordinator/fleet"
+	"heft/shared/version"
+	"heft/shared/wire"
+)
+
+// Private close codes (4000–4999) the coordinator sends to agents.
+const (
+	// CloseSuperseded: a newer connection from the same node took over.
+	CloseSuperseded websocket.StatusCode = 4001
+	// CloseProtocolVersion: the agent speaks another protocol version;
+	// reconnecting will not help until one side is upgraded.
+	CloseProtocolVersion websocket.StatusCode = 4002
+	// CloseSlowConsumer: the agent did not read fast enough and its
+	// outgoing queue filled.
+	CloseSlowConsumer websocket.StatusCode = 4003
+)
+
+// Labels of heft_agent_disconnects_total.
+const (
+	dropSuperseded   = "superseded"
+	dropVersion      = "protocol_version"
+	dropInvalid      = "invalid_message"
+	dropNoHello      = "no_hello"
+	dropRate         = "rate_exceeded"
+	dropTooBig       = "message_too_big"
+	dropQueueFull    = "queue_full"
+	dropWriteTimeout = "write_timeout"
+	dropWriteFailed  = "write_failed"
+	dropPingTimeout  = "ping_timeout"
+	dropPeerClosed   = "peer_closed"
+	dropReadError    = "read_error"
+	dropShutdown     = "shutdown"
+	maxCloseReasonSz = 123 // a close frame's payload is 125 bytes, 2 of them the code
+)
+
+var dropReasons = []string{dropSuperseded, dropVersion, dropInvalid, dropNoHello, dropRate, dropTooBig,
+	dropQueueFull, dropWriteTimeout, dropWriteFailed, dropPingTimeout, dropPeerClosed, dropReadError, dropShutdown}
+
+// hub owns the agents' websocket connections: at most one per node.
+type hub struct {
+	s       *Server
+	nextID  atomic.Uint64
+	helloMu sync.Mutex
+
+	mu      sync.Mutex
+	closing bool
+	all     map[*agentConn]struct{} // every live connection, hello or not
+	byNode  map[string]*agentConn
+	serving sync.WaitGroup
+}
+
+func newHub(s *Server) *hub {
+	return &hub{s: s, all: map[*agentConn]struct{}{}, byNode: map[string]*agentConn{}}
+}
+
+// agentConn is one agent's websocket. The handler goroutine reads; a
+// writer goroutine drains the bounded queue; a pinger checks liveness.
+type agentConn struct {
+	h      *hub
+	id     uint64
+	source string
+	ws     *websocket.Conn
+	out    chan []byte
+	ctx    context.Context
+	cancel context.CancelFunc
+	node   string // set once, by the reader, before registration
+
+	endOnce sync.Once
+	label   string        // why it ended, for the metric; written in endOnce
+	closed  chan struct{} // closed once the websocket is closed
+}
+
+// end closes the connection once, with a code and a reason for the peer.
+// graceful sends a close frame and waits for the answer (bounded by the
+// library's 5 s timeouts); otherwise the socket is dropped at once. It
+// never blocks the caller.
+func (c *agentConn) end(code websocket.StatusCode, reason, label string, graceful bool) {
+	c.endOnce.Do(func() {
+		c.label = label
+		go func() {
+			defer close(c.closed)
+			if graceful {
+				_ = c.ws.Close(code, truncateReason(reason))
+			} else {
+				_ = c.ws.CloseNow()
+			}
+		}()
+	})
+}
+
+// enqueue hands a message to the writer; a full queue means the peer is
+// not reading, and it is dropped rather than allowed to hold memory.
+func (c *agentConn) enqueue(msg []byte) {
+	select {
+	case c.out <- msg:
+	default:
+		c.h.s.log.Warn("agent not reading: outgoing queue full, closing", "node", c.node, "conn", c.id)
+		c.end(CloseSlowConsumer, "outgoing queue full: the agent is not reading", dropQueueFull, false)
+	}
+}
+
+func truncateReason(s string) string {
+	if len(s) <= maxCloseReasonSz {
+		return s
+	}
+	cut := maxCloseReasonSz - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}
+
+func (h *hub) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.byNode)
+}
+
+func (h *hub) connected(node string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.byNode[node]
+	return ok
+}
+
+// route sends fleet actions to their nodes' agents. An action for a node
+// without an agent is dropped: the fleet asks again when it returns.
+func (h *hub) route(actions []fleet.Action) {
+	for _, a := range actions {
+		data, err := wire.Encode(a.Message)
+		if err != nil {
+			h.s.log.Error("cannot encode a fleet action", "node", a.Node, "type", fmt.Sprintf("%T", a.Message), "error", err)
+			continue
+		}
+		h.mu.Lock()
+		c := h.byNode[a.Node]
+		h.mu.Unlock()
+		if c == nil {
+			h.s.log.Debug("no agent for an action; dropped", "node", a.Node, "type", fmt.Sprintf("%T", a.Message))
+			continue
+		}
+		c.enqueue(data)
+	}
+}
+
+// register makes c the node's connection and returns the one it replaces.
+func (h *hub) register(c *agentConn) (old *agentConn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old = h.byNode[c.node]
+	h.byNode[c.node] = c
+	return old
+}
+
+// shutdown tells every agent the coordinator is restarting and waits, up
+// to timeout, for their connections to finish.
+func (h *hub) shutdown(timeout time.Duration) {
+	h.mu.Lock()
+	h.closing = true
+	conns := make([]*agentConn, 0, len(h.all))
+	for c := range h.all {
+		conns = append(conns, c)
+	}
+	h.mu.Unlock()
+	for _, c := range conns {
+		c.end(websocket.StatusServiceRestart, "coordinator shutting down", dropShutdown, true)
+	}
+	done := make(chan struct{})
+	go func() { h.serving.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		h.s.log.Warn("agent connections still closing after shutdown timeout", "count", len(conns))
+	}
+}
+
+// handleAgent is GET /api/v1/agent: authenticate, upgrade, serve.
+func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
+	s := h.s
+	if !s.agentAuth(w, r) {
+		return
+	}
+	h.mu.Lock()
+	if h.closing {
+		h.mu.Unlock()
+		writeError(w, http.StatusServiceUnavailable, "coordinator shutting down")
+		return
+	}
+	h.serving.Add(1)
+	h.mu.Unlock()
+	defer h.serving.Done()
+
+	ws, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		s.log.Debug("websocket upgrade failed", "source", sourceIP(r), "error", err)
+		return
+	}
+	ws.SetReadLimit(wire.MaxMessageBytes)
+	// Not r.Context(): the connection outlives the upgrade request.
+	ctx, cancel := context.WithCancel(s.base)
+	c := &agentConn{
+		h: h, id: h.nextID.Add(1), source: sourceIP(r), ws: ws,
+		out: make(chan []byte, s.lim.queueSize), ctx: ctx, cancel: cancel, closed: make(chan struct{}),
+	}
+	h.mu.Lock()
+	if h.closing {
+		h.mu.Unlock()
+		c.end(websocket.StatusServiceRestart, "coordinator shutting down", dropShutdown, true)
+		<-c.closed
+		cancel()
+		return
+	}
+	h.all[c] = struct{}{}
+	h.mu.Unlock()
+	h.serve(c)
+}
+
+// serve runs one connection to its end, then cleans up after it.
+func (h *hub) serve(c *agentConn) {
+	s := h.s
+	log := s.log.With("conn", c.id, "source", c.source)
+	var workers sync.WaitGroup
+	workers.Go(func() { c.writeLoop() })
+	workers.Go(func() { c.pingLoop() })
+
+	h.read(c, log)
+
+	// The reader has stopped; make sure the socket goes too.
+	c.end(websocket.StatusInternalError, "connection ended", dropReadError, false)
+	h.mu.Lock()
+	delete(h.all, c)
+	registered := c.node != "" && h.byNode[c.node] == c
+	if registered {
+		delete(h.byNode, c.node)
+	}
+	h.mu.Unlock()
+	if c.node != "" {
+		s.fleet.Disconnect(c.node, c.id)
+	}
+	s.metrics.disconnects.WithLabelValues(c.label).Inc()
+	log.Info("agent disconnected", "node", c.node, "reason", c.label)
+	<-c.closed
+	c.cancel()
+	workers.Wait()
+}
+
+// read is the connection's reader: hello first, then the agent's reports.
+// It returns when the connection is over, having called end with the
+// reason if the reason is this side's.
+func (h *hub) read(c *agentConn, log hclog.Logger) {
+	s := h.s
+	helloTimer := time.AfterFunc(s.lim.helloTimeout, func() {
+		c.end(websocket.StatusPolicyViolation, fmt.Sprintf("no hello within %s", s.lim.helloTimeout), dropNoHello, true)
+	})
+	defer helloTimer.Stop()
+	var rate bucket
+	for {
+		_, data, err := c.ws.Read(c.ctx)
+		if err != nil {
+			switch {
+			case errors.Is(err, websocket.ErrMessageTooBig):
+				// The library has already sent StatusMessageTooBig.
+				c.end(websocket.StatusMessageTooBig, "", dropTooBig, false)
+			case websocket.CloseStatus(err) != -1:
+				c.end(websocket.StatusNormalClosure, "", dropPeerClosed, true)
+			default:
+				c.end(websocket.StatusInternalError, "", dropReadError, false)
+			}
+			return
+		}
+		if !rate.take(time.Now(), s.lim.msgRate, s.lim.msgBurst) {
+			log.Warn("agent exceeded the message rate, closing", "node", c.node)
+			c.end(websocket.StatusPolicyViolation, "message rate exceeded", dropRate, true)
+			return
+		}
+		env, err := wire.Decode(data)
+		if err != nil {
+			log.Warn("bad message from agent, closing", "node", c.node, "error", err)
+			if errors.Is(err, wire.ErrVersion) {
+				msg := strings.TrimPrefix(err.Error(), wire.ErrVersion.Error()+": ")
+				c.end(CloseProtocolVersion, "protocol version: "+msg, dropVersion, true)
+			} else {
+				c.end(websocket.StatusPolicyViolation, err.Error(), dropInvalid, true)
+			}
+			return
+		}
+		s.metrics.messages.WithLabelValues(env.Type).Inc()
+		if c.node == "" {
+			if env.Type != wire.TypeHello {
+				c.end(websocket.StatusPolicyViolation, fmt.Sprintf("first message must be hello, got %s", env.Type), dropNoHello, true)
+				return
+			}
+			helloTimer.Stop()
+			h.hello(c, env.Hello, log)
+			continue
+		}
+		if reason := h.dispatch(c, env); reason != "" {
+			log.Warn("protocol violation from agent, closing", "node", c.node, "reason", reason)
+			c.end(websocket.StatusPolicyViolation, reason, dropInvalid, true)
+			return
+		}
+	}
+}
+
+func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) {
+	s := h.s
+	welcome, err := wire.Encode(&wire.Welcome{CoordinatorVersion: version.Version, SnapshotSeconds: s.lim.snapshotSeconds})
+	if err != nil {
+		panic(err) // a constant message; cannot fail
+	}
+	c.enqueue(welcome) // first, before any action the fleet sends
+	c.node = hello.Node
+	// Registration and Connect happen in one order for racing connections
+	// of a node, so the hub and the fleet agree on which one is current.
+	h.helloMu.Lock()
+	old := h.register(c)
+	actions := s.fleet.Connect(c.node, c.id, *hello)
+	h.helloMu.Unlock()
+	log.Info("agent connected", "node", c.node, "agent_version", hello.AgentVersion)
+	h.route(actions)
+	if old != nil {
+		log.Info("closing the older connection of this node", "node", c.node, "old_conn", old.id)
+		old.end(CloseSuperseded, "superseded by a newer connection from this node", dropSuperseded, true)
+	}
+}
+
+// dispatch hands one report to the fleet; a non-empty result is a reason
+// to close the connection.
+func (h *hub) dispatch(c *agentConn, env *wire.Envelope) string {
+	f := h.s.fleet
+	switch env.Type {
+	case wire.TypeSnapshot:
+		if env.Snapshot.Node != c.node {
+			return fmt.Sprintf("snapshot.node %q differs from hello.node %q", env.Snapshot.Node, c.node)
+		}
+		h.route(f.Snapshot(c.node, *env.Snapshot))
+	case wire.TypeProbeResult:
+		actions, err := f.ProbeResult(c.node, *env.ProbeResult)
+		if err != nil {
+			// A result for a worker the fleet no longer wants is not worth a
+			// reconnect; the fleet has refused it and that is enough.
+			h.s.log.Warn("probe result refused", "node", c.node, "capacity_key",
+				env.ProbeResult.Measurement.CapacityKey, "error", err)
+		}
+		h.route(actions)
+	case wire.TypeProbeStatus:
+		h.route(f.ProbeStatus(c.node, *env.ProbeStatus))
+	case wire.TypeHello:
+		return "hello sent twice"
+	default:
+		return fmt.Sprintf("unexpected message type %s from an agent", env.Type)
+	}
+	return ""
+}
+
+func (c *agentConn) writeLoop() {
+	lim := c.h.s.lim
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case msg := <-c.out:
+			// A deadline on Write's context would close the socket before the
+			// reason is recorded; a timer records it first.
+			stall := time.AfterFunc(lim.writeTimeout, func() {
+				c.end(CloseSlowConsumer, "write timed out", dropWriteTimeout, false)
+			})
+			err := c.ws.Write(c.ctx, websocket.MessageText, msg)
+			stall.Stop()
+			if err != nil {
+				c.end(websocket.StatusInternalError, "write failed", dropWriteFailed, false)
+				return
+			}
+		}
+	}
+}
+
+// pingLoop checks the peer answers; the reader delivers the pongs.
+func (c *agentConn) pingLoop() {
+	lim := c.h.s.lim
+	t := time.NewTicker(lim.pingEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+			late := time.AfterFunc(lim.pingTimeout, func() {
+				c.end(websocket.StatusGoingAway, "ping timeout", dropPingTimeout, false)
+			})
+			err := c.ws.Ping(c.ctx)
+			late.Stop()
+			if err != nil {
+				c.end(websocket.StatusGoingAway, "ping failed", dropPingTimeout, false)
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,216 @@
+// Package server is heft-coordinator's network face: the agents' websocket
+// hub, the /api/v1 JSON API, the live event stream, Prometheus metrics and
+// the dashboard. All fleet logic lives in package fleet; this package
+// authenticates, bounds and routes.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/coordinator/config"
+	"heft/coordinator/fleet"
+	"heft/coordinator/view"
+	"heft/shared/wire"
+)
+
+// fleetAPI is what the server needs of *fleet.Fleet; tests fake it.
+type fleetAPI interface {
+	Connect(node string, conn uint64, hello wire.Hello) []fleet.Action
+	Disconnect(node string, conn uint64)
+	Snapshot(node string, s wire.Snapshot) []fleet.Action
+	ProbeResult(node string, r wire.ProbeResult) ([]fleet.Action, error)
+	ProbeStatus(node string, s wire.ProbeStatus) []fleet.Action
+	Tick() []fleet.Action
+	Pin(id string, weight float64) error
+	Unpin(id string) error
+	Admit(id string) error
+	Hold(id string) error
+	Probe(id string) ([]fleet.Action, error)
+	Workers() []view.Worker
+	Worker(id string) (view.Worker, bool)
+	Weights(model string) (view.Weights, bool)
+	Models() []string
+	Changes() (<-chan struct{}, func())
+	Stats() fleet.Stats
+}
+
+// limits are the server's bounds and timers; tests shrink them.
+type limits struct {
+	maxBody         int64         // API request bodies
+	helloTimeout    time.Duration // first message must arrive within
+	queueSize       int           // outgoing messages per agent
+	writeTimeout    time.Duration // one websocket write
+	pingEvery       time.Duration
+	pingTimeout     time.Duration
+	msgRate         float64       // agent messages per second...
+	msgBurst        float64       // ...with this burst
+	snapshotSeconds int           // heartbeat asked of agents in Welcome
+	tickEvery       time.Duration // fleet.Tick
+	sseMinGap       time.Duration // coalescing of the event stream
+	ssePingEvery    time.Duration
+	sseWriteTimeout time.Duration
+	shutdownTimeout time.Duration
+}
+
+func defaultLimits() limits {
+	return limits{
+		maxBody:         64 << 10,
+		helloTimeout:    10 * time.Second,
+		queueSize:       64,
+		writeTimeout:    10 * time.Second,
+		pingEvery:       15 * time.Second,
+		pingTimeout:     10 * time.Second,
+		msgRate:         50,
+		msgBurst:        100,
+		snapshotSeconds: 15,
+		tickEvery:       time.Second,
+		sseMinGap:       250 * time.Millisecond,
+		ssePingEvery:    15 * time.Second,
+		sseWriteTimeout: 10 * time.Second,
+		shutdownTimeout: 10 * time.Second,
+	}
+}
+
+// Server serves one coordinator. Create it with New, then call Run once.
+type Server struct {
+	cfg     config.Config
+	tokens  config.Tokens
+	fleet   fleetAPI
+	log     hclog.Logger
+	lim     limits
+	metrics *metrics
+	auth    *authLimiter
+	hub     *hub
+
+	// base outlives requests: agent connections hang off it.
+	base       context.Context
+	cancelBase context.CancelFunc
+	stopping   chan struct{} // closed when shutdown starts
+	ran        atomic.Bool
+
+	handlerOnce sync.Once
+	handler     http.Handler
+}
+
+// New builds a server over f. The configuration must have passed
+// config.Validate; token files are read here.
+func New(cfg config.Config, f *fleet.Fleet, logger hclog.Logger) (*Server, error) {
+	if f == nil {
+		return nil, errors.New("server: nil fleet")
+	}
+	return newServer(cfg, f, logger)
+}
+
+func newServer(cfg config.Config, f fleetAPI, logger hclog.Logger) (*Server, error) {
+	tokens, err := cfg.ReadTokens()
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	if tokens.Agent == "" {
+		return nil, errors.New("server: no agent token configured")
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	s := &Server{
+		cfg:      cfg,
+		tokens:   tokens,
+		fleet:    f,
+		log:      logger.Named("server"),
+		lim:      defaultLimits(),
+		stopping: make(chan struct{}),
+	}
+	s.base, s.cancelBase = context.WithCancel(context.Background())
+	s.auth = newAuthLimiter(time.Now)
+	s.hub = newHub(s)
+	s.metrics = newMetrics(s)
+	if tokens.Admin == "" {
+		s.log.Warn("no admin token configured: admin actions (pin, probe, admit, hold) are refused")
+	}
+	return s, nil
+}
+
+// Run serves on ln until ctx ends, then shuts down: agents are told the
+// coordinator restarts, event streams end, API requests drain. It also
+// drives the fleet's clock. A cancelled ctx is a clean stop (nil).
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	if !s.ran.CompareAndSwap(false, true) {
+		return errors.New("server: Run called twice")
+	}
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		// No WriteTimeout: event streams are long; each SSE write has its own deadline.
+		IdleTimeout: 2 * time.Minute,
+		ErrorLog:    s.log.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug}),
+		BaseContext: func(net.Listener) context.Context { return s.base },
+		TLSConfig:   &tls.Config{MinVersion: tls.VersionTLS12},
+	}
+	served := make(chan error, 1)
+	go func() {
+		var err error
+		if s.cfg.TLS() {
+			err = srv.ServeTLS(ln, s.cfg.TLSCertFile, s.cfg.TLSKeyFile)
+		} else {
+			err = srv.Serve(ln)
+		}
+		served <- err
+	}()
+
+	tickCtx, stopTick := context.WithCancel(ctx)
+	var ticking sync.WaitGroup
+	ticking.Go(func() { s.tickLoop(tickCtx) })
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+		serveErr = fmt.Errorf("serve: %w", serveErr)
+	}
+	stopTick()
+	ticking.Wait()
+
+	s.log.Info("shutting down")
+	close(s.stopping)
+	s.hub.shutdown(s.lim.shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), s.lim.shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		s.log.Warn("http shutdown incomplete", "error", err)
+		_ = srv.Close()
+	}
+	s.cancelBase()
+	if serveErr == nil {
+		if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serveErr = fmt.Errorf("serve: %w", err)
+		}
+	}
+	return serveErr
+}
+
+func (s *Server) tickLoop(ctx context.Context) {
+	t := time.NewTicker(s.lim.tickEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.hub.route(s.fleet.Tick())
+		}
+	}
+}
+
+// AgentsConnected is the number of agents that have said hello.
+func (s *Server) AgentsConnected() int { return s.hub.count() }
