@@ -18,6 +18,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/hashicorp/go-hclog"
 
+	"heft/agent/probe"
 	"heft/shared/wire"
 )
 
@@ -134,9 +135,21 @@ func Load(path string, args []string, env func(string) string) (Config, error) {
 func (c *Config) Parse(text string) error {
 	md, err := toml.Decode(text, c)
 	if err != nil {
+		if strings.Contains(err.Error(), `last key "engine"`) {
+			return fmt.Errorf("%w (write each engine as an [[engine]] table, with double brackets)", err)
+		}
 		return err
 	}
-	return unknownKeys(md)
+	if err := unknownKeys(md); err != nil {
+		return err
+	}
+	// The decoder reads a bare number as nanoseconds: "15" would mean 15ns.
+	for _, key := range []string{"snapshot_interval", "poll_interval"} {
+		if md.IsDefined(key) && md.Type(key) != "String" {
+			return fmt.Errorf("%s must be a duration with a unit, like \"15s\"", key)
+		}
+	}
+	return nil
 }
 
 func (c *Config) decodeFile(path string) error {
@@ -203,11 +216,14 @@ func (c Config) Validate() error {
 			add("engine %d: %w", i+1, err)
 		}
 	}
-	if c.Probe.Concurrency < 1 {
-		add("probe concurrency must be at least 1, got %d", c.Probe.Concurrency)
+	if c.Probe.Concurrency < 1 || c.Probe.Concurrency > probe.MaxConcurrency {
+		add("probe concurrency must be 1..%d, got %d", probe.MaxConcurrency, c.Probe.Concurrency)
 	}
-	if c.Probe.Tokens < 1 {
-		add("probe tokens must be at least 1, got %d", c.Probe.Tokens)
+	if c.Probe.Tokens < 1 || c.Probe.Tokens > probe.MaxTokens {
+		add("probe tokens must be 1..%d, got %d", probe.MaxTokens, c.Probe.Tokens)
+	}
+	if len(c.Probe.Prompt) > wire.MaxStringBytes {
+		add("probe prompt is %d bytes, at most %d", len(c.Probe.Prompt), wire.MaxStringBytes)
 	}
 	if hclog.LevelFromString(c.Log.Level) == hclog.NoLevel {
 		add("unknown log level %q (want trace, debug, info, warn or error)", c.Log.Level)

@@ -140,9 +140,16 @@ func TestBadTOML(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), path) {
 		t.Fatalf("err = %v, want one naming the file", err)
 	}
-	cfg := Default()
-	if err := cfg.Parse(`snapshot_interval = "soon"`); err == nil {
-		t.Error("bad duration accepted")
+	for _, tc := range []struct{ text, want string }{
+		{`snapshot_interval = "soon"`, "soon"},
+		{`poll_interval = 15`, "with a unit"},
+		{"[engine]\nkind = \"vllm\"\n", "[[engine]]"},
+		{"[coordinator]\nurl = 5\n", "coordinator.url"},
+	} {
+		cfg := Default()
+		if err := cfg.Parse(tc.text); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want one mentioning %q", tc.text, err, tc.want)
+		}
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.toml"), nil, nil); err == nil {
 		t.Error("missing file accepted")
@@ -246,23 +253,29 @@ func TestLayering(t *testing.T) {
 
 func TestLoadErrors(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		args []string
-		env  map[string]string
-		want string
+		name    string
+		args    []string
+		env     map[string]string
+		want    string
+		flagErr bool
 	}{
-		{"unknown flag", []string{"--nope"}, nil, "nope"},
-		{"bad engine flag", []string{"--engine", "vllm"}, nil, "KIND=URL"},
-		{"bad engine option", []string{"--engine", "vllm=http://x,color=red"}, nil, "color"},
-		{"stray argument", []string{"extra"}, nil, "extra"},
-		{"bad env number", nil, map[string]string{"HEFT_PROBE_TOKENS": "many"}, "HEFT_PROBE_TOKENS"},
-		{"bad env duration", nil, map[string]string{"HEFT_SNAPSHOT_INTERVAL": "5"}, "HEFT_SNAPSHOT_INTERVAL"},
-		{"bad env bool", nil, map[string]string{"HEFT_LOG_JSON": "yes please"}, "HEFT_LOG_JSON"},
+		{"unknown flag", []string{"--nope"}, nil, "nope", true},
+		{"bad engine flag", []string{"--engine", "vllm"}, nil, "KIND=URL", true},
+		{"bad engine option", []string{"--engine", "vllm=http://x,color=red"}, nil, "color", true},
+		{"stray argument", []string{"extra"}, nil, "extra", true},
+		{"bad env number", nil, map[string]string{"HEFT_PROBE_TOKENS": "many"}, "HEFT_PROBE_TOKENS", false},
+		{"bad env duration", nil, map[string]string{"HEFT_SNAPSHOT_INTERVAL": "5"}, "HEFT_SNAPSHOT_INTERVAL", false},
+		{"bad env bool", nil, map[string]string{"HEFT_LOG_JSON": "yes please"}, "HEFT_LOG_JSON", false},
+		{"bad env engine", nil, map[string]string{"HEFT_ENGINES": "vllm"}, "HEFT_ENGINES", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Load("", tc.args, envOf(tc.env))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want one mentioning %q", err, tc.want)
+			}
+			var fe *FlagError
+			if errors.As(err, &fe) != tc.flagErr {
+				t.Errorf("FlagError = %v, want %v", errors.As(err, &fe), tc.flagErr)
 			}
 		})
 	}
@@ -304,6 +317,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		{"bad scheme", func(c *Config) { c.Coordinator.URL = "tcp://h:1" }, "scheme"},
 		{"no host", func(c *Config) { c.Coordinator.URL = "ws:///api" }, "no host"},
 		{"unparseable", func(c *Config) { c.Coordinator.URL = "ws://%zz" }, "coordinator URL"},
+		{"too many probe tokens", func(c *Config) { c.Probe.Tokens = 1 << 20 }, "probe tokens must be 1.."},
 		{"missing CA", func(c *Config) { c.Coordinator.CAFile = "/does/not/exist" }, "ca file"},
 		{"CA not PEM", func(c *Config) { c.Coordinator.CAFile = writeFile(t, "ca", "nope", 0o644) }, "no PEM"},
 	} {

@@ -173,14 +173,21 @@ func PrintFlags(w io.Writer) {
 	fs.PrintDefaults()
 }
 
+// FlagError is a mistake on the command line (a usage error), as opposed
+// to a bad file or environment. It wraps flag.ErrHelp for -h.
+type FlagError struct{ Err error }
+
+func (e *FlagError) Error() string { return e.Err.Error() }
+func (e *FlagError) Unwrap() error { return e.Err }
+
 func parseFlags(args []string) (*flagValues, error) {
 	fv := &flagValues{set: map[string]bool{}}
 	fs := newFlagSet(fv)
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		return nil, &FlagError{err}
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return nil, &FlagError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	fs.Visit(func(f *flag.Flag) {
 		fv.set[f.Name] = true

@@ -5,9 +5,11 @@
 // macOS and on any file system, and its memory stays flat however large
 // the file: it streams through a fixed buffer and holds at most one line.
 //
-// Limits, shared with tail -F: truncation is seen only as a shrink below
-// the bytes already read, so a file truncated and then refilled past that
-// point between two polls is read on from the old offset; and after a
+// Truncation is seen as a shrink below the bytes already read, or as a
+// change of the file's first 64 bytes (a file rewritten in place between
+// two polls, as a quickly restarted engine writing with `>` does). Limits:
+// a rewrite that keeps those 64 bytes and refills past the old offset
+// between two polls is read on from the old offset; and after a
 // rename rotation, lines a writer still appends to the old file once the
 // new one exists are not read.
 package logfollow
@@ -113,6 +115,11 @@ func Follow(ctx context.Context, path string, opts Options, onLine func(line str
 			}
 			f.opened = true
 		}
+		if rewritten, err := f.checkHead(); err != nil {
+			return f.stop(ctx, err)
+		} else if rewritten {
+			f.reset(ReasonTruncated)
+		}
 		if err := f.readAll(ctx); err != nil {
 			return f.stop(ctx, err)
 		}
@@ -152,6 +159,7 @@ type follower struct {
 
 	file   *os.File
 	info   os.FileInfo // of file, to tell a replacement by os.SameFile
+	head   []byte      // the file's first bytes, to tell a rewrite in place
 	pos    int64       // bytes read from file
 	atEOF  bool        // the last read found the end of the file
 	opened bool        // a file was opened before: the next one replaces it
@@ -179,7 +187,11 @@ func (f *follower) open(skipExisting bool) (bool, error) {
 		file.Close()
 		return false, fmt.Errorf("follow %s: %w", f.path, err)
 	}
-	f.file, f.info, f.pos = file, info, 0
+	f.file, f.info, f.pos, f.head = file, info, 0, f.head[:0]
+	if _, err := f.checkHead(); err != nil {
+		f.closeFile()
+		return false, err
+	}
 	if skipExisting {
 		if f.pos, err = file.Seek(0, io.SeekEnd); err != nil {
 			f.closeFile()
@@ -304,6 +316,40 @@ func (f *follower) checkFile(ctx context.Context) (switched bool, err error) {
 		return true, nil
 	}
 	return false, nil
+}
+
+// headBytes is how much of the file's start is remembered. Log lines start
+// with a time stamp or a process prefix, so a restarted engine that rewrote
+// the file in place almost always changes them.
+const headBytes = 64
+
+// checkHead tells whether the file was truncated and written again between
+// two polls, past the offset already read: the size check cannot see that,
+// but the file's first bytes changed. Then it rewinds to the start. It also
+// grows the remembered head while the file is young.
+func (f *follower) checkHead() (rewritten bool, err error) {
+	var now [headBytes]byte
+	n, err := f.file.ReadAt(now[:], 0)
+	if err != nil && err != io.EOF {
+		return false, fmt.Errorf("follow %s: %w", f.path, err)
+	}
+	if n >= len(f.head) && bytes.Equal(now[:len(f.head)], f.head) {
+		f.head = append(f.head[:0], now[:n]...)
+		return false, nil
+	}
+	if n < len(f.head) && f.pos <= int64(n) {
+		// Shrunk below the head but not below what was read: the size
+		// check in checkFile handles plain truncation.
+		f.head = append(f.head[:0], now[:n]...)
+		return false, nil
+	}
+	f.flushPartial()
+	if _, err := f.file.Seek(0, io.SeekStart); err != nil {
+		return false, fmt.Errorf("follow %s: %w", f.path, err)
+	}
+	f.pos = 0
+	f.head = append(f.head[:0], now[:n]...)
+	return true, nil
 }
 
 func (f *follower) idle() {

@@ -223,6 +223,19 @@ func TestFollowCopyTruncate(t *testing.T) {
 	r.waitFor("line one", "line two", "line three", "RESET:truncated", "n1")
 }
 
+func TestFollowRewriteInPlace(t *testing.T) {
+	// A restarted engine writing with `>` truncates the file and may write
+	// more than was there before between two polls: the size never looks
+	// smaller, but the first bytes changed.
+	path := filepath.Join(t.TempDir(), "engine.log")
+	write(t, path, "[2026-11-30 10:00:00] server_args=ServerArgs(dp_size=2)\n")
+	r := start(t, path, Options{Poll: 200 * time.Millisecond})
+	r.waitFor("[2026-11-30 10:00:00] server_args=ServerArgs(dp_size=2)")
+	write(t, path, "[2026-11-30 10:05:00] server_args=ServerArgs(dp_size=4)\n[2026-11-30 10:05:01 DP0] ready\n")
+	r.waitFor("[2026-11-30 10:00:00] server_args=ServerArgs(dp_size=2)", "RESET:truncated",
+		"[2026-11-30 10:05:00] server_args=ServerArgs(dp_size=4)", "[2026-11-30 10:05:01 DP0] ready")
+}
+
 func TestFollowDeleteAndRecreate(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "engine.log")
 	write(t, path, "a\n")

@@ -1,0 +1,353 @@
+// Package collect assembles what the agent sees into a wire.Snapshot: the
+// host, its GPUs, and the facts of every configured engine, including the
+// KV pools their start-up logs print, which it follows for as long as the
+// agent runs.
+package collect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/agent/engine"
+	"heft/agent/enginelog"
+	"heft/agent/gpu"
+	"heft/agent/host"
+	"heft/agent/logfollow"
+	"heft/shared/wire"
+)
+
+// EngineSpec names one engine to watch.
+type EngineSpec struct {
+	Kind, URL, Log string
+	// Model overrides the served model (Ollama serves many).
+	Model string
+}
+
+// Config is what the collector watches.
+type Config struct {
+	// Node names this host in capacity keys; the host name when empty.
+	Node    string
+	Engines []EngineSpec
+	// Interval is how often the caller takes snapshots; the collector
+	// itself does not loop, it is kept here for callers that share Config.
+	Interval time.Duration
+	// GPUError is why GPUs cannot be read (gpu.Open's error), reported in
+	// every snapshot.
+	GPUError string
+	// Timeout bounds each request to an engine; engine.DefaultTimeout
+	// when zero.
+	Timeout time.Duration
+}
+
+// Collector builds snapshots. It is safe for concurrent use.
+type Collector struct {
+	cfg     Config
+	gpus    gpu.Source
+	logger  hclog.Logger
+	engines []*engineState
+	wg      sync.WaitGroup
+
+	mu      sync.Mutex
+	byKey   map[string]*engine.Client
+	hostErr string // last host error logged, so it is logged once
+}
+
+// engineState is one engine and what its log has said.
+type engineState struct {
+	spec    EngineSpec
+	client  *engine.Client
+	tracker *enginelog.Tracker // nil: no log, or a kind enginelog cannot read
+
+	mu      sync.Mutex
+	once    *enginelog.Facts // from ReadLogsOnce
+	logErr  string
+	follows bool
+}
+
+// New checks the configuration and builds a collector over gpus.
+func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	logger = logger.Named("collect")
+	if gpus == nil {
+		return nil, errors.New("collect: no gpu source")
+	}
+	if strings.TrimSpace(cfg.Node) == "" {
+		h, err := os.Hostname()
+		if err != nil || h == "" {
+			return nil, fmt.Errorf("collect: no node name and no host name: %v", err)
+		}
+		cfg.Node = h
+	}
+	if len(cfg.Engines) > wire.MaxEngines {
+		return nil, fmt.Errorf("collect: %d engines, at most %d", len(cfg.Engines), wire.MaxEngines)
+	}
+	c := &Collector{cfg: cfg, gpus: gpus, logger: logger, byKey: map[string]*engine.Client{}}
+	seen := map[string]bool{}
+	for _, spec := range cfg.Engines {
+		client, err := engine.New(engine.Config{Kind: spec.Kind, URL: spec.URL, Log: spec.Log, Model: spec.Model,
+			Node: cfg.Node, Timeout: cfg.Timeout}, logger)
+		if err != nil {
+			return nil, fmt.Errorf("collect: %w", err)
+		}
+		if seen[client.URL()] {
+			return nil, fmt.Errorf("collect: engine %s is configured twice", client.URL())
+		}
+		seen[client.URL()] = true
+		st := &engineState{spec: spec, client: client}
+		if spec.Log != "" {
+			t, err := enginelog.NewTracker(client.Kind())
+			if err != nil {
+				logger.Warn("engine log ignored: heft reads start-up logs of vllm and sglang only",
+					"url", client.URL(), "log", spec.Log, "error", err)
+			} else {
+				st.tracker = t
+			}
+		}
+		c.engines = append(c.engines, st)
+	}
+	return c, nil
+}
+
+// Start starts one follower per engine log and returns. Followers read the
+// log from its start, keep up with it across rotation and truncation
+// (resetting the tracker), and end with ctx; Wait waits for them.
+func (c *Collector) Start(ctx context.Context) {
+	for _, st := range c.engines {
+		if st.tracker == nil {
+			continue
+		}
+		st.mu.Lock()
+		if st.follows {
+			st.mu.Unlock()
+			continue
+		}
+		st.follows = true
+		st.mu.Unlock()
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.follow(ctx, st)
+		}()
+	}
+}
+
+// Wait blocks until every follower started by Start has ended.
+func (c *Collector) Wait() { c.wg.Wait() }
+
+// follow runs logfollow.Follow for one engine, again after a pause when it
+// fails (a log that does not exist yet, a permission problem), until ctx
+// ends.
+func (c *Collector) follow(ctx context.Context, st *engineState) {
+	logger := c.logger.With("url", st.client.URL(), "log", st.spec.Log)
+	backoff := time.Second
+	for {
+		err := logfollow.Follow(ctx, st.spec.Log, logfollow.Options{OnReset: func(reason string) {
+			logger.Info("engine log replaced or truncated; facts kept until the next start-up", "reason", reason)
+			st.tracker.Reset()
+		}}, st.tracker.Feed)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			err = errors.New("follower stopped")
+		}
+		st.mu.Lock()
+		first := st.logErr != err.Error()
+		st.logErr = err.Error()
+		st.mu.Unlock()
+		if first {
+			logger.Warn("cannot follow engine log; retrying", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+}
+
+// ReadLogsOnce reads every engine log from start to end once, for one-shot
+// use (heft-agent inspect) where no follower runs. A log without pool
+// lines still gives its launch args, version and model; an unreadable log
+// is an error naming it, and the other logs are still read.
+func (c *Collector) ReadLogsOnce(ctx context.Context) error {
+	var errs []error
+	for _, st := range c.engines {
+		if st.tracker == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		f, err := readLog(st.client.Kind(), st.spec.Log)
+		if err != nil && !errors.Is(err, enginelog.ErrNoPools) {
+			errs = append(errs, fmt.Errorf("engine log %s: %w", st.spec.Log, err))
+			continue
+		}
+		st.mu.Lock()
+		st.once = &f
+		st.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+func readLog(kind, path string) (enginelog.Facts, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return enginelog.Facts{}, err
+	}
+	defer f.Close()
+	return enginelog.Read(kind, f)
+}
+
+// logFacts returns what the engine's log has said so far, or nil.
+func (st *engineState) logFacts() *enginelog.Facts {
+	st.mu.Lock()
+	once, follows := st.once, st.follows
+	st.mu.Unlock()
+	if follows && st.tracker != nil {
+		f, _ := st.tracker.Facts()
+		if f.Startups > 0 || len(f.Ranks) > 0 || len(f.LaunchArgs) > 0 || f.Model != "" || f.Version != "" {
+			return &f
+		}
+	}
+	return once
+}
+
+// Snapshot reads the host, the GPUs and every engine now. It never fails:
+// what cannot be read is reported inside the snapshot (GPUError,
+// Engine.Error) or logged (host facts).
+func (c *Collector) Snapshot(ctx context.Context) wire.Snapshot {
+	snap := wire.Snapshot{Node: c.cfg.Node, At: time.Now().UTC(), GPUs: []wire.GPU{}, Engines: []wire.Engine{}}
+	h, err := host.Collect(ctx)
+	c.mu.Lock()
+	if err != nil && err.Error() != c.hostErr {
+		c.logger.Warn("host facts incomplete", "error", err)
+	}
+	if err != nil {
+		c.hostErr = err.Error()
+	} else {
+		c.hostErr = ""
+	}
+	c.mu.Unlock()
+	snap.Host = h
+
+	gpus, err := c.gpus.Devices(ctx)
+	var gpuErrs []string
+	if c.cfg.GPUError != "" {
+		gpuErrs = append(gpuErrs, c.cfg.GPUError)
+	}
+	if err != nil && !slices.Contains(gpuErrs, err.Error()) {
+		gpuErrs = append(gpuErrs, err.Error())
+	}
+	snap.GPUError = bound(strings.Join(gpuErrs, "; "))
+	if len(gpus) > wire.MaxGPUs {
+		gpus = gpus[:wire.MaxGPUs]
+	}
+	snap.GPUs = append(snap.GPUs, gpus...)
+
+	engines := make([]wire.Engine, len(c.engines))
+	var wg sync.WaitGroup
+	for i, st := range c.engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			engines[i] = st.client.Facts(ctx, snap.GPUs, st.logFacts())
+		}()
+	}
+	wg.Wait()
+	snap.Engines = append(snap.Engines, engines...)
+	snap.GPUs = MarkForeign(snap.GPUs, snap.Engines)
+
+	byKey := map[string]*engine.Client{}
+	for i, e := range snap.Engines {
+		if e.CapacityKey != "" {
+			byKey[e.CapacityKey] = c.engines[i].client
+		}
+	}
+	c.mu.Lock()
+	c.byKey = byKey
+	c.mu.Unlock()
+	return snap
+}
+
+// Engine returns the client of the engine with the given capacity key, as
+// of the last snapshot.
+func (c *Collector) Engine(key string) (*engine.Client, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cl, ok := c.byKey[key]
+	return cl, ok
+}
+
+// Clients returns every engine's client, in configuration order.
+func (c *Collector) Clients() []*engine.Client {
+	out := make([]*engine.Client, len(c.engines))
+	for i, st := range c.engines {
+		out[i] = st.client
+	}
+	return out
+}
+
+// MarkForeign returns gpus with GPUProcess.Foreign set on every process
+// that belongs to no engine's process tree. It judges only from trees it
+// knows: when every engine's process was found and holds GPU memory, any
+// other GPU process is foreign; otherwise only processes that an engine
+// found on its own GPUs outside its tree, and that no other engine owns.
+// An engine whose tree is unknown (remote, hidden by permissions, in
+// another pid namespace) thus never has its own processes called foreign.
+// The input is not modified.
+func MarkForeign(gpus []wire.GPU, engines []wire.Engine) []wire.GPU {
+	foreign := map[int]bool{}
+	own := map[int]bool{}
+	allKnown := len(engines) > 0
+	for _, e := range engines {
+		if e.PID <= 0 || len(e.GPUUUIDs) == 0 {
+			allKnown = false
+		}
+		theirs := map[int]bool{}
+		for _, p := range e.ForeignProcesses {
+			foreign[p.PID] = true
+			theirs[p.PID] = true
+		}
+		for _, g := range gpus {
+			if !slices.Contains(e.GPUUUIDs, g.UUID) {
+				continue
+			}
+			for _, p := range g.Processes {
+				if !theirs[p.PID] {
+					own[p.PID] = true
+				}
+			}
+		}
+	}
+	out := make([]wire.GPU, len(gpus))
+	for i, g := range gpus {
+		g.Processes = slices.Clone(g.Processes)
+		for j := range g.Processes {
+			pid := g.Processes[j].PID
+			g.Processes[j].Foreign = !own[pid] && (allKnown || foreign[pid])
+		}
+		out[i] = g
+	}
+	return out
+}
+
+// bound cuts s to what the wire accepts.
+func bound(s string) string {
+	if len(s) <= wire.MaxStringBytes {
+		return s
+	}
+	return strings.ToValidUTF8(s[:wire.MaxStringBytes], "")
+}

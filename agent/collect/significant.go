@@ -1,0 +1,92 @@
+package collect
+
+import (
+	"slices"
+	"sort"
+	"strconv"
+
+	"heft/shared/wire"
+)
+
+// Significant reports whether next differs from prev in something a
+// coordinator must hear about at once: an engine appearing, disappearing,
+// turning ready or not, failing or recovering, changing model, version,
+// capacity key, launch arguments, KV pools or GPUs; the set of GPUs; the
+// GPU error; or the set of foreign processes. Clocks, temperatures,
+// power, free memory and load are noise here: the periodic heartbeat
+// carries them.
+func Significant(prev, next wire.Snapshot) bool {
+	if prev.Node != next.Node || prev.GPUError != next.GPUError {
+		return true
+	}
+	if !slices.Equal(gpuIDs(prev.GPUs), gpuIDs(next.GPUs)) {
+		return true
+	}
+	if !slices.Equal(foreignPIDs(prev.GPUs), foreignPIDs(next.GPUs)) {
+		return true
+	}
+	if len(prev.Engines) != len(next.Engines) {
+		return true
+	}
+	before := map[string]wire.Engine{}
+	for _, e := range prev.Engines {
+		before[e.URL] = e
+	}
+	for _, n := range next.Engines {
+		p, ok := before[n.URL]
+		if !ok || engineChanged(p, n) {
+			return true
+		}
+	}
+	return false
+}
+
+func engineChanged(p, n wire.Engine) bool {
+	return p.Kind != n.Kind || p.Ready != n.Ready || p.Error != n.Error || p.Model != n.Model ||
+		p.Version != n.Version || p.CapacityKey != n.CapacityKey || p.PID != n.PID ||
+		p.LaunchArgsSource != n.LaunchArgsSource || p.RanksSource != n.RanksSource ||
+		!slices.Equal(p.LaunchArgs, n.LaunchArgs) || !slices.Equal(p.Ranks, n.Ranks) ||
+		!slices.Equal(p.Models, n.Models) || !slices.Equal(p.GPUUUIDs, n.GPUUUIDs) ||
+		!slices.Equal(procPIDs(p.ForeignProcesses), procPIDs(n.ForeignProcesses))
+}
+
+// gpuIDs identifies the GPU set by UUID (index when a UUID is missing) and
+// whether each device could be read.
+func gpuIDs(gpus []wire.GPU) []string {
+	ids := make([]string, 0, len(gpus))
+	for _, g := range gpus {
+		id := g.UUID
+		if id == "" {
+			id = "#" + strconv.Itoa(g.Index)
+		}
+		if g.Error != "" {
+			id += "!"
+		}
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// foreignPIDs lists "uuid/pid" of every process marked foreign.
+func foreignPIDs(gpus []wire.GPU) []string {
+	var out []string
+	for _, g := range gpus {
+		for _, p := range g.Processes {
+			if p.Foreign {
+				out = append(out, g.UUID+"/"+strconv.Itoa(p.PID))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func procPIDs(ps []wire.GPUProcess) []int {
+	out := make([]int, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.PID)
+	}
+	sort.Ints(out)
+	return slices.Compact(out)
+}

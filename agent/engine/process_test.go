@@ -1,0 +1,193 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"heft/shared/wire"
+)
+
+func TestFindListenerInAnotherProcess(t *testing.T) {
+	argv := []string{"vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2", "--enforce-eager"}
+	ch := startChild(t, "serve:vllm", argv)
+	pid, err := FindListener(t.Context(), ch.port)
+	if err != nil {
+		t.Fatalf("FindListener: %v", err)
+	}
+	if pid != ch.cmd.Process.Pid {
+		t.Fatalf("pid %d, want the child's %d", pid, ch.cmd.Process.Pid)
+	}
+	got, err := cmdline(t.Context(), pid)
+	if err != nil || !reflect.DeepEqual(got, argv) {
+		t.Fatalf("cmdline %q, %v; want %q", got, err, argv)
+	}
+}
+
+func TestFindListenerSkipsOwnProcess(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if _, err := FindListener(t.Context(), ln.Addr().(*net.TCPAddr).Port); !errors.Is(err, ErrNoListener) {
+		t.Errorf("own listener: err %v, want ErrNoListener", err)
+	}
+	if _, err := FindListener(t.Context(), 0); err == nil {
+		t.Error("port 0 accepted")
+	}
+}
+
+func TestProcessTreeAndEngineRoot(t *testing.T) {
+	// The parent is "vllm serve ..."; its child listens under a bare
+	// process title, as vLLM's spawned API servers do.
+	argv := []string{"vllm", "serve", "Qwen/Qwen3-8B", "--data-parallel-size", "2"}
+	ch := startChild(t, "parent:vllm", argv)
+	parent := ch.cmd.Process.Pid
+	listener, err := FindListener(t.Context(), ch.port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if listener == parent {
+		t.Fatal("the listener should be the grandchild")
+	}
+	root, got, err := engineProcess(t.Context(), listener)
+	if err != nil || root != parent || !reflect.DeepEqual(got, argv) {
+		t.Fatalf("engineProcess = %d %q %v; want %d %q", root, got, err, parent, argv)
+	}
+	tree, err := ProcessTree(t.Context(), root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree[0] != parent || !slices.Contains(tree, listener) {
+		t.Errorf("tree %v, want %d first and %d in it", tree, parent, listener)
+	}
+	if slices.Contains(tree, os.Getpid()) {
+		t.Error("the tree climbed above its root")
+	}
+	if _, err := ProcessTree(t.Context(), 1<<30); err == nil {
+		t.Error("tree of a pid that does not exist")
+	}
+}
+
+// TestFactsFindsEngineProcess runs a fake SGLang-free vLLM in another
+// process with a real command line and checks everything that depends on
+// the process: pid, launch args from the command line, the capacity key,
+// the engine's GPUs and the foreign processes on them.
+func TestFactsFindsEngineProcess(t *testing.T) {
+	argv := []string{"vllm", "serve", "Qwen/Qwen3-8B", "--data-parallel-size", "2", "--api-key", "sk-secret", "--port", "8001"}
+	ch := startChild(t, "parent:vllm", argv)
+	engineRoot := ch.cmd.Process.Pid
+	listener, err := FindListener(t.Context(), ch.port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus := []wire.GPU{
+		{Index: 0, UUID: "GPU-aaaa", Processes: []wire.GPUProcess{
+			{PID: listener, Name: "python3", UsedMemory: 20 << 30},
+			{PID: 4_000_001, Name: "other-team", UsedMemory: 3 << 30},
+		}},
+		{Index: 1, UUID: "GPU-bbbb", Processes: []wire.GPUProcess{{PID: 4_000_002, Name: "not-ours", UsedMemory: 1 << 30}}},
+	}
+	c := newClient(t, "vllm", fmt.Sprintf("http://127.0.0.1:%d", ch.port), nil)
+	e := c.Facts(t.Context(), gpus, nil)
+	checkWire(t, e)
+	if e.Error != "" {
+		t.Fatal(e.Error)
+	}
+	if e.PID != engineRoot {
+		t.Errorf("pid %d, want the engine root %d", e.PID, engineRoot)
+	}
+	wantArgs := []string{"data_parallel_size=2", "model=Qwen/Qwen3-8B", "port=8001"}
+	if e.LaunchArgsSource != SourceCmdline || !reflect.DeepEqual(e.LaunchArgs, wantArgs) {
+		t.Errorf("launch args %q from %q, want %q from the command line", e.LaunchArgs, e.LaunchArgsSource, wantArgs)
+	}
+	if e.CapacityKey != CapacityKey("gpu-a", "vllm", "Qwen/Qwen3-8B", wantArgs) {
+		t.Errorf("capacity key %q", e.CapacityKey)
+	}
+	if !reflect.DeepEqual(e.GPUUUIDs, []string{"GPU-aaaa"}) {
+		t.Errorf("gpus %v", e.GPUUUIDs)
+	}
+	wantForeign := []wire.GPUProcess{{PID: 4_000_001, Name: "other-team", UsedMemory: 3 << 30, Foreign: true}}
+	if !reflect.DeepEqual(e.ForeignProcesses, wantForeign) {
+		t.Errorf("foreign %+v", e.ForeignProcesses)
+	}
+	if gpus[0].Processes[1].Foreign {
+		t.Error("Facts changed its input")
+	}
+
+	// A second read finds the same process again (through the cached pid).
+	if again := c.Facts(t.Context(), gpus, nil); again.PID != engineRoot || again.CapacityKey != e.CapacityKey {
+		t.Errorf("second read: pid %d key %q", again.PID, again.CapacityKey)
+	}
+
+	// The engine goes away. Its log still has launch args, but the key
+	// keeps the command line's through the outage.
+	ch.stop()
+	down := c.Facts(t.Context(), gpus, readLog(t, "vllm", "engines/vllm-dp2.log"))
+	checkWire(t, down)
+	if down.Ready || !strings.Contains(down.Error, "connection refused") || down.PID != 0 {
+		t.Errorf("after stop: ready %v error %q pid %d", down.Ready, down.Error, down.PID)
+	}
+	if down.LaunchArgsSource != SourceCmdline || down.CapacityKey != e.CapacityKey {
+		t.Errorf("after stop: args from %q, key %q; want the command line's key %q", down.LaunchArgsSource, down.CapacityKey, e.CapacityKey)
+	}
+	if len(down.GPUUUIDs) != 0 || len(down.ForeignProcesses) != 0 {
+		t.Errorf("after stop: gpus %v foreign %v", down.GPUUUIDs, down.ForeignProcesses)
+	}
+}
+
+// A port forwarder (docker-proxy) listening for a containerised engine
+// must not lend its own flags as the engine's launch arguments.
+func TestFactsIgnoresForwarderCmdline(t *testing.T) {
+	ch := startChild(t, "serve:vllm", []string{"docker-proxy", "-proto", "tcp", "-host-ip", "0.0.0.0", "-host-port", "8000",
+		"-container-ip", "172.17.0.2", "-container-port", "8000"})
+	lf := readLog(t, "vllm", "engines/vllm-dp2.log")
+	e := newClient(t, "vllm", fmt.Sprintf("http://127.0.0.1:%d", ch.port), nil).Facts(t.Context(), nil, lf)
+	checkWire(t, e)
+	if e.PID != ch.cmd.Process.Pid {
+		t.Errorf("pid %d, want the listener %d", e.PID, ch.cmd.Process.Pid)
+	}
+	if e.LaunchArgsSource != SourceLog || slices.ContainsFunc(e.LaunchArgs, func(a string) bool { return strings.Contains(a, "container") }) {
+		t.Errorf("launch args %q from %q, want the log's", e.LaunchArgs, e.LaunchArgsSource)
+	}
+}
+
+func TestIsLocalHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost": true, "127.0.0.1": true, "[::1]": true, "0.0.0.0": true, "127.0.0.2": true,
+		"203.0.113.7": false, "example.invalid": false,
+	} {
+		if got := isLocalHost(host); got != want {
+			t.Errorf("isLocalHost(%q) = %v", host, got)
+		}
+	}
+	if h, err := os.Hostname(); err == nil && !isLocalHost(h) {
+		t.Errorf("own host name %q not local", h)
+	}
+}
+
+func BenchmarkProcessTree(b *testing.B) {
+	for b.Loop() {
+		if _, err := ProcessTree(b.Context(), os.Getpid()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkFindListener(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	for b.Loop() {
+		_, _ = FindListener(b.Context(), port)
+	}
+}

@@ -1,0 +1,360 @@
+// Package link keeps heft-agent's one websocket to the coordinator: it
+// dials with the agent token, says hello, sends snapshots on change and as
+// a heartbeat, runs the probes the coordinator asks for, and reconnects by
+// itself with jittered backoff. Nothing it does blocks the collector: the
+// newest snapshot waits in a slot of one, and probe results that could not
+// be delivered wait in a small outbox for the next connection.
+package link
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/shared/wire"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultSnapshotEvery = 15 * time.Second
+	DefaultPollEvery     = time.Second
+	DefaultMinBackoff    = 500 * time.Millisecond
+	DefaultMaxBackoff    = 30 * time.Second
+	DefaultPingEvery     = 15 * time.Second
+	DefaultPingTimeout   = 10 * time.Second
+	DefaultWriteTimeout  = 10 * time.Second
+	DefaultDialTimeout   = 15 * time.Second
+
+	// stableSession is how long a session must last for the next reconnect
+	// to start again from the shortest backoff.
+	stableSession = 30 * time.Second
+	// pingFailures ends a session after this many unanswered pings in a row.
+	pingFailures = 2
+	// closeGrace is how long a write or ping in flight may finish when a
+	// session ends before the connection is cut.
+	closeGrace = time.Second
+	// maxOutbox bounds the probe messages kept for the coordinator.
+	maxOutbox = 64
+)
+
+// Handler is what the link asks of the rest of the agent.
+type Handler interface {
+	// Snapshot returns the current facts. It is called every PollEvery and
+	// should return quickly (the collector keeps its facts ready).
+	Snapshot(ctx context.Context) wire.Snapshot
+	// Probe measures the engine with req's capacity key. An error wrapping
+	// probe.ErrBusy means the probe was deferred because the engine was busy.
+	Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measurement, error)
+	// Cached receives the coordinator's fresh measurement for a capacity
+	// key. It is called from the read loop and must not block.
+	Cached(m wire.CachedMeasurement)
+}
+
+// Config says where and how to connect. Zero durations take the defaults.
+type Config struct {
+	URL          string // ws:// or wss:// URL of the coordinator's agent endpoint
+	Token        string // sent as Authorization: Bearer
+	Node         string
+	AgentVersion string
+	Host         wire.Host
+	TLS          *tls.Config // nil: system roots
+
+	// SnapshotEvery is the heartbeat: a snapshot goes out at least this
+	// often. The coordinator's Welcome may ask for another interval.
+	SnapshotEvery time.Duration
+	// PollEvery is how often the Handler's snapshot is compared with the
+	// last one sent.
+	PollEvery time.Duration
+	// Significant reports whether next differs enough from prev to be sent
+	// before the heartbeat is due. Nil: only heartbeats.
+	Significant func(prev, next wire.Snapshot) bool
+
+	MinBackoff, MaxBackoff time.Duration
+	PingEvery, PingTimeout time.Duration
+	WriteTimeout           time.Duration // per message; a stalled coordinator ends the session
+	DialTimeout            time.Duration
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.SnapshotEvery, DefaultSnapshotEvery)
+	def(&c.PollEvery, DefaultPollEvery)
+	def(&c.MinBackoff, DefaultMinBackoff)
+	def(&c.MaxBackoff, DefaultMaxBackoff)
+	def(&c.PingEvery, DefaultPingEvery)
+	def(&c.PingTimeout, DefaultPingTimeout)
+	def(&c.WriteTimeout, DefaultWriteTimeout)
+	def(&c.DialTimeout, DefaultDialTimeout)
+	if c.Significant == nil {
+		c.Significant = func(prev, next wire.Snapshot) bool { return false }
+	}
+}
+
+func (c *Config) check() error {
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return fmt.Errorf("link: coordinator url: %w", err)
+	}
+	switch u.Scheme {
+	case "ws", "wss", "http", "https":
+	default:
+		return fmt.Errorf("link: coordinator url %q: scheme must be ws or wss", c.URL)
+	}
+	hello := wire.Hello{Node: c.Node, AgentVersion: c.AgentVersion, Host: c.Host}
+	if err := hello.Validate(); err != nil {
+		return fmt.Errorf("link: %w", err)
+	}
+	return nil
+}
+
+// Run keeps the link up until ctx ends and returns nil then; it returns an
+// error only for a Config it cannot use.
+func Run(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) error {
+	l, err := newLink(ctx, cfg, h, logger)
+	if err != nil {
+		return err
+	}
+	return l.run()
+}
+
+// link is the state that outlives one websocket session.
+type link struct {
+	ctx    context.Context // the agent's lifetime; probes run under it
+	cfg    Config
+	h      Handler
+	log    hclog.Logger
+	client *http.Client
+	randN  func(int64) int64
+
+	probes sync.WaitGroup
+	wake   chan struct{} // cap 1: something waits in the outbox or slot
+	// snapFailing is set while snapshots cannot be encoded; only the
+	// writer, one session at a time, touches it.
+	snapFailing bool
+
+	mu      sync.Mutex
+	probing map[string]bool // capacity keys being probed
+	outbox  []outMsg
+	nextID  uint64
+	slot    *wire.Snapshot // the newest snapshot not yet written
+}
+
+// outMsg is a probe message waiting for the writer. Durable messages (the
+// answer to a request) survive a lost connection; "running" notes do not.
+type outMsg struct {
+	id      uint64
+	payload any // *wire.ProbeResult or *wire.ProbeStatus
+	durable bool
+}
+
+func newLink(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) (*link, error) {
+	cfg.setDefaults()
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if h == nil {
+		return nil, errors.New("link: no handler")
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = cfg.TLS
+	return &link{
+		ctx:     ctx,
+		cfg:     cfg,
+		h:       h,
+		log:     logger,
+		client:  &http.Client{Transport: tr},
+		randN:   rand.Int64N,
+		wake:    make(chan struct{}, 1),
+		probing: map[string]bool{},
+	}, nil
+}
+
+func (l *link) run() error {
+	defer l.client.CloseIdleConnections()
+	defer l.probes.Wait()
+	attempt := 0
+	for {
+		start := time.Now()
+		err := l.session()
+		if l.ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(start) > stableSession {
+			attempt = 0
+		}
+		wait := backoff(attempt, l.cfg.MinBackoff, l.cfg.MaxBackoff, l.randN)
+		attempt++
+		if errors.Is(err, errRejected) {
+			l.log.Error("coordinator rejected the agent token; check token or token_file", "url", l.cfg.URL, "retry_in", wait.String())
+		} else {
+			l.log.Warn("link to coordinator down", "url", l.cfg.URL, "error", err, "retry_in", wait.String())
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-l.ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// send queues a probe message for the coordinator and wakes the writer.
+func (l *link) send(payload any, durable bool) {
+	l.mu.Lock()
+	l.nextID++
+	l.outbox = append(l.outbox, outMsg{id: l.nextID, payload: payload, durable: durable})
+	if len(l.outbox) > maxOutbox {
+		drop := 0 // the oldest transient message, else the oldest of all
+		for i, m := range l.outbox {
+			if !m.durable {
+				drop = i
+				break
+			}
+		}
+		l.log.Warn("outbox full, dropping a probe message", "message", describe(l.outbox[drop].payload))
+		l.outbox = append(l.outbox[:drop], l.outbox[drop+1:]...)
+	}
+	l.mu.Unlock()
+	l.poke()
+}
+
+// offer puts a snapshot in the slot, replacing one not yet written.
+func (l *link) offer(s wire.Snapshot) {
+	l.mu.Lock()
+	l.slot = &s
+	l.mu.Unlock()
+	l.poke()
+}
+
+func (l *link) poke() {
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// next returns what the writer should write: probe messages first, in
+// order, then the snapshot. A probe message stays queued until acked.
+func (l *link) next() (outMsg, *wire.Snapshot, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.outbox) > 0 {
+		return l.outbox[0], nil, true
+	}
+	if s := l.slot; s != nil {
+		l.slot = nil
+		return outMsg{}, s, true
+	}
+	return outMsg{}, nil, false
+}
+
+func (l *link) ack(id uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, m := range l.outbox {
+		if m.id == id {
+			l.outbox = append(l.outbox[:i], l.outbox[i+1:]...)
+			return
+		}
+	}
+}
+
+// dropTransient forgets what only made sense on the connection just lost,
+// and the snapshot slot: the next session starts with a fresh snapshot.
+func (l *link) dropTransient() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	kept := l.outbox[:0]
+	for _, m := range l.outbox {
+		if m.durable {
+			kept = append(kept, m)
+		}
+	}
+	clear(l.outbox[len(kept):])
+	l.outbox = kept
+	l.slot = nil
+}
+
+// startProbe runs one probe per capacity key; a request for a key already
+// being probed is answered "running" and not started again.
+func (l *link) startProbe(req wire.ProbeRequest) {
+	status := func(state, msg string) *wire.ProbeStatus {
+		return &wire.ProbeStatus{RequestID: req.RequestID, CapacityKey: req.CapacityKey, State: state, Message: clip(msg)}
+	}
+	l.mu.Lock()
+	if l.probing[req.CapacityKey] {
+		l.mu.Unlock()
+		l.log.Debug("probe already running", "capacity_key", req.CapacityKey, "request_id", req.RequestID)
+		l.send(status(wire.ProbeRunning, "a probe of this engine is already running"), false)
+		return
+	}
+	l.probing[req.CapacityKey] = true
+	l.probes.Add(1)
+	l.mu.Unlock()
+
+	l.log.Info("probe requested", "capacity_key", req.CapacityKey, "reason", req.Reason, "request_id", req.RequestID)
+	l.send(status(wire.ProbeRunning, ""), false)
+	go func() {
+		defer l.probes.Done()
+		m, err := l.h.Probe(l.ctx, req)
+		l.mu.Lock()
+		delete(l.probing, req.CapacityKey)
+		l.mu.Unlock()
+		if l.ctx.Err() != nil {
+			return // shutting down: the coordinator will ask again
+		}
+		if err == nil {
+			if m.CapacityKey == "" {
+				m.CapacityKey = req.CapacityKey
+			}
+			if verr := m.Validate(); verr != nil {
+				err = fmt.Errorf("probe gave an invalid measurement: %w", verr)
+			}
+		}
+		switch {
+		case err == nil:
+			l.log.Info("probe finished", "capacity_key", req.CapacityKey, "throughput_tps", m.ThroughputTPS, "failure", m.Failure)
+			l.send(&wire.ProbeResult{RequestID: req.RequestID, Measurement: m}, true)
+		case isBusy(err):
+			l.log.Info("probe deferred: engine busy", "capacity_key", req.CapacityKey)
+			l.send(status(wire.ProbeDeferredBusy, err.Error()), true)
+		default:
+			l.log.Warn("probe failed", "capacity_key", req.CapacityKey, "error", err)
+			l.send(status(wire.ProbeFailed, err.Error()), true)
+		}
+	}()
+}
+
+func clip(s string) string {
+	if len(s) <= wire.MaxStringBytes {
+		return s
+	}
+	return strings.ToValidUTF8(s[:wire.MaxStringBytes-3], "") + "..."
+}
+
+func describe(payload any) string {
+	switch p := payload.(type) {
+	case *wire.ProbeResult:
+		return "probe result for " + p.Measurement.CapacityKey
+	case *wire.ProbeStatus:
+		return "probe " + p.State + " for " + p.CapacityKey
+	}
+	return fmt.Sprintf("%T", payload)
+}

@@ -1,0 +1,428 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/agent/cli"
+	"heft/coordinator/config"
+	"heft/coordinator/fleet"
+	"heft/coordinator/server"
+	"heft/coordinator/store"
+	"heft/coordinator/view"
+	"heft/sim"
+)
+
+const (
+	agentToken = "e2e-agent-token"
+	adminToken = "e2e-admin-token"
+	model      = "Qwen/Qwen3-8B"
+)
+
+// coordinator is a real heft-coordinator (store, fleet, server) on loopback.
+type coordinator struct {
+	t      *testing.T
+	addr   string
+	dir    string
+	cancel context.CancelFunc
+	done   chan struct{}
+	st     *store.Bolt
+}
+
+func startCoordinator(t *testing.T, dir, addr string) *coordinator {
+	t.Helper()
+	logger := hclog.New(&hclog.LoggerOptions{Name: "coordinator", Output: t.Output(), Level: hclog.Warn})
+	st, err := store.Open(dir, logger)
+	if err != nil {
+		t.Fatalf("open state: %v", err)
+	}
+	f, err := fleet.New(fleet.DefaultConfig(), st, nil, logger)
+	if err != nil {
+		t.Fatalf("fleet: %v", err)
+	}
+	cfg := config.Default()
+	cfg.StateDir, cfg.AgentToken, cfg.AdminToken = dir, agentToken, adminToken
+	srv, err := server.New(cfg, f, logger)
+	if err != nil {
+		t.Fatalf("server: %v", err)
+	}
+	var ln net.Listener
+	// A restarted coordinator takes its old address back; the kernel may
+	// need a moment to release it.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ln, err = net.Listen("tcp", addr)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("listen %s: %v", addr, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &coordinator{t: t, addr: ln.Addr().String(), dir: dir, cancel: cancel, done: make(chan struct{}), st: st}
+	go func() {
+		defer close(c.done)
+		if err := srv.Run(ctx, ln); err != nil {
+			t.Errorf("coordinator: %v", err)
+		}
+	}()
+	t.Cleanup(c.stop)
+	return c
+}
+
+func (c *coordinator) stop() {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	c.cancel()
+	<-c.done
+	c.st.Close()
+}
+
+func (c *coordinator) url() string { return "http://" + c.addr }
+
+func (c *coordinator) workers(t *testing.T) []view.Worker {
+	t.Helper()
+	var body view.Workers
+	if code := c.do(t, http.MethodGet, "/api/v1/workers", "", nil, &body); code != http.StatusOK {
+		t.Fatalf("GET /api/v1/workers: HTTP %d", code)
+	}
+	return body.Workers
+}
+
+func (c *coordinator) do(t *testing.T, method, path, token string, body any, out any) int {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		data, _ := json.Marshal(body)
+		rd = bytes.NewReader(data)
+	}
+	req, _ := http.NewRequest(method, c.url()+path, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	if out != nil && resp.StatusCode < 300 {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			t.Fatalf("%s %s: decode: %v", method, path, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// waitFor polls the coordinator's workers until ok says yes.
+func (c *coordinator) waitFor(t *testing.T, what string, limit time.Duration, ok func([]view.Worker) bool) []view.Worker {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		ws := c.workers(t)
+		if ok(ws) {
+			return ws
+		}
+		if time.Now().After(deadline) {
+			data, _ := json.MarshalIndent(ws, "", "  ")
+			t.Fatalf("timed out waiting for %s; workers:\n%s", what, data)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// startSim starts a simulated engine on addr and stops it with the test.
+func startSim(t *testing.T, cfg sim.Config, addr string) *sim.Server {
+	t.Helper()
+	var s *sim.Server
+	var err error
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s, err = sim.Start(cfg, addr)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("sim: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// agent is a real heft-agent run, in process.
+type agent struct {
+	cancel context.CancelFunc
+	done   chan int
+	out    *syncBuffer
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func startAgent(t *testing.T, c *coordinator, node, kind, engineURL, logPath string) *agent {
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "agent.toml")
+	text := fmt.Sprintf("[coordinator]\nurl = %q\ntoken = %q\n[node]\nname = %q\n[[engine]]\nkind = %q\nurl = %q\nlog = %q\n",
+		"ws://"+c.addr+"/api/v1/agent", agentToken, node, kind, engineURL, logPath)
+	if err := os.WriteFile(cfgPath, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &agent{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}}
+	go func() {
+		a.done <- cli.RunAgent(ctx, []string{"--config", cfgPath, "--log-level", "warn"}, func(string) string { return "" },
+			cli.IO{In: strings.NewReader(""), Out: a.out, Err: a.out})
+	}()
+	t.Cleanup(func() { a.stop(t) })
+	return a
+}
+
+func (a *agent) stop(t *testing.T) {
+	a.cancel()
+	select {
+	case code := <-a.done:
+		if code != 0 {
+			t.Errorf("agent exited %d:\n%s", code, a.out.String())
+		}
+		a.done <- code // stop may be called again
+	case <-time.After(15 * time.Second):
+		t.Errorf("agent did not stop:\n%s", a.out.String())
+	}
+}
+
+// generated reads a sim's total generated tokens from its own metrics: the
+// count of every token any burst ever asked of it.
+func generated(t *testing.T, s *sim.Server) float64 {
+	t.Helper()
+	resp, err := http.Get(s.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	total := 0.0
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "vllm:generation_tokens_total") || strings.HasPrefix(line, "sglang:generation_tokens_total") {
+			var v float64
+			fmt.Sscan(line[strings.LastIndex(line, " ")+1:], &v)
+			total += v
+		}
+	}
+	return total
+}
+
+func byNode(ws []view.Worker, node string) (view.Worker, bool) {
+	for _, w := range ws {
+		if w.Node == node && w.State != view.StateOffline {
+			return w, true
+		}
+	}
+	return view.Worker{}, false
+}
+
+func settled(nodes ...string) func([]view.Worker) bool {
+	return func(ws []view.Worker) bool {
+		for _, n := range nodes {
+			w, ok := byNode(ws, n)
+			if !ok || (w.State != view.StateAdmitted && w.State != view.StateHeld) || w.Throughput == nil {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+func hasWarning(w view.Worker, code string) (view.Warning, bool) {
+	for _, x := range w.Warnings {
+		if x.Code == code {
+			return x, true
+		}
+	}
+	return view.Warning{}, false
+}
+
+// TestFleet runs the loop end to end: real sims, real agents, a real
+// coordinator, all on loopback.
+func TestFleet(t *testing.T) {
+	dir := t.TempDir()
+	c := startCoordinator(t, filepath.Join(dir, "state"), "127.0.0.1:0")
+
+	// Two vLLM-like workers of one model, one twice as fast as the other,
+	// and an SGLang worker whose second data-parallel rank has an eighth
+	// of the first's pool.
+	fastLog, slowLog, unevenLog := filepath.Join(dir, "fast.log"), filepath.Join(dir, "slow.log"), filepath.Join(dir, "uneven.log")
+	fast := startSim(t, sim.Config{Flavor: "vllm", Model: model, SingleTPS: 200, Batch16TPS: 1600, LogPath: fastLog}, "127.0.0.1:0")
+	slow := startSim(t, sim.Config{Flavor: "vllm", Model: model, SingleTPS: 100, Batch16TPS: 800, LogPath: slowLog}, "127.0.0.1:0")
+	uneven := startSim(t, sim.Config{Flavor: "sglang", Model: model, SingleTPS: 200, Batch16TPS: 1600, DP: 2,
+		KVTokens: []int64{24094, 2925}, LogPath: unevenLog}, "127.0.0.1:0")
+	startAgent(t, c, "gpu-fast", "vllm", fast.URL(), fastLog)
+	slowAgent := startAgent(t, c, "gpu-slow", "vllm", slow.URL(), slowLog)
+	startAgent(t, c, "gpu-uneven", "sglang", uneven.URL(), unevenLog)
+
+	ws := c.waitFor(t, "all three workers measured", 90*time.Second, settled("gpu-fast", "gpu-slow", "gpu-uneven"))
+
+	fw, _ := byNode(ws, "gpu-fast")
+	sw, _ := byNode(ws, "gpu-slow")
+	uw, _ := byNode(ws, "gpu-uneven")
+	t.Run("weights follow measured throughput", func(t *testing.T) {
+		if fw.State != view.StateAdmitted || sw.State != view.StateAdmitted {
+			t.Fatalf("states: fast %s, slow %s", fw.State, sw.State)
+		}
+		measured := *fw.Throughput / *sw.Throughput
+		weights := *fw.Weight / *sw.Weight
+		if math.Abs(weights/measured-1) > 0.001 {
+			t.Errorf("weight ratio %.4f, measured throughput ratio %.4f", weights, measured)
+		}
+		// The sims were calibrated 2:1; the measurement must see it.
+		if math.Abs(measured/2-1) > 0.1 {
+			t.Errorf("measured ratio %.3f, want about 2", measured)
+		}
+		var table view.Weights
+		if code := c.do(t, http.MethodGet, "/api/v1/models/"+model+"/weights", "", nil, &table); code != http.StatusOK {
+			t.Fatalf("weights: HTTP %d", code)
+		}
+		if len(table.Workers) != 2 {
+			t.Fatalf("weight table has %d workers, want the 2 admitted: %+v", len(table.Workers), table)
+		}
+	})
+	t.Run("uneven pools are held", func(t *testing.T) {
+		if uw.State != view.StateHeld {
+			t.Fatalf("uneven worker is %s, want held", uw.State)
+		}
+		x, ok := hasWarning(uw, view.WarnDPPoolImbalance)
+		if !ok || x.Severity != view.SeverityCritical {
+			t.Fatalf("warnings: %+v", uw.Warnings)
+		}
+		for _, want := range []string{"24,094", "2,925", "rank 1"} {
+			if !strings.Contains(x.Message, want) {
+				t.Errorf("message lacks %q: %s", want, x.Message)
+			}
+		}
+		if len(uw.Ranks) != 2 || uw.Ranks[1].KVTokens != 2925 {
+			t.Errorf("ranks: %+v", uw.Ranks)
+		}
+		if uw.Weight != nil {
+			t.Errorf("a held worker has weight %v", *uw.Weight)
+		}
+	})
+
+	t.Run("a pin needs the admin token", func(t *testing.T) {
+		path := "/api/v1/workers/" + sw.ID + "/pin"
+		for _, token := range []string{"", agentToken, "wrong"} {
+			if code := c.do(t, http.MethodPost, path, token, map[string]float64{"weight": 1.5}, nil); code != http.StatusUnauthorized {
+				t.Errorf("pin with token %q: HTTP %d, want 401", token, code)
+			}
+		}
+		var w view.Worker
+		if code := c.do(t, http.MethodPost, path, adminToken, map[string]float64{"weight": 1.5}, &w); code != http.StatusOK {
+			t.Fatalf("pin with the admin token: HTTP %d", code)
+		}
+		if w.PinnedWeight == nil || *w.PinnedWeight != 1.5 || w.Weight == nil || *w.Weight != 1.5 {
+			t.Errorf("after pin: weight %v pinned %v", w.Weight, w.PinnedWeight)
+		}
+	})
+
+	// Restart the coordinator over the same state: the pin is still there
+	// and nobody is measured again.
+	before := map[string]float64{"fast": generated(t, fast), "slow": generated(t, slow), "uneven": generated(t, uneven)}
+	addr := c.addr
+	c.stop()
+	c = startCoordinator(t, filepath.Join(dir, "state"), addr)
+	ws = c.waitFor(t, "agents back after the restart", 60*time.Second, func(ws []view.Worker) bool {
+		n := 0
+		for _, w := range ws {
+			if w.AgentConnected && (w.State == view.StateAdmitted || w.State == view.StateHeld) {
+				n++
+			}
+		}
+		return n == 3
+	})
+	t.Run("a pin survives a coordinator restart", func(t *testing.T) {
+		w, _ := byNode(ws, "gpu-slow")
+		if w.PinnedWeight == nil || *w.PinnedWeight != 1.5 {
+			t.Errorf("pinned weight after restart: %v", w.PinnedWeight)
+		}
+	})
+	t.Run("a coordinator restart costs no burst", func(t *testing.T) {
+		// Give a wrongly scheduled probe time to start.
+		time.Sleep(3 * time.Second)
+		for name, s := range map[string]*sim.Server{"fast": fast, "slow": slow, "uneven": uneven} {
+			if got := generated(t, s); got != before[name] {
+				t.Errorf("%s generated %v tokens after the restart (before: %v): it was measured again", name, got-before[name], before[name])
+			}
+		}
+	})
+
+	t.Run("an engine restarted with the same arguments costs no burst", func(t *testing.T) {
+		oldID := sw.ID
+		slow.Close()
+		slow = startSim(t, sim.Config{Flavor: "vllm", Model: model, SingleTPS: 100, Batch16TPS: 800, LogPath: slowLog}, strings.TrimPrefix(slow.URL(), "http://"))
+		time.Sleep(3 * time.Second)
+		if got := generated(t, slow); got != 0 {
+			t.Errorf("the restarted engine generated %v tokens: it was measured again", got)
+		}
+		w, ok := byNode(c.workers(t), "gpu-slow")
+		if !ok || w.ID != oldID || w.State != view.StateAdmitted {
+			t.Errorf("worker after a same-args restart: id %s (was %s) state %s", w.ID, oldID, w.State)
+		}
+	})
+
+	t.Run("an engine restarted with other arguments is a new worker and is measured", func(t *testing.T) {
+		oldID := sw.ID
+		port := strings.TrimPrefix(slow.URL(), "http://")
+		slow.Close()
+		slow = startSim(t, sim.Config{Flavor: "vllm", Model: model, SingleTPS: 150, Batch16TPS: 1200, LogPath: slowLog}, port)
+		ws := c.waitFor(t, "the new worker measured", 60*time.Second, func(ws []view.Worker) bool {
+			for _, w := range ws {
+				if w.Node == "gpu-slow" && w.ID != oldID && w.State == view.StateAdmitted && w.Throughput != nil {
+					return true
+				}
+			}
+			return false
+		})
+		if generated(t, slow) == 0 {
+			t.Error("the new engine was never measured")
+		}
+		for _, w := range ws {
+			if w.ID == oldID && w.State == view.StateAdmitted {
+				t.Errorf("the old worker %s is still admitted", oldID)
+			}
+		}
+	})
+	_ = slowAgent
+}
