@@ -190,6 +190,9 @@ func (l *link) run() error {
 	defer l.probes.Wait()
 	attempt := 0
 	for {
+		if l.ctx.Err() != nil {
+			return nil // never dial once stopped
+		}
 		start := time.Now()
 		err := l.session()
 		if l.ctx.Err() != nil {

@@ -34,7 +34,7 @@ type engine struct {
 
 // The fleet: one model served by four very different workers.
 var fleet = []engine{
-	{"gpu-a", []string{"--flavor", "vllm", "--single-tps", "150", "--batch16-tps", "2000", "--cold-factor", "3.6", "--cold-seconds", "6"}},
+	{"gpu-a", []string{"--flavor", "vllm", "--single-tps", "150", "--batch16-tps", "2000", "--cold-factor", "3.6", "--cold-seconds", "3"}},
 	{"gpu-b", []string{"--flavor", "sglang", "--single-tps", "80", "--batch16-tps", "900"}},
 	{"mac-c", []string{"--flavor", "mlx", "--single-tps", "45", "--batch16-tps", "300"}},
 	{"gpu-d", []string{"--flavor", "sglang", "--single-tps", "80", "--batch16-tps", "900", "--dp", "2", "--kv-tokens", "24094,2925"}},
