@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/hashicorp/go-hclog"
 
 	"heft/shared/wire"
@@ -203,6 +204,12 @@ func (l *link) run() error {
 		}
 		wait := backoff(attempt, l.cfg.MinBackoff, l.cfg.MaxBackoff, l.randN)
 		attempt++
+		switch websocket.CloseStatus(err) {
+		case wire.CloseProtocolVersion, wire.CloseSuperseded:
+			// Reconnecting soon cannot help: another agent holds this node
+			// name, or one side must be upgraded. Back off all the way.
+			wait = l.cfg.MaxBackoff
+		}
 		if errors.Is(err, errRejected) {
 			l.log.Error("coordinator rejected the agent token; check token or token_file", "url", l.cfg.URL, "retry_in", wait.String())
 		} else {

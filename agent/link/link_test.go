@@ -428,3 +428,24 @@ func TestUnsendableSnapshotSkipped(t *testing.T) {
 		})
 	}
 }
+
+func TestSupersededOrWrongVersionBacksOffFully(t *testing.T) {
+	for _, code := range []websocket.StatusCode{wire.CloseSuperseded, wire.CloseProtocolVersion} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			f := newFakeCoord(t)
+			cfg := testConfig(f)
+			cfg.MaxBackoff = 300 * time.Millisecond
+			start(t, cfg, newFakeHandler())
+			fc := f.accept(t)
+			fc.nextOf(t, wire.TypeSnapshot)
+			closed := time.Now()
+			fc.c.Close(code, "superseded by a newer connection from this node")
+			f.accept(t)
+			// A timer never fires early, so this lower bound is not a speed
+			// assertion: the agent must not fight the other connection.
+			if gap := time.Since(closed); gap < cfg.MaxBackoff {
+				t.Errorf("reconnected after %v, want at least the full backoff %v", gap, cfg.MaxBackoff)
+			}
+		})
+	}
+}

@@ -162,7 +162,7 @@ func (s *session) readLoop() {
 func readError(err error) error {
 	var ce websocket.CloseError
 	if errors.As(err, &ce) {
-		return fmt.Errorf("coordinator closed the link: %q (%v)", ce.Reason, ce.Code)
+		return fmt.Errorf("coordinator closed the link: %q (code %d): %w", ce.Reason, int(ce.Code), err)
 	}
 	return fmt.Errorf("read: %w", err)
 }

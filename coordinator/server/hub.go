@@ -22,13 +22,13 @@ import (
 // Private close codes (4000–4999) the coordinator sends to agents.
 const (
 	// CloseSuperseded: a newer connection from the same node took over.
-	CloseSuperseded websocket.StatusCode = 4001
+	CloseSuperseded = websocket.StatusCode(wire.CloseSuperseded)
 	// CloseProtocolVersion: the agent speaks another protocol version;
 	// reconnecting will not help until one side is upgraded.
-	CloseProtocolVersion websocket.StatusCode = 4002
+	CloseProtocolVersion = websocket.StatusCode(wire.CloseProtocolVersion)
 	// CloseSlowConsumer: the agent did not read fast enough and its
 	// outgoing queue filled.
-	CloseSlowConsumer websocket.StatusCode = 4003
+	CloseSlowConsumer = websocket.StatusCode(wire.CloseSlowConsumer)
 )
 
 // Labels of heft_agent_disconnects_total.

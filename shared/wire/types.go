@@ -283,3 +283,16 @@ type ProbeRequest struct {
 	CapacityKey string `json:"capacity_key"`
 	Reason      string `json:"reason"`
 }
+
+// Private websocket close codes (4000–4999) the coordinator sends to agents.
+const (
+	// CloseSuperseded: a newer connection from the same node took over;
+	// most likely two agents run with one node name.
+	CloseSuperseded = 4001
+	// CloseProtocolVersion: the agent speaks another protocol version;
+	// reconnecting will not help until one side is upgraded.
+	CloseProtocolVersion = 4002
+	// CloseSlowConsumer: the agent did not read fast enough and its
+	// outgoing queue filled.
+	CloseSlowConsumer = 4003
+)
