@@ -41,9 +41,17 @@ type coordinator struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	st     *store.Bolt
+	scheme string       // http or https
+	client *http.Client // trusts the coordinator's certificate
 }
 
 func startCoordinator(t *testing.T, dir, addr string) *coordinator {
+	t.Helper()
+	return startCoordinatorWith(t, dir, addr, nil)
+}
+
+// startCoordinatorWith lets a test adjust the configuration (TLS, say).
+func startCoordinatorWith(t *testing.T, dir, addr string, adjust func(*config.Config)) *coordinator {
 	t.Helper()
 	logger := hclog.New(&hclog.LoggerOptions{Name: "coordinator", Output: t.Output(), Level: hclog.Warn})
 	st, err := store.Open(dir, logger)
@@ -56,6 +64,9 @@ func startCoordinator(t *testing.T, dir, addr string) *coordinator {
 	}
 	cfg := config.Default()
 	cfg.StateDir, cfg.AgentToken, cfg.AdminToken = dir, agentToken, adminToken
+	if adjust != nil {
+		adjust(&cfg)
+	}
 	srv, err := server.New(cfg, f, logger)
 	if err != nil {
 		t.Fatalf("server: %v", err)
@@ -75,7 +86,8 @@ func startCoordinator(t *testing.T, dir, addr string) *coordinator {
 		t.Fatalf("listen %s: %v", addr, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &coordinator{t: t, addr: ln.Addr().String(), dir: dir, cancel: cancel, done: make(chan struct{}), st: st}
+	c := &coordinator{t: t, addr: ln.Addr().String(), dir: dir, cancel: cancel, done: make(chan struct{}), st: st,
+		scheme: "http", client: http.DefaultClient}
 	go func() {
 		defer close(c.done)
 		if err := srv.Run(ctx, ln); err != nil {
@@ -97,7 +109,7 @@ func (c *coordinator) stop() {
 	c.st.Close()
 }
 
-func (c *coordinator) url() string { return "http://" + c.addr }
+func (c *coordinator) url() string { return c.scheme + "://" + c.addr }
 
 func (c *coordinator) workers(t *testing.T) []view.Worker {
 	t.Helper()
@@ -119,7 +131,7 @@ func (c *coordinator) do(t *testing.T, method, path, token string, body any, out
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.client.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -195,10 +207,17 @@ func (b *syncBuffer) String() string {
 
 func startAgent(t *testing.T, c *coordinator, node, kind, engineURL, logPath string) *agent {
 	t.Helper()
+	return startAgentWith(t, "ws://"+c.addr+"/api/v1/agent", "", node, kind, engineURL, logPath)
+}
+
+// startAgentWith starts an agent with its coordinator URL and extra
+// [coordinator] settings (ca_file, say).
+func startAgentWith(t *testing.T, coordURL, extra, node, kind, engineURL, logPath string) *agent {
+	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "agent.toml")
-	text := fmt.Sprintf("[coordinator]\nurl = %q\ntoken = %q\n[node]\nname = %q\n[[engine]]\nkind = %q\nurl = %q\nlog = %q\n",
-		"ws://"+c.addr+"/api/v1/agent", agentToken, node, kind, engineURL, logPath)
+	text := fmt.Sprintf("[coordinator]\nurl = %q\ntoken = %q\n%s\n[node]\nname = %q\n[[engine]]\nkind = %q\nurl = %q\nlog = %q\n",
+		coordURL, agentToken, extra, node, kind, engineURL, logPath)
 	if err := os.WriteFile(cfgPath, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
