@@ -280,8 +280,10 @@ func checkTokenFile(path string) error {
 	if fi.IsDir() {
 		return fmt.Errorf("token file %s is a directory", path)
 	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return fmt.Errorf("token file %s has mode %04o, open to group or others: run chmod 600 %s", path, perm, path)
+	// Group read is allowed (root:heft 0640, as the packages and the install
+	// script lay it out); group write and any access by others are not.
+	if perm := fi.Mode().Perm(); perm&0o027 != 0 {
+		return fmt.Errorf("token file %s has mode %04o, so others can read it or its group can change it: run chmod 600 %s (or 640 with a dedicated group)", path, perm, path)
 	}
 	tok, err := readToken(path)
 	if err != nil {

@@ -310,6 +310,9 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	}{
 		{"both token forms", func(c *Config) { c.Coordinator.TokenFile = "/x" }, "both token and token_file"},
 		{"open token file", func(c *Config) { c.Coordinator.Token, c.Coordinator.TokenFile = "", openFile }, "chmod 600"},
+		{"group-writable token file", func(c *Config) {
+			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "tok-gw", "x", 0o660)
+		}, "mode 0660"},
 		{"missing token file", func(c *Config) { c.Coordinator.Token, c.Coordinator.TokenFile = "", "/does/not/exist" }, "token file"},
 		{"empty token file", func(c *Config) {
 			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "empty", " \n", 0o600)
@@ -343,6 +346,11 @@ func TestToken(t *testing.T) {
 	c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "tok", "  abc123 \n\n", 0o600)
 	if tok, err := c.Token(); err != nil || tok != "abc123" {
 		t.Errorf("file token = %q, %v", tok, err)
+	}
+	// root:heft 0640 is how the packages and the install script lay it out.
+	c.Coordinator.TokenFile = writeFile(t, "tok-640", "abc\n", 0o640)
+	if err := c.Validate(); err != nil && strings.Contains(err.Error(), "token file") {
+		t.Errorf("a group-readable token file was refused: %v", err)
 	}
 	c.Coordinator.TokenFile = filepath.Join(t.TempDir(), "gone")
 	if _, err := c.Token(); err == nil {

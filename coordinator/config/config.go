@@ -155,9 +155,11 @@ func readTokenFile(key, path string) (string, error) {
 	if !st.Mode().IsRegular() {
 		return "", fmt.Errorf("%s: %s is not a regular file", key, path)
 	}
-	// Windows has no meaningful permission bits to check.
-	if perm := st.Mode().Perm(); runtime.GOOS != "windows" && perm&0o077 != 0 {
-		return "", fmt.Errorf("%s: %s has mode %04o, so group or others can read it; run: chmod 600 %s",
+	// Windows has no meaningful permission bits to check. Group read is
+	// allowed so root can own the file and the service's group read it
+	// (root:heft 0640); group write and any access by others are not.
+	if perm := st.Mode().Perm(); runtime.GOOS != "windows" && perm&0o027 != 0 {
+		return "", fmt.Errorf("%s: %s has mode %04o, so others can read it or its group can change it; run: chmod 600 %s (or 640 with a dedicated group)",
 			key, path, perm, path)
 	}
 	data, err := io.ReadAll(io.LimitReader(f, maxTokenFile+1))

@@ -205,7 +205,8 @@ func TestVersionFlagSkipsEverything(t *testing.T) {
 func TestTokenFiles(t *testing.T) {
 	good := writeFile(t, "agent.token", "  tok-from-file\n", 0o600)
 	open := writeFile(t, "open.token", "tok\n", 0o644)
-	group := writeFile(t, "group.token", "tok\n", 0o640)
+	groupRead := writeFile(t, "group-read.token", "tok\n", 0o640)
+	groupWrite := writeFile(t, "group-write.token", "tok\n", 0o660)
 	empty := writeFile(t, "empty.token", "\n\n", 0o600)
 	twoLines := writeFile(t, "two.token", "a\nb\n", 0o600)
 
@@ -219,12 +220,17 @@ func TestTokenFiles(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
+	// root:heft 0640 is how the packages lay tokens out.
+	cfg.AgentTokenFile = groupRead
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("a group-readable token file was refused: %v", err)
+	}
 
 	for _, tc := range []struct {
 		name, path, want string
 	}{
 		{"world readable", open, "chmod 600"},
-		{"group readable", group, "mode 0640"},
+		{"group writable", groupWrite, "mode 0660"},
 		{"empty", empty, "is empty"},
 		{"two lines", twoLines, "more than one line"},
 		{"missing", filepath.Join(t.TempDir(), "nope"), "no such file"},
