@@ -14,14 +14,14 @@ func TestPools(t *testing.T) {
 		ranks    []wire.Rank
 		severity string // "" = no finding
 	}{
-		{"one rank", []wire.Rank{{0, 24094}}, ""},
-		{"even", []wire.Rank{{0, 24094}, {1, 24037}}, ""},
-		{"the L4 story", []wire.Rank{{0, 24094}, {1, 2925}}, Critical},
-		{"mildly uneven", []wire.Rank{{0, 1000}, {1, 700}}, Warning},
-		{"just under hold", []wire.Rank{{0, 1000}, {1, 499}}, Critical},
-		{"at hold", []wire.Rank{{0, 1000}, {1, 500}}, Warning},
-		{"at warn", []wire.Rank{{0, 1000}, {1, 900}}, ""},
-		{"empty pools", []wire.Rank{{0, 0}, {1, 0}}, ""},
+		{"one rank", []wire.Rank{{DPRank: 0, KVTokens: 24094}}, ""},
+		{"even", []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 24037}}, ""},
+		{"the L4 story", []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}, Critical},
+		{"mildly uneven", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 700}}, Warning},
+		{"just under hold", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 499}}, Critical},
+		{"at hold", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 500}}, Warning},
+		{"at warn", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 900}}, ""},
+		{"empty pools", []wire.Rank{{DPRank: 0, KVTokens: 0}, {DPRank: 1, KVTokens: 0}}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -37,7 +37,7 @@ func TestPools(t *testing.T) {
 			}
 		})
 	}
-	f := Pools([]wire.Rank{{0, 24094}, {1, 2925}}, th)
+	f := Pools([]wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}, th)
 	for _, want := range []string{"rank 0 holds 24,094", "rank 1 only 2,925", "12%", "second request", "held", "whole, empty GPUs", "separate servers"} {
 		if !strings.Contains(f.Message, want) {
 			t.Errorf("message lacks %q:\n%s", want, f.Message)
@@ -46,7 +46,7 @@ func TestPools(t *testing.T) {
 }
 
 func TestPoolRatio(t *testing.T) {
-	r, small, large, ok := PoolRatio([]wire.Rank{{0, 24094}, {1, 2925}, {2, 24000}})
+	r, small, large, ok := PoolRatio([]wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}, {DPRank: 2, KVTokens: 24000}})
 	if !ok || small.DPRank != 1 || large.DPRank != 0 {
 		t.Fatalf("ratio %v small %v large %v ok %v", r, small, large, ok)
 	}
@@ -115,7 +115,7 @@ func TestMeasurementFindings(t *testing.T) {
 }
 
 func TestEngineAndSort(t *testing.T) {
-	e := wire.Engine{URL: "http://x", Error: "connection refused", Ranks: []wire.Rank{{0, 100}, {1, 80}}}
+	e := wire.Engine{URL: "http://x", Error: "connection refused", Ranks: []wire.Rank{{DPRank: 0, KVTokens: 100}, {DPRank: 1, KVTokens: 80}}}
 	fs := Engine(e, nil, DefaultThresholds())
 	fs = append(fs, Finding{Code: "zzz", Severity: Info})
 	Sort(fs)
