@@ -1,0 +1,165 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/agent/link"
+	"heft/coordinator/view"
+	"heft/shared/wire"
+)
+
+// A thousand agents, each with one engine of its own capacity key, are
+// measured once; the coordinator is then restarted on the same address
+// and state. Every agent must come back by itself, no burst may run again
+// (each gets its cached measurement instead), and the reconnections must
+// spread out rather than arrive in one wave.
+func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
+	const n = 1000
+	// The coordinator's first retry waits uniformly in [MinBackoff,
+	// 2·MinBackoff] (link.DefaultMinBackoff = 500 ms): that window is what
+	// spreads a fleet that lost its coordinator at the same instant.
+	const minSpread = 250 * time.Millisecond
+	// Once the new listener is up, every agent's pending wait is at most
+	// link.DefaultMaxBackoff (30 s); the rest is handshakes on a busy host.
+	const backWithin = link.DefaultMaxBackoff + 15*time.Second
+
+	dir := t.TempDir()
+	logger := quietLogger(t)
+	c := startCoord(t, dir, "127.0.0.1:0", logger, nil)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var running sync.WaitGroup
+	stopAgents := sync.OnceFunc(func() { cancel(); running.Wait() })
+	t.Cleanup(stopAgents)
+	agents := make([]*fixedAgent, n)
+	for i := range agents {
+		a := newFixedAgent(fmt.Sprintf("node-%04d", i), 20000+i, 900+float64(i%9)*25)
+		agents[i] = a
+		running.Go(func() {
+			err := link.Run(ctx, link.Config{
+				URL: c.agentURL(), Token: agentToken, Node: a.node, AgentVersion: "reliability",
+				Host: wire.Host{Hostname: a.node, OS: "linux", Arch: "amd64"},
+				// One Snapshot call per session: it marks the session's start.
+				PollEvery: time.Hour, SnapshotEvery: time.Hour,
+			}, a, hclog.NewNullLogger())
+			if err != nil {
+				t.Errorf("link.Run %s: %v", a.node, err)
+			}
+		})
+	}
+
+	admitted := func() int { return c.fleet.Stats().WorkersByState[view.StateAdmitted] }
+	waitFor(t, fmt.Sprintf("%d workers measured and admitted", n), 3*time.Minute, func() bool {
+		time.Sleep(100 * time.Millisecond) // the count walks every worker; no need to spin
+		return admitted() == n
+	})
+	for _, a := range agents {
+		if got := a.probes.Load(); got != 1 {
+			t.Fatalf("%s was probed %d times before the restart, want 1", a.node, got)
+		}
+	}
+
+	// Restart: a clean shutdown tells every agent at the same instant.
+	down := time.Now()
+	c.stop()
+	stopped := time.Now()
+	c2 := startCoord(t, dir, c.addr, logger, nil)
+	up := time.Now()
+
+	// Stored workers start as if their agents had just left; they would go
+	// offline (out of the weight table) after the grace, 30 s.
+	maxOffline := 0
+	waitFor(t, fmt.Sprintf("all %d agents connected again", n), backWithin, func() bool {
+		maxOffline = max(maxOffline, c2.fleet.Stats().WorkersByState[view.StateOffline])
+		return c2.srv.AgentsConnected() == n
+	})
+	back := time.Now()
+	waitFor(t, "every agent's cached measurement", 10*time.Second, func() bool {
+		for _, a := range agents {
+			if a.cached.Load() < 1 {
+				return false
+			}
+		}
+		return true
+	})
+	// Nothing may ask for a burst now, nor over the next fleet ticks.
+	quiet := time.Now().Add(2500 * time.Millisecond)
+	for time.Now().Before(quiet) {
+		for _, a := range agents {
+			if got := a.probes.Load(); got != 1 {
+				t.Fatalf("%s was probed %d times in all, want 1: the restart re-ran its burst", a.node, got)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ws := c2.fleet.Workers()
+	if len(ws) != n {
+		t.Fatalf("%d workers after the restart, want %d", len(ws), n)
+	}
+	for _, w := range ws {
+		if w.State != view.StateAdmitted || !w.AgentConnected || w.Throughput == nil || len(w.History) != 1 {
+			t.Fatalf("worker %s after the restart: state %s, connected %t, throughput %v, %d measurements",
+				w.ID, w.State, w.AgentConnected, w.Throughput, len(w.History))
+		}
+	}
+
+	// When each agent's new session began, relative to the shutdown.
+	var offsets, afterUp []time.Duration
+	multi := 0
+	for _, a := range agents {
+		s := a.sessionsSince(down)
+		if len(s) == 0 {
+			t.Fatalf("%s has no session since the restart", a.node)
+		}
+		if len(s) > 1 {
+			multi++
+		}
+		offsets = append(offsets, s[0].Sub(down))
+		afterUp = append(afterUp, s[0].Sub(up))
+	}
+	slices.Sort(offsets)
+	slices.Sort(afterUp)
+	span := offsets[len(offsets)-1] - offsets[0]
+	densest := densestWindow(offsets, 50*time.Millisecond)
+	t.Logf("shutdown took %s, restart %s; %d agents back %s after the shutdown began (%s after the new listener)",
+		stopped.Sub(down).Round(time.Millisecond), up.Sub(stopped).Round(time.Millisecond), n,
+		back.Sub(down).Round(time.Millisecond), back.Sub(up).Round(time.Millisecond))
+	t.Logf("reconnects after the shutdown began: first %s, p10 %s, p50 %s, p90 %s, last %s; spread %s; "+
+		"densest 50 ms window holds %d of %d; %d agents needed more than one session; 0 bursts re-run",
+		offsets[0].Round(time.Millisecond), pct(offsets, 10), pct(offsets, 50), pct(offsets, 90),
+		offsets[len(offsets)-1].Round(time.Millisecond), span.Round(time.Millisecond), densest, n, multi)
+	t.Logf("after the new listener: p50 %s, p90 %s, p99 %s, last %s; most workers offline at once meanwhile: %d",
+		pct(afterUp, 50), pct(afterUp, 90), pct(afterUp, 99), afterUp[len(afterUp)-1].Round(time.Millisecond), maxOffline)
+	if span < minSpread {
+		t.Errorf("reconnects spread over %s only, want at least %s: the backoff is not jittered", span, minSpread)
+	}
+	if densest > n/4 {
+		t.Errorf("%d of %d agents reconnected within one 50 ms window: a thundering herd", densest, n)
+	}
+
+	stopAgents()
+}
+
+// densestWindow is the largest number of sorted times within any window
+// of width w.
+func densestWindow(sorted []time.Duration, w time.Duration) int {
+	best, lo := 0, 0
+	for hi := range sorted {
+		for sorted[hi]-sorted[lo] > w {
+			lo++
+		}
+		best = max(best, hi-lo+1)
+	}
+	return best
+}
+
+func pct(sorted []time.Duration, p int) time.Duration {
+	return sorted[(len(sorted)-1)*p/100].Round(time.Millisecond)
+}
