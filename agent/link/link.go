@@ -29,7 +29,7 @@ const (
 	DefaultSnapshotEvery = 15 * time.Second
 	DefaultPollEvery     = time.Second
 	DefaultMinBackoff    = 500 * time.Millisecond
-	DefaultMaxBackoff    = 30 * time.Second
+	DefaultMaxBackoff    = 15 * time.Second // well under the coordinator's 30 s offline grace
 	DefaultPingEvery     = 15 * time.Second
 	DefaultPingTimeout   = 10 * time.Second
 	DefaultWriteTimeout  = 10 * time.Second

@@ -6,9 +6,10 @@
 // the file: it streams through a fixed buffer and holds at most one line.
 //
 // Truncation is seen as a shrink below the bytes already read, or as a
-// change of the file's first 64 bytes (a file rewritten in place between
+// change of the file's first 4 KiB (a file rewritten in place between
 // two polls, as a quickly restarted engine writing with `>` does). Limits:
-// a rewrite that keeps those 64 bytes and refills past the old offset
+// a rewrite that keeps those 4 KiB (the first lines, with the engine's launch
+// arguments, and their time stamps) and refills past the old offset
 // between two polls is read on from the old offset; and after a
 // rename rotation, lines a writer still appends to the old file once the
 // new one exists are not read.
@@ -321,7 +322,7 @@ func (f *follower) checkFile(ctx context.Context) (switched bool, err error) {
 // headBytes is how much of the file's start is remembered. Log lines start
 // with a time stamp or a process prefix, so a restarted engine that rewrote
 // the file in place almost always changes them.
-const headBytes = 64
+const headBytes = 4096
 
 // checkHead tells whether the file was truncated and written again between
 // two polls, past the offset already read: the size check cannot see that,

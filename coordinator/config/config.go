@@ -45,9 +45,13 @@ type Config struct {
 	LogLevel string `toml:"log_level"`
 	LogJSON  bool   `toml:"log_json"`
 
-	OfflineGrace   time.Duration `toml:"offline_grace"`
-	CacheTTL       time.Duration `toml:"cache_ttl"`
-	RemeasureEvery time.Duration `toml:"remeasure_every"`
+	OfflineGrace time.Duration `toml:"offline_grace"`
+	// AgentPingInterval and AgentPingTimeout bound how long a silently
+	// stalled agent connection lingers before it is dropped.
+	AgentPingInterval time.Duration `toml:"agent_ping_interval"`
+	AgentPingTimeout  time.Duration `toml:"agent_ping_timeout"`
+	CacheTTL          time.Duration `toml:"cache_ttl"`
+	RemeasureEvery    time.Duration `toml:"remeasure_every"`
 
 	Thresholds health.Thresholds `toml:"thresholds"`
 	WeightMin  float64           `toml:"weight_min"`
@@ -60,15 +64,17 @@ type Config struct {
 // Default returns the configuration used where nothing else is said.
 func Default() Config {
 	return Config{
-		Listen:         "127.0.0.1:7070",
-		StateDir:       "/var/lib/heft",
-		LogLevel:       "info",
-		OfflineGrace:   30 * time.Second,
-		CacheTTL:       6 * time.Hour,
-		RemeasureEvery: 6 * time.Hour,
-		Thresholds:     health.DefaultThresholds(),
-		WeightMin:      0.25,
-		WeightMax:      8,
+		Listen:            "127.0.0.1:7070",
+		StateDir:          "/var/lib/heft",
+		LogLevel:          "info",
+		OfflineGrace:      30 * time.Second,
+		AgentPingInterval: 10 * time.Second,
+		AgentPingTimeout:  5 * time.Second,
+		CacheTTL:          6 * time.Hour,
+		RemeasureEvery:    6 * time.Hour,
+		Thresholds:        health.DefaultThresholds(),
+		WeightMin:         0.25,
+		WeightMax:         8,
 	}
 }
 
@@ -215,7 +221,7 @@ func (c Config) Validate() error {
 		bad("log_level %q is not one of trace, debug, info, warn, error", c.LogLevel)
 	}
 	for key, d := range map[string]time.Duration{"offline_grace": c.OfflineGrace, "cache_ttl": c.CacheTTL,
-		"remeasure_every": c.RemeasureEvery} {
+		"remeasure_every": c.RemeasureEvery, "agent_ping_interval": c.AgentPingInterval, "agent_ping_timeout": c.AgentPingTimeout} {
 		if d <= 0 {
 			bad("%s must be positive, got %s", key, d)
 		}
@@ -289,6 +295,8 @@ func settings() []setting {
 			return err
 		}},
 		{"offline_grace", true, "how long an agent may be gone before its workers go offline", dur(func(c *Config) *time.Duration { return &c.OfflineGrace })},
+		{"agent_ping_interval", true, "how often each agent connection is pinged", dur(func(c *Config) *time.Duration { return &c.AgentPingInterval })},
+		{"agent_ping_timeout", true, "how long a ping may go unanswered before the agent is dropped", dur(func(c *Config) *time.Duration { return &c.AgentPingTimeout })},
 		{"cache_ttl", true, "how long a measurement is reused across reconnects", dur(func(c *Config) *time.Duration { return &c.CacheTTL })},
 		{"remeasure_every", true, "how often an idle worker is measured again", dur(func(c *Config) *time.Duration { return &c.RemeasureEvery })},
 		{"weight_min", true, "smallest weight", num(func(c *Config) *float64 { return &c.WeightMin })},

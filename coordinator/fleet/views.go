@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -192,6 +193,7 @@ func (f *Fleet) view(w *worker) view.Worker {
 	if c := f.cache[w.id]; c != nil && !w.placeholder {
 		if m := c.latest; m != nil {
 			mc := cloneMeasurement(*m)
+			mc.Problems = clipProblems(mc.Problems)
 			at := m.FinishedAt
 			v.Measurement, v.MeasuredAt = &mc, &at
 			if m.Valid() {
@@ -212,4 +214,31 @@ func clonePtr(p *float64) *float64 {
 	}
 	v := *p
 	return &v
+}
+
+// View limits on a measurement's problems: the views go to every dashboard
+// on every change, the whole record stays in the store.
+const (
+	viewProblems     = 8
+	viewProblemBytes = 512
+)
+
+// clipProblems keeps the first few problems, each cut short, and says how
+// many were left out.
+func clipProblems(ps []string) []string {
+	if len(ps) == 0 {
+		return ps
+	}
+	out := make([]string, 0, min(len(ps), viewProblems+1))
+	for i, p := range ps {
+		if i == viewProblems {
+			out = append(out, fmt.Sprintf("(%d more)", len(ps)-viewProblems))
+			break
+		}
+		if len(p) > viewProblemBytes {
+			p = strings.ToValidUTF8(p[:viewProblemBytes], "") + "…"
+		}
+		out = append(out, p)
+	}
+	return out
 }

@@ -130,6 +130,12 @@ func newServer(cfg config.Config, f fleetAPI, logger hclog.Logger) (*Server, err
 		lim:      defaultLimits(),
 		stopping: make(chan struct{}),
 	}
+	if cfg.AgentPingInterval > 0 {
+		s.lim.pingEvery = cfg.AgentPingInterval
+	}
+	if cfg.AgentPingTimeout > 0 {
+		s.lim.pingTimeout = cfg.AgentPingTimeout
+	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.auth = newAuthLimiter(time.Now)
 	s.hub = newHub(s)

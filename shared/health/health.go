@@ -216,11 +216,25 @@ func Engine(e wire.Engine, gpus []wire.GPU, th Thresholds) []Finding {
 	return out
 }
 
+// problems quotes the first few of a measurement's problems, each cut
+// short: a warning is read by a person and shown on every dashboard.
 func problems(m wire.Measurement) string {
+	const most, longest = 3, 300
 	if len(m.Problems) == 0 {
 		return ""
 	}
-	return " (" + strings.Join(m.Problems, "; ") + ")"
+	var parts []string
+	for i, p := range m.Problems {
+		if i == most {
+			parts = append(parts, fmt.Sprintf("and %d more", len(m.Problems)-most))
+			break
+		}
+		if len(p) > longest {
+			p = strings.ToValidUTF8(p[:longest], "") + "…"
+		}
+		parts = append(parts, p)
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }
 
 func gib(b uint64) string {

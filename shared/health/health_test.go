@@ -131,3 +131,14 @@ func TestThousands(t *testing.T) {
 		}
 	}
 }
+
+func TestMeasurementMessageStaysShort(t *testing.T) {
+	m := wire.Measurement{Failure: CodeProbeFailed}
+	for i := 0; i < 64; i++ {
+		m.Problems = append(m.Problems, strings.Repeat("x", 4096))
+	}
+	fs := Measurement(m, DefaultThresholds())
+	if len(fs) != 1 || len(fs[0].Message) > 1200 || !strings.Contains(fs[0].Message, "and 61 more") {
+		t.Errorf("message of %d bytes: %.200s", len(fs[0].Message), fs[0].Message)
+	}
+}
