@@ -58,7 +58,13 @@ type Collector struct {
 	mu      sync.Mutex
 	byKey   map[string]*engine.Client
 	hostErr string // last host error logged, so it is logged once
+	host    wire.Host
+	hostAt  time.Time // when host was read
 }
+
+// hostEvery is how often host facts are read again: they barely change,
+// and reading them walks /sys for every CPU.
+const hostEvery = 30 * time.Second
 
 // engineState is one engine and what its log has said.
 type engineState struct {
@@ -230,18 +236,7 @@ func (st *engineState) logFacts() *enginelog.Facts {
 // Engine.Error) or logged (host facts).
 func (c *Collector) Snapshot(ctx context.Context) wire.Snapshot {
 	snap := wire.Snapshot{Node: c.cfg.Node, At: time.Now().UTC(), GPUs: []wire.GPU{}, Engines: []wire.Engine{}}
-	h, err := host.Collect(ctx)
-	c.mu.Lock()
-	if err != nil && err.Error() != c.hostErr {
-		c.logger.Warn("host facts incomplete", "error", err)
-	}
-	if err != nil {
-		c.hostErr = err.Error()
-	} else {
-		c.hostErr = ""
-	}
-	c.mu.Unlock()
-	snap.Host = h
+	snap.Host = c.hostFacts(ctx)
 
 	gpus, err := c.gpus.Devices(ctx)
 	var gpuErrs []string
@@ -280,6 +275,32 @@ func (c *Collector) Snapshot(ctx context.Context) wire.Snapshot {
 	c.byKey = byKey
 	c.mu.Unlock()
 	return snap
+}
+
+// hostFacts returns the host's facts, read again every hostEvery.
+func (c *Collector) hostFacts(ctx context.Context) wire.Host {
+	c.mu.Lock()
+	if !c.hostAt.IsZero() && time.Since(c.hostAt) < hostEvery {
+		h := c.host
+		c.mu.Unlock()
+		return h
+	}
+	c.mu.Unlock()
+	h, err := host.Collect(ctx)
+	if ctx.Err() != nil {
+		return h // a cancelled poll is no host problem
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil && err.Error() != c.hostErr {
+		c.logger.Warn("host facts incomplete", "error", err)
+	}
+	c.hostErr = ""
+	if err != nil {
+		c.hostErr = err.Error()
+	}
+	c.host, c.hostAt = h, time.Now()
+	return h
 }
 
 // Engine returns the client of the engine with the given capacity key, as

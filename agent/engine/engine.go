@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -70,8 +72,9 @@ type Client struct {
 	logger  hclog.Logger
 
 	mu        sync.Mutex
-	pid       int    // last engine root process found
-	listener  int    // last listener pid found
+	pid       int // last engine root process found
+	listener  int // last listener pid found
+	proc      processLookup
 	lastModel string // last model seen, kept across a short outage
 	lastArgs  []string
 	lastSrc   string // source of lastArgs
@@ -237,6 +240,9 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *LogFacts)
 	// The engine's processes, when it runs on this host.
 	var tree []int
 	var cmdArgs map[string]string
+	if r.down {
+		c.forgetProcess()
+	}
 	if c.local {
 		pid, argv, t, err := c.findProcess(ctx)
 		switch {
@@ -485,7 +491,54 @@ func (c *Client) stickyArgs(args []string, src string, down bool) ([]string, str
 // findProcess returns the engine's root pid, its argv and its process
 // tree. A pid found before is checked cheaply and kept while it still
 // listens on the port.
+// processLookup caches what findProcess found: finding a port's owner
+// walks every process's file descriptors, far too dear for every poll.
+type processLookup struct {
+	at   time.Time
+	root int
+	argv []string
+	tree []int
+	err  error
+}
+
+// processRecheck is how long a process lookup is trusted while its
+// process lives and the engine answers; an engine that went down is looked
+// up afresh.
+const processRecheck = 15 * time.Second
+
 func (c *Client) findProcess(ctx context.Context) (int, []string, []int, error) {
+	c.mu.Lock()
+	p := c.proc
+	c.mu.Unlock()
+	if !p.at.IsZero() && time.Since(p.at) < processRecheck && (p.err != nil || processAlive(p.root)) {
+		return p.root, p.argv, p.tree, p.err
+	}
+	root, argv, tree, err := c.lookupProcess(ctx)
+	c.mu.Lock()
+	c.proc = processLookup{at: time.Now(), root: root, argv: argv, tree: tree, err: err}
+	c.mu.Unlock()
+	return root, argv, tree, err
+}
+
+// forgetProcess drops the cached lookup, so a restarted engine's new
+// process (and launch arguments) is found at the next poll.
+func (c *Client) forgetProcess() {
+	c.mu.Lock()
+	c.proc = processLookup{}
+	c.mu.Unlock()
+}
+
+// processAlive reports whether pid still exists (kill 0 would need
+// permission over it; its /proc entry does not).
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err == nil || runtime.GOOS != "linux"
+}
+
+func (c *Client) lookupProcess(ctx context.Context) (int, []string, []int, error) {
 	c.mu.Lock()
 	listener := c.listener
 	c.mu.Unlock()
