@@ -95,3 +95,11 @@ func BenchmarkTickIdle10k(b *testing.B) {
 		f.Tick()
 	}
 }
+
+func BenchmarkReevaluate10k(b *testing.B) {
+	f, _ := bigFleet(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		f.Reevaluate()
+	}
+}

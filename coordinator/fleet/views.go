@@ -153,10 +153,27 @@ func (f *Fleet) Stats() Stats {
 	return s
 }
 
-// RecomputeWeights re-derives every worker's state, warnings and weight.
-// The fleet does this itself after every change; it is exported so a
-// benchmark can time it.
+// RecomputeWeights recomputes every model's weights from its admitted
+// workers' throughputs: a median per model and a clamp per worker. The
+// fleet does this itself for the model a change touched; it is exported so
+// a benchmark can time the whole fleet's worth.
 func (f *Fleet) RecomputeWeights() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now, changed := f.now(), false
+	for model := range f.byModel {
+		if f.reweigh(model, now) {
+			changed = true
+		}
+	}
+	if changed {
+		f.notify()
+	}
+}
+
+// Reevaluate re-derives every worker's state, warnings and weight from
+// scratch, as a coordinator restart does; exported for benchmarks.
+func (f *Fleet) Reevaluate() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.refreshAll(f.now()) {

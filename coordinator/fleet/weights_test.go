@@ -38,6 +38,13 @@ func TestThreeWorkersUseMedian(t *testing.T) {
 	if !near(w["slow"], 0.5) || !near(w["mid"], 1) || !near(w["fast"], 3.5) {
 		t.Errorf("weights = %v, want slow 0.5, mid 1 (the median itself), fast 3.5", w)
 	}
+	// Recomputing the whole fleet's weights (or re-deriving everything, as a
+	// restart does) changes nothing that is already right.
+	h.f.RecomputeWeights()
+	h.f.Reevaluate()
+	if again := h.weights("m"); !near(again["slow"], 0.5) || !near(again["mid"], 1) || !near(again["fast"], 3.5) {
+		t.Errorf("after a full recompute: %v", again)
+	}
 	// Another model's workers do not count in this model's median.
 	h.admit("n4", engine("other", "http://4:8000", "m2"), 10000)
 	if w2 := h.weights("m"); !near(w2["mid"], 1) {
