@@ -34,6 +34,7 @@ func (f *Fleet) Connect(node string, conn uint64, hello wire.Hello) []Action {
 // no longer the node's current connection is ignored.
 func (f *Fleet) Disconnect(node string, conn uint64) {
 	f.mu.Lock()
+	defer f.writeRecords()
 	defer f.mu.Unlock()
 	n := f.nodes[node]
 	if n == nil || !n.connected || n.conn != conn {
@@ -62,6 +63,7 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 		return nil
 	}
 	f.mu.Lock()
+	defer f.writeRecords()
 	defer f.mu.Unlock()
 	now := f.now()
 	n := f.nodeFor(nodeName)
@@ -250,17 +252,20 @@ func (f *Fleet) ProbeResult(nodeName string, r wire.ProbeResult) ([]Action, erro
 	}
 	m := cloneMeasurement(r.Measurement)
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	now := f.now()
 	w := f.workers[m.CapacityKey]
 	switch {
 	case w == nil || w.placeholder:
+		f.mu.Unlock()
 		return nil, fmt.Errorf("%w: probe result from %s for unknown capacity key %q", ErrNotFound, nodeName, m.CapacityKey)
 	case w.node != nodeName:
+		f.mu.Unlock()
 		return nil, fmt.Errorf("%w: probe result from %s for %q, which belongs to node %s", ErrInvalid, nodeName, m.CapacityKey, w.node)
 	case m.Node != "" && m.Node != nodeName:
+		f.mu.Unlock()
 		return nil, fmt.Errorf("%w: probe result from %s claims node %q", ErrInvalid, nodeName, m.Node)
 	case m.Model != "" && w.eng.Model != "" && m.Model != w.eng.Model:
+		f.mu.Unlock()
 		return nil, fmt.Errorf("%w: probe result for %q measured model %q, the worker serves %q", ErrInvalid, m.CapacityKey, m.Model, w.eng.Model)
 	}
 	m.Node = nodeName
@@ -274,8 +279,18 @@ func (f *Fleet) ProbeResult(nodeName string, r wire.ProbeResult) ([]Action, erro
 		}
 		m.FinishedAt, m.StartedAt = now, now.Add(-dur)
 	}
+	f.mu.Unlock()
+	// The write syncs to disk: outside the lock, so other agents are not
+	// held up, and before the fleet shows the measurement, so what the API
+	// shows survives a crash. Concurrent writes share one commit.
 	if err := f.st.SaveMeasurement(m, f.cfg.HistoryLen); err != nil {
 		return nil, fmt.Errorf("fleet: store measurement for %q: %w", m.CapacityKey, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if w = f.workers[m.CapacityKey]; w == nil {
+		// Forgotten meanwhile; the measurement stays cached in the store.
+		return nil, nil
 	}
 	c := f.entry(m.CapacityKey)
 	c.latest = &m
@@ -390,11 +405,29 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 	if !force && sameRecord(r, w.saved) && now.Sub(w.savedAt) < recordEvery {
 		return
 	}
-	if err := f.st.SaveWorker(r); err != nil {
-		f.log.Warn("could not save worker record", "worker", w.id, "error", err)
-		return
-	}
+	r.LaunchArgs, r.Ranks = slices.Clone(r.LaunchArgs), slices.Clone(r.Ranks)
+	f.records = append(f.records, r)
 	w.saved, w.savedAt = r, now
+}
+
+// writeRecords writes the worker records queued under the lock, after it
+// was released. Records are best effort: one that fails is logged and
+// written again on a later snapshot.
+func (f *Fleet) writeRecords() {
+	f.mu.Lock()
+	rs := f.records
+	f.records = nil
+	f.mu.Unlock()
+	for _, r := range rs {
+		if err := f.st.SaveWorker(r); err != nil {
+			f.log.Warn("could not save worker record", "worker", r.ID, "error", err)
+			f.mu.Lock()
+			if w := f.workers[r.ID]; w != nil {
+				w.savedAt = time.Time{} // try again at the next snapshot
+			}
+			f.mu.Unlock()
+		}
+	}
 }
 
 func sameRecord(a, b store.WorkerRecord) bool {

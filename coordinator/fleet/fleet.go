@@ -133,6 +133,9 @@ type Fleet struct {
 	reqPrefix string
 	nextDue   time.Time
 	dirty     map[string]bool // models to re-weigh at the next refresh
+	// records are worker records waiting to be written once the lock is
+	// released: a disk sync under the lock would stall every agent.
+	records []store.WorkerRecord
 
 	subMu  sync.Mutex
 	subs   map[uint64]chan struct{}

@@ -237,7 +237,6 @@ func (h *hub) serve(c *agentConn) {
 	log := s.log.With("conn", c.id, "source", c.source)
 	var workers sync.WaitGroup
 	workers.Go(func() { c.writeLoop() })
-	workers.Go(func() { c.pingLoop() })
 
 	h.read(c, log)
 
@@ -369,12 +368,21 @@ func (h *hub) dispatch(c *agentConn, env *wire.Envelope) string {
 	return ""
 }
 
+// writeLoop sends queued messages and, between them, pings the peer: one
+// goroutine for both keeps a connection to two goroutines (the reader and
+// this), which counts at 10,000 agents.
 func (c *agentConn) writeLoop() {
 	lim := c.h.s.lim
+	ping := time.NewTicker(lim.pingEvery)
+	defer ping.Stop()
 	for {
 		select {
 		case <-c.ctx.Done():
 			return
+		case <-ping.C:
+			if !c.ping() {
+				return
+			}
 		case msg := <-c.out:
 			// A deadline on Write's context would close the socket before the
 			// reason is recorded; a timer records it first.
@@ -391,25 +399,18 @@ func (c *agentConn) writeLoop() {
 	}
 }
 
-// pingLoop checks the peer answers; the reader delivers the pongs.
-func (c *agentConn) pingLoop() {
+// ping checks the peer answers (the reader delivers the pong); false ends
+// the connection.
+func (c *agentConn) ping() bool {
 	lim := c.h.s.lim
-	t := time.NewTicker(lim.pingEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-t.C:
-			late := time.AfterFunc(lim.pingTimeout, func() {
-				c.end(websocket.StatusGoingAway, "ping timeout", dropPingTimeout, false)
-			})
-			err := c.ws.Ping(c.ctx)
-			late.Stop()
-			if err != nil {
-				c.end(websocket.StatusGoingAway, "ping failed", dropPingTimeout, false)
-				return
-			}
-		}
+	late := time.AfterFunc(lim.pingTimeout, func() {
+		c.end(websocket.StatusGoingAway, "ping timeout", dropPingTimeout, false)
+	})
+	err := c.ws.Ping(c.ctx)
+	late.Stop()
+	if err != nil {
+		c.end(websocket.StatusGoingAway, "ping failed", dropPingTimeout, false)
+		return false
 	}
+	return true
 }

@@ -413,7 +413,11 @@ func (b *Bolt) SaveMeasurement(m wire.Measurement, historyLen int) error {
 		return fmt.Errorf("store: save measurement: %w", err)
 	}
 	key := []byte(m.CapacityKey)
-	err = b.db.Update(func(tx *bolt.Tx) error {
+	// Batch: concurrent writers (many agents reporting at once) share one
+	// commit and one disk sync; each still returns only once its write is
+	// durable. The function may run twice if a shared commit fails, so it
+	// only puts and trims.
+	err = b.db.Batch(func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketLatest).Put(key, v); err != nil {
 			return err
 		}
@@ -458,7 +462,7 @@ func (b *Bolt) put(what string, bucket []byte, key string, value any) error {
 	if err != nil {
 		return fmt.Errorf("store: %s: %w", what, err)
 	}
-	err = b.db.Update(func(tx *bolt.Tx) error {
+	err = b.db.Batch(func(tx *bolt.Tx) error { // see SaveMeasurement
 		return tx.Bucket(bucket).Put([]byte(key), v)
 	})
 	if err != nil {

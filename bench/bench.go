@@ -1,0 +1,201 @@
+// Package bench is `make bench`: it measures, with the real binaries and
+// libraries on loopback, how faithfully heft measures simulated workers,
+// what a measurement costs, how accurate the weights are, how the
+// coordinator scales with agents and how light the agent is. Each area
+// prints one markdown table; Run returns them all as a Report.
+//
+// Speeds are never asserted: every ratio is measured side by side in one
+// run and judged against its target in the table, with the verdict spelled
+// out. See bench/README.md for what each area does and how to read it.
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"heft/agent/probe"
+)
+
+// Areas, in the order they run.
+const (
+	AreaFidelity = 1
+	AreaCold     = 2
+	AreaCost     = 3
+	AreaWeights  = 4
+	AreaScale    = 5
+	AreaAgent    = 6
+)
+
+// AllAreas lists every area.
+var AllAreas = []int{AreaFidelity, AreaCold, AreaCost, AreaWeights, AreaScale, AreaAgent}
+
+// Options configure a run.
+type Options struct {
+	// Quick runs a reduced version of every area (fewer, faster workers,
+	// short bursts, 50 agents): it exercises the harness in seconds, and
+	// its numbers are not the product's.
+	Quick bool
+	// Areas to run; empty = all.
+	Areas []int
+	// Bin is the folder with heft-agent, heft-coordinator, heft-sim, swarm
+	// and heftbench (see Build).
+	Bin string
+	// Runs per cell; 0 = 3 (1 in quick mode).
+	Runs int
+	// Agents are the swarm sizes of area 5; empty = 1000, 5000, 10000
+	// (50 in quick mode).
+	Agents []int
+	// LogBytes is how much the followed log grows in area 6; 0 = 1 GB
+	// (20 MB in quick mode).
+	LogBytes int64
+	// AgentWindow is how long the agent's footprint is sampled; 0 = 60s
+	// (3s in quick mode).
+	AgentWindow time.Duration
+	// Progress receives one line per step; nil = silent.
+	Progress io.Writer
+	// Out receives each area's section as soon as it is done; nil = none.
+	Out io.Writer
+}
+
+// env is the state shared by the areas of one run.
+type env struct {
+	opts   Options
+	bin    string
+	work   string // scratch folder, removed at the end
+	runs   int
+	tokens int // per request of every burst
+	conc   int // requests per burst
+
+	fidelityOnce sync.Once
+	fidelity     []workerRuns // area 1's probes, reused by area 3
+	fidelityErr  error
+}
+
+func (e *env) logf(format string, args ...any) {
+	if e.opts.Progress != nil {
+		fmt.Fprintf(e.opts.Progress, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+}
+
+// Run runs the selected areas and returns their report. An area that fails
+// says so in its section; Run's error is for bad options only.
+func Run(ctx context.Context, opts Options) (*Report, error) {
+	if len(opts.Areas) == 0 {
+		opts.Areas = AllAreas
+	}
+	for _, a := range opts.Areas {
+		if !slices.Contains(AllAreas, a) {
+			return nil, fmt.Errorf("bench: unknown area %d (areas are 1 to 6)", a)
+		}
+	}
+	if opts.Bin == "" {
+		return nil, errors.New("bench: no binaries folder (Options.Bin)")
+	}
+	bin, err := filepath.Abs(opts.Bin)
+	if err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp("", "heft-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(work)
+
+	e := &env{opts: opts, bin: bin, work: work, runs: opts.Runs, tokens: probe.DefaultTokens, conc: probe.DefaultConcurrency}
+	mode := "full"
+	if opts.Quick {
+		mode = "quick (reduced: not the product's numbers)"
+		e.tokens = 32
+		if e.runs == 0 {
+			e.runs = 1
+		}
+	}
+	if e.runs <= 0 {
+		e.runs = 3
+	}
+	mode += fmt.Sprintf("; %d run(s) per cell; burst %d × %d tokens", e.runs, e.conc, e.tokens)
+
+	areas := slices.Clone(opts.Areas)
+	slices.Sort(areas)
+	areas = slices.Compact(areas)
+	e.logf("running areas %v; estimated %s", areas, e.estimate(areas).Round(time.Second))
+
+	start := time.Now()
+	r := &Report{Header: machineHeader(ctx, mode)}
+	write(opts.Out, r.Header.Markdown())
+	for _, a := range areas {
+		if ctx.Err() != nil {
+			break
+		}
+		t0 := time.Now()
+		var s *Section
+		switch a {
+		case AreaFidelity:
+			s = e.areaFidelity(ctx)
+		case AreaCold:
+			s = e.areaCold(ctx)
+		case AreaCost:
+			s = e.areaCost(ctx)
+		case AreaWeights:
+			s = e.areaWeights(ctx)
+		case AreaScale:
+			s = e.areaScale(ctx)
+		case AreaAgent:
+			s = e.areaAgent(ctx)
+		}
+		s.Area = a
+		s.Elapsed = time.Since(t0)
+		e.logf("area %d done in %s", a, s.Elapsed.Round(time.Second))
+		r.Sections = append(r.Sections, s)
+		write(opts.Out, s.Markdown())
+	}
+	r.Elapsed = time.Since(start)
+	return r, ctx.Err()
+}
+
+// estimate is a rough forecast of how long the areas take, from the ideal
+// burst times and the measured overheads of each step.
+func (e *env) estimate(areas []int) time.Duration {
+	sec := 0.0
+	runs := float64(e.runs)
+	for _, a := range areas {
+		switch a {
+		case AreaFidelity, AreaCost:
+			if a == AreaCost && slices.Contains(areas, AreaFidelity) {
+				continue // shares area 1's probes
+			}
+			for _, c := range e.workers() {
+				sec += runs * (2*c.IdealBurstSeconds(e.conc, e.tokens) + 0.1)
+			}
+		case AreaCold:
+			for _, c := range e.workers() {
+				cold := c.ColdBurstSeconds(e.conc, e.tokens, e.coldOf(c), 0)
+				sec += runs * (cold + 3*c.IdealBurstSeconds(e.conc, e.tokens) + 0.2)
+			}
+			if !e.opts.Quick {
+				big := fidelityWorkers[3]
+				sec += runs * (2*big.ColdBurstSeconds(e.conc, e.tokens, longCold, 0) + 2*big.IdealBurstSeconds(e.conc, e.tokens))
+			}
+		case AreaWeights:
+			sec += runs * (2*weightWorkers[0].IdealBurstSeconds(e.conc, e.tokens) + 6)
+		case AreaScale:
+			for _, n := range e.agentCounts() {
+				sec += 25 + 5*float64(n)/1000
+			}
+		case AreaAgent:
+			window, _ := e.agentParams()
+			sec += window.Seconds() + 20
+			if !e.opts.Quick {
+				sec += 10 // a gigabyte of log
+			}
+		}
+	}
+	return time.Duration(sec * float64(time.Second))
+}

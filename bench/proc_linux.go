@@ -1,0 +1,7 @@
+package bench
+
+import "syscall"
+
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}

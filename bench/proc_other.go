@@ -1,0 +1,9 @@
+//go:build !linux
+
+package bench
+
+import "syscall"
+
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
+}
