@@ -76,7 +76,19 @@ type engineState struct {
 	once    *enginelog.Facts // from ReadLogsOnce
 	logErr  string
 	follows bool
+
+	// The last full read of the engine, reused between full reads while the
+	// engine stays ready and its log says nothing new (see facts).
+	last    wire.Engine
+	lastAt  time.Time
+	lastLog string
 }
+
+// fullEvery is how often a ready engine is read in full (models, version,
+// metrics, process). In between, one cheap readiness check per poll keeps
+// a restart or an outage visible within a poll, while load and clocks,
+// which only heartbeats carry, are at most this old.
+const fullEvery = 5 * time.Second
 
 // New checks the configuration and builds a collector over gpus.
 func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
@@ -258,7 +270,7 @@ func (c *Collector) Snapshot(ctx context.Context) wire.Snapshot {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			engines[i] = st.client.Facts(ctx, snap.GPUs, st.logFacts())
+			engines[i] = st.facts(ctx, snap.GPUs)
 		}()
 	}
 	wg.Wait()
@@ -275,6 +287,37 @@ func (c *Collector) Snapshot(ctx context.Context) wire.Snapshot {
 	c.byKey = byKey
 	c.mu.Unlock()
 	return snap
+}
+
+// facts reads the engine in full every fullEvery, or at once when it was
+// not ready, its log told something new, or a readiness check fails.
+func (st *engineState) facts(ctx context.Context, gpus []wire.GPU) wire.Engine {
+	lf := st.logFacts()
+	sig := logSignature(lf)
+	st.mu.Lock()
+	last, at, lastLog := st.last, st.lastAt, st.lastLog
+	st.mu.Unlock()
+	if !at.IsZero() && time.Since(at) < fullEvery && last.Ready && last.Error == "" && sig == lastLog {
+		if ok, err := st.client.Ready(ctx); ok && err == nil {
+			return last
+		}
+	}
+	e := st.client.Facts(ctx, gpus, lf)
+	if ctx.Err() != nil {
+		return e
+	}
+	st.mu.Lock()
+	st.last, st.lastAt, st.lastLog = e, time.Now(), sig
+	st.mu.Unlock()
+	return e
+}
+
+// logSignature sums up what a log said that an engine's facts depend on.
+func logSignature(f *enginelog.Facts) string {
+	if f == nil {
+		return ""
+	}
+	return fmt.Sprintf("%v|%d|%t|%s|%s|%d|%t", f.Ranks, f.Startups, f.Ready, f.Model, f.Version, len(f.LaunchArgs), f.FromPreviousFile)
 }
 
 // hostFacts returns the host's facts, read again every hostEvery.
