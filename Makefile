@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X heft/shared/version.Version=$(VERSION)
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: help build build-cross test vet lint demo package package-security clean
+.PHONY: help build build-cross test vet lint demo bench fuzz package package-security clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -32,6 +32,12 @@ lint: vet ## gofmt check + vet
 demo: build ## start a simulated fleet on loopback and print the dashboard's address
 	$(GO) build -o $(BIN)/heft-demo ./scripts/demo
 	$(BIN)/heft-demo --bin $(BIN)
+
+bench: ## measure probe fidelity, cold-start immunity, probe cost, weight accuracy, coordinator scale, agent footprint (about 10 min)
+	./scripts/bench.sh
+
+fuzz: ## run every fuzz target for FUZZTIME seconds each (default 30)
+	./scripts/fuzz.sh $(or $(FUZZTIME),30)
 
 package: ## build .deb and .rpm packages of both binaries into dist/ (nfpm, pinned in tools/go.mod)
 	./scripts/package.sh
