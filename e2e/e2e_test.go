@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +23,7 @@ import (
 	"heft/coordinator/server"
 	"heft/coordinator/store"
 	"heft/coordinator/view"
+	"heft/shared/testutil"
 	"heft/sim"
 )
 
@@ -185,24 +185,7 @@ func startSim(t *testing.T, cfg sim.Config, addr string) *sim.Server {
 type agent struct {
 	cancel context.CancelFunc
 	done   chan int
-	out    *syncBuffer
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	out    *testutil.SyncBuffer
 }
 
 func startAgent(t *testing.T, c *coordinator, node, kind, engineURL, logPath string) *agent {
@@ -222,7 +205,7 @@ func startAgentWith(t *testing.T, coordURL, extra, node, kind, engineURL, logPat
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &agent{cancel: cancel, done: make(chan int, 1), out: &syncBuffer{}}
+	a := &agent{cancel: cancel, done: make(chan int, 1), out: &testutil.SyncBuffer{}}
 	go func() {
 		a.done <- cli.RunAgent(ctx, []string{"--config", cfgPath, "--log-level", "warn"}, func(string) string { return "" },
 			cli.IO{In: strings.NewReader(""), Out: a.out, Err: a.out})

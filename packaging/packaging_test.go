@@ -15,27 +15,11 @@ import (
 	"strings"
 	"testing"
 
+	"heft/shared/testutil"
+
 	"github.com/BurntSushi/toml"
 	"gopkg.in/yaml.v3"
 )
-
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found")
-		}
-		dir = parent
-	}
-}
 
 // need returns the path of a tool the test cannot do without. .ci/run
 // installs them all; a developer without one sees a skip that names it.
@@ -86,7 +70,7 @@ func unitKeys(t *testing.T, path string) map[string][]string {
 }
 
 func TestAgentUnitKeepsNVMLAndProcessDiscoveryWorking(t *testing.T) {
-	keys := unitKeys(t, filepath.Join(repoRoot(t), "packaging/systemd/heft-agent.service"))
+	keys := unitKeys(t, filepath.Join(testutil.RepoRoot(t), "packaging/systemd/heft-agent.service"))
 	if got := keys["PrivateDevices"]; len(got) != 1 || got[0] != "no" {
 		t.Errorf("PrivateDevices = %v, want no (it hides /dev/nvidia*)", got)
 	}
@@ -108,7 +92,7 @@ func TestAgentUnitKeepsNVMLAndProcessDiscoveryWorking(t *testing.T) {
 }
 
 func TestCoordinatorUnitIsHardened(t *testing.T) {
-	keys := unitKeys(t, filepath.Join(repoRoot(t), "packaging/systemd/heft-coordinator.service"))
+	keys := unitKeys(t, filepath.Join(testutil.RepoRoot(t), "packaging/systemd/heft-coordinator.service"))
 	for k, v := range map[string]string{"User": "heft", "StateDirectory": "heft", "PrivateDevices": "yes",
 		"ProtectSystem": "strict", "Restart": "on-failure", "MemoryDenyWriteExecute": "yes"} {
 		if got := keys[k]; len(got) == 0 || got[len(got)-1] != v {
@@ -122,7 +106,7 @@ func TestCoordinatorUnitIsHardened(t *testing.T) {
 
 func TestUnitsVerify(t *testing.T) {
 	analyze := need(t, "systemd-analyze")
-	root := repoRoot(t)
+	root := testutil.RepoRoot(t)
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -164,7 +148,7 @@ type plistValue struct {
 }
 
 func TestLaunchdPlistParses(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(repoRoot(t), "packaging/launchd/io.heft.agent.plist"))
+	data, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "packaging/launchd/io.heft.agent.plist"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +192,7 @@ func TestLaunchdPlistParses(t *testing.T) {
 }
 
 func TestKubernetesManifests(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.RepoRoot(t)
 	files, err := filepath.Glob(filepath.Join(root, "packaging/kubernetes/*.yaml"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests: %v", err)
@@ -277,7 +261,7 @@ func dig(v any, path ...string) any {
 }
 
 func TestDockerfiles(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.RepoRoot(t)
 	for bin, file := range map[string]string{"heft-agent": "agent.Dockerfile", "heft-coordinator": "coordinator.Dockerfile"} {
 		data, err := os.ReadFile(filepath.Join(root, "packaging/docker", file))
 		if err != nil {
@@ -309,7 +293,7 @@ func TestPackages(t *testing.T) {
 		t.Skip("linux packages")
 	}
 	dpkg := need(t, "dpkg-deb")
-	root := repoRoot(t)
+	root := testutil.RepoRoot(t)
 	dist := t.TempDir()
 	run(t, root, []string{"DIST=" + dist, "VERSION=1.2.3"}, "bash", "scripts/package.sh")
 	arch := runtime.GOARCH
@@ -386,7 +370,7 @@ func versionArgs(pkg string) []string {
 }
 
 func TestInstallScript(t *testing.T) {
-	root := repoRoot(t)
+	root := testutil.RepoRoot(t)
 	script := filepath.Join(root, "scripts/install.sh")
 	tmp := t.TempDir()
 	token := filepath.Join(tmp, "token")

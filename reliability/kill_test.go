@@ -2,7 +2,6 @@ package reliability
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -18,34 +17,16 @@ import (
 
 	"github.com/coder/websocket"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
-
-// repoRoot walks up from the test's directory to go.mod.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
 
 // buildCoordinator builds the real heft-coordinator binary into a temp dir.
 func buildCoordinator(t *testing.T) string {
 	t.Helper()
 	out := t.TempDir()
 	cmd := exec.Command("go", "build", "-o", out+string(filepath.Separator), "./coordinator/cmd/heft-coordinator")
-	cmd.Dir = repoRoot(t)
+	cmd.Dir = testutil.RepoRoot(t)
 	if msg, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build heft-coordinator: %v\n%s", err, msg)
 	}
@@ -58,33 +39,16 @@ var listeningRE = regexp.MustCompile(`listening on (http://\S+)`)
 type proc struct {
 	cmd    *exec.Cmd
 	base   string
-	stderr *syncBuffer
+	stderr *testutil.SyncBuffer
 	exited chan error
 
 	killOnce sync.Once
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startProc starts the binary and waits for it to say where it listens.
 // An error means the state did not open (or the process failed otherwise).
 func startProc(bin, cfgPath string) (*proc, error) {
-	p := &proc{cmd: exec.Command(bin, "--config", cfgPath), stderr: &syncBuffer{}, exited: make(chan error, 1)}
+	p := &proc{cmd: exec.Command(bin, "--config", cfgPath), stderr: &testutil.SyncBuffer{}, exited: make(chan error, 1)}
 	p.cmd.Stderr = p.stderr
 	stdout, err := p.cmd.StdoutPipe()
 	if err != nil {

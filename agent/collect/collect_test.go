@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/agent/engine"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -37,27 +38,9 @@ func (f *fakeGPUs) Devices(ctx context.Context) ([]wire.GPU, error) {
 
 func (f *fakeGPUs) Close() error { f.closed = true; return nil }
 
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found")
-		}
-		dir = parent
-	}
-}
-
 func readFixture(t *testing.T, rel string) []byte {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "testdata", rel))
+	b, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "testdata", rel))
 	if err != nil {
 		t.Fatal(err)
 	}

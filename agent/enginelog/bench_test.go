@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"heft/shared/testutil"
 )
 
 // BenchmarkTrackerFeed feeds the sample logs line by line, as a follower
@@ -12,7 +14,7 @@ import (
 func BenchmarkTrackerFeed(b *testing.B) {
 	var lines []string
 	for _, name := range []string{"engines/vllm-dp2.log", "engines/sglang-dp2-even.log", "logs/vllm-color-workers.log"} {
-		data, err := os.ReadFile(filepath.Join(repoRoot(b), "testdata", name))
+		data, err := os.ReadFile(filepath.Join(testutil.RepoRoot(b), "testdata", name))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -8,31 +8,13 @@ import (
 	"strings"
 	"testing"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
-// repoRoot walks up from the package to the directory holding go.mod.
-func repoRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the package")
-		}
-		dir = parent
-	}
-}
-
 func readFixture(t *testing.T, kind, rel string) (Facts, error) {
 	t.Helper()
-	f, err := os.Open(filepath.Join(repoRoot(t), "testdata", rel))
+	f, err := os.Open(filepath.Join(testutil.RepoRoot(t), "testdata", rel))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,11 +5,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"heft/shared/testutil"
 )
 
 // fixtureLines returns every line of the engine log fixtures, as seeds.
 func fixtureLines(f *testing.F) []string {
-	root := repoRoot(f)
+	root := testutil.RepoRoot(f)
 	var out []string
 	for _, pattern := range []string{"testdata/engines/*.log", "testdata/logs/*.log"} {
 		paths, err := filepath.Glob(filepath.Join(root, pattern))

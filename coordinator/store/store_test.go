@@ -11,13 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	bolt "go.etcd.io/bbolt"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -216,7 +216,7 @@ func TestLoadSkipsBadRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	b, err = Open(dir, hclog.New(&hclog.LoggerOptions{Output: &logs}))
 	if err != nil {
 		t.Fatal(err)
@@ -238,23 +238,6 @@ func TestLoadSkipsBadRecords(t *testing.T) {
 	if n := strings.Count(logs.String(), "skipping unreadable"); n != 7 {
 		t.Errorf("logged %d skip warnings, want 7:\n%s", n, logs.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestNewerSchemaRefusedUntouched(t *testing.T) {

@@ -10,30 +10,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"heft/coordinator/store"
+	"heft/shared/testutil"
 )
-
-// syncBuffer is a bytes.Buffer safe to read while run writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func writeConfig(t *testing.T, stateDir, extra string) string {
 	t.Helper()
@@ -52,7 +34,7 @@ func TestRunServesAndStops(t *testing.T) {
 	cfg := writeConfig(t, stateDir, "")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.SyncBuffer
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, []string{"--config", cfg}, noEnv, &stdout, &stderr) }()
 
@@ -110,7 +92,7 @@ func TestRunRefusesBadState(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(stateDir, store.FileName), garbage, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.SyncBuffer
 	code := run(context.Background(), []string{"--config", writeConfig(t, stateDir, "")}, noEnv, &stdout, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), filepath.Join(stateDir, store.FileName)) {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
@@ -142,7 +124,7 @@ func TestRunUsageErrors(t *testing.T) {
 		{"unknown key", []string{"--config", writeConfig(t, t.TempDir(), "colour = \"blue\"\n")}, 2, "unknown keys: colour"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.SyncBuffer
 			code := run(context.Background(), tc.args, noEnv, &stdout, &stderr)
 			got := stdout.String()
 			if tc.code != 0 {
@@ -161,7 +143,7 @@ func TestListenBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.SyncBuffer
 	code := run(context.Background(), []string{"--config", writeConfig(t, t.TempDir(), ""), "--listen", ln.Addr().String()},
 		noEnv, &stdout, &stderr)
 	if code != 1 || !strings.Contains(stderr.String(), "address already in use") {

@@ -1,39 +1,21 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"heft/shared/testutil"
 )
-
-// syncBuffer is written by run's goroutine and read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestRunServesUntilCancelled(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "sglang.log")
 	ctx, cancel := context.WithCancel(t.Context())
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.SyncBuffer
 	code := make(chan int, 1)
 	go func() {
 		code <- run(ctx, []string{"--flavor", "sglang", "--dp", "2", "--kv-tokens", "24094, 2925",
@@ -79,7 +61,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{"missing calibration", nil, 1, "single-tps must be a positive number"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var stdout, stderr syncBuffer
+			var stdout, stderr testutil.SyncBuffer
 			if c := run(t.Context(), tc.args, &stdout, &stderr); c != tc.code || !strings.Contains(stderr.String(), tc.want) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", c, stderr.String(), tc.code, tc.want)
 			}

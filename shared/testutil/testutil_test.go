@@ -1,0 +1,36 @@
+package testutil
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestRepoRoot(t *testing.T) {
+	root := RepoRoot(t)
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("%s holds no go.mod", root)
+	}
+	if !strings.HasSuffix(filepath.Join(root, "shared", "testutil"), filepath.Join("shared", "testutil")) {
+		t.Errorf("root %s", root)
+	}
+}
+
+func TestSyncBuffer(t *testing.T) {
+	var b SyncBuffer
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 100 {
+				b.Write([]byte("x"))
+				_ = b.String()
+			}
+		})
+	}
+	wg.Wait()
+	if n := len(b.String()); n != 800 {
+		t.Errorf("%d bytes, want 800", n)
+	}
+}
