@@ -19,7 +19,8 @@ build-cross: ## check the agent builds without cgo and for macOS on Apple silico
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./agent/cmd/heft-agent
 	CGO_ENABLED=0 GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./agent/cmd/heft-agent
 
-test: ## run every test with the race detector
+test: ## a short fuzz of every fuzz target, then every test with the race detector
+	./scripts/fuzz.sh 3
 	$(GO) test -race -count=1 ./...
 
 vet: ## go vet, with and without cgo
