@@ -281,11 +281,11 @@ func settings() []setting {
 		{"listen", true, "address to serve HTTP on (host:port)", str(func(c *Config) *string { return &c.Listen })},
 		{"state_dir", true, "directory for persistent state", str(func(c *Config) *string { return &c.StateDir })},
 		{"agent_token", false, "", str(func(c *Config) *string { return &c.AgentToken })},
-		{"agent_token_file", true, "file holding the agents' token (mode 0600)", str(func(c *Config) *string { return &c.AgentTokenFile })},
+		{"agent_token_file", true, "file holding the agents' token (mode 0600, or 0640 with a dedicated group)", str(func(c *Config) *string { return &c.AgentTokenFile })},
 		{"admin_token", false, "", str(func(c *Config) *string { return &c.AdminToken })},
-		{"admin_token_file", true, "file holding the admin token (mode 0600)", str(func(c *Config) *string { return &c.AdminTokenFile })},
+		{"admin_token_file", true, "file holding the admin token (mode 0600, or 0640 with a dedicated group)", str(func(c *Config) *string { return &c.AdminTokenFile })},
 		{"viewer_token", false, "", str(func(c *Config) *string { return &c.ViewerToken })},
-		{"viewer_token_file", true, "file holding the optional viewer token (mode 0600)", str(func(c *Config) *string { return &c.ViewerTokenFile })},
+		{"viewer_token_file", true, "file holding the optional viewer token (mode 0600, or 0640 with a dedicated group)", str(func(c *Config) *string { return &c.ViewerTokenFile })},
 		{"tls_cert_file", true, "TLS certificate (PEM); serve HTTPS with tls_key_file", str(func(c *Config) *string { return &c.TLSCertFile })},
 		{"tls_key_file", true, "TLS private key (PEM)", str(func(c *Config) *string { return &c.TLSKeyFile })},
 		{"log_level", true, "trace, debug, info, warn or error", str(func(c *Config) *string { return &c.LogLevel })},
@@ -418,11 +418,11 @@ func (c *Config) loadFile(path string) error {
 func Usage() string {
 	var b strings.Builder
 	b.WriteString("usage: heft-coordinator [--config FILE] [flags]\n\nflags:\n")
-	b.WriteString("  --config FILE   TOML configuration file (env " + EnvPrefix + "CONFIG)\n")
-	b.WriteString("  --version       print the version and exit\n")
+	fmt.Fprintf(&b, "  %-32s %s (env %sCONFIG)\n", "--config FILE", "TOML configuration file", EnvPrefix)
+	fmt.Fprintf(&b, "  %-32s %s\n", "--version", "print the version and exit")
 	for _, s := range settings() {
 		if s.flag {
-			fmt.Fprintf(&b, "  --%s   %s (env %s)\n", FlagName(s.key), s.usage, EnvName(s.key))
+			fmt.Fprintf(&b, "  %-32s %s (env %s)\n", "--"+FlagName(s.key), s.usage, EnvName(s.key))
 		}
 	}
 	b.WriteString("\nsecrets from the environment only: " + EnvName("agent_token") + ", " +
