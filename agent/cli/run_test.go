@@ -8,35 +8,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
 )
 
 func runNoEnv(string) string { return "" }
-
-// runSyncBuffer is stderr shared by the agent's goroutines and the test.
-type runSyncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *runSyncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *runSyncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 func runTokenFile(t *testing.T, mode os.FileMode) string {
 	t.Helper()
@@ -185,7 +167,7 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var out bytes.Buffer
-	errOut := &runSyncBuffer{}
+	errOut := &testutil.SyncBuffer{}
 	exit := make(chan int, 1)
 	go func() {
 		exit <- runAgent(ctx, []string{
@@ -285,7 +267,7 @@ func TestRunPlainTextWarning(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	var out bytes.Buffer
-	errOut := &runSyncBuffer{}
+	errOut := &testutil.SyncBuffer{}
 	code := runAgent(ctx, []string{"--coordinator", "ws://192.0.2.1:7070/api/v1/agent",
 		"--token-file", runTokenFile(t, 0o600), "--node", "gpu-test"}, runNoEnv, IO{Out: &out, Err: errOut})
 	if code != 0 {

@@ -8,26 +8,14 @@ import (
 	"strings"
 	"testing"
 
+	"heft/shared/testutil"
+
 	"github.com/shirou/gopsutil/v4/common"
 )
 
-// repoTestdata finds testdata/ at the repository root by walking up to go.mod.
+// repoTestdata is a path under testdata/ at the repository root.
 func repoTestdata(t testing.TB, parts ...string) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(append([]string{dir, "testdata"}, parts...)...)
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
+	return filepath.Join(append([]string{testutil.RepoRoot(t), "testdata"}, parts...)...)
 }
 
 func TestCollectThisHost(t *testing.T) {

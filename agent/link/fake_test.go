@@ -1,7 +1,6 @@
 package link
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/hashicorp/go-hclog"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -253,22 +253,7 @@ func measurement(key string) wire.Measurement {
 var testHost = wire.Host{Hostname: "gpu-a", OS: "linux", Arch: "amd64", CPUCores: 8}
 
 // syncBuffer collects log output from many goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer struct{ testutil.SyncBuffer }
 
 // waitLog polls the log until it holds want.
 func (b *syncBuffer) waitLog(t *testing.T, want string) {
