@@ -62,23 +62,11 @@ type inspectEngineFlags []collect.EngineSpec
 func (f *inspectEngineFlags) String() string { return "" }
 
 func (f *inspectEngineFlags) Set(v string) error {
-	parts := strings.Split(v, ",")
-	kind, url, ok := strings.Cut(parts[0], "=")
-	if !ok || kind == "" || url == "" {
-		return fmt.Errorf("want KIND=URL[,log=PATH][,model=NAME], got %q", v)
+	e, err := config.ParseEngine(v)
+	if err != nil {
+		return err
 	}
-	spec := collect.EngineSpec{Kind: strings.ToLower(kind), URL: url}
-	for _, p := range parts[1:] {
-		k, val, ok := strings.Cut(p, "=")
-		switch {
-		case ok && k == "log" && val != "":
-			spec.Log = val
-		case ok && k == "model" && val != "":
-			spec.Model = val
-		default:
-			return fmt.Errorf("unknown engine option %q (want log=PATH or model=NAME)", p)
-		}
-	}
+	spec := collect.EngineSpec{Kind: strings.ToLower(e.Kind), URL: e.URL, Log: e.Log, Model: e.Model}
 	if _, err := engine.New(engine.Config{Kind: spec.Kind, URL: spec.URL}, nil); err != nil {
 		return err
 	}
@@ -373,7 +361,7 @@ func inspectPrintEngine(w io.Writer, e wire.Engine, findings []health.Finding) {
 			if i > 0 {
 				label = ""
 			}
-			row(label, "rank %d: %s tokens", r.DPRank, inspectThousands(r.KVTokens))
+			row(label, "rank %d: %s tokens", r.DPRank, health.Thousands(r.KVTokens))
 		}
 		src := inspectOr(e.RanksSource, "?")
 		if ratio, _, _, ok := health.PoolRatio(e.Ranks); ok {
@@ -425,19 +413,3 @@ func inspectOr(s, fallback string) string {
 }
 
 func inspectGiB(b uint64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
-
-// inspectThousands formats 24094 as "24,094".
-func inspectThousands(n int64) string {
-	s := fmt.Sprint(n)
-	if n < 0 {
-		return "-" + inspectThousands(-n)
-	}
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
-}

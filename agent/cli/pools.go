@@ -174,7 +174,7 @@ func poolsTable(w io.Writer, r poolsReport) {
 		if largest > 0 {
 			share = fmt.Sprintf("%.1f%%", 100*float64(rk.KVTokens)/float64(largest))
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t\n", rk.DPRank, poolsThousands(rk.KVTokens), share)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t\n", rk.DPRank, health.Thousands(rk.KVTokens), share)
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
@@ -193,17 +193,4 @@ func poolsTable(w io.Writer, r poolsReport) {
 	case len(r.Ranks) > 1:
 		fmt.Fprintln(w, "the data-parallel pools are even")
 	}
-}
-
-// poolsThousands formats 24094 as "24,094".
-func poolsThousands(n int64) string {
-	s := fmt.Sprint(n)
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && c != '-' && s[i-1] != '-' && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
 }

@@ -118,7 +118,7 @@ func Pools(ranks []wire.Rank, th Thresholds) *Finding {
 			"Requests are dealt to ranks in turn, so every %s request lands on the small pool, where few fit and the rest queue while the other ranks sit idle. "+
 			"%s Fix: give each rank whole, empty GPUs (find the foreign process on rank %d's GPU, it started with less free memory), "+
 			"or run the ranks as separate servers behind heft's weights.",
-		large.DPRank, thousands(large.KVTokens), small.DPRank, thousands(small.KVTokens), ratio*100,
+		large.DPRank, Thousands(large.KVTokens), small.DPRank, Thousands(small.KVTokens), ratio*100,
 		ordinal(len(ranks)), verdict, small.DPRank)
 	return &Finding{Code: CodeDPPoolImbalance, Severity: sev, Message: msg}
 }
@@ -254,8 +254,8 @@ func ordinal(n int) string {
 	}
 }
 
-// thousands formats 24094 as "24,094".
-func thousands(n int64) string {
+// Thousands formats 24094 as "24,094", as warnings print pool sizes.
+func Thousands(n int64) string {
 	s := fmt.Sprint(n)
 	neg := strings.HasPrefix(s, "-")
 	s = strings.TrimPrefix(s, "-")
