@@ -5,6 +5,9 @@ package cli
 import (
 	"fmt"
 	"io"
+	"os"
+
+	"github.com/mattn/go-isatty"
 
 	"heft/shared/version"
 )
@@ -66,4 +69,11 @@ func usage(w io.Writer) {
 func runVersion(args []string, stdio IO) int {
 	fmt.Fprintf(stdio.Out, "heft-agent %s\n", version.Version)
 	return 0
+}
+
+// isTerminal reports whether w is a terminal, for progress lines and
+// human-readable logs.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/mattn/go-isatty"
 
 	"heft/agent/gpu"
 	"heft/agent/probe"
@@ -73,9 +72,9 @@ func runProbe(args []string, stdio IO) int {
 
 	// Progress goes where a person is looking: stdout normally, stderr
 	// under --json (whose stdout is for scripts), and only live on a terminal.
-	view := &probeView{w: stdio.Out, live: probeIsTerminal(stdio.Out), url: *engineURL}
+	view := &probeView{w: stdio.Out, live: isTerminal(stdio.Out), url: *engineURL}
 	if *asJSON {
-		view = &probeView{w: stdio.Err, live: probeIsTerminal(stdio.Err), quiet: !probeIsTerminal(stdio.Err)}
+		view = &probeView{w: stdio.Err, live: isTerminal(stdio.Err), quiet: !isTerminal(stdio.Err)}
 	}
 	cfg := probe.Config{
 		URL: *engineURL, Kind: *kind, Model: *model,
@@ -126,11 +125,6 @@ func probeOrUnknown(s string) string {
 		return "no throughput"
 	}
 	return s
-}
-
-func probeIsTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }
 
 // probeLocalGPUs opens this host's GPUs when the engine runs on this host, so

@@ -168,7 +168,7 @@ func TestProbeLiveView(t *testing.T) {
 	if last := lines[1][strings.LastIndex(lines[1], "\r")+1:]; !strings.HasPrefix(last, "measuring  16/16 requests") || !strings.Contains(last, "1200.0 tok/s") {
 		t.Errorf("measure line ends with %q", last)
 	}
-	if probeIsTerminal(&b) {
+	if isTerminal(&b) {
 		t.Error("a buffer is not a terminal")
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/mattn/go-isatty"
 
 	"heft/agent/collect"
 	"heft/agent/config"
@@ -72,7 +71,7 @@ func runAgent(ctx context.Context, args []string, env func(string) string, stdio
 		Name:       "heft-agent",
 		Level:      hclog.LevelFromString(cfg.Log.Level),
 		Output:     stdio.Err,
-		JSONFormat: cfg.Log.JSON || !runIsTerminal(stdio.Err),
+		JSONFormat: cfg.Log.JSON || !isTerminal(stdio.Err),
 	})
 	if w := cfg.PlainTextWarning(); w != "" {
 		// Loud on purpose: on stderr as a banner and in the log.
@@ -134,11 +133,6 @@ func runUsage(w io.Writer) {
 	fmt.Fprintln(w, "variables, which override the file.")
 	fmt.Fprintln(w)
 	config.PrintFlags(w)
-}
-
-func runIsTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }
 
 // agentHandler answers the link: snapshots from the collector, probes
