@@ -15,6 +15,7 @@ const gpuSampleEvery = 200 * time.Millisecond
 // gpuSummary is what the clocks did during the measured burst.
 type gpuSummary struct {
 	Samples           int
+	Idle              int // samples of GPUs that reported themselves idle, left out
 	MinMHz, MedianMHz float64
 	MaxMHz            float64
 	Reasons           []string
@@ -28,6 +29,7 @@ type gpuSampler struct {
 	maxMHz  float64
 	reasons map[string]bool
 	reads   int
+	idle    int // samples skipped because the GPU reported itself idle
 	lastErr error
 
 	cancel context.CancelFunc
@@ -70,6 +72,14 @@ func (s *gpuSampler) sample(ctx context.Context, read func(context.Context) ([]w
 		if g.Error != "" || (len(uuids) > 0 && !slices.Contains(uuids, g.UUID)) {
 			continue
 		}
+		// An idle GPU clocks down by design: its clock says nothing about
+		// how fast it runs this engine, and on a host whose engine GPUs are
+		// unknown (uuids empty) it is most likely not the engine's at all.
+		if slices.Contains(g.ClockEventReasons, "gpu_idle") {
+			s.idle++
+			s.maxMHz = max(s.maxMHz, float64(g.SMClockMaxMHz))
+			continue
+		}
 		if g.SMClockMHz > 0 {
 			s.clocks = append(s.clocks, float64(g.SMClockMHz))
 			s.reads++
@@ -93,7 +103,7 @@ func (s *gpuSampler) stop() gpuSummary {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sum := gpuSummary{Samples: s.reads, MaxMHz: s.maxMHz}
+	sum := gpuSummary{Samples: s.reads, Idle: s.idle, MaxMHz: s.maxMHz}
 	if len(s.clocks) > 0 {
 		sum.MinMHz = slices.Min(s.clocks)
 		sum.MedianMHz = median(s.clocks)

@@ -278,6 +278,9 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 		if g.Samples == 0 && g.Err != nil {
 			m.Problems = append(m.Problems, fmt.Sprintf("gpu clocks not sampled: %v", g.Err))
 		}
+		if g.Samples == 0 && g.Idle > 0 {
+			m.Problems = append(m.Problems, "the GPUs sampled stayed idle through the measured burst: the engine may not run on them (no clock figures)")
+		}
 	}
 	if err != nil {
 		return err

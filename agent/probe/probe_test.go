@@ -602,3 +602,41 @@ func TestPercentile(t *testing.T) {
 		t.Error("median")
 	}
 }
+
+func TestIdleGPUClocksAreLeftOut(t *testing.T) {
+	read := func(idle bool) func(context.Context) ([]wire.GPU, error) {
+		return func(context.Context) ([]wire.GPU, error) {
+			gpus := []wire.GPU{{UUID: "GPU-idle", SMClockMHz: 345, SMClockMaxMHz: 1980, ClockEventReasons: []string{"gpu_idle"}}}
+			if !idle {
+				gpus = append(gpus, wire.GPU{UUID: "GPU-busy", SMClockMHz: 1950, SMClockMaxMHz: 1980})
+			}
+			return gpus, nil
+		}
+	}
+	// Engine GPUs unknown: the idle one must not drag the median down.
+	waitSamples := func(s *gpuSampler) {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			s.mu.Lock()
+			n := s.reads + s.idle
+			s.mu.Unlock()
+			if n > 0 || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	s := startGPUSampler(t.Context(), read(false), nil)
+	waitSamples(s)
+	sum := s.stop()
+	if sum.MedianMHz != 1950 || sum.MinMHz != 1950 || sum.Idle == 0 || slices.Contains(sum.Reasons, "gpu_idle") {
+		t.Errorf("summary %+v: the idle GPU's clock leaked in", sum)
+	}
+	// Every GPU idle: no clock figures at all, so no gpu_clock_low.
+	s = startGPUSampler(t.Context(), read(true), nil)
+	waitSamples(s)
+	sum = s.stop()
+	if sum.Samples != 0 || sum.MedianMHz != 0 || sum.Idle == 0 {
+		t.Errorf("all idle: %+v", sum)
+	}
+}
