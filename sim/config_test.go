@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"heft/shared/health"
 )
 
 func TestInvalidConfig(t *testing.T) {
@@ -99,9 +101,9 @@ func TestPythonFormats(t *testing.T) {
 		{promFloat(1765446090.3547), "1.7654460903547e+09"},
 		{promFloat(0.03082719643774619), "0.03082719643774619"},
 		{promFloat(math.Inf(1)), "+Inf"},
-		{commaInt(373696), "373,696"},
-		{commaInt(999), "999"},
-		{commaInt(1000), "1,000"},
+		{health.Thousands(373696), "373,696"},
+		{health.Thousands(999), "999"},
+		{health.Thousands(1000), "1,000"},
 		{pyStr("it's"), `"it's"`},
 		{pyStr(`a'b"c`), `'a\'b"c'`},
 		{pyDict([]pyArg{{"model", "Q/Q"}, {"n", 2}, {"f", 1.0}, {"b", true}, {"x", nil}, {"l", []int64{1, 2}}}),

@@ -140,24 +140,6 @@ func promFloat(v float64) string {
 	return s
 }
 
-// commaInt formats n with thousands separators, like Python's f"{n:,}".
-func commaInt(n int64) string {
-	s := strconv.FormatInt(n, 10)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
-}
-
 // promLabel is one label of an exposition sample.
 type promLabel struct{ name, value string }
 

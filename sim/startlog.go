@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"heft/shared/health"
 )
 
 // writeStartLog writes the flavour's start-up lines, in the engines' own
@@ -71,9 +73,9 @@ func (s *Server) vllmLog(w *bufio.Writer, now time.Time) {
 	}
 	for i, pool := range c.KVTokens {
 		info(core(i), "gpu_worker.py", 359, "Available KV cache memory: %.2f GiB", kvGiB(pool))
-		info(core(i), "kv_cache_utils.py", 1286, "GPU KV cache size: %s tokens", commaInt(pool))
+		info(core(i), "kv_cache_utils.py", 1286, "GPU KV cache size: %s tokens", health.Thousands(pool))
 		info(core(i), "kv_cache_utils.py", 1291, "Maximum concurrency for %s tokens per request: %.2fx",
-			commaInt(s.maxModelLen), float64(pool)/float64(s.maxModelLen))
+			health.Thousands(s.maxModelLen), float64(pool)/float64(s.maxModelLen))
 	}
 	for i := range c.DP {
 		info(core(i), "core.py", 259, "init engine (profile, create kv cache, warmup model) took %.2f seconds", 29.85)
