@@ -27,8 +27,11 @@ vet: ## go vet, with and without cgo
 	$(GO) vet ./...
 	CGO_ENABLED=0 $(GO) vet ./...
 
-lint: vet ## gofmt check + vet
+lint: vet ## gofmt, go vet, go mod tidy -diff, staticcheck (pinned in tools/go.mod)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) mod tidy -diff
+	cd tools && $(GO) mod tidy -diff
+	$(GO) tool -modfile=tools/go.mod staticcheck ./...
 
 demo: build ## start a simulated fleet on loopback and print the dashboard's address
 	$(GO) build -o $(BIN)/heft-demo ./scripts/demo

@@ -24,6 +24,7 @@ import (
 	"heft/coordinator/store"
 	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/wire"
 	"heft/sim"
 )
 
@@ -326,8 +327,8 @@ func TestFleet(t *testing.T) {
 		if uw.State != view.StateHeld {
 			t.Fatalf("uneven worker is %s, want held", uw.State)
 		}
-		x, ok := hasWarning(uw, view.WarnDPPoolImbalance)
-		if !ok || x.Severity != view.SeverityCritical {
+		x, ok := hasWarning(uw, wire.CodeDPPoolImbalance)
+		if !ok || x.Severity != wire.SeverityCritical {
 			t.Fatalf("warnings: %+v", uw.Warnings)
 		}
 		for _, want := range []string{"24,094", "2,925", "rank 1"} {

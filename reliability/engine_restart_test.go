@@ -160,7 +160,7 @@ func TestEngineRestart(t *testing.T) {
 	}
 	before := a.probeCounts()
 	c.stop()
-	c = startCoord(t, stateDir, c.addr, quietLogger(t), nil)
+	startCoord(t, stateDir, c.addr, quietLogger(t), nil)
 	if ws := mustWorkers(t, api); len(ws) != 1 || ws[current.ID].ID == "" {
 		t.Fatalf("workers right after the coordinator restart: %v, want only %s", slices.Collect(maps.Keys(ws)), current.ID)
 	}

@@ -60,7 +60,6 @@ type coord struct {
 	cancel   context.CancelFunc
 	done     chan error
 	stopOnce sync.Once
-	accepts  *acceptLog
 }
 
 // startCoord starts a coordinator over state dir on addr ("127.0.0.1:0"
@@ -107,11 +106,10 @@ func startCoord(t *testing.T, dir, addr string, logger hclog.Logger, tweak func(
 		st.Close()
 		t.Fatalf("listen %s: %v", addr, err)
 	}
-	c := &coord{t: t, addr: ln.Addr().String(), st: st, fleet: f, srv: srv, done: make(chan error, 1),
-		accepts: &acceptLog{}}
+	c := &coord{t: t, addr: ln.Addr().String(), st: st, fleet: f, srv: srv, done: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
-	go func() { c.done <- srv.Run(ctx, &loggedListener{Listener: ln, log: c.accepts}) }()
+	go func() { c.done <- srv.Run(ctx, ln) }()
 	t.Cleanup(c.stop)
 	return c
 }
@@ -137,39 +135,6 @@ func (c *coord) stop() {
 func (c *coord) api() api { return newAPI("http://" + c.addr) }
 
 func (c *coord) agentURL() string { return "ws://" + c.addr + "/api/v1/agent" }
-
-// acceptLog records when the coordinator accepted each TCP connection.
-type acceptLog struct {
-	mu    sync.Mutex
-	times []time.Time
-}
-
-func (l *acceptLog) since(t0 time.Time) []time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []time.Time
-	for _, t := range l.times {
-		if !t.Before(t0) {
-			out = append(out, t)
-		}
-	}
-	return out
-}
-
-type loggedListener struct {
-	net.Listener
-	log *acceptLog
-}
-
-func (l *loggedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err == nil {
-		l.log.mu.Lock()
-		l.log.times = append(l.log.times, time.Now())
-		l.log.mu.Unlock()
-	}
-	return c, err
-}
 
 // api is a client of the coordinator's JSON API. Its methods return
 // errors rather than failing the test: they run in goroutines too.

@@ -15,7 +15,6 @@ import (
 	"heft/agent/link"
 	"heft/coordinator/config"
 	"heft/coordinator/view"
-	"heft/shared/health"
 	"heft/shared/wire"
 )
 
@@ -238,7 +237,7 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 			tc.fault(proxy)
 			waitFor(t, "the cut-off worker to go offline", tc.offlineWithin, func() bool {
 				w := mustWorkers(t, api)[a.key]
-				return w.State == view.StateOffline && hasWarning(w, health.CodeAgentOffline) && !w.AgentConnected
+				return w.State == view.StateOffline && hasWarning(w, wire.CodeAgentOffline) && !w.AgentConnected
 			})
 			offline := time.Since(start)
 			if n := c.srv.AgentsConnected(); n != 1 {
@@ -249,7 +248,7 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 			proxy.restore()
 			waitFor(t, "the agent to reconnect by itself", 20*time.Second, func() bool {
 				w := mustWorkers(t, api)[a.key]
-				return w.State == view.StateAdmitted && w.AgentConnected && !hasWarning(w, health.CodeAgentOffline)
+				return w.State == view.StateAdmitted && w.AgentConnected && !hasWarning(w, wire.CodeAgentOffline)
 			})
 			back := time.Since(restored)
 

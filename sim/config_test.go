@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"heft/shared/health"
 )
 
 func TestInvalidConfig(t *testing.T) {
@@ -101,9 +99,9 @@ func TestPythonFormats(t *testing.T) {
 		{promFloat(1765446090.3547), "1.7654460903547e+09"},
 		{promFloat(0.03082719643774619), "0.03082719643774619"},
 		{promFloat(math.Inf(1)), "+Inf"},
-		{health.Thousands(373696), "373,696"},
-		{health.Thousands(999), "999"},
-		{health.Thousands(1000), "1,000"},
+		{thousands(373696), "373,696"},
+		{thousands(999), "999"},
+		{thousands(1000), "1,000"},
 		{pyStr("it's"), `"it's"`},
 		{pyStr(`a'b"c`), `'a\'b"c'`},
 		{pyDict([]pyArg{{"model", "Q/Q"}, {"n", 2}, {"f", 1.0}, {"b", true}, {"x", nil}, {"l", []int64{1, 2}}}),

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"heft/shared/health"
 )
 
 // writeStartLog writes the flavour's start-up lines, in the engines' own
@@ -73,9 +71,9 @@ func (s *Server) vllmLog(w *bufio.Writer, now time.Time) {
 	}
 	for i, pool := range c.KVTokens {
 		info(core(i), "gpu_worker.py", 359, "Available KV cache memory: %.2f GiB", kvGiB(pool))
-		info(core(i), "kv_cache_utils.py", 1286, "GPU KV cache size: %s tokens", health.Thousands(pool))
+		info(core(i), "kv_cache_utils.py", 1286, "GPU KV cache size: %s tokens", thousands(pool))
 		info(core(i), "kv_cache_utils.py", 1291, "Maximum concurrency for %s tokens per request: %.2fx",
-			health.Thousands(s.maxModelLen), float64(pool)/float64(s.maxModelLen))
+			thousands(s.maxModelLen), float64(pool)/float64(s.maxModelLen))
 	}
 	for i := range c.DP {
 		info(core(i), "core.py", 259, "init engine (profile, create kv cache, warmup model) took %.2f seconds", 29.85)
@@ -172,4 +170,18 @@ func (s *Server) ollamaLog(w *bufio.Writer, now time.Time) {
 		ts, c.KVTokens[0], s.url, c.MaxRunning)
 	fmt.Fprintf(w, "time=%s level=INFO source=images.go:522 msg=\"total blobs: 5\"\n", ts)
 	fmt.Fprintf(w, "time=%s level=INFO source=routes.go:1597 msg=\"Listening on %s (version %s)\"\n", ts, net.JoinHostPort(s.host, strconv.Itoa(s.port)), c.Version)
+}
+
+// thousands formats 24094 as "24,094", as vLLM prints pool sizes
+// ("{:,}" in Python). Pool sizes are never negative.
+func thousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	var b strings.Builder
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

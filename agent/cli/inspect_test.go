@@ -61,11 +61,11 @@ func inspectSim(t *testing.T, cfg sim.Config) *sim.Server {
 	return s
 }
 
-var noNVML = fmt.Errorf("%w: NVML library not found", gpu.ErrUnavailable)
+var errNoNVML = fmt.Errorf("%w: NVML library not found", gpu.ErrUnavailable)
 
 func TestInspectNothingHere(t *testing.T) {
 	dead := []inspectTarget{{URL: inspectDeadURL(t), Kinds: "vllm"}, {URL: inspectDeadURL(t), Kinds: "ollama"}}
-	code, out, errOut := inspectWith(t, nil, noNVML, dead)
+	code, out, errOut := inspectWith(t, nil, errNoNVML, dead)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %s", code, errOut)
 	}
@@ -79,7 +79,7 @@ func TestInspectNothingHere(t *testing.T) {
 		}
 	}
 
-	code, out, _ = inspectWith(t, nil, noNVML, dead, "--json")
+	code, out, _ = inspectWith(t, nil, errNoNVML, dead, "--json")
 	var rep map[string]any
 	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
 		t.Fatalf("exit %d, output %s", code, out)
@@ -136,7 +136,7 @@ func TestInspectFindsEnginesOnDefaultPorts(t *testing.T) {
 	vllm := inspectSim(t, sim.Config{Flavor: "vllm", DP: 2})
 	ollama := inspectSim(t, sim.Config{Flavor: "ollama"})
 	targets := []inspectTarget{{URL: vllm.URL(), Kinds: "vllm"}, {URL: inspectDeadURL(t), Kinds: "sglang"}, {URL: ollama.URL(), Kinds: "ollama"}}
-	code, out, errOut := inspectWith(t, nil, noNVML, targets, "--json")
+	code, out, errOut := inspectWith(t, nil, errNoNVML, targets, "--json")
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %s", code, errOut)
 	}
@@ -154,7 +154,7 @@ func TestInspectFindsEnginesOnDefaultPorts(t *testing.T) {
 
 func TestInspectUnreadableEngines(t *testing.T) {
 	dead := inspectDeadURL(t)
-	code, out, errOut := inspectWith(t, nil, noNVML, nil, "--engine", "vllm="+dead, "--timeout", "2s")
+	code, out, errOut := inspectWith(t, nil, errNoNVML, nil, "--engine", "vllm="+dead, "--timeout", "2s")
 	if code != 0 {
 		t.Fatalf("exit %d: inspect reports findings, it does not fail on them; stderr %s", code, errOut)
 	}
@@ -174,7 +174,7 @@ func TestInspectConfig(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(toml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := inspectWith(t, nil, noNVML, nil, "--config", cfgPath)
+	code, out, errOut := inspectWith(t, nil, errNoNVML, nil, "--config", cfgPath)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %s", code, errOut)
 	}
@@ -183,7 +183,7 @@ func TestInspectConfig(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	if code, _, errOut := inspectWith(t, nil, noNVML, nil, "--config", filepath.Join(dir, "missing.toml")); code != 1 || !strings.Contains(errOut, "missing.toml") {
+	if code, _, errOut := inspectWith(t, nil, errNoNVML, nil, "--config", filepath.Join(dir, "missing.toml")); code != 1 || !strings.Contains(errOut, "missing.toml") {
 		t.Errorf("missing config: exit %d, stderr %q", code, errOut)
 	}
 }
@@ -199,12 +199,12 @@ func TestInspectBadFlags(t *testing.T) {
 		{"--bogus"},
 		{"extra"},
 	} {
-		code, out, errOut := inspectWith(t, nil, noNVML, nil, args...)
+		code, out, errOut := inspectWith(t, nil, errNoNVML, nil, args...)
 		if code != 2 || out != "" || errOut == "" {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 2 with a message", args, code, out, errOut)
 		}
 	}
-	if code, _, _ := inspectWith(t, nil, noNVML, nil, "-h"); code != 0 {
+	if code, _, _ := inspectWith(t, nil, errNoNVML, nil, "-h"); code != 0 {
 		t.Errorf("-h: exit %d", code)
 	}
 }

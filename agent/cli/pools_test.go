@@ -63,7 +63,7 @@ func TestPoolsJSONUneven(t *testing.T) {
 	if got.Format != "sglang-max-total" || got.Model != "Qwen/Qwen3-8B" || !got.Ready || got.LaunchArgs["dp_size"] != "2" {
 		t.Errorf("extras = %+v", got)
 	}
-	if got.Warning == nil || got.Warning.Code != health.CodeDPPoolImbalance || got.Warning.Severity != health.Critical {
+	if got.Warning == nil || got.Warning.Code != wire.CodeDPPoolImbalance || got.Warning.Severity != wire.SeverityCritical {
 		t.Errorf("warning = %+v", got.Warning)
 	}
 }

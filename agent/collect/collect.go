@@ -409,9 +409,4 @@ func MarkForeign(gpus []wire.GPU, engines []wire.Engine) []wire.GPU {
 }
 
 // bound cuts s to what the wire accepts.
-func bound(s string) string {
-	if len(s) <= wire.MaxStringBytes {
-		return s
-	}
-	return strings.ToValidUTF8(s[:wire.MaxStringBytes], "")
-}
+func bound(s string) string { return wire.Clip(s, wire.MaxStringBytes) }

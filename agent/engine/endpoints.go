@@ -372,15 +372,4 @@ func fraction(v float64) float64 {
 }
 
 // bound cuts a string an engine sent to what the wire accepts.
-func bound(s string) string {
-	if len(s) <= wire.MaxStringBytes {
-		return s
-	}
-	cut := wire.MaxStringBytes
-	for cut > 0 && !utf8RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
-}
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
+func bound(s string) string { return wire.Clip(s, wire.MaxStringBytes) }

@@ -114,9 +114,5 @@ func joinErrors(errs []error) string {
 	for i, err := range errs {
 		parts[i] = err.Error()
 	}
-	s := strings.Join(parts, "; ")
-	if len(s) > wire.MaxStringBytes {
-		s = strings.ToValidUTF8(s[:wire.MaxStringBytes-3], "") + "..."
-	}
-	return s
+	return wire.Clip(strings.Join(parts, "; "), wire.MaxStringBytes)
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -210,7 +211,7 @@ func TestOpenHere(t *testing.T) {
 func TestJoinErrorsBounded(t *testing.T) {
 	long := errors.New(strings.Repeat("é", wire.MaxStringBytes))
 	s := joinErrors([]error{long, long})
-	if len(s) > wire.MaxStringBytes || !strings.HasSuffix(s, "...") {
-		t.Errorf("len %d, suffix %q", len(s), s[len(s)-3:])
+	if len(s) > wire.MaxStringBytes || !strings.HasSuffix(s, "…") || !utf8.ValidString(s) {
+		t.Errorf("len %d, suffix %q, valid %v", len(s), s[len(s)-3:], utf8.ValidString(s))
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"time"
 
@@ -352,12 +351,7 @@ func (l *link) startProbe(req wire.ProbeRequest) {
 	}()
 }
 
-func clip(s string) string {
-	if len(s) <= wire.MaxStringBytes {
-		return s
-	}
-	return strings.ToValidUTF8(s[:wire.MaxStringBytes-3], "") + "..."
-}
+func clip(s string) string { return wire.Clip(s, wire.MaxStringBytes) }
 
 func describe(payload any) string {
 	switch p := payload.(type) {

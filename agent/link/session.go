@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -336,8 +335,5 @@ func (s *session) waitStarted() bool {
 
 // closeReason fits a close reason into the 123 bytes a close frame allows.
 func closeReason(s string) string {
-	if len(s) <= 123 {
-		return s
-	}
-	return strings.ToValidUTF8(s[:120], "") + "..."
+	return wire.Clip(s, 123)
 }

@@ -20,7 +20,6 @@ import (
 	"sync"
 	"time"
 
-	"heft/shared/health"
 	"heft/shared/wire"
 )
 
@@ -186,9 +185,7 @@ func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
 		m.Problems = append(m.Problems[:wire.MaxProblemCount-1], "more problems left out")
 	}
 	for i, p := range m.Problems {
-		if len(p) > maxProblemBytes {
-			m.Problems[i] = strings.ToValidUTF8(p[:maxProblemBytes], "") + "..."
-		}
+		m.Problems[i] = wire.Clip(p, maxProblemBytes)
 	}
 	return m, err
 }
@@ -213,7 +210,7 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fail(m, health.CodeEngineUnreachable, err.Error())
+		return fail(m, wire.CodeEngineUnreachable, err.Error())
 	}
 	m.Model = model
 
@@ -260,7 +257,7 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 	}
 	if warm.Failed == warm.Requests {
 		// Nothing came back; a second burst would only wait as long again.
-		return fail(m, health.CodeProbeFailed, "every warm-up request failed; the measured burst was not sent")
+		return fail(m, wire.CodeProbeFailed, "every warm-up request failed; the measured burst was not sent")
 	}
 
 	var sampler *gpuSampler
@@ -297,13 +294,13 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 
 	switch {
 	case meas.Failed > 0:
-		return fail(m, health.CodeProbeFailed, fmt.Sprintf("%d of %d measured requests failed; raw %.1f tok/s over %d tokens not used",
+		return fail(m, wire.CodeProbeFailed, fmt.Sprintf("%d of %d measured requests failed; raw %.1f tok/s over %d tokens not used",
 			meas.Failed, meas.Requests, meas.TPS, meas.Tokens))
 	case meas.Short && exactKind(cfg.Kind):
-		return fail(m, health.CodeProbeIncompleteOutput, fmt.Sprintf("the engine did not return exactly %d tokens per request as asked; raw %.1f tok/s over %d of %d tokens not used",
+		return fail(m, wire.CodeProbeIncompleteOutput, fmt.Sprintf("the engine did not return exactly %d tokens per request as asked; raw %.1f tok/s over %d of %d tokens not used",
 			cfg.Tokens, meas.TPS, meas.Tokens, m.ExpectedTokens))
 	case meas.Tokens == 0 || meas.TPS <= 0:
-		return fail(m, health.CodeProbeFailed, "the measured burst returned no tokens")
+		return fail(m, wire.CodeProbeFailed, "the measured burst returned no tokens")
 	case !exactKind(cfg.Kind):
 		m.Problems = append(m.Problems, fmt.Sprintf("%s cannot be told an exact output length; throughput counts the %d of %d tokens that came back",
 			cfg.Kind, meas.Tokens, m.ExpectedTokens))

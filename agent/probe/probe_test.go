@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"heft/shared/health"
 	"heft/shared/wire"
 )
 
@@ -132,7 +131,7 @@ func TestRunBadEngines(t *testing.T) {
 				}
 				writeStream(w, intField(req, "max_tokens"), -1)
 			},
-			failure: health.CodeProbeFailed, problem: "CUDA out of memory",
+			failure: wire.CodeProbeFailed, problem: "CUDA out of memory",
 		},
 		{
 			name: "streams dropped mid-way",
@@ -142,7 +141,7 @@ func TestRunBadEngines(t *testing.T) {
 				writeChunk(w, "b")
 				panic(http.ErrAbortHandler) // the connection is cut, as by a crashed engine
 			},
-			failure: health.CodeProbeFailed, problem: "before [DONE]",
+			failure: wire.CodeProbeFailed, problem: "before [DONE]",
 		},
 		{
 			name: "stream ends cleanly but without done",
@@ -150,7 +149,7 @@ func TestRunBadEngines(t *testing.T) {
 				startStream(w)
 				writeChunk(w, "a")
 			},
-			failure: health.CodeProbeFailed, problem: "before [DONE]",
+			failure: wire.CodeProbeFailed, problem: "before [DONE]",
 		},
 		{
 			name: "malformed sse line",
@@ -160,7 +159,7 @@ func TestRunBadEngines(t *testing.T) {
 				w.Write([]byte("this is not sse\n\n"))
 				writeEvent(w, "[DONE]")
 			},
-			failure: health.CodeProbeFailed, problem: "malformed event stream",
+			failure: wire.CodeProbeFailed, problem: "malformed event stream",
 		},
 		{
 			name: "malformed chunk json",
@@ -169,7 +168,7 @@ func TestRunBadEngines(t *testing.T) {
 				writeEvent(w, `{"choices":[{"delta":`)
 				writeEvent(w, "[DONE]")
 			},
-			failure: health.CodeProbeFailed, problem: "not a chat completion chunk",
+			failure: wire.CodeProbeFailed, problem: "not a chat completion chunk",
 		},
 		{
 			name: "answers json not a stream",
@@ -177,7 +176,7 @@ func TestRunBadEngines(t *testing.T) {
 				w.Header().Set("Content-Type", "application/json")
 				w.Write([]byte(`{"choices":[{"message":{"content":"hi"}}]}`))
 			},
-			failure: health.CodeProbeFailed, problem: "not an event stream",
+			failure: wire.CodeProbeFailed, problem: "not an event stream",
 		},
 		{
 			name: "usage over-reports",
@@ -185,21 +184,21 @@ func TestRunBadEngines(t *testing.T) {
 				k := intField(req, "max_tokens")
 				writeStream(w, k, k+3)
 			},
-			failure: health.CodeProbeIncompleteOutput, problem: "usage says 11 tokens but the stream carried 8",
+			failure: wire.CodeProbeIncompleteOutput, problem: "usage says 11 tokens but the stream carried 8",
 		},
 		{
 			name: "fewer tokens than asked",
 			stream: func(n int64, w http.ResponseWriter, r *http.Request, req map[string]any) {
 				writeStream(w, intField(req, "max_tokens")/2, -1)
 			},
-			failure: health.CodeProbeIncompleteOutput, problem: "4 tokens, asked for 8",
+			failure: wire.CodeProbeIncompleteOutput, problem: "4 tokens, asked for 8",
 		},
 		{
 			name: "more tokens than asked",
 			stream: func(n int64, w http.ResponseWriter, r *http.Request, req map[string]any) {
 				writeStream(w, intField(req, "max_tokens")+2, -1)
 			},
-			failure: health.CodeProbeIncompleteOutput, problem: "10 tokens, asked for exactly 8",
+			failure: wire.CodeProbeIncompleteOutput, problem: "10 tokens, asked for exactly 8",
 		},
 		{
 			name: "no usage reported",
@@ -210,7 +209,7 @@ func TestRunBadEngines(t *testing.T) {
 				}
 				writeEvent(w, "[DONE]")
 			},
-			failure: health.CodeProbeIncompleteOutput, problem: "no usage",
+			failure: wire.CodeProbeIncompleteOutput, problem: "no usage",
 		},
 		{
 			name: "one request short is enough",
@@ -221,7 +220,7 @@ func TestRunBadEngines(t *testing.T) {
 				}
 				writeStream(w, k, -1)
 			},
-			failure: health.CodeProbeIncompleteOutput, problem: "7 tokens, asked for 8",
+			failure: wire.CodeProbeIncompleteOutput, problem: "7 tokens, asked for 8",
 		},
 	}
 	for _, tt := range tests {
@@ -285,7 +284,7 @@ func TestRunInexactKindStillFailsOnErrors(t *testing.T) {
 	cfg := quick(f.URL())
 	cfg.Kind = wire.EngineMLX
 	m := mustRun(t, cfg)
-	if m.Failure != health.CodeProbeFailed || m.ThroughputTPS != 0 {
+	if m.Failure != wire.CodeProbeFailed || m.ThroughputTPS != 0 {
 		t.Fatalf("failure %q tps %v", m.Failure, m.ThroughputTPS)
 	}
 	if !hasProblem(m, "4 of 4 requests like request 1: engine answered 502 Bad Gateway: boom") {
@@ -300,7 +299,7 @@ func TestRunNeverReady(t *testing.T) {
 	var phases []string
 	cfg.Progress = func(p Progress) { phases = append(phases, p.Phase) }
 	m := mustRun(t, cfg)
-	if m.Failure != health.CodeEngineUnreachable || !hasProblem(m, "did not become ready within 300ms") || !hasProblem(m, "503") {
+	if m.Failure != wire.CodeEngineUnreachable || !hasProblem(m, "did not become ready within 300ms") || !hasProblem(m, "503") {
 		t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
 	}
 	if f.chats.Load() != 0 {
@@ -338,7 +337,7 @@ func TestRunUnreachable(t *testing.T) {
 	cfg := quick("http://" + addr)
 	cfg.ReadyTimeout = 200 * time.Millisecond
 	m := mustRun(t, cfg)
-	if m.Failure != health.CodeEngineUnreachable || !hasProblem(m, "connect") {
+	if m.Failure != wire.CodeEngineUnreachable || !hasProblem(m, "connect") {
 		t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
 	}
 }
@@ -353,7 +352,7 @@ func TestRunLongURLKeepsProblemsBounded(t *testing.T) {
 	cfg := quick("http://" + addr + "/" + strings.Repeat("p", 3000))
 	cfg.ReadyTimeout = 100 * time.Millisecond
 	m := mustRun(t, cfg) // mustRun checks wire validation, which bounds every string
-	if m.Failure != health.CodeEngineUnreachable {
+	if m.Failure != wire.CodeEngineUnreachable {
 		t.Fatalf("failure %q", m.Failure)
 	}
 	for _, p := range m.Problems {
@@ -374,7 +373,7 @@ func TestRunStuckEngineIsBounded(t *testing.T) {
 	cfg := quick(f.URL())
 	cfg.BurstTimeout = 200 * time.Millisecond
 	m := mustRun(t, cfg)
-	if m.Failure != health.CodeProbeFailed || !hasProblem(m, "did not finish within 200ms") {
+	if m.Failure != wire.CodeProbeFailed || !hasProblem(m, "did not finish within 200ms") {
 		t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
 	}
 	// Every warm-up request failed, so the measured burst was not sent.

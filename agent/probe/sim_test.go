@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"heft/shared/health"
 	"heft/shared/wire"
 	"heft/sim"
 )
@@ -137,11 +136,11 @@ func TestSimFaults(t *testing.T) {
 		faults  sim.Faults
 		failure string
 	}{
-		{"ignores min_tokens", sim.Faults{IgnoreMinTokens: true}, health.CodeProbeIncompleteOutput},
-		{"usage lies", sim.Faults{UsageExtra: 2}, health.CodeProbeIncompleteOutput},
-		{"fails every 5th", sim.Faults{FailEvery: 5}, health.CodeProbeFailed},
-		{"drops streams", sim.Faults{DropStreamAfter: 10}, health.CodeProbeFailed},
-		{"malformed sse", sim.Faults{MalformedSSE: true}, health.CodeProbeFailed},
+		{"ignores min_tokens", sim.Faults{IgnoreMinTokens: true}, wire.CodeProbeIncompleteOutput},
+		{"usage lies", sim.Faults{UsageExtra: 2}, wire.CodeProbeIncompleteOutput},
+		{"fails every 5th", sim.Faults{FailEvery: 5}, wire.CodeProbeFailed},
+		{"drops streams", sim.Faults{DropStreamAfter: 10}, wire.CodeProbeFailed},
+		{"malformed sse", sim.Faults{MalformedSSE: true}, wire.CodeProbeFailed},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

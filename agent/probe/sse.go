@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"heft/shared/wire"
 )
 
 // Bounds on what one engine stream may send. A chat chunk is a few hundred
@@ -129,10 +131,4 @@ func (s *sseReader) readLine() (string, error) {
 }
 
 // clip shortens s for an error message.
-func clip(s string) string {
-	const max = 120
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + "..."
-}
+func clip(s string) string { return wire.Clip(s, 120) }

@@ -7,7 +7,6 @@ import (
 
 	"heft/coordinator/store"
 	"heft/coordinator/view"
-	"heft/shared/health"
 	"heft/shared/wire"
 )
 
@@ -25,8 +24,8 @@ func TestUnevenPoolsHoldAndSlightlyUnevenWarn(t *testing.T) {
 	if u.State != view.StateHeld {
 		t.Errorf("uneven: state %s, want held", u.State)
 	}
-	x, ok := warning(u, health.CodeDPPoolImbalance)
-	if !ok || x.Severity != health.Critical {
+	x, ok := warning(u, wire.CodeDPPoolImbalance)
+	if !ok || x.Severity != wire.SeverityCritical {
 		t.Fatalf("uneven: warning %+v, ok %v, want critical dp_pool_imbalance", x, ok)
 	}
 	for _, want := range []string{"rank 0", "24,094", "rank 1", "2,925", "every second request", "Fix:"} {
@@ -42,10 +41,10 @@ func TestUnevenPoolsHoldAndSlightlyUnevenWarn(t *testing.T) {
 	if s.State != view.StateAdmitted {
 		t.Errorf("0.7 pools: state %s, want admitted", s.State)
 	}
-	if x, ok := warning(s, health.CodeDPPoolImbalance); !ok || x.Severity != health.Warning {
+	if x, ok := warning(s, wire.CodeDPPoolImbalance); !ok || x.Severity != wire.SeverityWarning {
 		t.Errorf("0.7 pools: warning %+v, ok %v, want a warning-level dp_pool_imbalance", x, ok)
 	}
-	if _, ok := warning(h.worker("even"), health.CodeDPPoolImbalance); ok {
+	if _, ok := warning(h.worker("even"), wire.CodeDPPoolImbalance); ok {
 		t.Error("even pools warned")
 	}
 	if w := h.weights("m"); len(w) != 2 {
@@ -79,7 +78,7 @@ func TestAdminAdmitAndHold(t *testing.T) {
 	if u.State != view.StateAdmitted || u.AdminDecision != store.DecisionAdmit || u.Weight == nil {
 		t.Fatalf("after admit: state %s decision %q weight %v", u.State, u.AdminDecision, u.Weight)
 	}
-	if x, _ := warning(u, health.CodeDPPoolImbalance); !strings.Contains(x.Message, "admitted it anyway") {
+	if x, _ := warning(u, wire.CodeDPPoolImbalance); !strings.Contains(x.Message, "admitted it anyway") {
 		t.Errorf("the warning should say an admin admitted it: %s", x.Message)
 	}
 	if h.st.state().Decisions["uneven"] != store.DecisionAdmit {
@@ -125,7 +124,7 @@ func TestAdmitDoesNotOverrideAFailedMeasurement(t *testing.T) {
 	h.connect("n")
 	h.put("n", engine("k", "http://1:8000", "m"))
 	m := measured("k", 300, h.clk.now())
-	m.Failure, m.OutputTokens, m.Problems = health.CodeProbeFailed, 0, []string{"connection reset"}
+	m.Failure, m.OutputTokens, m.Problems = wire.CodeProbeFailed, 0, []string{"connection reset"}
 	h.result("n", m)
 	if err := h.f.Admit("k"); err != nil {
 		t.Fatal(err)
@@ -145,8 +144,8 @@ func TestEngineNotReadyIsPending(t *testing.T) {
 	if w.State != view.StatePending || len(requests(acts, "")) != 0 {
 		t.Fatalf("unreachable engine: state %s, actions %v; want pending and no probe", w.State, acts)
 	}
-	x, ok := warning(w, health.CodeEngineUnreachable)
-	if !ok || x.Severity != health.Critical || !strings.Contains(x.Message, "connection refused") {
+	x, ok := warning(w, wire.CodeEngineUnreachable)
+	if !ok || x.Severity != wire.SeverityCritical || !strings.Contains(x.Message, "connection refused") {
 		t.Errorf("warning %+v, ok %v", x, ok)
 	}
 	// Loading (not ready, no error): pending without a warning.
@@ -176,7 +175,7 @@ func TestKeylessEngines(t *testing.T) {
 	if len(ws) != 1 || ws[0].ID != "unkeyed:n:http://1:30000" || ws[0].State != view.StatePending {
 		t.Fatalf("workers = %+v", ws)
 	}
-	if _, ok := warning(ws[0], health.CodeEngineUnreachable); !ok {
+	if _, ok := warning(ws[0], wire.CodeEngineUnreachable); !ok {
 		t.Error("placeholder lacks engine_unreachable")
 	}
 	if _, err := h.f.Probe(ws[0].ID); err == nil {
@@ -223,43 +222,43 @@ func TestWarningsFromFactsAndSince(t *testing.T) {
 	if w.State != view.StateAdmitted {
 		t.Fatalf("state %s: warnings from facts must not hold", w.State)
 	}
-	for _, code := range []string{health.CodeForeignGPUProcess, health.CodeGPUClockLow, health.CodeGPUThrottled} {
+	for _, code := range []string{wire.CodeForeignGPUProcess, wire.CodeGPUClockLow, wire.CodeGPUThrottled} {
 		if _, ok := warning(w, code); !ok {
 			t.Errorf("missing %s in %+v", code, w.Warnings)
 		}
 	}
-	if x, _ := warning(w, health.CodeForeignGPUProcess); strings.Contains(x.Message, "not-ours") {
+	if x, _ := warning(w, wire.CodeForeignGPUProcess); strings.Contains(x.Message, "not-ours") {
 		t.Error("a process on a GPU the engine does not use was reported")
 	}
 	if len(w.GPUs) != 1 || w.GPUs[0].UUID != "GPU-1" {
 		t.Errorf("GPUs = %+v, want only the engine's", w.GPUs)
 	}
-	first, _ := warning(w, health.CodeForeignGPUProcess)
+	first, _ := warning(w, wire.CodeForeignGPUProcess)
 	if !first.Since.Equal(t0) {
 		t.Errorf("since = %v, want %v", first.Since, t0)
 	}
 
 	h.clk.advance(time.Minute)
 	snap()
-	if x, _ := warning(h.worker("k"), health.CodeForeignGPUProcess); !x.Since.Equal(t0) {
+	if x, _ := warning(h.worker("k"), wire.CodeForeignGPUProcess); !x.Since.Equal(t0) {
 		t.Errorf("since moved to %v on a later snapshot", x.Since)
 	}
 	gone := gpus[0].Processes
 	gpus[0].Processes = nil
 	snap()
-	if _, ok := warning(h.worker("k"), health.CodeForeignGPUProcess); ok {
+	if _, ok := warning(h.worker("k"), wire.CodeForeignGPUProcess); ok {
 		t.Error("warning stayed after the process left")
 	}
 	h.clk.advance(time.Minute)
 	gpus[0].Processes = gone
 	snap()
-	if x, _ := warning(h.worker("k"), health.CodeForeignGPUProcess); !x.Since.Equal(t0.Add(2 * time.Minute)) {
+	if x, _ := warning(h.worker("k"), wire.CodeForeignGPUProcess); !x.Since.Equal(t0.Add(2 * time.Minute)) {
 		t.Errorf("since = %v after a break, want %v", x.Since, t0.Add(2*time.Minute))
 	}
 	// Most severe first.
 	e.Ranks = []wire.Rank{{DPRank: 0, KVTokens: 100}, {DPRank: 1, KVTokens: 10}}
 	snap()
-	if ws := h.worker("k").Warnings; ws[0].Severity != health.Critical {
+	if ws := h.worker("k").Warnings; ws[0].Severity != wire.SeverityCritical {
 		t.Errorf("warnings not sorted most severe first: %+v", ws)
 	}
 }
@@ -272,8 +271,8 @@ func TestIncompleteButValidMeasurementAdmitsWithWarning(t *testing.T) {
 	m.Complete, m.OutputTokens = false, 1900
 	h.result("mac", m)
 	w := h.worker("k")
-	x, ok := warning(w, health.CodeProbeIncompleteOutput)
-	if w.State != view.StateAdmitted || !ok || x.Severity != health.Warning {
+	x, ok := warning(w, wire.CodeProbeIncompleteOutput)
+	if w.State != view.StateAdmitted || !ok || x.Severity != wire.SeverityWarning {
 		t.Errorf("state %s warning %+v ok %v: want admitted with a warning", w.State, x, ok)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"heft/coordinator/store"
 	"heft/coordinator/view"
 	"heft/shared/health"
+	"heft/shared/wire"
 )
 
 // verdict is a worker's freshly derived state.
@@ -107,14 +108,14 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 	if m != nil {
 		fs = append(fs, health.Measurement(*m, th)...)
 	}
-	if w.probe.failure != "" && !hasCode(fs, health.CodeProbeFailed) {
-		fs = append(fs, health.Finding{Code: health.CodeProbeFailed, Severity: health.Warning, Message: fmt.Sprintf(
+	if w.probe.failure != "" && !hasCode(fs, wire.CodeProbeFailed) {
+		fs = append(fs, health.Finding{Code: wire.CodeProbeFailed, Severity: wire.SeverityWarning, Message: fmt.Sprintf(
 			"the last probe request could not run: %s. heft asks again every %s until a probe succeeds.", w.probe.failure, f.cfg.FailRetry)})
 	}
 	decision := f.decisions[w.id]
 	poolHold := false
 	for i := range fs {
-		if fs[i].Code == health.CodeDPPoolImbalance && fs[i].Severity == health.Critical {
+		if fs[i].Code == wire.CodeDPPoolImbalance && fs[i].Severity == wire.SeverityCritical {
 			poolHold = true
 			if decision == store.DecisionAdmit {
 				fs[i].Message += " An admin has admitted it anyway."
@@ -145,7 +146,7 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 // poolHolds reports whether the worker's pools alone would hold it.
 func (f *Fleet) poolHolds(w *worker) bool {
 	p := health.Pools(w.eng.Ranks, f.cfg.Thresholds)
-	return p != nil && p.Severity == health.Critical
+	return p != nil && p.Severity == wire.SeverityCritical
 }
 
 func (f *Fleet) offlineFinding(w *worker) health.Finding {
@@ -155,7 +156,7 @@ func (f *Fleet) offlineFinding(w *worker) health.Finding {
 		msg += fmt.Sprintf(" Its measurement of %s stays cached until %s, so a reconnect before then costs no burst.",
 			m.FinishedAt.UTC().Format(time.RFC3339), m.FinishedAt.Add(f.cfg.CacheTTL).UTC().Format(time.RFC3339))
 	}
-	return health.Finding{Code: health.CodeAgentOffline, Severity: health.Critical, Message: msg}
+	return health.Finding{Code: wire.CodeAgentOffline, Severity: wire.SeverityCritical, Message: msg}
 }
 
 // weigh sets a worker's weight from its model's median throughput.
@@ -205,7 +206,7 @@ func clampFinding(model string, tps, med float64, n int, raw, clamped, lo, hi fl
 	msg := fmt.Sprintf("measured %.0f tok/s against a median of %.0f tok/s over the %d admitted workers of %s, a weight of %.3g; it was "+what+
 		" (weights stay within [%g, %g]). Check the measurement, and pin a weight if the gap is real.",
 		tps, med, n, model, raw, clamped, lo, hi)
-	return health.Finding{Code: health.CodeWeightClamped, Severity: health.Warning, Message: msg}
+	return health.Finding{Code: wire.CodeWeightClamped, Severity: wire.SeverityWarning, Message: msg}
 }
 
 // stamp keeps, for each warning code, the time it was first seen on the

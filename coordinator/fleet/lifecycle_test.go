@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"heft/coordinator/view"
-	"heft/shared/health"
 	"heft/shared/wire"
 )
 
@@ -98,8 +97,8 @@ func TestRestoredWorkersGoOfflineAfterGrace(t *testing.T) {
 	h2.clk.advance(time.Second)
 	h2.f.Tick()
 	w := h2.worker("k")
-	x, ok := warning(w, health.CodeAgentOffline)
-	if w.State != view.StateOffline || !ok || x.Severity != health.Critical {
+	x, ok := warning(w, wire.CodeAgentOffline)
+	if w.State != view.StateOffline || !ok || x.Severity != wire.SeverityCritical {
 		t.Fatalf("after grace: state %s warning %+v", w.State, x)
 	}
 	for _, want := range []string{"node n", "last heard from 2025-03-01T12:00:00Z", "cached until 2025-03-01T18:00:00Z"} {
@@ -242,14 +241,14 @@ func TestFailedMeasurementHoldsAndRetries(t *testing.T) {
 	h.clk.advance(6 * time.Hour)
 	r := requests(h.f.Tick(), "k")
 	m := measured("k", 0, h.clk.now())
-	m.Failure, m.OutputTokens, m.ExpectedTokens = health.CodeProbeIncompleteOutput, 1500, 2048
+	m.Failure, m.OutputTokens, m.ExpectedTokens = wire.CodeProbeIncompleteOutput, 1500, 2048
 	m.Problems = []string{"usage said 1500, stream had 1500"}
 	if _, err := h.f.ProbeResult("n", wire.ProbeResult{RequestID: r[0].RequestID, Measurement: m}); err != nil {
 		t.Fatal(err)
 	}
 	w := h.worker("k")
-	x, ok := warning(w, health.CodeProbeIncompleteOutput)
-	if w.State != view.StateHeld || w.Weight != nil || !ok || x.Severity != health.Critical || w.Throughput != nil {
+	x, ok := warning(w, wire.CodeProbeIncompleteOutput)
+	if w.State != view.StateHeld || w.Weight != nil || !ok || x.Severity != wire.SeverityCritical || w.Throughput != nil {
 		t.Fatalf("after a failed measurement: state %s weight %v warning %+v throughput %v", w.State, w.Weight, x, w.Throughput)
 	}
 	if len(w.History) != 2 || w.History[1].Valid {
@@ -286,7 +285,7 @@ func TestProbeStatusFailedRetries(t *testing.T) {
 	r := requests(h.put("n", engine("k", "http://1:8000", "m")), "k")
 	h.f.ProbeStatus("n", wire.ProbeStatus{RequestID: r[0].RequestID, CapacityKey: "k", State: wire.ProbeFailed, Message: "engine returned 500"})
 	w := h.worker("k")
-	x, ok := warning(w, health.CodeProbeFailed)
+	x, ok := warning(w, wire.CodeProbeFailed)
 	if !ok || !strings.Contains(x.Message, "engine returned 500") || w.ProbeStatus != wire.ProbeFailed {
 		t.Fatalf("warnings %+v status %q", w.Warnings, w.ProbeStatus)
 	}
@@ -295,7 +294,7 @@ func TestProbeStatusFailedRetries(t *testing.T) {
 		t.Fatalf("retry: %+v", r)
 	}
 	h.result("n", measured("k", 500, h.clk.now()))
-	if _, ok := warning(h.worker("k"), health.CodeProbeFailed); ok {
+	if _, ok := warning(h.worker("k"), wire.CodeProbeFailed); ok {
 		t.Error("probe_failed stayed after a valid measurement")
 	}
 }
@@ -528,7 +527,7 @@ func TestStatsAndOrdering(t *testing.T) {
 	if s.WorkersByState[view.StateAdmitted] != 3 || s.WorkersByState[view.StateMeasuring] != 1 || s.WorkersByState[view.StateOffline] != 0 {
 		t.Errorf("by state %v", s.WorkersByState)
 	}
-	if s.WarningsByCode[health.CodeDPPoolImbalance] != 1 || s.ConnectedAgents != 3 || len(s.Workers) != 4 {
+	if s.WarningsByCode[wire.CodeDPPoolImbalance] != 1 || s.ConnectedAgents != 3 || len(s.Workers) != 4 {
 		t.Errorf("stats %+v", s)
 	}
 	if s.Workers[0].ID != "k1" || s.Workers[0].Weight == nil || s.Workers[3].Weight != nil {

@@ -113,9 +113,9 @@ type WorkerStats struct {
 }
 
 // WarningCodes lists every code a worker can carry.
-var WarningCodes = []string{health.CodeDPPoolImbalance, health.CodeGPUClockLow, health.CodeGPUThrottled,
-	health.CodeForeignGPUProcess, health.CodeProbeIncompleteOutput, health.CodeProbeFailed,
-	health.CodeEngineUnreachable, health.CodeAgentOffline, health.CodeWeightClamped}
+var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire.CodeGPUThrottled,
+	wire.CodeForeignGPUProcess, wire.CodeProbeIncompleteOutput, wire.CodeProbeFailed,
+	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped}
 
 // States lists every worker state.
 var States = []string{view.StatePending, view.StateMeasuring, view.StateAdmitted, view.StateHeld, view.StateOffline}
@@ -252,10 +252,7 @@ func clipProblems(ps []string) []string {
 			out = append(out, fmt.Sprintf("(%d more)", len(ps)-viewProblems))
 			break
 		}
-		if len(p) > viewProblemBytes {
-			p = strings.ToValidUTF8(p[:viewProblemBytes], "") + "…"
-		}
-		out = append(out, p)
+		out = append(out, wire.Clip(p, viewProblemBytes))
 	}
 	return out
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"heft/coordinator/view"
-	"heft/shared/health"
+	"heft/shared/wire"
 )
 
 func TestTwoWorkersWeighInRatioOfThroughput(t *testing.T) {
@@ -23,7 +23,7 @@ func TestTwoWorkersWeighInRatioOfThroughput(t *testing.T) {
 		t.Errorf("ratio %v, want %v", w["a"]/w["b"], 992.0/453.0)
 	}
 	for _, id := range []string{"a", "b"} {
-		if _, ok := warning(h.worker(id), health.CodeWeightClamped); ok {
+		if _, ok := warning(h.worker(id), wire.CodeWeightClamped); ok {
 			t.Errorf("%s: unexpected weight_clamped", id)
 		}
 	}
@@ -65,15 +65,15 @@ func TestClampBothWaysWithWarning(t *testing.T) {
 	if w["crawl"] != 0.25 || w["rocket"] != 8 || w["x"] != 1 {
 		t.Fatalf("weights = %v, want crawl 0.25 (from 0.01), rocket 8 (from 20), x 1", w)
 	}
-	low, ok := warning(h.worker("crawl"), health.CodeWeightClamped)
-	if !ok || low.Severity != health.Warning || !strings.Contains(low.Message, "raised to 0.25") || !strings.Contains(low.Message, "0.01") {
+	low, ok := warning(h.worker("crawl"), wire.CodeWeightClamped)
+	if !ok || low.Severity != wire.SeverityWarning || !strings.Contains(low.Message, "raised to 0.25") || !strings.Contains(low.Message, "0.01") {
 		t.Errorf("crawl warning = %+v, ok %v", low, ok)
 	}
-	high, ok := warning(h.worker("rocket"), health.CodeWeightClamped)
+	high, ok := warning(h.worker("rocket"), wire.CodeWeightClamped)
 	if !ok || !strings.Contains(high.Message, "lowered to 8") || !strings.Contains(high.Message, "median of 1000") {
 		t.Errorf("rocket warning = %+v, ok %v", high, ok)
 	}
-	if _, ok := warning(h.worker("x"), health.CodeWeightClamped); ok {
+	if _, ok := warning(h.worker("x"), wire.CodeWeightClamped); ok {
 		t.Error("an unclamped worker carries weight_clamped")
 	}
 	if cw := h.worker("rocket").ComputedWeight; cw == nil || *cw != 8 {

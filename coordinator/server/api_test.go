@@ -373,7 +373,7 @@ func TestMetricsFamilies(t *testing.T) {
 	a.send(&wire.ProbeResult{Measurement: wire.Measurement{CapacityKey: "gpu-a/e0", ThroughputTPS: 453, OutputTokens: 2048}})
 	waitFor(t, "the measurement", func() bool { w, _ := ts.fleet.Worker("gpu-a/e0"); return w.Throughput != nil })
 	ts.fleet.mu.Lock()
-	ts.fleet.workers["gpu-a/e1"].Warnings = []view.Warning{{Code: view.WarnDPPoolImbalance, Severity: view.SeverityCritical}}
+	ts.fleet.workers["gpu-a/e1"].Warnings = []view.Warning{{Code: wire.CodeDPPoolImbalance, Severity: wire.SeverityCritical}}
 	ts.fleet.workers["gpu-a/e1"].State = view.StateHeld
 	ts.fleet.mu.Unlock()
 	ts.do(t, "GET", "/api/v1/workers", "", nil)

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/hashicorp/go-hclog"
@@ -115,16 +114,7 @@ func (c *agentConn) enqueue(msg []byte) {
 	}
 }
 
-func truncateReason(s string) string {
-	if len(s) <= maxCloseReasonSz {
-		return s
-	}
-	cut := maxCloseReasonSz - 3
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "..."
-}
+func truncateReason(s string) string { return wire.Clip(s, maxCloseReasonSz) }
 
 func (h *hub) count() int {
 	h.mu.Lock()

@@ -403,7 +403,7 @@ func TestGracefulShutdown(t *testing.T) {
 func TestTruncateReason(t *testing.T) {
 	long := strings.Repeat("é", 100) // 200 bytes
 	got := truncateReason(long)
-	if len(got) > 123 || !strings.HasSuffix(got, "...") || !utf8.ValidString(got) {
+	if len(got) > 123 || !strings.HasSuffix(got, "…") || !utf8.ValidString(got) {
 		t.Errorf("truncateReason = %q (%d bytes)", got, len(got))
 	}
 	if truncateReason("short") != "short" {

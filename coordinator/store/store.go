@@ -344,12 +344,7 @@ func (b *Bolt) skip(what string, key, value []byte, err error) {
 	b.logger.Warn("skipping unreadable "+what+" in state file", "key", string(key), "value", truncate(value), "error", err)
 }
 
-func truncate(v []byte) string {
-	if len(v) > 200 {
-		return string(v[:200]) + "..."
-	}
-	return string(v)
-}
+func truncate(v []byte) string { return wire.Clip(string(v), 200) }
 
 func decodeMeasurement(key, v []byte) (wire.Measurement, error) {
 	var m wire.Measurement

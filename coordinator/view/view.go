@@ -6,7 +6,6 @@ package view
 import (
 	"time"
 
-	"heft/shared/health"
 	"heft/shared/wire"
 )
 
@@ -17,26 +16,6 @@ const (
 	StateAdmitted  = "admitted"
 	StateHeld      = "held"
 	StateOffline   = "offline"
-)
-
-// Warning severities, most severe first.
-const (
-	SeverityCritical = health.Critical
-	SeverityWarning  = health.Warning
-	SeverityInfo     = health.Info
-)
-
-// Warning codes (the same as shared/health's).
-const (
-	WarnDPPoolImbalance       = health.CodeDPPoolImbalance
-	WarnGPUClockLow           = health.CodeGPUClockLow
-	WarnGPUThrottled          = health.CodeGPUThrottled
-	WarnForeignGPUProcess     = health.CodeForeignGPUProcess
-	WarnProbeIncompleteOutput = health.CodeProbeIncompleteOutput
-	WarnProbeFailed           = health.CodeProbeFailed
-	WarnEngineUnreachable     = health.CodeEngineUnreachable
-	WarnAgentOffline          = health.CodeAgentOffline
-	WarnWeightClamped         = health.CodeWeightClamped
 )
 
 // Warning is one health problem of a worker.

@@ -9,7 +9,6 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"heft/coordinator/view"
-	"heft/shared/health"
 	"heft/shared/wire"
 )
 
@@ -58,9 +57,9 @@ func TestDashboard(t *testing.T) {
 		}
 	}
 	for _, must := range []pageWarning{
-		{Code: health.CodeDPPoolImbalance, Worker: d.id("gpu-d")},
-		{Code: health.CodeForeignGPUProcess, Worker: d.id("gpu-d")},
-		{Code: health.CodeProbeIncompleteOutput, Worker: d.id("mac-c")},
+		{Code: wire.CodeDPPoolImbalance, Worker: d.id("gpu-d")},
+		{Code: wire.CodeForeignGPUProcess, Worker: d.id("gpu-d")},
+		{Code: wire.CodeProbeIncompleteOutput, Worker: d.id("mac-c")},
 	} {
 		if !slices.ContainsFunc(want, func(p pageWarning) bool { return p.Code == must.Code && p.Worker == must.Worker }) {
 			t.Fatalf("the API has no %s warning for %s: %+v", must.Code, must.Worker, want)
@@ -102,7 +101,7 @@ func TestDashboard(t *testing.T) {
 			t.Errorf("panel has %d warnings, the API %d", len(got), len(want))
 		}
 		for i := 1; i < len(got); i++ {
-			if health.SeverityRank(got[i-1].Severity) > health.SeverityRank(got[i].Severity) {
+			if wire.SeverityRank(got[i-1].Severity) > wire.SeverityRank(got[i].Severity) {
 				t.Errorf("%s (%s) listed before %s (%s)", got[i-1].Code, got[i-1].Severity, got[i].Code, got[i].Severity)
 			}
 		}

@@ -12,38 +12,6 @@ import (
 	"heft/shared/wire"
 )
 
-// Warning codes.
-const (
-	CodeDPPoolImbalance       = "dp_pool_imbalance"
-	CodeGPUClockLow           = "gpu_clock_low"
-	CodeGPUThrottled          = "gpu_throttled"
-	CodeForeignGPUProcess     = "foreign_gpu_process"
-	CodeProbeIncompleteOutput = "probe_incomplete_output"
-	CodeProbeFailed           = "probe_failed"
-	CodeEngineUnreachable     = "engine_unreachable"
-	CodeAgentOffline          = "agent_offline"
-	CodeWeightClamped         = "weight_clamped"
-)
-
-// Severities, most severe first.
-const (
-	Critical = "critical"
-	Warning  = "warning"
-	Info     = "info"
-)
-
-// SeverityRank orders severities: lower is more severe.
-func SeverityRank(s string) int {
-	switch s {
-	case Critical:
-		return 0
-	case Warning:
-		return 1
-	default:
-		return 2
-	}
-}
-
 // Thresholds are the configurable limits behind the warnings.
 type Thresholds struct {
 	// PoolHold: smallest/largest DP pool below this holds the worker.
@@ -72,7 +40,7 @@ type Finding struct {
 // Sort orders findings most severe first, then by code.
 func Sort(fs []Finding) {
 	sort.SliceStable(fs, func(i, j int) bool {
-		if a, b := SeverityRank(fs[i].Severity), SeverityRank(fs[j].Severity); a != b {
+		if a, b := wire.SeverityRank(fs[i].Severity), wire.SeverityRank(fs[j].Severity); a != b {
 			return a < b
 		}
 		return fs[i].Code < fs[j].Code
@@ -107,10 +75,10 @@ func Pools(ranks []wire.Rank, th Thresholds) *Finding {
 	if !ok || ratio >= th.PoolWarn {
 		return nil
 	}
-	sev := Warning
+	sev := wire.SeverityWarning
 	verdict := "It is admitted, but watch it."
 	if ratio < th.PoolHold {
-		sev = Critical
+		sev = wire.SeverityCritical
 		verdict = "It is held out of the weight table until the pools are even or an admin admits it."
 	}
 	msg := fmt.Sprintf(
@@ -120,7 +88,7 @@ func Pools(ranks []wire.Rank, th Thresholds) *Finding {
 			"or run the ranks as separate servers behind heft's weights.",
 		large.DPRank, Thousands(large.KVTokens), small.DPRank, Thousands(small.KVTokens), ratio*100,
 		ordinal(len(ranks)), verdict, small.DPRank)
-	return &Finding{Code: CodeDPPoolImbalance, Severity: sev, Message: msg}
+	return &Finding{Code: wire.CodeDPPoolImbalance, Severity: sev, Message: msg}
 }
 
 // ForeignProcesses warns about memory held on the engine's GPUs by
@@ -145,7 +113,7 @@ func ForeignProcesses(e wire.Engine, gpus []wire.GPU, th Thresholds) *Finding {
 	if len(parts) == 0 {
 		return nil
 	}
-	return &Finding{Code: CodeForeignGPUProcess, Severity: Warning, Message: "processes outside the engine hold memory on its GPUs: " +
+	return &Finding{Code: wire.CodeForeignGPUProcess, Severity: wire.SeverityWarning, Message: "processes outside the engine hold memory on its GPUs: " +
 		strings.Join(parts, "; ") + ". They shrink the KV pool at the engine's next start and compete for the GPU."}
 }
 
@@ -159,10 +127,10 @@ func Clocks(m wire.Measurement, th Thresholds) []Finding {
 		if len(m.ClockEventReasons) > 0 {
 			msg += "; reasons: " + strings.Join(m.ClockEventReasons, ", ")
 		}
-		out = append(out, Finding{Code: CodeGPUClockLow, Severity: Warning, Message: msg + ". The measured throughput is what this GPU gives while held back; check cooling, power limits and application clocks."})
+		out = append(out, Finding{Code: wire.CodeGPUClockLow, Severity: wire.SeverityWarning, Message: msg + ". The measured throughput is what this GPU gives while held back; check cooling, power limits and application clocks."})
 	}
 	if r := activeReasons(m.ClockEventReasons); len(r) > 0 {
-		out = append(out, Finding{Code: CodeGPUThrottled, Severity: Warning, Message: "the GPU was throttled during the measured burst: " +
+		out = append(out, Finding{Code: wire.CodeGPUThrottled, Severity: wire.SeverityWarning, Message: "the GPU was throttled during the measured burst: " +
 			strings.Join(r, ", ") + "."})
 	}
 	return out
@@ -185,14 +153,14 @@ func activeReasons(reasons []string) []string {
 func Measurement(m wire.Measurement, th Thresholds) []Finding {
 	var out []Finding
 	switch {
-	case m.Failure == CodeProbeIncompleteOutput:
-		out = append(out, Finding{Code: CodeProbeIncompleteOutput, Severity: Critical, Message: "the engine returned " +
+	case m.Failure == wire.CodeProbeIncompleteOutput:
+		out = append(out, Finding{Code: wire.CodeProbeIncompleteOutput, Severity: wire.SeverityCritical, Message: "the engine returned " +
 			fmt.Sprintf("%d of %d tokens asked for", m.OutputTokens, m.ExpectedTokens) + problems(m) +
 			"; the measurement was not used."})
 	case m.Failure != "":
-		out = append(out, Finding{Code: CodeProbeFailed, Severity: Critical, Message: "the probe failed" + problems(m) + "."})
+		out = append(out, Finding{Code: wire.CodeProbeFailed, Severity: wire.SeverityCritical, Message: "the probe failed" + problems(m) + "."})
 	case !m.Complete:
-		out = append(out, Finding{Code: CodeProbeIncompleteOutput, Severity: Warning, Message: fmt.Sprintf(
+		out = append(out, Finding{Code: wire.CodeProbeIncompleteOutput, Severity: wire.SeverityWarning, Message: fmt.Sprintf(
 			"this engine cannot be told to produce an exact length: %d of %d tokens came back, and throughput is counted from the tokens received", m.OutputTokens, m.ExpectedTokens) + problems(m) + "."})
 	}
 	if m.Failure == "" {
@@ -205,7 +173,7 @@ func Measurement(m wire.Measurement, th Thresholds) []Finding {
 func Engine(e wire.Engine, gpus []wire.GPU, th Thresholds) []Finding {
 	var out []Finding
 	if e.Error != "" {
-		out = append(out, Finding{Code: CodeEngineUnreachable, Severity: Critical, Message: "the engine at " + e.URL + " cannot be read: " + e.Error})
+		out = append(out, Finding{Code: wire.CodeEngineUnreachable, Severity: wire.SeverityCritical, Message: "the engine at " + e.URL + " cannot be read: " + e.Error})
 	}
 	if f := Pools(e.Ranks, th); f != nil {
 		out = append(out, *f)
@@ -229,10 +197,7 @@ func problems(m wire.Measurement) string {
 			parts = append(parts, fmt.Sprintf("and %d more", len(m.Problems)-most))
 			break
 		}
-		if len(p) > longest {
-			p = strings.ToValidUTF8(p[:longest], "") + "…"
-		}
-		parts = append(parts, p)
+		parts = append(parts, wire.Clip(p, longest))
 	}
 	return " (" + strings.Join(parts, "; ") + ")"
 }

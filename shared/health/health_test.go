@@ -16,10 +16,10 @@ func TestPools(t *testing.T) {
 	}{
 		{"one rank", []wire.Rank{{DPRank: 0, KVTokens: 24094}}, ""},
 		{"even", []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 24037}}, ""},
-		{"the L4 story", []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}, Critical},
-		{"mildly uneven", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 700}}, Warning},
-		{"just under hold", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 499}}, Critical},
-		{"at hold", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 500}}, Warning},
+		{"the L4 story", []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}, wire.SeverityCritical},
+		{"mildly uneven", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 700}}, wire.SeverityWarning},
+		{"just under hold", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 499}}, wire.SeverityCritical},
+		{"at hold", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 500}}, wire.SeverityWarning},
 		{"at warn", []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 900}}, ""},
 		{"empty pools", []wire.Rank{{DPRank: 0, KVTokens: 0}, {DPRank: 1, KVTokens: 0}}, ""},
 	}
@@ -32,8 +32,8 @@ func TestPools(t *testing.T) {
 				}
 				return
 			}
-			if f == nil || f.Severity != tt.severity || f.Code != CodeDPPoolImbalance {
-				t.Fatalf("finding = %+v, want %s %s", f, CodeDPPoolImbalance, tt.severity)
+			if f == nil || f.Severity != tt.severity || f.Code != wire.CodeDPPoolImbalance {
+				t.Fatalf("finding = %+v, want %s %s", f, wire.CodeDPPoolImbalance, tt.severity)
 			}
 		})
 	}
@@ -92,24 +92,24 @@ func TestMeasurementFindings(t *testing.T) {
 	for _, f := range fs {
 		codes[f.Code] = true
 	}
-	if !codes[CodeGPUClockLow] || !codes[CodeGPUThrottled] {
+	if !codes[wire.CodeGPUClockLow] || !codes[wire.CodeGPUThrottled] {
 		t.Errorf("codes = %v", codes)
 	}
 	short := ok
-	short.Failure, short.OutputTokens = CodeProbeIncompleteOutput, 1500
+	short.Failure, short.OutputTokens = wire.CodeProbeIncompleteOutput, 1500
 	fs = Measurement(short, th)
-	if len(fs) != 1 || fs[0].Severity != Critical || !strings.Contains(fs[0].Message, "1500 of 2048") {
+	if len(fs) != 1 || fs[0].Severity != wire.SeverityCritical || !strings.Contains(fs[0].Message, "1500 of 2048") {
 		t.Errorf("short: %+v", fs)
 	}
 	mac := ok
 	mac.Complete, mac.OutputTokens = false, 1800
 	fs = Measurement(mac, th)
-	if len(fs) != 1 || fs[0].Severity != Warning || fs[0].Code != CodeProbeIncompleteOutput {
+	if len(fs) != 1 || fs[0].Severity != wire.SeverityWarning || fs[0].Code != wire.CodeProbeIncompleteOutput {
 		t.Errorf("mac: %+v", fs)
 	}
-	failed := wire.Measurement{Failure: CodeProbeFailed, Problems: []string{"3 of 16 requests failed: HTTP 500"}}
+	failed := wire.Measurement{Failure: wire.CodeProbeFailed, Problems: []string{"3 of 16 requests failed: HTTP 500"}}
 	fs = Measurement(failed, th)
-	if len(fs) != 1 || fs[0].Code != CodeProbeFailed || !strings.Contains(fs[0].Message, "HTTP 500") {
+	if len(fs) != 1 || fs[0].Code != wire.CodeProbeFailed || !strings.Contains(fs[0].Message, "HTTP 500") {
 		t.Errorf("failed: %+v", fs)
 	}
 }
@@ -117,9 +117,9 @@ func TestMeasurementFindings(t *testing.T) {
 func TestEngineAndSort(t *testing.T) {
 	e := wire.Engine{URL: "http://x", Error: "connection refused", Ranks: []wire.Rank{{DPRank: 0, KVTokens: 100}, {DPRank: 1, KVTokens: 80}}}
 	fs := Engine(e, nil, DefaultThresholds())
-	fs = append(fs, Finding{Code: "zzz", Severity: Info})
+	fs = append(fs, Finding{Code: "zzz", Severity: wire.SeverityInfo})
 	Sort(fs)
-	if fs[0].Code != CodeEngineUnreachable || fs[1].Code != CodeDPPoolImbalance || fs[2].Code != "zzz" {
+	if fs[0].Code != wire.CodeEngineUnreachable || fs[1].Code != wire.CodeDPPoolImbalance || fs[2].Code != "zzz" {
 		t.Errorf("order: %+v", fs)
 	}
 }
@@ -133,7 +133,7 @@ func TestThousands(t *testing.T) {
 }
 
 func TestMeasurementMessageStaysShort(t *testing.T) {
-	m := wire.Measurement{Failure: CodeProbeFailed}
+	m := wire.Measurement{Failure: wire.CodeProbeFailed}
 	for i := 0; i < 64; i++ {
 		m.Problems = append(m.Problems, strings.Repeat("x", 4096))
 	}

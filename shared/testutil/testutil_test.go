@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestRepoRoot(t *testing.T) {
@@ -32,5 +33,19 @@ func TestSyncBuffer(t *testing.T) {
 	wg.Wait()
 	if n := len(b.String()); n != 800 {
 		t.Errorf("%d bytes, want 800", n)
+	}
+}
+
+func TestEventually(t *testing.T) {
+	n := 0
+	Eventually(t, "the third call", time.Second, func() bool { n++; return n == 3 })
+	if n != 3 {
+		t.Errorf("cond called %d times, want 3", n)
+	}
+}
+
+func TestTestdata(t *testing.T) {
+	if p := Testdata(t, "engines"); !strings.HasSuffix(p, filepath.Join("testdata", "engines")) {
+		t.Errorf("Testdata = %s", p)
 	}
 }
