@@ -1,0 +1,184 @@
+package coord_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/coordinator/view"
+	"heft/gateway/coord"
+	"heft/gateway/internal/gwtest"
+	"heft/shared/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
+
+// recorder keeps what the hooks saw.
+type recorder struct {
+	mu        sync.Mutex
+	snaps     []coord.Snapshot
+	errs      []string
+	connected bool
+}
+
+func (r *recorder) hooks() coord.Hooks {
+	return coord.Hooks{
+		Snapshot:  func(s coord.Snapshot) { r.mu.Lock(); r.snaps = append(r.snaps, s); r.mu.Unlock() },
+		Connected: func(c bool) { r.mu.Lock(); r.connected = c; r.mu.Unlock() },
+		Error:     func(reason string, _ error) { r.mu.Lock(); r.errs = append(r.errs, reason); r.mu.Unlock() },
+	}
+}
+
+func (r *recorder) count() int { r.mu.Lock(); defer r.mu.Unlock(); return len(r.snaps) }
+
+func (r *recorder) last() coord.Snapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.snaps[len(r.snaps)-1]
+}
+
+func (r *recorder) sawError(reason string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.errs {
+		if e == reason {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *recorder) isConnected() bool { r.mu.Lock(); defer r.mu.Unlock(); return r.connected }
+
+func start(t *testing.T, cfg coord.Config) *recorder {
+	t.Helper()
+	rec := &recorder{}
+	client := &http.Client{}
+	cfg.Client = client
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff, cfg.MaxBackoff = 20*time.Millisecond, 100*time.Millisecond
+	}
+	f, err := coord.New(cfg, rec.hooks(), hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done; client.CloseIdleConnections() })
+	return rec
+}
+
+func weightOf(s coord.Snapshot, id string) float64 {
+	for _, w := range s.Workers {
+		if w.ID == id && w.Weight != nil {
+			return *w.Weight
+		}
+	}
+	return -1
+}
+
+func TestFollowsChanges(t *testing.T) {
+	c := gwtest.NewCoordinator(t)
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1.37))
+	rec := start(t, coord.Config{URL: c.URL()})
+	testutil.Eventually(t, "the first state", 5*time.Second, func() bool { return rec.count() > 0 })
+	if !rec.isConnected() || weightOf(rec.last(), "w-10.0.0.1:8000") != 1.37 {
+		t.Fatalf("first state: %+v", rec.last())
+	}
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 0.63))
+	testutil.Eventually(t, "the changed weight", 5*time.Second, func() bool {
+		return weightOf(rec.last(), "w-10.0.0.1:8000") == 0.63
+	})
+}
+
+func TestTokenAndUnauthorized(t *testing.T) {
+	c := gwtest.NewCoordinator(t)
+	c.SetToken("v1ewer")
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1))
+	bad := start(t, coord.Config{URL: c.URL(), Token: "wrong"})
+	good := start(t, coord.Config{URL: c.URL(), Token: "v1ewer"})
+	testutil.Eventually(t, "the good token's state", 5*time.Second, func() bool { return good.count() > 0 })
+	testutil.Eventually(t, "the wrong token's refusal", 5*time.Second, func() bool { return bad.sawError(coord.ReasonUnauthorized) })
+	if bad.count() != 0 {
+		t.Fatal("a refused follower handed out a state")
+	}
+}
+
+// Garbage from the coordinator hands out nothing; a good answer later
+// does.
+func TestGarbageHandsOutNothing(t *testing.T) {
+	c := gwtest.NewCoordinator(t)
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1))
+	rec := start(t, coord.Config{URL: c.URL()})
+	testutil.Eventually(t, "the first state", 5*time.Second, func() bool { return rec.count() > 0 })
+	n := rec.count()
+	c.SetGarbage(`{"workers":[{"weight":2}]}`)
+	testutil.Eventually(t, "the garbage to be refused", 5*time.Second, func() bool { return rec.sawError(coord.ReasonGarbage) })
+	if rec.count() != n {
+		t.Fatalf("garbage was handed out: %+v", rec.last())
+	}
+	c.SetStatus(http.StatusInternalServerError)
+	testutil.Eventually(t, "a 500 to be refused", 5*time.Second, func() bool { return rec.sawError(coord.ReasonStatus) })
+	c.SetStatus(0)
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 2))
+	testutil.Eventually(t, "the state after the coordinator mended", 5*time.Second, func() bool {
+		return weightOf(rec.last(), "w-10.0.0.1:8000") == 2
+	})
+}
+
+// A coordinator that goes away and comes back is read again.
+func TestCoordinatorRestart(t *testing.T) {
+	c := gwtest.NewCoordinator(t)
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1))
+	rec := start(t, coord.Config{URL: c.URL()})
+	testutil.Eventually(t, "the first state", 5*time.Second, func() bool { return rec.count() > 0 })
+	c.Stop()
+	testutil.Eventually(t, "the loss to be seen", 5*time.Second, func() bool { return !rec.isConnected() })
+	n := rec.count()
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 3))
+	if rec.count() != n {
+		t.Fatal("a state arrived while the coordinator was down")
+	}
+	c.Start()
+	testutil.Eventually(t, "the state after the restart", 5*time.Second, func() bool {
+		return rec.isConnected() && weightOf(rec.last(), "w-10.0.0.1:8000") == 3
+	})
+}
+
+// A stream that goes silent is dropped and opened again.
+func TestStaleStream(t *testing.T) {
+	var mu sync.Mutex
+	streams := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/api/v1/workers":
+			w.Write([]byte(`{"workers":[]}`))
+		case "/api/v1/events":
+			mu.Lock()
+			streams++
+			mu.Unlock()
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			http.NewResponseController(w).Flush()
+			<-r.Context().Done() // silent: no event, no ping
+		}
+	}))
+	defer srv.Close()
+	rec := start(t, coord.Config{URL: srv.URL, StaleAfter: 150 * time.Millisecond})
+	testutil.Eventually(t, "the silent stream to be dropped", 5*time.Second, func() bool { return rec.sawError(coord.ReasonStale) })
+	testutil.Eventually(t, "a second stream", 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return streams >= 2 })
+}
+
+func TestNewRefusesBadURL(t *testing.T) {
+	for _, u := range []string{"", "ws://x:1", "http://", "::"} {
+		if _, err := coord.New(coord.Config{URL: u}, coord.Hooks{}, hclog.NewNullLogger()); err == nil {
+			t.Errorf("New(%q) took it", u)
+		}
+	}
+}

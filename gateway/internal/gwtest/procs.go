@@ -1,0 +1,208 @@
+package gwtest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"heft/shared/testutil"
+)
+
+// HAProxy is a real haproxy run by a test: foreground (-db), unprivileged,
+// its admin socket in a temporary folder.
+type HAProxy struct {
+	t      testing.TB
+	bin    string
+	Dir    string
+	Config string // the configuration file
+	Socket string // the admin socket
+	Front  string // http://127.0.0.1:PORT of the frontend
+	cmd    *exec.Cmd
+	log    *testutil.SyncBuffer
+}
+
+// StartHAProxy writes cfg and starts haproxy on it. In cfg, {{socket}}
+// and {{front}} are replaced by the admin socket's path and the
+// frontend's 127.0.0.1:PORT.
+func StartHAProxy(t testing.TB, cfg string) *HAProxy {
+	t.Helper()
+	bin := RequireBinary(t, "haproxy")
+	// A unix socket path must stay short (108 bytes): not under t.TempDir.
+	dir, err := os.MkdirTemp("", "hx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	h := &HAProxy{t: t, bin: bin, Dir: dir, Socket: filepath.Join(dir, "admin.sock"),
+		Front: fmt.Sprintf("127.0.0.1:%d", FreePort(t))}
+	cfg = strings.NewReplacer("{{socket}}", h.Socket, "{{front}}", h.Front).Replace(cfg)
+	h.Config = filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(h.Config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "-c", "-f", h.Config).CombinedOutput(); err != nil {
+		t.Fatalf("haproxy -c: %v\n%s", err, out)
+	}
+	h.Start()
+	t.Cleanup(h.Stop)
+	return h
+}
+
+// Start starts haproxy and waits for its socket and frontend.
+func (h *HAProxy) Start() {
+	h.t.Helper()
+	os.Remove(h.Socket)
+	h.log = &testutil.SyncBuffer{}
+	h.cmd = exec.Command(h.bin, "-f", h.Config, "-db")
+	h.cmd.Stdout, h.cmd.Stderr = h.log, h.log
+	if err := h.cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	testutil.Eventually(h.t, "haproxy's admin socket and frontend", 10*time.Second, func() bool {
+		c, err := net.Dial("unix", h.Socket)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		c, err = net.Dial("tcp", h.Front)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+}
+
+// Stop ends haproxy (the one this test started) and waits for it.
+func (h *HAProxy) Stop() {
+	if h.cmd == nil || h.cmd.Process == nil {
+		return
+	}
+	_ = h.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = h.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = h.cmd.Process.Kill()
+		<-done
+	}
+	h.cmd = nil
+}
+
+// Restart stops haproxy and starts it again from its file: what a reload
+// or a restart does to runtime changes.
+func (h *HAProxy) Restart() {
+	h.t.Helper()
+	h.Stop()
+	h.Start()
+}
+
+// Log is haproxy's output so far.
+func (h *HAProxy) Log() string { return h.log.String() }
+
+// Nginx is a real nginx run by a test: foreground (daemon off), with its
+// prefix, pid file, logs and temporary paths in a temporary folder.
+type Nginx struct {
+	t        testing.TB
+	bin      string
+	Dir      string
+	Conf     string // nginx.conf
+	Upstream string // the file heft-sync writes, included by nginx.conf
+	Front    string // 127.0.0.1:PORT
+	cmd      *exec.Cmd
+	log      *testutil.SyncBuffer
+}
+
+// NginxConf writes nginx.conf around an http block body; {{front}} and
+// {{upstream_file}} are replaced.
+func NginxConf(httpBody string) string {
+	return `daemon off;
+master_process on;
+worker_processes 1;
+pid {{dir}}/nginx.pid;
+error_log {{dir}}/error.log warn;
+events { worker_connections 256; }
+http {
+    access_log off;
+    client_body_temp_path {{dir}}/tmp/body;
+    proxy_temp_path {{dir}}/tmp/proxy;
+    fastcgi_temp_path {{dir}}/tmp/fastcgi;
+    uwsgi_temp_path {{dir}}/tmp/uwsgi;
+    scgi_temp_path {{dir}}/tmp/scgi;
+` + httpBody + `
+}
+`
+}
+
+// StartNginx writes conf (see NginxConf) and the first upstream file, and
+// starts nginx. upstream is the upstream file's first content: nginx must
+// start with a valid configuration.
+func StartNginx(t testing.TB, conf, upstream string) *Nginx {
+	t.Helper()
+	bin := RequireBinary(t, "nginx")
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := &Nginx{t: t, bin: bin, Dir: dir, Conf: filepath.Join(dir, "nginx.conf"),
+		Upstream: filepath.Join(dir, "heft-upstream.conf"), Front: fmt.Sprintf("127.0.0.1:%d", FreePort(t))}
+	conf = strings.NewReplacer("{{dir}}", dir, "{{front}}", n.Front, "{{upstream_file}}", n.Upstream).Replace(conf)
+	if err := os.WriteFile(n.Conf, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(n.Upstream, []byte(upstream), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n.log = &testutil.SyncBuffer{}
+	n.cmd = exec.Command(bin, "-p", dir, "-c", n.Conf)
+	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Stop)
+	testutil.Eventually(t, "nginx to listen", 10*time.Second, func() bool {
+		c, err := net.Dial("tcp", n.Front)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+	return n
+}
+
+// Check is the "nginx -t" command for this nginx.
+func (n *Nginx) Check() []string { return []string{n.bin, "-t", "-q", "-p", n.Dir, "-c", n.Conf} }
+
+// Reload is the "nginx -s reload" command for this nginx.
+func (n *Nginx) Reload() []string { return []string{n.bin, "-p", n.Dir, "-c", n.Conf, "-s", "reload"} }
+
+// Stop ends nginx (the one this test started) and waits for it.
+func (n *Nginx) Stop() {
+	if n.cmd == nil || n.cmd.Process == nil {
+		return
+	}
+	_ = n.cmd.Process.Signal(syscall.SIGQUIT)
+	done := make(chan struct{})
+	go func() { _ = n.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = n.cmd.Process.Kill()
+		<-done
+	}
+	n.cmd = nil
+}
+
+// Log is nginx's output so far.
+func (n *Nginx) Log() string {
+	data, _ := os.ReadFile(filepath.Join(n.Dir, "error.log"))
+	return n.log.String() + string(data)
+}

@@ -1,0 +1,172 @@
+package target
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"heft/coordinator/view"
+	"heft/gateway/coord"
+)
+
+// Backend is one worker as a gateway should see it.
+type Backend struct {
+	Address  string // host:port the gateway dials
+	Scheme   string // "http" or "https", from the worker's URL
+	WorkerID string
+	Node     string
+	State    string // the coordinator's state
+	// Serving is true for an admitted worker with a positive weight: it
+	// gets Weight. Every other worker is drained: it gets no new request.
+	Serving bool
+	Weight  float64
+	// MaxConcurrency is what the worker runs at once; 0 while unknown.
+	MaxConcurrency int
+}
+
+// Model is a gateway's desired state for one model: every worker of the
+// model, by address.
+type Model struct {
+	Name     string
+	Backends []Backend // sorted by Address, one per address
+}
+
+// Equal reports whether two desired states are the same.
+func (m Model) Equal(o Model) bool { return m.Name == o.Name && slices.Equal(m.Backends, o.Backends) }
+
+// Serving returns the backends that get traffic, in Address order.
+func (m Model) Serving() []Backend {
+	var out []Backend
+	for _, b := range m.Backends {
+		if b.Serving {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// ForModel builds the desired state of model from the coordinator's
+// workers. Workers of other models are ignored. Problems are workers left
+// out, with why (an address that cannot be read).
+//
+// Two workers can share an address: an engine restarted with other launch
+// arguments is a new worker while the old one shows offline for a while.
+// Then a serving worker wins over one that is not, and among equals the
+// one measured last, so the gateway follows what runs there now.
+func ForModel(model string, ws []coord.Worker) (Model, []string) {
+	m := Model{Name: model}
+	var problems []string
+	byAddr := map[string]int{}
+	var measured []time.Time // per backend: when its worker was measured
+	for _, w := range ws {
+		if w.Model != model {
+			continue
+		}
+		addr, scheme, err := Address(w)
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("worker %s left out: %v", w.ID, err))
+			continue
+		}
+		b := Backend{Address: addr, Scheme: scheme, WorkerID: w.ID, Node: w.Node, State: w.State}
+		if w.State == view.StateAdmitted && w.Weight != nil && *w.Weight > 0 {
+			b.Serving, b.Weight = true, *w.Weight
+		}
+		if w.MaxConcurrency != nil {
+			b.MaxConcurrency = *w.MaxConcurrency
+		}
+		var at time.Time
+		if w.MeasuredAt != nil {
+			at = *w.MeasuredAt
+		}
+		i, dup := byAddr[addr]
+		if !dup {
+			byAddr[addr] = len(m.Backends)
+			m.Backends = append(m.Backends, b)
+			measured = append(measured, at)
+			continue
+		}
+		old := m.Backends[i]
+		replace := b.Serving && !old.Serving ||
+			b.Serving == old.Serving && (at.After(measured[i]) || at.Equal(measured[i]) && b.WorkerID < old.WorkerID)
+		if replace {
+			m.Backends[i], measured[i] = b, at
+		}
+	}
+	slices.SortFunc(m.Backends, func(a, b Backend) int { return cmp.Compare(a.Address, b.Address) })
+	return m, problems
+}
+
+// Address returns the host:port a gateway dials for w, and the scheme.
+//
+// The coordinator's API gains "address" (the agent's advertise_url) in the
+// gateways issue; until a coordinator sends it, the address is derived
+// from "url", the engine URL the agent dialled, which is only right when
+// the agent dialled the engine by an address the gateway can reach too.
+// This is the one place that decides it.
+func Address(w coord.Worker) (addr, scheme string, err error) {
+	scheme = "http"
+	if u, perr := url.Parse(w.URL); perr == nil && u.Scheme == "https" {
+		scheme = "https"
+	}
+	if w.Address != "" {
+		host, port, err := net.SplitHostPort(w.Address)
+		if err != nil || host == "" || port == "" {
+			return "", "", fmt.Errorf("address %q is not host:port", w.Address)
+		}
+		return net.JoinHostPort(host, port), scheme, nil
+	}
+	u, err := url.Parse(w.URL)
+	if err != nil || u.Host == "" {
+		return "", "", fmt.Errorf("url %q has no host", w.URL)
+	}
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		switch u.Scheme {
+		case "http":
+			port = "80"
+		case "https":
+			port = "443"
+		default:
+			return "", "", fmt.Errorf("url %q has no port", w.URL)
+		}
+	}
+	return net.JoinHostPort(host, port), scheme, nil
+}
+
+// Resolve turns host:port into an IP address and port, preferring IPv4,
+// for gateways that take only IP addresses (HAProxy's runtime API, Envoy
+// EDS).
+func Resolve(ctx context.Context, addr string) (netip.AddrPort, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	p, err := net.LookupPort("tcp", port)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if ip, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", host, err)
+	}
+	if len(ips) == 0 {
+		return netip.AddrPort{}, fmt.Errorf("resolve %s: no address", host)
+	}
+	best := ips[0]
+	for _, ip := range ips {
+		if ip.Unmap().Is4() {
+			best = ip
+			break
+		}
+	}
+	return netip.AddrPortFrom(best.Unmap(), uint16(p)), nil
+}

@@ -1,0 +1,152 @@
+package target
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"heft/coordinator/view"
+	"heft/gateway/coord"
+)
+
+const model = "Qwen/Qwen3-8B"
+
+func worker(id, url, state string, weight *float64) coord.Worker {
+	return coord.Worker{Worker: view.Worker{ID: id, Model: model, URL: url, State: state, Weight: weight}}
+}
+
+func f(x float64) *float64 { return &x }
+
+func TestForModelStates(t *testing.T) {
+	ws := []coord.Worker{
+		worker("a", "http://10.0.0.1:8000", view.StateAdmitted, f(1.37)),
+		worker("b", "http://10.0.0.2:8000", view.StateHeld, nil),
+		worker("c", "http://10.0.0.3:8000", view.StateOffline, nil),
+		worker("d", "http://10.0.0.4:8000", view.StatePending, nil),
+		worker("e", "http://10.0.0.5:8000", view.StateMeasuring, nil),
+		worker("f", "http://10.0.0.6:8000", view.StateAdmitted, f(0)), // weight 0: drained
+		worker("g", "http://10.0.0.7:8000", view.StateAdmitted, nil),  // admitted without a weight: drained
+		{Worker: view.Worker{ID: "other", Model: "other", URL: "http://10.0.0.9:8000", State: view.StateAdmitted, Weight: f(1)}},
+	}
+	m, problems := ForModel(model, ws)
+	if len(problems) != 0 {
+		t.Fatalf("problems: %v", problems)
+	}
+	if len(m.Backends) != 7 {
+		t.Fatalf("got %d backends, want 7 (the other model's worker left out): %+v", len(m.Backends), m.Backends)
+	}
+	serving := m.Serving()
+	if len(serving) != 1 || serving[0].WorkerID != "a" || serving[0].Weight != 1.37 || serving[0].Address != "10.0.0.1:8000" {
+		t.Fatalf("serving = %+v, want only a at 1.37", serving)
+	}
+	for _, b := range m.Backends[1:] {
+		if b.Serving || b.Weight != 0 {
+			t.Errorf("%s (%s) serves with weight %g; every non-admitted or weightless worker is drained", b.WorkerID, b.State, b.Weight)
+		}
+	}
+}
+
+func TestForModelAllHeldAndSingle(t *testing.T) {
+	m, _ := ForModel(model, []coord.Worker{
+		worker("a", "http://10.0.0.1:8000", view.StateHeld, nil),
+		worker("b", "http://10.0.0.2:8000", view.StateHeld, nil),
+	})
+	if len(m.Backends) != 2 || len(m.Serving()) != 0 {
+		t.Fatalf("all held: %+v; want both listed and none serving", m)
+	}
+	m, _ = ForModel(model, []coord.Worker{worker("a", "http://10.0.0.1:8000", view.StateAdmitted, f(1))})
+	if len(m.Serving()) != 1 {
+		t.Fatalf("a single admitted worker must serve: %+v", m)
+	}
+	m, _ = ForModel("nobody-serves-this", []coord.Worker{worker("a", "http://10.0.0.1:8000", view.StateAdmitted, f(1))})
+	if len(m.Backends) != 0 {
+		t.Fatalf("unknown model: %+v", m)
+	}
+}
+
+// An engine restarted with other launch arguments is a new worker at the
+// same address while the old one shows offline: the gateway follows the
+// one that serves, and among equals the one measured last.
+func TestForModelSameAddress(t *testing.T) {
+	old := worker("old", "http://10.0.0.1:8000", view.StateOffline, nil)
+	cur := worker("new", "http://10.0.0.1:8000", view.StateAdmitted, f(2))
+	for _, order := range [][]coord.Worker{{old, cur}, {cur, old}} {
+		m, _ := ForModel(model, order)
+		if len(m.Backends) != 1 || m.Backends[0].WorkerID != "new" || !m.Backends[0].Serving {
+			t.Fatalf("got %+v, want the admitted worker", m.Backends)
+		}
+	}
+	t1, t2 := time.Unix(100, 0), time.Unix(200, 0)
+	a := worker("a", "http://10.0.0.1:8000", view.StateHeld, nil)
+	a.MeasuredAt = &t1
+	b := worker("b", "http://10.0.0.1:8000", view.StateMeasuring, nil)
+	b.MeasuredAt = &t2
+	for _, order := range [][]coord.Worker{{a, b}, {b, a}} {
+		m, _ := ForModel(model, order)
+		if m.Backends[0].WorkerID != "b" {
+			t.Fatalf("got %s, want the one measured last", m.Backends[0].WorkerID)
+		}
+	}
+}
+
+func TestAddress(t *testing.T) {
+	cases := []struct {
+		url, address, want, scheme string
+		bad                        bool
+	}{
+		{url: "http://10.0.0.5:8000", want: "10.0.0.5:8000", scheme: "http"},
+		{url: "https://gpu-a.example", want: "gpu-a.example:443", scheme: "https"},
+		{url: "http://gpu-a", want: "gpu-a:80", scheme: "http"},
+		{url: "http://[fd00::5]:8000/v1", want: "[fd00::5]:8000", scheme: "http"},
+		{url: "http://127.0.0.1:8000", address: "10.0.0.5:8000", want: "10.0.0.5:8000", scheme: "http"}, // the API's address wins
+		{url: "http://127.0.0.1:8000", address: "10.0.0.5", bad: true},
+		{url: "not a url", bad: true},
+		{url: "unix:///run/x.sock", bad: true},
+	}
+	for _, c := range cases {
+		t.Run(c.url+" "+c.address, func(t *testing.T) {
+			w := coord.Worker{Worker: view.Worker{ID: "x", URL: c.url}, Address: c.address}
+			got, scheme, err := Address(w)
+			if c.bad {
+				if err == nil {
+					t.Fatalf("Address = %q, want an error", got)
+				}
+				return
+			}
+			if err != nil || got != c.want || scheme != c.scheme {
+				t.Fatalf("Address = %q %q %v, want %q %q", got, scheme, err, c.want, c.scheme)
+			}
+		})
+	}
+	m, problems := ForModel(model, []coord.Worker{worker("bad", "nope", view.StateAdmitted, f(1))})
+	if len(m.Backends) != 0 || len(problems) != 1 {
+		t.Fatalf("a worker without an address: %+v %v", m, problems)
+	}
+}
+
+func TestResolve(t *testing.T) {
+	ctx := context.Background()
+	a, err := Resolve(ctx, "127.0.0.1:8000")
+	if err != nil || a.String() != "127.0.0.1:8000" {
+		t.Fatalf("Resolve = %v %v", a, err)
+	}
+	a, err = Resolve(ctx, "localhost:8000")
+	if err != nil || !a.Addr().IsLoopback() || a.Port() != 8000 {
+		t.Fatalf("Resolve(localhost) = %v %v", a, err)
+	}
+	if _, err := Resolve(ctx, "no-such-host.invalid:80"); err == nil {
+		t.Fatal("an unknown host resolved")
+	}
+}
+
+func TestReasons(t *testing.T) {
+	err := fmt.Errorf("apply: %w", errors.Join(Failf(ReasonNoSlot, "x"), errors.New("y")))
+	if got := Reason(err); got != ReasonNoSlot {
+		t.Fatalf("Reason = %q", got)
+	}
+	if got := Reason(errors.New("plain")); got != ReasonOther {
+		t.Fatalf("Reason = %q", got)
+	}
+}

@@ -1,0 +1,87 @@
+// Package target holds what heft-sync wants a gateway to do for one model
+// (Model, Backend), how a gateway driver is driven (Target), and how its
+// failures are classified (Fail, Reason).
+package target
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Target keeps one gateway's view of one model in step with heft.
+type Target interface {
+	// Name identifies the target in logs and metric labels, e.g.
+	// "haproxy:qwen".
+	Name() string
+	// Model is the coordinator's model name this target follows.
+	Model() string
+	// Apply brings the gateway to m. It reads the gateway's state first
+	// and changes only what differs, so calling it again with the same m
+	// is how drift (a restarted gateway) is repaired. An error may come
+	// with a partial Result: what was changed before it.
+	Apply(ctx context.Context, m Model) (Result, error)
+}
+
+// Result is what one Apply did.
+type Result struct {
+	// Changes lists, one line each, what was changed on the gateway;
+	// empty when it already matched.
+	Changes []string
+	// RoundingError is the largest relative error of a serving worker's
+	// share of traffic after scaling weights to the gateway's integers.
+	RoundingError float64
+	// Serving is how many workers the gateway now sends new requests to.
+	Serving int
+}
+
+// Failure reasons, the label of heft_sync_apply_failures_total.
+const (
+	ReasonUnreachable = "unreachable"   // the gateway's socket or port refused or timed out
+	ReasonNoBackend   = "no_backend"    // the backend/upstream/cluster named does not exist
+	ReasonRejected    = "rejected"      // the gateway refused a command or did not take it
+	ReasonNoSlot      = "no_slot"       // a worker has no server to go in
+	ReasonResolve     = "resolve"       // a worker's host name does not resolve
+	ReasonWrite       = "write"         // a file could not be written
+	ReasonCheck       = "check_failed"  // the gateway's config check refused the new file
+	ReasonReload      = "reload_failed" // the reload command failed
+	ReasonCommand     = "command_failed"
+	ReasonNoServers   = "no_servers" // nothing to write: the gateway cannot take an empty list
+	ReasonOther       = "other"
+)
+
+// Reasons lists every reason, for metrics that start at zero.
+var Reasons = []string{ReasonUnreachable, ReasonNoBackend, ReasonRejected, ReasonNoSlot, ReasonResolve,
+	ReasonWrite, ReasonCheck, ReasonReload, ReasonCommand, ReasonNoServers, ReasonOther}
+
+// Error is a failure with its reason.
+type Error struct {
+	Reason string
+	Err    error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Fail wraps err with a reason.
+func Fail(reason string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &Error{Reason: reason, Err: err}
+}
+
+// Failf is Fail with a formatted error.
+func Failf(reason, format string, args ...any) error {
+	return &Error{Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+// Reason returns the reason of the first Error in err's chain, or
+// ReasonOther.
+func Reason(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return ReasonOther
+}
