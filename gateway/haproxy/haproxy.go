@@ -1,0 +1,200 @@
+// Package haproxy keeps an HAProxy backend in step with heft through the
+// runtime API (the stats socket at level admin): weights, drain and
+// maintenance states, and addresses of server-template slots, with no
+// reload. Servers heft does not know are left alone.
+package haproxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/gateway/target"
+)
+
+// Orders of servers.
+const (
+	OrderAddress = "address" // a server carries the worker at its address
+	OrderWeight  = "weight"  // slots carry the serving workers heaviest first
+)
+
+// Config is one [[haproxy]] table.
+type Config struct {
+	Model   string
+	Socket  string // unix socket path, or host:port of a TCP stats socket
+	Backend string
+	// Slots is the name prefix of the backend's server-template (default
+	// "heft": "server-template heft 1-8 ...").
+	Slots string
+	Order string // OrderAddress (default) or OrderWeight
+	// AddServers lets heft-sync "add server" (HAProxy ≥ 2.5) when no slot
+	// is free; such servers are gone after a reload and added again.
+	AddServers bool
+	// MaxConn sets each server's maxconn to the worker's max_concurrency
+	// once the coordinator reports it.
+	MaxConn bool
+	Timeout time.Duration // per runtime API command (default 3 s)
+}
+
+// HAProxy is the target of one backend.
+type HAProxy struct {
+	cfg Config
+	c   client
+	opt planOptions
+	log hclog.Logger
+}
+
+// New checks cfg.
+func New(cfg Config, logger hclog.Logger) (*HAProxy, error) {
+	var errs []error
+	if cfg.Model == "" {
+		errs = append(errs, errors.New("model is empty"))
+	}
+	if cfg.Socket == "" {
+		errs = append(errs, errors.New("socket is empty (a unix socket path, or host:port)"))
+	}
+	if cfg.Backend == "" || strings.ContainsAny(cfg.Backend, " /\t\n;") {
+		errs = append(errs, fmt.Errorf("backend %q is not a backend name", cfg.Backend))
+	}
+	if cfg.Slots == "" {
+		cfg.Slots = "heft"
+	}
+	if strings.ContainsAny(cfg.Slots, " /\t\n;") {
+		errs = append(errs, fmt.Errorf("slots %q is not a server name prefix", cfg.Slots))
+	}
+	switch cfg.Order {
+	case "":
+		cfg.Order = OrderAddress
+	case OrderAddress, OrderWeight:
+	default:
+		errs = append(errs, fmt.Errorf("order %q: want %q or %q", cfg.Order, OrderAddress, OrderWeight))
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 3 * time.Second
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("haproxy backend %q: %w", cfg.Backend, err)
+	}
+	h := &HAProxy{
+		cfg: cfg,
+		c:   newClient(cfg.Socket, cfg.Timeout),
+		opt: planOptions{Backend: cfg.Backend, Slots: cfg.Slots, ByWeight: cfg.Order == OrderWeight,
+			AddServers: cfg.AddServers, MaxConn: cfg.MaxConn},
+	}
+	h.log = logger.Named("haproxy").With("backend", cfg.Backend)
+	return h, nil
+}
+
+// Name implements target.Target.
+func (h *HAProxy) Name() string { return "haproxy:" + h.cfg.Backend }
+
+// Model implements target.Target.
+func (h *HAProxy) Model() string { return h.cfg.Model }
+
+// Check reads the backend once: the socket answers and the backend exists.
+func (h *HAProxy) Check(ctx context.Context) error {
+	servers, err := h.read(ctx)
+	if err != nil {
+		return err
+	}
+	slots := 0
+	for _, s := range servers {
+		if h.opt.isSlot(s.Name) {
+			slots++
+		}
+	}
+	h.log.Info("backend found", "servers", len(servers), "slots", slots, "order", h.cfg.Order)
+	return nil
+}
+
+func (h *HAProxy) read(ctx context.Context) ([]server, error) {
+	ans, err := h.c.run(ctx, "show servers state "+h.cfg.Backend)
+	if err != nil {
+		return nil, target.Fail(target.ReasonUnreachable, err)
+	}
+	if strings.HasPrefix(strings.TrimSpace(ans), "Can't find backend") {
+		known, _ := h.c.run(ctx, "show backend")
+		names := strings.Fields(strings.TrimPrefix(strings.TrimSpace(known), "# name"))
+		return nil, target.Failf(target.ReasonNoBackend, "haproxy at %s has no backend %q (it has: %s)",
+			h.cfg.Socket, h.cfg.Backend, strings.Join(names, ", "))
+	}
+	servers, err := parseServersState(ans)
+	if err != nil {
+		return nil, target.Fail(target.ReasonRejected, err)
+	}
+	if h.opt.MaxConn {
+		ans, err := h.c.run(ctx, "show stat "+h.cfg.Backend+" 4 -1")
+		if err != nil {
+			return nil, target.Fail(target.ReasonUnreachable, err)
+		}
+		mc, err := parseMaxConn(ans)
+		if err != nil {
+			return nil, target.Fail(target.ReasonRejected, err)
+		}
+		for i := range servers {
+			if v, ok := mc[servers[i].Name]; ok {
+				servers[i].MaxConn = v
+			}
+		}
+	}
+	return servers, nil
+}
+
+// Apply implements target.Target.
+func (h *HAProxy) Apply(ctx context.Context, m target.Model) (target.Result, error) {
+	var res target.Result
+	var errs []error
+	ws := make([]want, 0, len(m.Backends))
+	for _, b := range m.Backends {
+		a, err := target.Resolve(ctx, b.Address)
+		if err != nil {
+			errs = append(errs, target.Failf(target.ReasonResolve, "worker %s: %v", b.WorkerID, err))
+			continue
+		}
+		ws = append(ws, want{Backend: b, Addr: a})
+	}
+	servers, err := h.read(ctx)
+	if err != nil {
+		return res, err
+	}
+	p := makePlan(servers, ws, h.opt)
+	res.RoundingError, res.Serving = p.rounding, p.serving
+	errs = append(errs, p.problems...)
+	for _, cmd := range p.cmds {
+		ans, err := h.c.run(ctx, cmd)
+		if err != nil {
+			errs = append(errs, target.Fail(target.ReasonUnreachable, err))
+			return res, errors.Join(errs...)
+		}
+		if !answerOK(ans) {
+			errs = append(errs, target.Failf(target.ReasonRejected, "haproxy refused %q: %s", cmd, clip(ans)))
+			continue
+		}
+		res.Changes = append(res.Changes, cmd)
+	}
+	for _, cmd := range p.soft {
+		ans, err := h.c.run(ctx, cmd)
+		if err == nil && strings.HasPrefix(strings.TrimSpace(ans), "Server deleted") {
+			res.Changes = append(res.Changes, cmd)
+		} else {
+			h.log.Debug("server not deleted yet; trying again later", "command", cmd, "answer", clip(ans), "error", err)
+		}
+	}
+	if len(p.cmds) > 0 {
+		// Read back: what HAProxy shows now is the proof.
+		servers, err := h.read(ctx)
+		if err != nil {
+			return res, errors.Join(append(errs, err)...)
+		}
+		again := makePlan(servers, ws, h.opt)
+		res.Serving = again.serving
+		if len(again.cmds) > 0 {
+			errs = append(errs, target.Failf(target.ReasonRejected, "haproxy did not take: %s", strings.Join(again.cmds, "; ")))
+		}
+	}
+	return res, errors.Join(errs...)
+}

@@ -1,0 +1,228 @@
+package haproxy
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"heft/gateway/scale"
+	"heft/gateway/target"
+)
+
+// maxWeight is the largest weight HAProxy's runtime API accepts.
+const maxWeight = 256
+
+// want is a backend with its resolved address and its weight in HAProxy's
+// range.
+type want struct {
+	target.Backend
+	Addr netip.AddrPort
+	Int  int
+}
+
+// plan is what it takes to bring a backend's servers to the wanted state.
+type plan struct {
+	cmds     []string // in the order to send them
+	soft     []string // commands that may fail without harm (del server)
+	problems []error
+	rounding float64
+	serving  int
+}
+
+// planOptions is the part of Config the planner reads.
+type planOptions struct {
+	Backend    string
+	Slots      string // server-template prefix: heft's own servers
+	ByWeight   bool   // slots hold the serving workers heaviest first
+	AddServers bool
+	MaxConn    bool
+}
+
+func (o planOptions) isSlot(name string) bool {
+	rest, ok := strings.CutPrefix(name, o.Slots)
+	if !ok || rest == "" {
+		return false
+	}
+	for _, r := range rest {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// isAdded reports whether heft-sync added the server with "add server".
+func (o planOptions) isAdded(name string) bool { return strings.HasPrefix(name, o.Slots+"-") }
+
+func (o planOptions) addedName(a netip.AddrPort) string {
+	return fmt.Sprintf("%s-%s-%d", o.Slots, a.Addr(), a.Port())
+}
+
+// scaleWeights gives every serving backend its weight in 1..256.
+func scaleWeights(ws []want) float64 {
+	var fs []float64
+	var idx []int
+	for i, w := range ws {
+		if w.Serving {
+			fs = append(fs, w.Weight)
+			idx = append(idx, i)
+		}
+	}
+	ints, rounding := scale.Ints(fs, maxWeight)
+	for j, i := range idx {
+		ws[i].Int = ints[j]
+	}
+	return rounding
+}
+
+// makePlan compares the servers HAProxy lists with the wanted backends.
+//
+// Which server carries which worker:
+//   - by address (the default): a server whose address is a worker's
+//     carries it, whether listed in the file or a slot; a serving worker
+//     without one goes into a free slot (a slot no worker's address holds),
+//     or, with AddServers, into a server added for it. A worker that is not
+//     serving and has no server needs none.
+//   - by weight: the slots, in server ID order, carry the serving workers
+//     heaviest first, re-addressed as the order changes, so that "balance
+//     first" fills the fastest worker first. Servers listed in the file are
+//     left alone.
+//
+// Servers that carry no worker: free slots go to maintenance, servers heft
+// added are put in maintenance and deleted, and every other server (one
+// heft does not know) is left as it is.
+func makePlan(servers []server, ws []want, o planOptions) plan {
+	var p plan
+	p.rounding = scaleWeights(ws)
+	assign := map[int]*want{} // server index → worker
+	var slots []int
+	for i, s := range servers {
+		if o.isSlot(s.Name) {
+			slots = append(slots, i)
+		}
+	}
+	slices.SortFunc(slots, func(a, b int) int { return cmp.Compare(servers[a].ID, servers[b].ID) })
+
+	if o.ByWeight {
+		var serving []*want
+		for i := range ws {
+			if ws[i].Serving {
+				serving = append(serving, &ws[i])
+			}
+		}
+		slices.SortStableFunc(serving, func(a, b *want) int {
+			if c := cmp.Compare(b.Weight, a.Weight); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.Address, b.Address)
+		})
+		for rank, w := range serving {
+			if rank >= len(slots) {
+				p.problems = append(p.problems, target.Failf(target.ReasonNoSlot,
+					"worker %s (%s) has no slot: backend %s has %d %s slots for %d serving workers; add server-template slots",
+					w.WorkerID, w.Address, o.Backend, len(slots), o.Slots, len(serving)))
+				continue
+			}
+			assign[slots[rank]] = w
+		}
+	} else {
+		byAddr := map[netip.AddrPort][]int{}
+		for i, s := range servers {
+			byAddr[s.Addr] = append(byAddr[s.Addr], i)
+		}
+		placed := map[netip.AddrPort]bool{}
+		for i := range ws {
+			w := &ws[i]
+			inSlot := false
+			for _, si := range byAddr[w.Addr] {
+				own := o.isSlot(servers[si].Name) || o.isAdded(servers[si].Name)
+				if own && inSlot {
+					continue // a second slot at one address is freed
+				}
+				inSlot = inSlot || own
+				assign[si] = w
+				placed[w.Addr] = true
+			}
+		}
+		var free []int
+		for _, si := range slots {
+			if assign[si] == nil {
+				free = append(free, si)
+			}
+		}
+		for i := range ws {
+			w := &ws[i]
+			if !w.Serving || placed[w.Addr] {
+				continue
+			}
+			switch {
+			case len(free) > 0:
+				assign[free[0]] = w
+				free = free[1:]
+			case o.AddServers:
+				name := o.addedName(w.Addr)
+				p.cmds = append(p.cmds, fmt.Sprintf("add server %s/%s %s weight %d", o.Backend, name, w.Addr, w.Int))
+				if o.MaxConn && w.MaxConcurrency > 0 {
+					p.cmds = append(p.cmds, fmt.Sprintf("set maxconn server %s/%s %d", o.Backend, name, w.MaxConcurrency))
+				}
+				p.cmds = append(p.cmds, fmt.Sprintf("set server %s/%s state ready", o.Backend, name))
+				p.serving++
+			default:
+				p.problems = append(p.problems, target.Failf(target.ReasonNoSlot,
+					"worker %s (%s) has no server in backend %s: no server has its address and no %s slot is free; add server-template slots or set add_servers",
+					w.WorkerID, w.Address, o.Backend, o.Slots))
+			}
+		}
+	}
+
+	var drains, maints []string
+	for i, s := range servers {
+		ref := o.Backend + "/" + s.Name
+		w := assign[i]
+		switch {
+		case w == nil && o.isAdded(s.Name):
+			if !s.maint() {
+				maints = append(maints, "set server "+ref+" state maint")
+			}
+			p.soft = append(p.soft, "del server "+ref)
+		case w == nil && o.isSlot(s.Name):
+			if !s.maint() {
+				maints = append(maints, "set server "+ref+" state maint")
+			}
+		case w == nil:
+			// not heft's: left alone
+		case w.Serving:
+			p.serving++
+			if (o.isSlot(s.Name) || o.isAdded(s.Name)) && s.Addr != w.Addr {
+				p.cmds = append(p.cmds, fmt.Sprintf("set server %s addr %s port %d", ref, w.Addr.Addr(), w.Addr.Port()))
+			}
+			if s.Weight != w.Int {
+				p.cmds = append(p.cmds, fmt.Sprintf("set server %s weight %d", ref, w.Int))
+			}
+			if o.MaxConn && w.MaxConcurrency > 0 && s.MaxConn != w.MaxConcurrency {
+				p.cmds = append(p.cmds, fmt.Sprintf("set maxconn server %s %d", ref, w.MaxConcurrency))
+			}
+			if s.maint() || s.drain() {
+				p.cmds = append(p.cmds, "set server "+ref+" state ready")
+			}
+		default:
+			if s.maint() || !s.drain() {
+				drains = append(drains, "set server "+ref+" state drain")
+			}
+		}
+	}
+	// Serving servers first, so a backend never passes through a moment
+	// with fewer servers than it is about to have.
+	p.cmds = append(append(p.cmds, drains...), maints...)
+	return p
+}
+
+// answerOK reports whether an answer to a "set"/"add" command means it was
+// taken. HAProxy answers nothing, or a note of what changed.
+func answerOK(ans string) bool {
+	a := strings.TrimSpace(ans)
+	return a == "" || strings.Contains(a, "changed from") || strings.Contains(a, "no need to change") ||
+		strings.HasPrefix(a, "New server registered")
+}
