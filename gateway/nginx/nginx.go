@@ -1,0 +1,192 @@
+// Package nginx keeps an nginx upstream block in step with heft: it
+// renders the block into a file of its own, writes it atomically, checks
+// the whole configuration with "nginx -t", reloads nginx only when the
+// content changed, and puts the last good file back when the check fails.
+package nginx
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/gateway/filewrite"
+	"heft/gateway/scale"
+	"heft/gateway/target"
+)
+
+// MaxWeight is the largest weight heft-sync writes: nginx takes any
+// positive integer; 100 keeps the file readable and the ratios within a
+// few tenths of a per cent for heft's weight range (0.25–8).
+const MaxWeight = 100
+
+// Config is one [[nginx]] table.
+type Config struct {
+	Model    string
+	File     string // the file heft-sync owns, included by nginx.conf (e.g. conf.d/heft-qwen.conf)
+	Upstream string
+	// Directives go inside the upstream block before the servers, one
+	// each, without the ";": "least_conn", "keepalive 32", "zone qwen 64k".
+	Directives []string
+	Check      []string // default nginx -t
+	Reload     []string // default nginx -s reload
+	// MaxConns writes max_conns= from the worker's max_concurrency. Off by
+	// default: nginx OSS has no queue behind max_conns, so a full
+	// upstream answers 502 instead of waiting.
+	MaxConns bool
+	Timeout  time.Duration // per command (default 30 s)
+}
+
+// Nginx is the target of one upstream.
+type Nginx struct {
+	cfg Config
+	log hclog.Logger
+
+	mu            sync.Mutex
+	reloadPending bool // the file changed but the reload failed
+}
+
+// New checks cfg.
+func New(cfg Config, logger hclog.Logger) (*Nginx, error) {
+	var errs []error
+	if cfg.Model == "" {
+		errs = append(errs, errors.New("model is empty"))
+	}
+	if !filepath.IsAbs(cfg.File) {
+		errs = append(errs, fmt.Errorf("file %q is not an absolute path", cfg.File))
+	} else if st, err := os.Stat(filepath.Dir(cfg.File)); err != nil || !st.IsDir() {
+		errs = append(errs, fmt.Errorf("file %q: its folder does not exist", cfg.File))
+	}
+	if !isWord(cfg.Upstream) {
+		errs = append(errs, fmt.Errorf("upstream %q is not an nginx upstream name", cfg.Upstream))
+	}
+	for _, d := range cfg.Directives {
+		if strings.TrimSpace(d) == "" || strings.ContainsAny(d, "{};\n\r#") {
+			errs = append(errs, fmt.Errorf("directive %q: one directive without ';', braces or comments", d))
+		}
+	}
+	if cfg.Check == nil {
+		cfg.Check = []string{"nginx", "-t"}
+	}
+	if cfg.Reload == nil {
+		cfg.Reload = []string{"nginx", "-s", "reload"}
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("nginx upstream %q: %w", cfg.Upstream, err)
+	}
+	return &Nginx{cfg: cfg, log: logger.Named("nginx").With("upstream", cfg.Upstream)}, nil
+}
+
+func isWord(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '_' || r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// Name implements target.Target.
+func (n *Nginx) Name() string { return "nginx:" + n.cfg.Upstream }
+
+// Model implements target.Target.
+func (n *Nginx) Model() string { return n.cfg.Model }
+
+// Render returns the file's content for m, and the rounding error.
+func Render(cfg Config, m target.Model) ([]byte, float64) {
+	serving := m.Serving()
+	fs := make([]float64, len(serving))
+	for i, b := range serving {
+		fs[i] = b.Weight
+	}
+	ints, rounding := scale.Ints(fs, MaxWeight)
+	weight := map[string]int{}
+	for i, b := range serving {
+		weight[b.Address] = ints[i]
+	}
+	var buf bytes.Buffer
+	fmt.Fprintf(&buf, "# Written by heft-sync for model %q; heft-sync rewrites it, so edit its [[nginx]] table instead.\n", m.Name)
+	fmt.Fprintf(&buf, "upstream %s {\n", cfg.Upstream)
+	for _, d := range cfg.Directives {
+		fmt.Fprintf(&buf, "    %s;\n", strings.TrimSpace(d))
+	}
+	for _, b := range m.Backends {
+		line := "    server " + b.Address
+		if w, ok := weight[b.Address]; ok {
+			line += fmt.Sprintf(" weight=%d", w)
+			if cfg.MaxConns && b.MaxConcurrency > 0 {
+				line += fmt.Sprintf(" max_conns=%d", b.MaxConcurrency)
+			}
+			line += ";"
+		} else {
+			line += " down;"
+		}
+		fmt.Fprintf(&buf, "%-48s # %s, %s\n", line, b.State, b.WorkerID)
+	}
+	buf.WriteString("}\n")
+	return buf.Bytes(), rounding
+}
+
+// Apply implements target.Target.
+func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var res target.Result
+	if len(m.Backends) == 0 {
+		return res, target.Failf(target.ReasonNoServers, "model %q has no worker: an nginx upstream needs a server, so %s is kept", m.Name, n.cfg.File)
+	}
+	data, rounding := Render(n.cfg, m)
+	res.RoundingError, res.Serving = rounding, len(m.Serving())
+	old, err := filewrite.Read(n.cfg.File)
+	if err != nil {
+		return res, target.Fail(target.ReasonWrite, err)
+	}
+	if bytes.Equal(old, data) && !n.reloadPending {
+		return res, nil
+	}
+	if !bytes.Equal(old, data) {
+		if err := filewrite.Atomic(n.cfg.File, data, 0o644); err != nil {
+			return res, target.Fail(target.ReasonWrite, err)
+		}
+		if err := filewrite.Run(ctx, n.cfg.Check, n.cfg.Timeout); err != nil {
+			if rerr := n.restore(old); rerr != nil {
+				return res, errors.Join(target.Failf(target.ReasonCheck, "the new %s failed the check: %v", n.cfg.File, err),
+					target.Failf(target.ReasonWrite, "and putting back the last good file failed: %v", rerr))
+			}
+			return res, target.Failf(target.ReasonCheck, "the new %s failed the check, so the last good file is back and nginx was not reloaded: %v", n.cfg.File, err)
+		}
+		res.Changes = append(res.Changes, "wrote "+n.cfg.File)
+	}
+	if err := filewrite.Run(ctx, n.cfg.Reload, n.cfg.Timeout); err != nil {
+		n.reloadPending = true
+		return res, target.Failf(target.ReasonReload, "%s is written but the reload failed (tried again at the next sync): %v", n.cfg.File, err)
+	}
+	n.reloadPending = false
+	res.Changes = append(res.Changes, "reloaded nginx")
+	return res, nil
+}
+
+// restore puts back the file as it was before the failed write: its old
+// content, or no file when there was none.
+func (n *Nginx) restore(old []byte) error {
+	if old == nil {
+		if err := os.Remove(n.cfg.File); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	return filewrite.Atomic(n.cfg.File, old, 0o644)
+}
