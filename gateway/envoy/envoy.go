@@ -1,0 +1,213 @@
+// Package envoy serves heft's weights to Envoy as EDS over xDS v3 (both a
+// plain EDS stream and ADS), with go-control-plane's snapshot cache: one
+// ClusterLoadAssignment per model, load_balancing_weight per endpoint.
+//
+// Drained workers (held, offline, not yet measured) are left out of the
+// assignment rather than sent as DRAINING: every Envoy removes an absent
+// endpoint from load balancing and lets its open streams finish, while
+// what DRAINING does has changed between Envoy versions and depends on
+// the cluster's health-check settings. With active health checks, set
+// the cluster's ignore_health_on_host_removal so a removed endpoint that
+// still passes its check is dropped at once.
+package envoy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/log"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"heft/gateway/scale"
+	"heft/gateway/target"
+)
+
+// MaxWeight is the largest load_balancing_weight heft-sync sends.
+const MaxWeight = 1000
+
+// snapshotKey is the one snapshot every Envoy gets: the weights do not
+// depend on which proxy asks.
+const snapshotKey = "heft"
+
+type everyNode struct{}
+
+func (everyNode) ID(*corev3.Node) string { return snapshotKey }
+
+// Server is one xDS server on one listen address.
+type Server struct {
+	ln    net.Listener
+	grpc  *grpc.Server
+	cache cachev3.SnapshotCache
+	log   hclog.Logger
+
+	mu       sync.Mutex
+	clusters map[string]*endpointv3.ClusterLoadAssignment
+	version  int
+}
+
+// NewServer listens on listen; Run serves.
+func NewServer(listen string, logger hclog.Logger) (*Server, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("envoy xds listen %s: %w", listen, err)
+	}
+	l := logger.Named("envoy").With("listen", ln.Addr().String())
+	s := &Server{ln: ln, log: l, clusters: map[string]*endpointv3.ClusterLoadAssignment{}}
+	s.cache = cachev3.NewSnapshotCache(false, everyNode{}, log.LoggerFuncs{
+		DebugFunc: func(f string, a ...any) { l.Trace(fmt.Sprintf(f, a...)) },
+		InfoFunc:  func(f string, a ...any) { l.Debug(fmt.Sprintf(f, a...)) },
+		WarnFunc:  func(f string, a ...any) { l.Warn(fmt.Sprintf(f, a...)) },
+		ErrorFunc: func(f string, a ...any) { l.Error(fmt.Sprintf(f, a...)) },
+	})
+	return s, nil
+}
+
+// Addr is the address the server listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Run serves xDS until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	xds := serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
+		StreamOpenFunc: func(_ context.Context, id int64, typ string) error {
+			s.log.Debug("xds stream opened", "stream", id, "type", typ)
+			return nil
+		},
+		StreamClosedFunc: func(id int64, node *corev3.Node) {
+			s.log.Debug("xds stream closed", "stream", id, "node", node.GetId())
+		},
+	})
+	s.grpc = grpc.NewServer()
+	endpointservice.RegisterEndpointDiscoveryServiceServer(s.grpc, xds)
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(s.grpc, xds)
+	done := make(chan error, 1)
+	go func() { done <- s.grpc.Serve(s.ln) }()
+	s.log.Info("serving EDS and ADS")
+	select {
+	case <-ctx.Done():
+		s.grpc.Stop() // streams are long-lived: a graceful stop would wait for Envoy to hang up
+		<-done
+		return nil
+	case err := <-done:
+		if errors.Is(err, grpc.ErrServerStopped) {
+			return nil
+		}
+		return fmt.Errorf("envoy xds serve: %w", err)
+	}
+}
+
+// Close releases the listener of a server that never ran.
+func (s *Server) Close() error { return s.ln.Close() }
+
+// set replaces one cluster's assignment and publishes a new snapshot when
+// it changed. It reports whether it did.
+func (s *Server) set(name string, cla *endpointv3.ClusterLoadAssignment) (bool, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.clusters[name]; ok && proto.Equal(old, cla) {
+		return false, strconv.Itoa(s.version), nil
+	}
+	s.clusters[name] = cla
+	s.version++
+	names := make([]string, 0, len(s.clusters))
+	for n := range s.clusters {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	res := make([]types.Resource, 0, len(names))
+	for _, n := range names {
+		res = append(res, s.clusters[n])
+	}
+	v := strconv.Itoa(s.version)
+	snap, err := cachev3.NewSnapshot(v, map[resourcev3.Type][]types.Resource{resourcev3.EndpointType: res})
+	if err != nil {
+		return false, v, err
+	}
+	if err := s.cache.SetSnapshot(context.Background(), snapshotKey, snap); err != nil {
+		return false, v, err
+	}
+	return true, v, nil
+}
+
+// Cluster is the target of one model's cluster on a server.
+type Cluster struct {
+	s           *Server
+	model, name string
+}
+
+// Cluster returns the target that serves model as cluster name.
+func (s *Server) Cluster(model, name string) *Cluster {
+	return &Cluster{s: s, model: model, name: name}
+}
+
+// Name implements target.Target.
+func (c *Cluster) Name() string { return "envoy:" + c.name }
+
+// Model implements target.Target.
+func (c *Cluster) Model() string { return c.model }
+
+// Assignment builds the ClusterLoadAssignment of m's serving workers.
+func Assignment(ctx context.Context, name string, m target.Model) (*endpointv3.ClusterLoadAssignment, float64, error) {
+	serving := m.Serving()
+	fs := make([]float64, len(serving))
+	for i, b := range serving {
+		fs[i] = b.Weight
+	}
+	ints, rounding := scale.Ints(fs, MaxWeight)
+	loc := &endpointv3.LocalityLbEndpoints{}
+	var errs []error
+	for i, b := range serving {
+		a, err := target.Resolve(ctx, b.Address)
+		if err != nil {
+			errs = append(errs, target.Failf(target.ReasonResolve, "worker %s: %v", b.WorkerID, err))
+			continue
+		}
+		loc.LbEndpoints = append(loc.LbEndpoints, &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+					Address:       a.Addr().String(),
+					PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(a.Port())},
+				}}},
+			}},
+			HealthStatus:        corev3.HealthStatus_HEALTHY,
+			LoadBalancingWeight: wrapperspb.UInt32(uint32(ints[i])),
+		})
+	}
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	if len(loc.LbEndpoints) > 0 {
+		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{loc}
+	}
+	return cla, rounding, errors.Join(errs...)
+}
+
+// Apply implements target.Target.
+func (c *Cluster) Apply(ctx context.Context, m target.Model) (target.Result, error) {
+	cla, rounding, rerr := Assignment(ctx, c.name, m)
+	res := target.Result{RoundingError: rounding}
+	for _, l := range cla.Endpoints {
+		res.Serving += len(l.LbEndpoints)
+	}
+	changed, version, err := c.s.set(c.name, cla)
+	if err != nil {
+		return res, target.Fail(target.ReasonOther, fmt.Errorf("publish the xds snapshot: %w", err))
+	}
+	if changed {
+		res.Changes = append(res.Changes, fmt.Sprintf("published cluster %s with %d endpoints as version %s", c.name, res.Serving, version))
+	}
+	return res, rerr
+}

@@ -1,0 +1,212 @@
+// Package litellm keeps a LiteLLM proxy's model_list in step with heft: it
+// renders a YAML file holding only model_list (LiteLLM's main config pulls
+// it in with "include:"), one Deployment per serving worker with its
+// weight, writes it atomically when it changed and runs an optional
+// command after writing (for example one that restarts LiteLLM).
+//
+// LiteLLM's default routing (simple-shuffle) picks a Deployment at random
+// in proportion to litellm_params.weight, a float, so heft's weights are
+// written as they are, rounded to three decimals. Drained workers are left
+// out of the list.
+package litellm
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"gopkg.in/yaml.v3"
+
+	"heft/gateway/filewrite"
+	"heft/gateway/scale"
+	"heft/gateway/target"
+)
+
+// Config is one [[litellm]] table.
+type Config struct {
+	Model string // the coordinator's model name
+	File  string
+	// Command runs after the file changed, e.g. a restart of LiteLLM.
+	Command []string
+	// ModelName is the name LiteLLM's clients ask for (default: Model).
+	ModelName string
+	// Provider prefixes litellm_params.model (default "hosted_vllm", for
+	// vLLM and any OpenAI-compatible engine; "openai" works as well).
+	Provider string
+	// APIKey, when set, is written as litellm_params.api_key, e.g.
+	// "os.environ/VLLM_API_KEY".
+	APIKey  string
+	Timeout time.Duration // for Command (default 60 s)
+}
+
+// File is one model_list file, shared by every [[litellm]] table that
+// names it.
+type File struct {
+	path    string
+	command []string
+	timeout time.Duration
+	log     hclog.Logger
+
+	mu             sync.Mutex
+	models         map[string][]Deployment // by Config.Model
+	commandPending bool
+}
+
+// NewFile returns the writer of one file.
+func NewFile(path string, command []string, timeout time.Duration, logger hclog.Logger) (*File, error) {
+	if !filepath.IsAbs(path) {
+		return nil, fmt.Errorf("litellm file %q is not an absolute path", path)
+	}
+	if st, err := os.Stat(filepath.Dir(path)); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("litellm file %q: its folder does not exist", path)
+	}
+	if timeout <= 0 {
+		timeout = 60 * time.Second
+	}
+	return &File{path: path, command: command, timeout: timeout, models: map[string][]Deployment{},
+		log: logger.Named("litellm").With("file", path)}, nil
+}
+
+// Deployment is one entry of model_list.
+type Deployment struct {
+	ModelName     string `yaml:"model_name"`
+	LiteLLMParams Params `yaml:"litellm_params"`
+}
+
+// Params are a deployment's litellm_params.
+type Params struct {
+	Model               string  `yaml:"model"`
+	APIBase             string  `yaml:"api_base"`
+	APIKey              string  `yaml:"api_key,omitempty"`
+	Weight              float64 `yaml:"weight"`
+	MaxParallelRequests int     `yaml:"max_parallel_requests,omitempty"`
+}
+
+// Target is one model in a file.
+type Target struct {
+	f   *File
+	cfg Config
+}
+
+// Target returns the target of one [[litellm]] table writing to f.
+func (f *File) Target(cfg Config) (*Target, error) {
+	if cfg.Model == "" {
+		return nil, errors.New("litellm: model is empty")
+	}
+	if cfg.ModelName == "" {
+		cfg.ModelName = cfg.Model
+	}
+	if cfg.Provider == "" {
+		cfg.Provider = "hosted_vllm"
+	}
+	return &Target{f: f, cfg: cfg}, nil
+}
+
+// Name implements target.Target.
+func (t *Target) Name() string { return "litellm:" + t.cfg.ModelName }
+
+// Model implements target.Target.
+func (t *Target) Model() string { return t.cfg.Model }
+
+// Deployments returns the model_list entries of m's serving workers.
+func Deployments(cfg Config, m target.Model) ([]Deployment, float64) {
+	var out []Deployment
+	var fs []float64
+	for _, b := range m.Serving() {
+		fs = append(fs, b.Weight)
+		out = append(out, Deployment{ModelName: cfg.ModelName, LiteLLMParams: Params{
+			Model:               cfg.Provider + "/" + m.Name,
+			APIBase:             b.Scheme + "://" + b.Address + "/v1",
+			APIKey:              cfg.APIKey,
+			Weight:              math.Round(b.Weight*1000) / 1000,
+			MaxParallelRequests: b.MaxConcurrency,
+		}})
+	}
+	written := make([]float64, len(out))
+	for i, d := range out {
+		written[i] = d.LiteLLMParams.Weight
+	}
+	// The error of writing three decimals, in the same terms as the
+	// integer gateways.
+	return out, shareError(fs, written)
+}
+
+func shareError(want, got []float64) float64 {
+	ints := make([]int, len(got))
+	for i, g := range got {
+		ints[i] = int(math.Round(g * 1000))
+	}
+	return scale.ShareError(want, ints)
+}
+
+// Apply implements target.Target.
+func (t *Target) Apply(ctx context.Context, m target.Model) (target.Result, error) {
+	ds, rounding := Deployments(t.cfg, m)
+	res := target.Result{RoundingError: rounding, Serving: len(ds)}
+	changes, err := t.f.put(ctx, t.cfg.Model, ds)
+	res.Changes = changes
+	return res, err
+}
+
+func (f *File) put(ctx context.Context, model string, ds []Deployment) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.models[model] = ds
+	data, err := f.render()
+	if err != nil {
+		return nil, target.Fail(target.ReasonOther, err)
+	}
+	old, err := filewrite.Read(f.path)
+	if err != nil {
+		return nil, target.Fail(target.ReasonWrite, err)
+	}
+	var changes []string
+	if !bytes.Equal(old, data) {
+		if err := filewrite.Atomic(f.path, data, 0o644); err != nil {
+			return nil, target.Fail(target.ReasonWrite, err)
+		}
+		changes = append(changes, "wrote "+f.path)
+		f.commandPending = len(f.command) > 0
+	}
+	if f.commandPending {
+		if err := filewrite.Run(ctx, f.command, f.timeout); err != nil {
+			return changes, target.Failf(target.ReasonCommand, "%s is written but the command failed (tried again at the next sync): %v", f.path, err)
+		}
+		f.commandPending = false
+		changes = append(changes, "ran the command")
+	}
+	return changes, nil
+}
+
+func (f *File) render() ([]byte, error) {
+	var all []Deployment
+	for _, ds := range f.models {
+		all = append(all, ds...)
+	}
+	slices.SortFunc(all, func(a, b Deployment) int {
+		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.LiteLLMParams.APIBase, b.LiteLLMParams.APIBase))
+	})
+	if all == nil {
+		all = []Deployment{}
+	}
+	var buf bytes.Buffer
+	buf.WriteString("# Written by heft-sync from the coordinator's weights; include it from LiteLLM's config.yaml.\n")
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(map[string][]Deployment{"model_list": all}); err != nil {
+		return nil, fmt.Errorf("render %s: %w", f.path, err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("render %s: %w", f.path, err)
+	}
+	return buf.Bytes(), nil
+}

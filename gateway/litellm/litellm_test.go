@@ -1,0 +1,128 @@
+package litellm_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"gopkg.in/yaml.v3"
+
+	"heft/coordinator/view"
+	"heft/gateway/coord"
+	"heft/gateway/internal/gwtest"
+	"heft/gateway/litellm"
+	"heft/gateway/target"
+)
+
+const model = "Qwen/Qwen3-8B"
+
+// file is the part of LiteLLM's config heft-sync writes, read back the way
+// LiteLLM reads it.
+type file struct {
+	ModelList []struct {
+		ModelName     string         `yaml:"model_name"`
+		LiteLLMParams map[string]any `yaml:"litellm_params"`
+	} `yaml:"model_list"`
+}
+
+func read(t *testing.T, path string) file {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f file
+	if err := yaml.Unmarshal(data, &f); err != nil {
+		t.Fatalf("%v\n%s", err, data)
+	}
+	return f
+}
+
+func TestModelListAndCommand(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "heft-models.yaml")
+	marker := filepath.Join(dir, "ran")
+	f, err := litellm.NewFile(path, []string{"sh", "-c", "echo x >> " + marker}, 0, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	qwen, err := f.Target(litellm.Config{Model: model, ModelName: "qwen"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := f.Target(litellm.Config{Model: "other", Provider: "openai", APIKey: "os.environ/OTHER_KEY"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2 := gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 0.63)
+	mc := 32
+	w2.MaxConcurrency = &mc
+	m, _ := target.ForModel(model, []coord.Worker{
+		gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1.37), w2,
+		gwtest.Worker(model, "10.0.0.3:8000", view.StateHeld, 0),
+	})
+	res, err := qwen.Apply(context.Background(), m)
+	if err != nil || res.Serving != 2 || len(res.Changes) != 2 {
+		t.Fatalf("apply: %+v %v", res, err)
+	}
+	om, _ := target.ForModel("other", []coord.Worker{gwtest.Worker("other", "10.0.0.9:9000", view.StateAdmitted, 1)})
+	if _, err := other.Apply(context.Background(), om); err != nil {
+		t.Fatal(err)
+	}
+	got := read(t, path)
+	if len(got.ModelList) != 3 {
+		t.Fatalf("model_list: %+v", got.ModelList)
+	}
+	first := got.ModelList[1] // sorted by model_name, then api_base: other, qwen, qwen
+	if first.ModelName != "qwen" || first.LiteLLMParams["model"] != "hosted_vllm/"+model ||
+		first.LiteLLMParams["api_base"] != "http://10.0.0.1:8000/v1" || first.LiteLLMParams["weight"] != 1.37 {
+		t.Fatalf("first qwen deployment: %+v", first)
+	}
+	if got.ModelList[2].LiteLLMParams["max_parallel_requests"] != 32 || got.ModelList[1].LiteLLMParams["max_parallel_requests"] != nil {
+		t.Fatalf("max_parallel_requests: %+v", got.ModelList)
+	}
+	if o := got.ModelList[0]; o.ModelName != "other" || o.LiteLLMParams["model"] != "openai/other" || o.LiteLLMParams["api_key"] != "os.environ/OTHER_KEY" {
+		t.Fatalf("other: %+v", o)
+	}
+	runs, _ := os.ReadFile(marker)
+	if strings.Count(string(runs), "\n") != 2 {
+		t.Fatalf("the command ran %d times, want once per change", strings.Count(string(runs), "\n"))
+	}
+	// Unchanged: no write, no command.
+	if res, err := qwen.Apply(context.Background(), m); err != nil || len(res.Changes) != 0 {
+		t.Fatalf("unchanged apply: %+v %v", res, err)
+	}
+	if runs, _ := os.ReadFile(marker); strings.Count(string(runs), "\n") != 2 {
+		t.Fatal("the command ran without a change")
+	}
+}
+
+func TestCommandFailureIsRetried(t *testing.T) {
+	dir := t.TempDir()
+	flag := filepath.Join(dir, "fail")
+	os.WriteFile(flag, nil, 0o644)
+	f, err := litellm.NewFile(filepath.Join(dir, "m.yaml"), []string{"sh", "-c", "test ! -e " + flag}, 0, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, _ := f.Target(litellm.Config{Model: model})
+	m, _ := target.ForModel(model, []coord.Worker{gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1)})
+	if _, err := tg.Apply(context.Background(), m); target.Reason(err) != target.ReasonCommand {
+		t.Fatalf("first apply: %v", err)
+	}
+	os.Remove(flag)
+	if res, err := tg.Apply(context.Background(), m); err != nil || len(res.Changes) != 1 {
+		t.Fatalf("retry: %+v %v", res, err)
+	}
+}
+
+func TestNewFileRefusesBadPaths(t *testing.T) {
+	for _, p := range []string{"relative.yaml", "/no/such/folder/x.yaml"} {
+		if _, err := litellm.NewFile(p, nil, 0, hclog.NewNullLogger()); err == nil {
+			t.Errorf("NewFile(%q) took it", p)
+		}
+	}
+}
