@@ -11,9 +11,9 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-build: ## build bin/heft-agent, bin/heft-coordinator, bin/heft-sim
+build: ## build bin/heft-agent, bin/heft-coordinator, bin/heft-sim, bin/heft-sync
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./agent/cmd/heft-agent ./coordinator/cmd/heft-coordinator ./sim/cmd/heft-sim
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./agent/cmd/heft-agent ./coordinator/cmd/heft-coordinator ./sim/cmd/heft-sim ./gateway/cmd/heft-sync
 
 build-cross: ## check the agent builds without cgo and for macOS on Apple silicon
 	CGO_ENABLED=0 $(GO) build -o /dev/null ./agent/cmd/heft-agent

@@ -1,0 +1,253 @@
+// Package app is heft-sync put together: the configuration becomes
+// targets, a coordinator follower feeds the syncer, and a small HTTP
+// server answers /metrics and /healthz.
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/mattn/go-isatty"
+
+	"heft/gateway/config"
+	"heft/gateway/coord"
+	"heft/gateway/envoy"
+	"heft/gateway/haproxy"
+	"heft/gateway/litellm"
+	"heft/gateway/nginx"
+	"heft/gateway/syncer"
+	"heft/gateway/target"
+	"heft/shared/version"
+)
+
+// Main is the whole program; it returns the exit code: 0 done, 1 failed,
+// 2 bad usage or configuration.
+func Main(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	cfg, err := config.Load(args, env)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, config.Usage())
+		return 0
+	case err != nil:
+		fmt.Fprintf(stderr, "heft-sync: %v\n", err)
+		return 2
+	case cfg.ShowVersion:
+		fmt.Fprintf(stdout, "heft-sync %s\n", version.Version)
+		return 0
+	}
+	logger := hclog.New(&hclog.LoggerOptions{
+		Name:       "heft-sync",
+		Level:      hclog.LevelFromString(cfg.LogLevel),
+		Output:     stderr,
+		JSONFormat: cfg.LogJSON || !isTerminal(stderr),
+	})
+	if cfg.CheckOnly {
+		return Check(ctx, cfg, logger)
+	}
+	if err := Run(ctx, cfg, logger); err != nil {
+		logger.Error("stopped", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && isatty.IsTerminal(f.Fd())
+}
+
+// Built is what the configuration becomes.
+type Built struct {
+	Targets []target.Target
+	Envoys  []*envoy.Server
+}
+
+// Close releases the xDS listeners of servers that never ran.
+func (b Built) Close() {
+	for _, s := range b.Envoys {
+		s.Close()
+	}
+}
+
+// Build makes the targets of cfg. Envoy tables that share a listen address
+// share one xDS server; LiteLLM tables that share a file share its writer.
+func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
+	var b Built
+	var errs []error
+	for _, h := range cfg.HAProxy {
+		t, err := haproxy.New(haproxy.Config{Model: h.Model, Socket: h.Socket, Backend: h.Backend, Slots: h.Slots,
+			Order: h.Order, AddServers: h.AddServers, MaxConn: h.MaxConn, Timeout: h.Timeout}, logger)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b.Targets = append(b.Targets, t)
+	}
+	for _, n := range cfg.Nginx {
+		t, err := nginx.New(nginx.Config{Model: n.Model, File: n.File, Upstream: n.Upstream, Directives: n.Directives,
+			Check: n.Check, Reload: n.Reload, MaxConns: n.MaxConns, Timeout: n.Timeout}, logger)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b.Targets = append(b.Targets, t)
+	}
+	servers := map[string]*envoy.Server{}
+	for _, e := range cfg.Envoy {
+		s := servers[e.Listen]
+		if s == nil {
+			var err error
+			if s, err = envoy.NewServer(e.Listen, logger); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			servers[e.Listen] = s
+			b.Envoys = append(b.Envoys, s)
+		}
+		b.Targets = append(b.Targets, s.Cluster(e.Model, e.ClusterName()))
+	}
+	files := map[string]*litellm.File{}
+	for _, l := range cfg.LiteLLM {
+		f := files[l.File]
+		if f == nil {
+			var err error
+			if f, err = litellm.NewFile(l.File, l.Command, l.Timeout, logger); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			files[l.File] = f
+		}
+		t, err := f.Target(litellm.Config{Model: l.Model, ModelName: l.ModelName, Provider: l.Provider, APIKey: l.APIKey})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b.Targets = append(b.Targets, t)
+	}
+	if err := errors.Join(errs...); err != nil {
+		b.Close()
+		return Built{}, err
+	}
+	return b, nil
+}
+
+// Run runs heft-sync until ctx ends.
+func Run(ctx context.Context, cfg config.Config, logger hclog.Logger) error {
+	token, err := cfg.Token()
+	if err != nil {
+		return err
+	}
+	tlsCfg, err := cfg.TLS()
+	if err != nil {
+		return err
+	}
+	built, err := Build(cfg, logger)
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(built.Targets))
+	for i, t := range built.Targets {
+		names[i] = t.Name()
+	}
+	metrics := syncer.NewMetrics(names)
+	sy := syncer.New(built.Targets, metrics, cfg.Resync, logger)
+
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.TLSClientConfig = tlsCfg
+	client := &http.Client{Transport: transport}
+	defer client.CloseIdleConnections()
+	follower, err := coord.New(coord.Config{URL: cfg.Coordinator.URL, Token: token, Client: client}, sy.Hooks(), logger)
+	if err != nil {
+		built.Close()
+		return err
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		built.Close()
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	hs := &http.Server{Handler: Handler(metrics, sy), ReadHeaderTimeout: 10 * time.Second}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, len(built.Envoys)+1)
+	for _, s := range built.Envoys {
+		wg.Go(func() {
+			if err := s.Run(ctx); err != nil {
+				errc <- err
+				cancel()
+			}
+		})
+	}
+	wg.Go(func() { sy.Run(ctx) })
+	wg.Go(func() { follower.Run(ctx) })
+	wg.Go(func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("serve %s: %w", cfg.Listen, err)
+			cancel()
+		}
+	})
+	logger.Info("heft-sync started", "version", version.Version, "coordinator", cfg.Coordinator.URL,
+		"listen", ln.Addr().String(), "targets", len(built.Targets), "resync", cfg.Resync)
+	<-ctx.Done()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = hs.Shutdown(sctx)
+	scancel()
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// Handler serves /metrics and /healthz.
+func Handler(m *syncer.Metrics, sy *syncer.Syncer) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_ = json.NewEncoder(w).Encode(sy.Status())
+	})
+	return mux
+}
+
+// Check checks each gateway once (the HAProxy backends exist and answer)
+// and returns the exit code.
+func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
+	built, err := Build(cfg, logger)
+	if err != nil {
+		logger.Error("configuration", "error", err)
+		return 2
+	}
+	defer built.Close()
+	code := 0
+	for _, t := range built.Targets {
+		c, ok := t.(syncer.Checker)
+		if !ok {
+			logger.Info("ok", "target", t.Name(), "model", t.Model())
+			continue
+		}
+		if err := c.Check(ctx); err != nil {
+			logger.Error("check failed", "target", t.Name(), "error", err)
+			code = 1
+			continue
+		}
+		logger.Info("ok", "target", t.Name(), "model", t.Model())
+	}
+	return code
+}

@@ -1,0 +1,141 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const full = `
+listen = "127.0.0.1:9471"
+resync = "2s"
+[coordinator]
+url = "https://heft.example:7070"
+[[haproxy]]
+model = "Qwen/Qwen3-8B"
+socket = "/run/haproxy/admin.sock"
+backend = "qwen"
+order = "weight"
+[[nginx]]
+model = "Qwen/Qwen3-8B"
+file = "/etc/nginx/conf.d/heft-qwen.conf"
+upstream = "qwen"
+directives = ["least_conn", "keepalive 32"]
+reload = ["nginx", "-s", "reload"]
+[[envoy]]
+listen = "127.0.0.1:18000"
+model = "Qwen/Qwen3-8B"
+[[litellm]]
+model = "Qwen/Qwen3-8B"
+file = "/etc/litellm/heft.yaml"
+command = ["systemctl", "restart", "litellm"]
+`
+
+func write(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "heft-sync.toml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func noEnv(string) string { return "" }
+
+func TestLoadFull(t *testing.T) {
+	c, err := Load([]string{"--config", write(t, full)}, noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Resync != 2*time.Second || len(c.HAProxy) != 1 || c.HAProxy[0].Order != "weight" || len(c.Nginx[0].Directives) != 2 ||
+		c.Envoy[0].ClusterName() != "Qwen/Qwen3-8B" || c.LiteLLM[0].Command[0] != "systemctl" || c.Nginx[0].Check != nil {
+		t.Fatalf("%+v", c)
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	env := map[string]string{"HEFT_SYNC_CONFIG": write(t, full), "HEFT_SYNC_COORDINATOR_URL": "http://10.0.0.1:7070", "HEFT_SYNC_RESYNC": "750ms"}
+	c, err := Load(nil, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Coordinator.URL != "http://10.0.0.1:7070" || c.Resync != 750*time.Millisecond {
+		t.Fatalf("%+v", c)
+	}
+	env["HEFT_SYNC_RESYNC"] = "soon"
+	if _, err := Load(nil, func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "HEFT_SYNC_RESYNC") {
+		t.Fatalf("a bad duration: %v", err)
+	}
+}
+
+// Every problem is reported at once, before anything runs.
+func TestValidate(t *testing.T) {
+	bad := `
+listen = "nope"
+log_level = "loud"
+[coordinator]
+url = "ws://x"
+[[haproxy]]
+model = "m"
+backend = "qwen"
+order = "random"
+[[nginx]]
+model = "m"
+file = "relative.conf"
+upstream = "qwen"
+check = []
+[[nginx]]
+model = "m"
+file = "relative.conf"
+upstream = "qwen2"
+[[envoy]]
+model = "m"
+listen = "18000"
+[[litellm]]
+model = "m"
+file = "/tmp/x.yaml"
+command = ["a"]
+[[litellm]]
+model = "n"
+file = "/tmp/x.yaml"
+command = ["b"]
+`
+	_, err := Load([]string{"--config", write(t, bad)}, noEnv)
+	if err == nil {
+		t.Fatal("took a bad config")
+	}
+	for _, want := range []string{"listen \"nope\"", "log_level", "url \"ws://x\"", "socket and backend are required", "order \"random\"",
+		"must be an absolute path", "check and reload must name a command", "two [[nginx]] tables", "listen \"18000\"", "different commands"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error lacks %q:\n%v", want, err)
+		}
+	}
+	if _, err := Parse("[coordinator]\nurl = \"http://x:1\"\nsurprise = 1\n"); err == nil || !strings.Contains(err.Error(), "surprise") {
+		t.Fatalf("an unknown key: %v", err)
+	}
+	if _, err := Load([]string{"--config", write(t, "[coordinator]\nurl = \"http://x:1\"\n")}, noEnv); err == nil || !strings.Contains(err.Error(), "no gateway") {
+		t.Fatalf("no target: %v", err)
+	}
+}
+
+func TestTokenFileAndCA(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "viewer.token")
+	os.WriteFile(tok, []byte("s3cret\n"), 0o600)
+	c := Config{Coordinator: Coordinator{TokenFile: tok}}
+	if got, err := c.Token(); err != nil || got != "s3cret" {
+		t.Fatalf("Token = %q %v", got, err)
+	}
+	os.Chmod(tok, 0o644)
+	if _, err := c.Token(); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("a world-readable token file: %v", err)
+	}
+	ca := filepath.Join(dir, "ca.pem")
+	os.WriteFile(ca, []byte("not a certificate"), 0o644)
+	c = Config{Coordinator: Coordinator{CAFile: ca}}
+	if _, err := c.TLS(); err == nil {
+		t.Fatal("took a CA file without a certificate")
+	}
+}

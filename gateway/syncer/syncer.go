@@ -1,0 +1,339 @@
+// Package syncer drives heft-sync's targets: each fleet state read from
+// the coordinator becomes each target's desired state, which a goroutine
+// per target applies at once when it changes, and again every resync
+// interval so a gateway restarted or reloaded with its file's defaults is
+// put back in step. Nothing is applied before the first state arrives, and
+// while the coordinator is away the last state keeps being held.
+package syncer
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/gateway/coord"
+	"heft/gateway/target"
+)
+
+// Checker is a target that can check, before anything is applied, that
+// its gateway is there (HAProxy's socket answers and the backend exists).
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
+const (
+	resultUnchanged = "unchanged"
+	resultChanged   = "changed"
+	resultFailed    = "failed"
+)
+
+// Syncer runs the targets.
+type Syncer struct {
+	runners []*runner
+	m       *Metrics
+	log     hclog.Logger
+	resync  time.Duration
+	timeout time.Duration
+
+	mu        sync.Mutex
+	connected bool
+	lastSnap  time.Time
+}
+
+// New returns a Syncer of targets. resync is how often each target is
+// applied again without a change (default 5 s).
+func New(targets []target.Target, m *Metrics, resync time.Duration, logger hclog.Logger) *Syncer {
+	if resync <= 0 {
+		resync = 5 * time.Second
+	}
+	s := &Syncer{m: m, log: logger.Named("sync"), resync: resync, timeout: time.Minute}
+	for _, t := range targets {
+		s.runners = append(s.runners, &runner{t: t, s: s, wake: make(chan struct{}, 1),
+			log: logger.Named("sync").With("target", t.Name(), "model", t.Model())})
+	}
+	return s
+}
+
+// Hooks are the follower hooks that feed the Syncer (metrics included).
+func (s *Syncer) Hooks() coord.Hooks {
+	return s.m.CoordinatorHooks(coord.Hooks{
+		Snapshot:  s.Update,
+		Connected: func(c bool) { s.mu.Lock(); s.connected = c; s.mu.Unlock() },
+	})
+}
+
+// Update hands a fleet state to every target whose desired state it
+// changes.
+func (s *Syncer) Update(snap coord.Snapshot) {
+	s.mu.Lock()
+	s.lastSnap = snap.At
+	s.mu.Unlock()
+	var models []string
+	for _, w := range snap.Workers {
+		if !slices.Contains(models, w.Model) {
+			models = append(models, w.Model)
+		}
+	}
+	for _, r := range s.runners {
+		m, problems := target.ForModel(r.t.Model(), snap.Workers)
+		s.m.workers.WithLabelValues(r.t.Name()).Set(float64(len(m.Backends)))
+		r.offer(m, problems, models)
+	}
+}
+
+// Run runs every target until ctx ends.
+func (s *Syncer) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, r := range s.runners {
+		wg.Go(func() { r.run(ctx) })
+	}
+	wg.Wait()
+}
+
+// TargetStatus is one target's health, for /healthz.
+type TargetStatus struct {
+	Name        string     `json:"name"`
+	Model       string     `json:"model"`
+	Healthy     bool       `json:"healthy"`
+	Applied     bool       `json:"applied"` // a state was applied at least once
+	LastError   string     `json:"last_error,omitempty"`
+	LastSuccess *time.Time `json:"last_success,omitempty"`
+}
+
+// Status is heft-sync's health, for /healthz.
+type Status struct {
+	Status       string         `json:"status"` // "ok" or "degraded"
+	Coordinator  bool           `json:"coordinator_connected"`
+	LastSnapshot *time.Time     `json:"last_snapshot,omitempty"`
+	Targets      []TargetStatus `json:"targets"`
+}
+
+// Status reports the coordinator connection and every target.
+func (s *Syncer) Status() Status {
+	s.mu.Lock()
+	st := Status{Status: "ok", Coordinator: s.connected, Targets: []TargetStatus{}}
+	if !s.lastSnap.IsZero() {
+		t := s.lastSnap
+		st.LastSnapshot = &t
+	}
+	s.mu.Unlock()
+	if !st.Coordinator {
+		st.Status = "degraded"
+	}
+	for _, r := range s.runners {
+		ts := r.status()
+		if !ts.Healthy {
+			st.Status = "degraded"
+		}
+		st.Targets = append(st.Targets, ts)
+	}
+	return st
+}
+
+// runner applies one target.
+type runner struct {
+	t   target.Target
+	s   *Syncer
+	log hclog.Logger
+
+	wake chan struct{}
+
+	mu          sync.Mutex
+	pending     *target.Model // the newest desired state, not yet taken
+	offered     *target.Model // the last desired state offered
+	problems    string        // the last problems logged, to log a change once
+	emptyLogged bool
+	healthy     bool
+	applied     bool
+	lastErr     string
+	lastSuccess time.Time
+}
+
+func (r *runner) offer(m target.Model, problems []string, models []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p := strings.Join(problems, "; "); p != r.problems {
+		r.problems = p
+		if p != "" {
+			r.log.Warn("workers left out", "problems", p)
+		}
+	}
+	if len(m.Backends) == 0 {
+		// A model the coordinator lists no worker of is most likely a typo
+		// in the config, or a coordinator that lost its state: either way
+		// not a reason to empty a gateway.
+		if !r.emptyLogged {
+			r.emptyLogged = true
+			r.log.Warn("the coordinator lists no worker of this model; the gateway keeps its state", "models_known", strings.Join(models, ", "))
+		}
+		return
+	}
+	r.emptyLogged = false
+	if r.offered != nil && r.offered.Equal(m) {
+		return
+	}
+	r.offered, r.pending = &m, &m
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *runner) run(ctx context.Context) {
+	name := r.t.Name()
+	checker, hasCheck := r.t.(Checker)
+	checked := !hasCheck
+	check := func() {
+		cctx, cancel := context.WithTimeout(ctx, r.s.timeout)
+		defer cancel()
+		if err := checker.Check(cctx); err != nil {
+			r.fail(err)
+			return
+		}
+		checked = true
+		r.mu.Lock()
+		r.healthy = true
+		r.mu.Unlock()
+		r.s.m.healthy.WithLabelValues(name).Set(1)
+	}
+	if hasCheck {
+		check()
+	}
+	tick := time.NewTicker(r.s.resync)
+	defer tick.Stop()
+	var want *target.Model
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+			r.mu.Lock()
+			want, r.pending = r.pending, nil
+			r.mu.Unlock()
+			if want != nil {
+				r.apply(ctx, *want, false)
+			}
+		case <-tick.C:
+			switch {
+			case want != nil:
+				r.apply(ctx, *want, true)
+			case !checked:
+				check()
+			}
+		}
+	}
+}
+
+func (r *runner) apply(ctx context.Context, m target.Model, resync bool) {
+	name := r.t.Name()
+	actx, cancel := context.WithTimeout(ctx, r.s.timeout)
+	res, err := r.t.Apply(actx, m)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	mt := r.s.m
+	mt.rounding.WithLabelValues(name).Set(res.RoundingError)
+	mt.serving.WithLabelValues(name).Set(float64(res.Serving))
+	if len(res.Changes) > 0 {
+		if resync {
+			mt.drift.WithLabelValues(name).Inc()
+			r.log.Warn("the gateway had changed behind heft-sync (a restart or reload?); put heft's state back",
+				"changes", strings.Join(res.Changes, "; "), "serving", res.Serving)
+		} else {
+			r.log.Info("applied", "changes", strings.Join(res.Changes, "; "), "serving", res.Serving,
+				"rounding_error", roundPct(res.RoundingError))
+		}
+		if res.Serving == 0 {
+			r.log.Warn("no worker of this model is admitted: the gateway has nowhere to send new requests")
+		}
+	}
+	if err != nil {
+		mt.applies.WithLabelValues(name, resultFailed).Inc()
+		r.fail(err)
+		return
+	}
+	if len(res.Changes) > 0 {
+		mt.applies.WithLabelValues(name, resultChanged).Inc()
+	} else {
+		mt.applies.WithLabelValues(name, resultUnchanged).Inc()
+	}
+	now := time.Now()
+	mt.lastSuccess.WithLabelValues(name).Set(unix(now))
+	mt.healthy.WithLabelValues(name).Set(1)
+	r.mu.Lock()
+	if r.lastErr != "" {
+		r.log.Info("the gateway is in step again")
+	}
+	r.healthy, r.applied, r.lastErr, r.lastSuccess = true, true, "", now
+	r.mu.Unlock()
+}
+
+// fail counts and logs a failure; the same error again is logged at debug
+// level, so a gateway that stays down does not flood the log.
+func (r *runner) fail(err error) {
+	name := r.t.Name()
+	for _, reason := range reasons(err) {
+		r.s.m.failures.WithLabelValues(name, reason).Inc()
+	}
+	r.s.m.healthy.WithLabelValues(name).Set(0)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.healthy = false
+	if msg := err.Error(); msg != r.lastErr {
+		r.lastErr = msg
+		r.log.Error("apply failed; the gateway keeps what it had", "reason", strings.Join(reasons(err), ","), "error", err)
+	} else {
+		r.log.Debug("apply failed again", "error", err)
+	}
+}
+
+func (r *runner) status() TargetStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ts := TargetStatus{Name: r.t.Name(), Model: r.t.Model(), Healthy: r.healthy, Applied: r.applied, LastError: r.lastErr}
+	if !r.lastSuccess.IsZero() {
+		t := r.lastSuccess
+		ts.LastSuccess = &t
+	}
+	return ts
+}
+
+// reasons lists the distinct failure reasons in err's tree.
+func reasons(err error) []string {
+	var out []string
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		if te, ok := e.(*target.Error); ok {
+			if !slices.Contains(out, te.Reason) {
+				out = append(out, te.Reason)
+			}
+			return
+		}
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, x := range j.Unwrap() {
+				walk(x)
+			}
+			return
+		}
+		if u := errors.Unwrap(e); u != nil {
+			walk(u)
+		}
+	}
+	walk(err)
+	if len(out) == 0 {
+		out = []string{target.ReasonOther}
+	}
+	return out
+}
+
+func roundPct(x float64) string { return strconv.FormatFloat(x*100, 'f', 2, 64) + "%" }
