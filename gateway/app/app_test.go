@@ -49,15 +49,14 @@ const nginxHTTP = `    include {{upstream_file}};
     }`
 
 type rig struct {
-	coord    *gwtest.Coordinator
-	hx       *gwtest.HAProxy
-	nx       *gwtest.Nginx
-	listen   string
-	a, b, c  *gwtest.Upstream
-	cancel   context.CancelFunc
-	done     chan error
-	litellm  string
-	stopOnce bool
+	coord   *gwtest.Coordinator
+	hx      *gwtest.HAProxy
+	nx      *gwtest.Nginx
+	listen  string
+	a, b, c *gwtest.Upstream
+	cancel  context.CancelFunc
+	done    chan error
+	litellm string
 }
 
 func start(t *testing.T, resync time.Duration) *rig {
