@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -75,7 +76,7 @@ func (r rig) target(t *testing.T, directives ...string) *nginx.Nginx {
 // a reload hands over to new workers a moment later.
 func waitFor(t *testing.T, front string, ok func(map[string]int) bool) {
 	t.Helper()
-	testutil.Eventually(t, "nginx to route by the new file", 10e9, func() bool { return ok(gwtest.Split(t, "http://"+front+"/", 10)) })
+	testutil.Eventually(t, "nginx to route by the new file", 10*time.Second, func() bool { return ok(gwtest.Split(t, "http://"+front+"/", 10)) })
 }
 
 func TestWeightsSplitRealRequests(t *testing.T) {

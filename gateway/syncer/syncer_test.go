@@ -1,0 +1,129 @@
+package syncer
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/coordinator/view"
+	"heft/gateway/coord"
+	"heft/gateway/internal/gwtest"
+	"heft/gateway/target"
+	htest "heft/shared/testutil"
+)
+
+func TestMain(m *testing.M) { htest.VerifyNoLeaks(m) }
+
+// fake records what it was asked to apply and fails on demand.
+type fake struct {
+	mu      sync.Mutex
+	applied []target.Model
+	fail    error
+}
+
+func (f *fake) Name() string  { return "fake:qwen" }
+func (f *fake) Model() string { return "m" }
+func (f *fake) Apply(_ context.Context, m target.Model) (target.Result, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.applied = append(f.applied, m)
+	return target.Result{Serving: len(m.Serving())}, f.fail
+}
+func (f *fake) count() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.applied) }
+
+func run(t *testing.T, f *fake, resync time.Duration) (*Syncer, *Metrics) {
+	m := NewMetrics([]string{f.Name()})
+	s := New([]target.Target{f}, m, resync, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s, m
+}
+
+func snap(ws ...coord.Worker) coord.Snapshot { return coord.Snapshot{Workers: ws, At: time.Now()} }
+
+func TestNothingBeforeAStateAndNothingForAnEmptyModel(t *testing.T) {
+	f := &fake{}
+	s, m := run(t, f, 20*time.Millisecond)
+	// A state without a worker of the model is not offered: the runner
+	// has nothing to apply, now or at a resync.
+	s.Update(snap(gwtest.Worker("other-model", "10.0.0.1:8000", view.StateAdmitted, 1)))
+	s.Update(snap())
+	r := s.runners[0]
+	r.mu.Lock()
+	offered := r.offered != nil || r.pending != nil
+	r.mu.Unlock()
+	if offered || f.count() != 0 {
+		t.Fatalf("a state without a worker of the model was offered (applied %d times)", f.count())
+	}
+	if v := value(t, m, "heft_sync_model_workers", "target", "fake:qwen"); v != 0 {
+		t.Fatalf("model workers = %v", v)
+	}
+	s.Update(snap(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1)))
+	htest.Eventually(t, "the first apply", 5*time.Second, func() bool { return f.count() >= 1 })
+	// Resyncs apply the same state again.
+	htest.Eventually(t, "resyncs", 5*time.Second, func() bool { return f.count() >= 3 })
+	f.mu.Lock()
+	for _, a := range f.applied {
+		if len(a.Serving()) != 1 {
+			t.Fatalf("applied %+v", a)
+		}
+	}
+	f.mu.Unlock()
+}
+
+func TestFailuresAreCountedByReason(t *testing.T) {
+	f := &fake{fail: errors.Join(target.Failf(target.ReasonNoSlot, "x"), target.Failf(target.ReasonRejected, "y"))}
+	s, m := run(t, f, time.Hour)
+	s.Update(snap(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1)))
+	htest.Eventually(t, "the failure to be counted", 5*time.Second, func() bool {
+		return value(t, m, "heft_sync_apply_failures_total", "reason", target.ReasonNoSlot) == 1 &&
+			value(t, m, "heft_sync_apply_failures_total", "reason", target.ReasonRejected) == 1
+	})
+	st := s.Status()
+	if st.Status != "degraded" || st.Targets[0].Healthy || !strings.Contains(st.Targets[0].LastError, "x") {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestReasons(t *testing.T) {
+	err := errors.Join(target.Failf(target.ReasonNoSlot, "a"), errors.New("plain"), target.Failf(target.ReasonNoSlot, "b"))
+	if got := reasons(err); len(got) != 1 || got[0] != target.ReasonNoSlot {
+		t.Fatalf("reasons = %v", got)
+	}
+	if got := reasons(errors.New("plain")); len(got) != 1 || got[0] != target.ReasonOther {
+		t.Fatalf("reasons = %v", got)
+	}
+}
+
+// value reads one sample from the registry: the first series of name
+// with the label set to val.
+func value(t *testing.T, m *Metrics, name, label, val string) float64 {
+	t.Helper()
+	fams, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, s := range f.Metric {
+			for _, l := range s.Label {
+				if l.GetName() == label && l.GetValue() == val {
+					if s.Counter != nil {
+						return s.Counter.GetValue()
+					}
+					return s.Gauge.GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
