@@ -28,6 +28,22 @@ type Facts struct {
 	Engine string // "vllm" | "sglang"
 	// Ranks holds one KV pool per data-parallel rank, sorted by DPRank.
 	Ranks []wire.Rank
+	// ExpectedRanks is how many data-parallel ranks this start-up has: the
+	// largest of the launch args' DP size, a DP size on a command line in
+	// the log, and one more than the highest DP rank any line names (a
+	// "DP3" prefix means ranks 0 to 3), at most wire.MaxRanks. 0 until the
+	// log showed a start-up or a rank. For the wire: expected_ranks.
+	ExpectedRanks int
+	// Complete is true when every rank 0 to ExpectedRanks-1 has a pool.
+	// When it is false the smallest pool is unknown: a missing rank may be
+	// still starting, have failed before sizing its KV cache, or run on
+	// another node. For the wire: complete.
+	Complete bool
+	// MissingRanks lists the DP ranks below ExpectedRanks without a pool.
+	MissingRanks []int
+	// ExpectedFrom says what ExpectedRanks was read from, for messages:
+	// e.g. "launch args data_parallel_size=4", "a DP3 line prefix".
+	ExpectedFrom string
 	// LaunchArgs maps each launch argument to its value as printed:
 	// strings unquoted, True/False/None as words, containers as their
 	// Python repr. Redacted values stay "***".

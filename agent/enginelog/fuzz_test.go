@@ -41,7 +41,7 @@ func FuzzParseLine(f *testing.F) {
 		for _, kind := range []string{"vllm", "sglang"} {
 			ev, ok := ParseLine(kind, text)
 			if ok {
-				if ev.Kind < EventPool || ev.Kind > EventReady {
+				if ev.Kind < EventPool || ev.Kind > EventDPSize {
 					t.Fatalf("%s: unknown kind %d", kind, ev.Kind)
 				}
 				if ev.DPRank < 0 || ev.DPRank > maxRankValue || ev.TPRank < -1 || ev.KVTokens < 0 || ev.Blocks < 0 || ev.MaxModelLen < 0 || ev.Concurrency < 0 {

@@ -24,6 +24,10 @@ const (
 	EventEngineInit
 	// EventReady: the server said it is ready.
 	EventReady
+	// EventDPSize: a command line in the log names the data-parallel size
+	// ("--data-parallel-size 4", "--dp-size 4", "-dp 4"), as a launch
+	// script that echoes its command prints it.
+	EventDPSize
 )
 
 func (k EventKind) String() string {
@@ -40,6 +44,8 @@ func (k EventKind) String() string {
 		return "engine_init"
 	case EventReady:
 		return "ready"
+	case EventDPSize:
+		return "dp_size"
 	}
 	return "unknown"
 }
@@ -65,6 +71,8 @@ type Event struct {
 
 	Version string // EventVersion, EventEngineInit
 	Model   string // EventLaunchArgs, EventVersion, EventEngineInit: the served model, if the line names it
+
+	DPSize int // EventDPSize
 }
 
 // Pool formats.
@@ -86,16 +94,17 @@ var (
 	ansiRE = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
 
 	// vLLM's per-process prefix, "(EngineCore_DP1 pid=212) ", and Ray's
-	// "(RayWorkerWrapper pid=3, ip=10.0.0.2) ".
-	vllmProcRE = regexp.MustCompile(`^\(([^\s()]+) pid=\d+(?:, ip=[^)]*)?\) ?`)
+	// "(RayWorkerWrapper pid=3, ip=10.0.0.2) ". Searched anywhere in the
+	// line: whatever a log wrapper put before it is not the engine's.
+	vllmProcRE = regexp.MustCompile(`\(([^\s()]+) pid=\d+(?:, ip=[^)]*)?\) ?`)
 
-	// vLLM's logger header: "INFO 12-11 00:06:53 [kv_cache_utils.py:1286] "
-	// (newest) or "INFO 02-18 08:50:24 executor_base.py:108] " (2024).
-	// VLLM_LOGGING_PREFIX may put any text before the level.
-	vllmHeaderRE = regexp.MustCompile(`(?:^|\s)(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[?[^\s\[\]]+:\d+\] `)
+	// vLLM's logger header after its level (see findVLLMHeader):
+	// "INFO 12-11 00:06:53 [kv_cache_utils.py:1286] " (newest) or
+	// "INFO 02-18 08:50:24 executor_base.py:108] " (2024).
+	vllmHeaderRestRE = regexp.MustCompile(`^\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[?[^\s\[\]]+:\d+\] `)
 
 	// Uvicorn's own lines, not formatted by vLLM: "INFO:     Application startup complete."
-	uvicornRE = regexp.MustCompile(`^(?:INFO|WARNING|ERROR):\s+`)
+	uvicornRE = regexp.MustCompile(`(?:^|[^A-Za-z])(?:INFO|WARNING|ERROR):\s+`)
 
 	vllmBlocksRE      = regexp.MustCompile(`^# (\w+) blocks: (\d+), # CPU blocks: (\d+)`)
 	vllmConcurrencyRE = regexp.MustCompile(`^Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x`)
@@ -105,34 +114,51 @@ var (
 	vllmInitServedRE  = regexp.MustCompile(`[ ,(]served_model_name=([^,\s)]+)`)
 
 	// SGLang's header: "[2026-03-02 10:15:21.123 DP0 TP1] " with rank
-	// tokens in any order (the order changed across versions).
-	sglangHeaderRE = regexp.MustCompile(`^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,6})?((?: [A-Za-z_]+\d+)*)\] ?`)
+	// tokens in any order (the order changed across versions). Searched
+	// anywhere in the line, like vLLM's prefix.
+	sglangHeaderRE = regexp.MustCompile(`\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,6})?((?: [A-Za-z_]+\d+)*)\] ?`)
+
+	// A data-parallel size on a command line: vLLM's --data-parallel-size
+	// and -dp, SGLang's --data-parallel-size and --dp-size.
+	dpFlagRE = regexp.MustCompile(`(?:^|\s)(?:--data-parallel-size|--dp-size|-dp)(?:=|\s+)(\d+)(?:\s|$)`)
 )
 
 // ParseLine reads one log line of an engine of the given kind ("vllm" or
 // "sglang"). It strips ANSI colour codes and reads every carriage-return
 // separated segment (tqdm redraws its bar with '\r'; Windows ends lines
-// with "\r\n"), returning the first event found. A line in no known
-// format gives ok=false: it is skipped, never guessed at.
+// with "\r\n"), returning the first event found. The engine's own prefix
+// (vLLM's "(EngineCore_DP1 pid=N)" and logger header, SGLang's
+// "[date DP1 TP0]") is found wherever it starts, so text a log wrapper put
+// before it (a container runtime's, syslog's, or one heft does not know)
+// never changes the rank a line is read for. A line in no known format
+// gives ok=false: it is skipped, never guessed at.
 func ParseLine(kind, line string) (Event, bool) {
 	var first Event
 	found := false
-	eachEvent(kind, line, func(ev Event) {
+	scanLine(kind, line, func(ev Event) {
 		if !found {
 			first, found = ev, true
 		}
-	})
+	}, nil)
 	return first, found
 }
 
-// eachEvent calls fn for every event in line, in order.
-func eachEvent(kind, line string, fn func(Event)) {
+// scanLine calls onEvent for every event in line, in order, and onRank
+// (when not nil) with the data-parallel rank of every segment whose prefix
+// names one, event or not: a rank that prints lines but no pool is a rank
+// the pools must account for.
+func scanLine(kind, line string, onEvent func(Event), onRank func(dp int)) {
 	k, ok := normKind(kind)
 	if !ok {
 		return
 	}
 	if strings.IndexByte(line, 0x1b) >= 0 {
 		line = ansiRE.ReplaceAllString(line, "")
+	}
+	rank := func(p proc) {
+		if onRank != nil && p.hasDP && !p.bad {
+			onRank(p.dp)
+		}
 	}
 	// vLLM adds its process prefix only at the start of a '\n' line, so a
 	// segment after a '\r' belongs to the process that began the line.
@@ -144,20 +170,31 @@ func eachEvent(kind, line string, fn func(Event)) {
 		}
 		var ev Event
 		var ok bool
+		var segRank proc
 		switch k {
 		case kindVLLM:
-			p, rest, has := vllmProc(seg)
-			if has && i == 0 {
+			p, msg, hasProc, hasHeader := splitVLLM(seg)
+			if hasProc && i == 0 {
 				inherited = p
-			} else if !has {
+			} else if !hasProc {
 				p = inherited
 			}
-			ev, ok = parseVLLM(rest, p)
+			ev, ok = parseVLLM(msg, hasHeader, p)
+			segRank = p
 		case kindSGLang:
-			ev, ok = parseSGLang(seg)
+			ev, segRank, ok = parseSGLang(seg)
 		}
+		// The event first: a start-up marker may begin a new start-up,
+		// which the rank then belongs to.
 		if ok {
-			fn(ev)
+			onEvent(ev)
+		}
+		rank(segRank)
+	}
+	if (strings.Contains(line, "-dp") || strings.Contains(line, "data-parallel-size")) && dpFlagRE.MatchString(line) {
+		m := dpFlagRE.FindStringSubmatch(line)
+		if n, err := strconv.Atoi(m[1]); err == nil && n >= 1 && n <= maxRankValue {
+			onEvent(Event{Kind: EventDPSize, TPRank: -1, DPSize: n})
 		}
 	}
 }
@@ -178,22 +215,74 @@ func normKind(kind string) (string, bool) {
 // proc is the rank a process prefix names.
 type proc struct {
 	dp, tp int
+	hasDP  bool // the prefix named a DP rank (EngineCore_DP0, [... DP0])
 	bad    bool // a rank number out of range: skip the line
 }
 
-// vllmProc splits off "(Name pid=N) " and reads DPn/TPn from Name
-// (EngineCore_DP1, Worker_DP0_TP1). Name without a DP part is rank 0.
-func vllmProc(seg string) (proc, string, bool) {
-	p := proc{tp: -1}
-	m := vllmProcRE.FindStringSubmatchIndex(seg)
-	if m == nil {
-		return p, seg, false
+// splitVLLM finds vLLM's logger header and process prefix in a segment.
+// The prefix is the last "(Name pid=N)" before the header or, in a line
+// without a header (a progress bar, uvicorn), the first one anywhere; its
+// Name gives DPn/TPn (EngineCore_DP1, Worker_DP0_TP1), and a Name without
+// a DP part is rank 0. msg is the text after the header, or after the
+// prefix when there is no header.
+func splitVLLM(seg string) (p proc, msg string, hasProc, hasHeader bool) {
+	p = proc{tp: -1}
+	hStart, hEnd, hasHeader := findVLLMHeader(seg)
+	var m []int
+	if strings.Contains(seg, " pid=") {
+		if hasHeader {
+			all := vllmProcRE.FindAllStringSubmatchIndex(seg[:hStart], -1)
+			if len(all) > 0 {
+				m = all[len(all)-1]
+			}
+		} else {
+			m = vllmProcRE.FindStringSubmatchIndex(seg)
+		}
 	}
-	for _, part := range strings.Split(seg[m[2]:m[3]], "_") {
-		p.take(part)
+	msg = seg
+	if m != nil {
+		for _, part := range strings.Split(seg[m[2]:m[3]], "_") {
+			p.take(part)
+		}
+		msg, hasProc = seg[m[1]:], true
 	}
-	return p, seg[m[1]:], true
+	if hasHeader {
+		msg = seg[hEnd:]
+	}
+	return p, msg, hasProc, hasHeader
 }
+
+// vllmLevels are the level names vLLM's logger prints.
+var vllmLevels = []string{"INFO ", "WARNING ", "DEBUG ", "ERROR ", "WARN ", "CRITICAL "}
+
+// findVLLMHeader finds the first "LEVEL MM-DD HH:MM:SS [file:line] " in
+// seg whose level does not continue a word (VLLM_LOGGING_PREFIX, or a log
+// wrapper, may put any text before it). It looks for each level with
+// strings.Index and matches the rest in place: a regular expression
+// searching every position of a long line costs several times more.
+func findVLLMHeader(seg string) (start, end int, ok bool) {
+	start = len(seg)
+	for _, level := range vllmLevels {
+		for from := 0; from < start; {
+			i := strings.Index(seg[from:start], level)
+			if i < 0 {
+				break
+			}
+			i += from
+			from = i + 1
+			if i > 0 && isLetter(seg[i-1]) {
+				continue
+			}
+			if m := vllmHeaderRestRE.FindStringIndex(seg[i+len(level):]); m != nil {
+				start, end, ok = i, i+len(level)+m[1], true
+				break
+			}
+		}
+	}
+	return start, end, ok
+}
+
+func isLetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
 
 // take reads one rank token such as DP1 or TP0 into p.
 func (p *proc) take(tok string) {
@@ -208,34 +297,33 @@ func (p *proc) take(tok string) {
 		return
 	}
 	if name == "DP" {
-		p.dp = n
+		p.dp, p.hasDP = n, true
 	} else {
 		p.tp = n
 	}
 }
 
-func parseVLLM(seg string, p proc) (Event, bool) {
+// parseVLLM reads the message of a vLLM segment: after its logger header
+// (hasHeader), or else a uvicorn line.
+func parseVLLM(msg string, hasHeader bool, p proc) (Event, bool) {
 	if p.bad {
 		return Event{}, false
 	}
-	base := Event{DPRank: p.dp, TPRank: p.tp}
-	if m := uvicornRE.FindStringIndex(seg); m != nil {
-		if strings.HasPrefix(seg[m[1]:], "Application startup complete.") {
-			base.Kind = EventReady
-			return base, true
+	if !hasHeader {
+		if !strings.Contains(msg, "Application startup complete.") {
+			return Event{}, false
+		}
+		m := uvicornRE.FindStringIndex(msg)
+		if m != nil && strings.HasPrefix(msg[m[1]:], "Application startup complete.") {
+			return Event{Kind: EventReady, DPRank: p.dp, TPRank: p.tp}, true
 		}
 		return Event{}, false
 	}
-	m := vllmHeaderRE.FindStringIndex(seg)
-	if m == nil {
-		return Event{}, false
-	}
-	msg := seg[m[1]:]
 	ev, ok := vllmMessage(msg)
 	if !ok {
 		return Event{}, false
 	}
-	ev.DPRank, ev.TPRank = base.DPRank, base.TPRank
+	ev.DPRank, ev.TPRank = p.dp, p.tp
 	return ev, true
 }
 
@@ -339,21 +427,23 @@ func cutNumber(s string) (int64, string, bool) {
 	return n, s[i:], true
 }
 
-func parseSGLang(seg string) (Event, bool) {
+// parseSGLang reads an SGLang segment: its header, found wherever it
+// starts, and the message after it. p is the header's rank.
+func parseSGLang(seg string) (Event, proc, bool) {
+	p := proc{tp: -1}
 	m := sglangHeaderRE.FindStringSubmatchIndex(seg)
 	if m == nil {
-		return Event{}, false
+		return Event{}, p, false
 	}
-	p := proc{tp: -1}
 	for _, tok := range strings.Fields(seg[m[2]:m[3]]) {
 		p.take(tok)
 	}
 	if p.bad {
-		return Event{}, false
+		return Event{}, p, false
 	}
 	ev, ok := sglangMessage(seg[m[1]:])
 	ev.DPRank, ev.TPRank = p.dp, p.tp
-	return ev, ok
+	return ev, p, ok
 }
 
 func sglangMessage(msg string) (Event, bool) {

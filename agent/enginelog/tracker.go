@@ -42,6 +42,9 @@ type Tracker struct {
 	// carried: the file was truncated or replaced (Reset) and the new
 	// content has shown no start-up yet, so gen is from the old content.
 	carried bool
+	// pendingDP is a DP size from a command line seen after the current
+	// start-up had pools: it belongs to the next start-up.
+	pendingDP int
 }
 
 type generation struct {
@@ -55,6 +58,14 @@ type generation struct {
 	model        [3]string
 	pools        map[int]map[string]*poolVals // DP rank → format → values
 	droppedRanks int
+	// topRank is the highest DP rank any line of this start-up named,
+	// -1 before one did; cmdlineDP a DP size read from a command line.
+	topRank   int
+	cmdlineDP int
+}
+
+func newGeneration(begun bool) *generation {
+	return &generation{begun: begun, topRank: -1}
 }
 
 // poolVals are the values one format gave for one rank.
@@ -73,14 +84,19 @@ func NewTracker(kind string) (*Tracker, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownEngine, kind)
 	}
-	return &Tracker{kind: k, gen: &generation{}}, nil
+	return &Tracker{kind: k, gen: newGeneration(false)}, nil
 }
 
 // Feed reads one line (with or without its line ending).
 func (t *Tracker) Feed(line string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	eachEvent(t.kind, line, t.apply)
+	scanLine(t.kind, line, t.apply, t.rank)
+}
+
+// rank records that a line of DP rank dp was seen in this start-up.
+func (t *Tracker) rank(dp int) {
+	t.gen.topRank = max(t.gen.topRank, dp)
 }
 
 // Reset is called when the followed file was truncated or replaced. The
@@ -127,6 +143,14 @@ func (t *Tracker) apply(ev Event) {
 		t.gen.addPool(ev)
 	case EventReady:
 		t.gen.ready = true
+	case EventDPSize:
+		// A launch script echoes its command before the engine starts: once
+		// the current start-up has pools, it announces the next one.
+		if len(t.gen.pools) > 0 || t.gen.ready {
+			t.pendingDP = ev.DPSize
+		} else {
+			t.gen.cmdlineDP = ev.DPSize
+		}
 	}
 }
 
@@ -141,7 +165,8 @@ func (t *Tracker) startup(seen bool) {
 // over from a previous file, and otherwise counts the current one as begun.
 func (t *Tracker) begin(fresh bool) {
 	if fresh || t.carried {
-		t.gen = &generation{begun: true}
+		t.gen = newGeneration(true)
+		t.gen.cmdlineDP, t.pendingDP = t.pendingDP, 0
 		t.startups++
 		t.carried = false
 		return
@@ -252,10 +277,75 @@ func (t *Tracker) Facts() (Facts, bool) {
 	if g.droppedRanks > 0 {
 		note("%d pool lines of ranks beyond the first %d were ignored", g.droppedRanks, wire.MaxRanks)
 	}
-	if len(f.Ranks) > 0 && f.DPSize > len(f.Ranks) {
-		note("the launch args ask for %d data-parallel ranks but the log shows pools for %d (still starting, or ranks on other nodes)", f.DPSize, len(f.Ranks))
+	f.ExpectedRanks, f.ExpectedFrom = g.expectedRanks(t.kind, f.DPSize)
+	f.MissingRanks = missingRanks(f.Ranks, f.ExpectedRanks)
+	f.Complete = len(f.Ranks) > 0 && len(f.MissingRanks) == 0
+	if len(f.Ranks) > 0 && !f.Complete {
+		note("expected %d data-parallel ranks (%s) but %d printed a KV pool; none from DP %s (still starting, failed before sizing its KV cache, or on another node)",
+			f.ExpectedRanks, f.ExpectedFrom, len(f.Ranks), rankList(f.MissingRanks))
 	}
 	return f, len(f.Ranks) > 0
+}
+
+// expectedRanks is how many DP ranks the start-up has, and what says so.
+func (g *generation) expectedRanks(kind string, argsDP int) (int, string) {
+	n, from := 0, ""
+	consider := func(v int, why string) {
+		if v > n {
+			n, from = v, why
+		}
+	}
+	key := "data_parallel_size"
+	if kind == kindSGLang {
+		key = "dp_size"
+	}
+	consider(argsDP, fmt.Sprintf("the launch args say %s=%d", key, argsDP))
+	consider(g.cmdlineDP, fmt.Sprintf("a command line in the log says %d", g.cmdlineDP))
+	consider(g.topRank+1, fmt.Sprintf("a line prefixed DP%d", g.topRank))
+	if len(g.pools) > 0 {
+		top := slices.Max(slices.Collect(maps.Keys(g.pools)))
+		consider(top+1, fmt.Sprintf("a pool for DP%d", top))
+	}
+	if n > wire.MaxRanks {
+		n, from = wire.MaxRanks, from+fmt.Sprintf(" (counted up to %d)", wire.MaxRanks)
+	}
+	return n, from
+}
+
+// missingRanks lists the ranks below expected that have no pool.
+func missingRanks(ranks []wire.Rank, expected int) []int {
+	var out []int
+	have := make(map[int]bool, len(ranks))
+	for _, r := range ranks {
+		have[r.DPRank] = true
+	}
+	for dp := range expected {
+		if !have[dp] {
+			out = append(out, dp)
+		}
+	}
+	return out
+}
+
+// rankList writes ranks as "1, 3" or "2-5", shortening runs.
+func rankList(ranks []int) string {
+	var parts []string
+	for i := 0; i < len(ranks); {
+		j := i
+		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
+			j++
+		}
+		switch {
+		case j == i:
+			parts = append(parts, strconv.Itoa(ranks[i]))
+		case j == i+1:
+			parts = append(parts, strconv.Itoa(ranks[i]), strconv.Itoa(ranks[j]))
+		default:
+			parts = append(parts, fmt.Sprintf("%d-%d", ranks[i], ranks[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
 }
 
 // defaultBlockSize is vLLM's block size on CUDA when none is given.

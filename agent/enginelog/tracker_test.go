@@ -192,7 +192,7 @@ func TestTrackerNotesAndLimits(t *testing.T) {
 	f := mustFacts(t, feed(t, "sglang",
 		sgl("", "server_args=ServerArgs(model_path='m', dp_size=4)"),
 		sgl(" DP0", "max_total_num_tokens=10, x=1")))
-	if len(f.Notes) != 1 || !strings.Contains(f.Notes[0], "ask for 4 data-parallel ranks but the log shows pools for 1") {
+	if len(f.Notes) != 1 || !strings.Contains(f.Notes[0], "expected 4 data-parallel ranks (the launch args say dp_size=4) but 1 printed a KV pool; none from DP 1-3") {
 		t.Errorf("notes %q", f.Notes)
 	}
 
