@@ -63,6 +63,16 @@ type Options struct {
 	OnReset func(reason string)
 	// OnLongLine is called after a line was cut to kept bytes.
 	OnLongLine func(kept int)
+	// OnOpen is called each time a file is opened at the path, the first
+	// and every replacement, before any of its lines: a caller that reads
+	// a file's rotated predecessors itself can read one renamed away just
+	// before the open, in order.
+	OnOpen func(info os.FileInfo)
+	// Stop is called each time the file was read to its end, and while it
+	// does not exist. When it returns true, Follow delivers an
+	// unterminated last line and returns nil: a caller following the
+	// newest of several files moves on to another.
+	Stop func() bool
 
 	// idle is a test hook, called each time the follower has read all
 	// there is (or found no file) and is about to wait.
@@ -105,6 +115,9 @@ func Follow(ctx context.Context, path string, opts Options, onLine func(line str
 			}
 			skipExisting = false
 			if !ok {
+				if f.stopped() {
+					return nil
+				}
 				f.idle()
 				if !f.wait(ctx) {
 					return nil
@@ -133,6 +146,10 @@ func Follow(ctx context.Context, path string, opts Options, onLine func(line str
 		}
 		if len(f.pending) > 0 && time.Since(f.lastData) >= f.opts.PartialAfter {
 			f.flushPartial()
+		}
+		if f.stopped() {
+			f.flushPartial()
+			return nil
 		}
 		f.idle()
 		if !f.wait(ctx) {
@@ -189,6 +206,9 @@ func (f *follower) open(skipExisting bool) (bool, error) {
 		return false, fmt.Errorf("follow %s: %w", f.path, err)
 	}
 	f.file, f.info, f.pos, f.head = file, info, 0, f.head[:0]
+	if f.opts.OnOpen != nil {
+		f.opts.OnOpen(info)
+	}
 	if _, err := f.checkHead(); err != nil {
 		f.closeFile()
 		return false, err
@@ -351,6 +371,10 @@ func (f *follower) checkHead() (rewritten bool, err error) {
 	f.pos = 0
 	f.head = append(f.head[:0], now[:n]...)
 	return true, nil
+}
+
+func (f *follower) stopped() bool {
+	return f.opts.Stop != nil && f.opts.Stop()
 }
 
 func (f *follower) idle() {

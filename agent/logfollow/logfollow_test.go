@@ -25,7 +25,17 @@ type run struct {
 
 func start(t *testing.T, path string, opts Options) *run {
 	t.Helper()
+	return startWith(t, path, opts, nil)
+}
+
+// startWith is start with hooks that record into the run: configure sets
+// them before the follower starts.
+func startWith(t *testing.T, path string, opts Options, configure func(r *run, o *Options)) *run {
+	t.Helper()
 	r := &run{t: t, done: make(chan error, 1)}
+	if configure != nil {
+		configure(r, &opts)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	if opts.Poll == 0 {
@@ -284,5 +294,59 @@ func TestOptionsDefaults(t *testing.T) {
 	o := Options{}.withDefaults()
 	if o.Poll != 250*time.Millisecond || o.MaxLineBytes != 1<<20 || o.PartialAfter != 2*time.Second || o.FromEnd {
 		t.Errorf("defaults = %+v", o)
+	}
+}
+
+// OnOpen sees every file at the path before its lines; Stop ends Follow
+// once the file was read to its end, delivering its unterminated tail.
+func TestOnOpenAndStop(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.log")
+	if err := os.WriteFile(path, []byte("a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	stop := false
+	r := startWith(t, path, Options{}, func(r *run, o *Options) {
+		o.OnOpen = func(info os.FileInfo) { r.add("OPEN:" + info.Name()) }
+		o.Stop = func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return stop
+		}
+	})
+	r.waitFor("OPEN:x.log", "a")
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("b\ntail"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor("OPEN:x.log", "a", "OPEN:x.log", "RESET:"+ReasonReplaced, "b")
+	mu.Lock()
+	stop = true
+	mu.Unlock()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Follow did not stop")
+	}
+	if got := r.lines(); !slices.Equal(got, []string{"OPEN:x.log", "a", "OPEN:x.log", "RESET:" + ReasonReplaced, "b", "tail"}) {
+		t.Fatalf("events %q", got)
+	}
+	r.done <- nil // for the cleanup's stop
+
+	// Stop is asked while the file does not exist, too.
+	r2 := start(t, filepath.Join(t.TempDir(), "absent.log"), Options{Stop: func() bool { return true }})
+	select {
+	case err := <-r2.done:
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2.done <- nil
+	case <-time.After(10 * time.Second):
+		t.Fatal("Follow did not stop without a file")
 	}
 }
