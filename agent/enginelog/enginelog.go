@@ -15,11 +15,11 @@
 package enginelog
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
 
+	"heft/agent/logfollow"
 	"heft/shared/wire"
 )
 
@@ -98,7 +98,7 @@ func Read(kind string, r io.Reader) (Facts, error) {
 	// other kind's tracker lets the error say so.
 	other, _ := NewTracker(map[string]string{kindVLLM: kindSGLang, kindSGLang: kindVLLM}[t.kind])
 	lines := 0
-	err = readLines(r, MaxLineBytes, func(line string) {
+	err = logfollow.ReadLines(r, MaxLineBytes, func(line string) {
 		lines++
 		t.Feed(line)
 		other.Feed(line)
@@ -115,41 +115,4 @@ func Read(kind string, r io.Reader) (Facts, error) {
 		return f, fmt.Errorf("%s log of %d lines%s: %w", t.kind, lines, hint, ErrNoPools)
 	}
 	return f, nil
-}
-
-// readLines calls fn for every line of r without its line ending. A line
-// longer than maxLine bytes is cut to its first maxLine bytes; the rest is
-// skipped without being buffered.
-func readLines(r io.Reader, maxLine int, fn func(line string)) error {
-	br := bufio.NewReaderSize(r, 64<<10)
-	var buf []byte
-	for {
-		chunk, err := br.ReadSlice('\n')
-		if room := maxLine - len(buf); room > 0 {
-			buf = append(buf, chunk[:min(room, len(chunk))]...)
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue
-		}
-		if err == nil || len(buf) > 0 {
-			fn(trimEOL(buf))
-		}
-		buf = buf[:0]
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
-}
-
-func trimEOL(b []byte) string {
-	if n := len(b); n > 0 && b[n-1] == '\n' {
-		b = b[:n-1]
-	}
-	if n := len(b); n > 0 && b[n-1] == '\r' {
-		b = b[:n-1]
-	}
-	return string(b)
 }

@@ -177,19 +177,6 @@ func TestReadError(t *testing.T) {
 	}
 }
 
-func TestReadLinesCutsLongLines(t *testing.T) {
-	long := strings.Repeat("x", 300_000)
-	in := "a\r\n" + long + "\nb\n\nlast"
-	var got []string
-	if err := readLines(strings.NewReader(in), 1000, func(l string) { got = append(got, l) }); err != nil {
-		t.Fatal(err)
-	}
-	want := []string{"a", long[:1000], "b", "", "last"}
-	if !slices.Equal(got, want) {
-		t.Fatalf("lines = %d %q..., want %d", len(got), got[0], len(want))
-	}
-}
-
 // A pool line far down a log behind a huge line is still found, and the
 // huge line does not break the lines after it.
 func TestReadSurvivesHugeLine(t *testing.T) {

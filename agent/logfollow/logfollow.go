@@ -16,6 +16,7 @@
 package logfollow
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -398,4 +399,42 @@ func (f *follower) wait(ctx context.Context) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// ReadLines calls fn for every line of a finished file (or any reader),
+// without its line ending ("\n" or "\r\n"), like Follow does for a
+// growing one. A line longer than maxLine bytes is cut to its first
+// maxLine bytes; the rest is skipped without being buffered.
+func ReadLines(r io.Reader, maxLine int, fn func(line string)) error {
+	br := bufio.NewReaderSize(r, chunkBytes)
+	var buf []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if room := maxLine - len(buf); room > 0 {
+			buf = append(buf, chunk[:min(room, len(chunk))]...)
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if err == nil || len(buf) > 0 {
+			fn(trimEOL(buf))
+		}
+		buf = buf[:0]
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func trimEOL(b []byte) string {
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		b = b[:n-1]
+	}
+	if n := len(b); n > 0 && b[n-1] == '\r' {
+		b = b[:n-1]
+	}
+	return string(b)
 }

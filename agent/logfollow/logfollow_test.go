@@ -350,3 +350,16 @@ func TestOnOpenAndStop(t *testing.T) {
 		t.Fatal("Follow did not stop without a file")
 	}
 }
+
+func TestReadLinesCutsLongLines(t *testing.T) {
+	long := strings.Repeat("x", 300_000)
+	in := "a\r\n" + long + "\nb\n\nlast"
+	var got []string
+	if err := ReadLines(strings.NewReader(in), 1000, func(l string) { got = append(got, l) }); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a", long[:1000], "b", "", "last"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("lines = %d %q..., want %d", len(got), got[0], len(want))
+	}
+}
