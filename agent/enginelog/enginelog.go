@@ -90,6 +90,15 @@ const MaxLineBytes = 1 << 20
 // Read parses a whole start-up log. Without a pool line it returns the
 // facts it did find together with an error wrapping ErrNoPools.
 func Read(kind string, r io.Reader) (Facts, error) {
+	return ReadEach(kind, func(yield func(string)) error {
+		return logfollow.ReadLines(r, MaxLineBytes, yield)
+	})
+}
+
+// ReadEach is Read for lines from elsewhere (agent/logsource): each calls
+// yield with every line of the log and returns an error when its source
+// cannot be read.
+func ReadEach(kind string, each func(yield func(line string)) error) (Facts, error) {
 	t, err := NewTracker(kind)
 	if err != nil {
 		return Facts{}, err
@@ -98,7 +107,7 @@ func Read(kind string, r io.Reader) (Facts, error) {
 	// other kind's tracker lets the error say so.
 	other, _ := NewTracker(map[string]string{kindVLLM: kindSGLang, kindSGLang: kindVLLM}[t.kind])
 	lines := 0
-	err = logfollow.ReadLines(r, MaxLineBytes, func(line string) {
+	err = each(func(line string) {
 		lines++
 		t.Feed(line)
 		other.Feed(line)

@@ -42,6 +42,10 @@ func TestReadGolden(t *testing.T) {
 		dpSize     int
 		args       map[string]string // a subset that must match
 		notes      []string          // substrings, one per expected note
+		// An incomplete set: the ranks expected and those missing. Zero:
+		// complete, with as many ranks expected as found.
+		expected int
+		missing  []int
 	}{
 		{kind: "sglang", file: "engines/sglang-dp2-even.log", ranks: ranks(0, 24094, 1, 24037),
 			format: FormatSGLangMaxTotal, model: "Qwen/Qwen3-8B", ready: true, dpSize: 2,
@@ -80,6 +84,11 @@ func TestReadGolden(t *testing.T) {
 		{kind: "sglang", file: "logs/sglang-restart.log", ranks: ranks(0, 24101, 1, 24088),
 			format: FormatSGLangMaxTotal, model: "Qwen/Qwen3-8B", ready: false, restarts: 1, dpSize: 2,
 			args: map[string]string{"random_seed": "1200931"}},
+		{kind: "vllm", file: "logs/vllm-dp4-starved.log", ranks: ranks(0, 373696, 1, 373552, 2, 373600, 3, 46704),
+			format: FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", ready: true, dpSize: 4},
+		{kind: "vllm", file: "logs/vllm-dp4-starting.log", ranks: ranks(0, 373696, 1, 373552, 2, 373600),
+			format: FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", dpSize: 4, expected: 4, missing: []int{3},
+			notes: []string{"expected 4 data-parallel ranks (the launch args say data_parallel_size=4) but 3 printed a KV pool; none from DP 3"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
@@ -112,6 +121,13 @@ func TestReadGolden(t *testing.T) {
 			}
 			if f.FromPreviousFile {
 				t.Error("FromPreviousFile set on a plain read")
+			}
+			wantExpected, wantComplete := tc.expected, tc.missing == nil
+			if wantExpected == 0 {
+				wantExpected = len(tc.ranks)
+			}
+			if f.ExpectedRanks != wantExpected || f.Complete != wantComplete || !slices.Equal(f.MissingRanks, tc.missing) {
+				t.Errorf("expected %d complete %v missing %v; want %d %v %v", f.ExpectedRanks, f.Complete, f.MissingRanks, wantExpected, wantComplete, tc.missing)
 			}
 		})
 	}

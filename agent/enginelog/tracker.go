@@ -280,11 +280,21 @@ func (t *Tracker) Facts() (Facts, bool) {
 	f.ExpectedRanks, f.ExpectedFrom = g.expectedRanks(t.kind, f.DPSize)
 	f.MissingRanks = missingRanks(f.Ranks, f.ExpectedRanks)
 	f.Complete = len(f.Ranks) > 0 && len(f.MissingRanks) == 0
-	if len(f.Ranks) > 0 && !f.Complete {
-		note("expected %d data-parallel ranks (%s) but %d printed a KV pool; none from DP %s (still starting, failed before sizing its KV cache, or on another node)",
-			f.ExpectedRanks, f.ExpectedFrom, len(f.Ranks), rankList(f.MissingRanks))
+	if msg := IncompleteMessage(f); msg != "" {
+		note("%s", msg)
 	}
 	return f, len(f.Ranks) > 0
+}
+
+// IncompleteMessage says which ranks of an incomplete set have no pool,
+// and why that may be; "" for a complete set or one without pools. It is
+// one of f.Notes, and the message of a pools_incomplete warning.
+func IncompleteMessage(f Facts) string {
+	if f.Complete || len(f.Ranks) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("expected %d data-parallel ranks (%s) but %d printed a KV pool; none from DP %s (still starting, failed before sizing its KV cache, or on another node)",
+		f.ExpectedRanks, f.ExpectedFrom, len(f.Ranks), rankList(f.MissingRanks))
 }
 
 // expectedRanks is how many DP ranks the start-up has, and what says so.
