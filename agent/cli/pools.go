@@ -1,27 +1,35 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strings"
 	"text/tabwriter"
 
 	"heft/agent/enginelog"
+	"heft/agent/logsource"
 	"heft/shared/health"
 	"heft/shared/wire"
 )
 
-// poolsReport is the --json output. The first three fields are the
+// poolsReport is the --json output. The first five fields are the
 // public contract (PRODUCT.md); the rest are extras.
 type poolsReport struct {
-	Engine     string            `json:"engine"`
-	Ranks      []wire.Rank       `json:"ranks"`
-	MinOverMax float64           `json:"min_over_max"`
+	Engine     string      `json:"engine"`
+	Ranks      []wire.Rank `json:"ranks"`
+	MinOverMax float64     `json:"min_over_max"`
+
+	// Complete is false while a rank the launch args or the log's rank
+	// markers promise has no pool; MinOverMax is 0 until it has one.
+	Complete      bool  `json:"complete"`
+	ExpectedRanks int   `json:"expected_ranks"`
+	MissingRanks  []int `json:"missing_ranks,omitempty"`
+
 	Format     string            `json:"format,omitempty"`
 	Version    string            `json:"version,omitempty"`
 	Model      string            `json:"model,omitempty"`
@@ -30,7 +38,10 @@ type poolsReport struct {
 	DPSize     int               `json:"dp_size,omitempty"`
 	LaunchArgs map[string]string `json:"launch_args,omitempty"`
 	Notes      []string          `json:"notes,omitempty"`
-	Warning    *health.Finding   `json:"warning,omitempty"`
+	Warning    *health.Finding   `json:"warning,omitempty"` // the most severe of Warnings
+
+	Warnings []health.Finding  `json:"warnings,omitempty"`
+	Source   *logsource.Status `json:"source,omitempty"`
 }
 
 // runPools reads an engine's start-up log and prints each data-parallel
@@ -40,12 +51,13 @@ func runPools(args []string, stdio IO) int {
 	fs := flag.NewFlagSet("pools", flag.ContinueOnError)
 	fs.SetOutput(stdio.Err)
 	engine := fs.String("engine", "", "the engine that wrote the log: vllm or sglang")
-	logPath := fs.String("log", "", "the engine's start-up log file")
+	logPath := fs.String("log", "", "the engine's start-up log: "+logsource.Usage)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	fs.Usage = func() {
 		fmt.Fprintln(stdio.Err, "usage: heft-agent pools --engine vllm|sglang --log FILE [--json]")
 		fmt.Fprintln(stdio.Err)
 		fmt.Fprintln(stdio.Err, "Reads an engine's start-up log and prints each data-parallel rank's KV pool.")
+		fmt.Fprintln(stdio.Err, "FILE may also be a glob (the newest match), journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.")
 		fmt.Fprintln(stdio.Err)
 		fs.PrintDefaults()
 	}
@@ -71,12 +83,18 @@ func runPools(args []string, stdio IO) int {
 		return fail(2, "unknown engine %q: pools reads vllm and sglang start-up logs (the other engines print no per-rank KV pool)", *engine)
 	}
 
-	file, err := os.Open(*logPath)
+	src, err := logsource.Open(*logPath, logsource.Options{}, nil)
 	if err != nil {
-		return fail(1, "cannot read the log: %v", err)
+		return fail(2, "%v", err)
 	}
-	defer file.Close()
-	facts, err := enginelog.Read(kind, file)
+	var readErr error
+	facts, err := enginelog.ReadEach(kind, func(yield func(string)) error {
+		readErr = src.ReadAll(context.Background(), logsource.Handler{Line: yield})
+		return readErr
+	})
+	if readErr != nil {
+		return fail(1, "cannot read the log: %v", readErr)
+	}
 	if errors.Is(err, enginelog.ErrNoPools) {
 		code := fail(1, "%s: %v", *logPath, err)
 		if facts.Version != "" || facts.Model != "" || len(facts.LaunchArgs) > 0 {
@@ -92,7 +110,7 @@ func runPools(args []string, stdio IO) int {
 	report := poolsReport{
 		Engine:     facts.Engine,
 		Ranks:      facts.Ranks,
-		MinOverMax: poolsMinOverMax(facts.Ranks),
+		MinOverMax: poolsMinOverMax(facts),
 		Format:     facts.Format,
 		Version:    facts.Version,
 		Model:      facts.Model,
@@ -101,8 +119,14 @@ func runPools(args []string, stdio IO) int {
 		DPSize:     facts.DPSize,
 		LaunchArgs: facts.LaunchArgs,
 		Notes:      facts.Notes,
-		Warning:    health.Pools(facts.Ranks, health.DefaultThresholds()),
 	}
+	report.Complete, report.ExpectedRanks, report.MissingRanks = facts.Complete, facts.ExpectedRanks, facts.MissingRanks
+	report.Warnings = poolsWarnings(facts)
+	if len(report.Warnings) > 0 {
+		report.Warning = &report.Warnings[0]
+	}
+	status := src.Status()
+	report.Source = &status
 	if *asJSON {
 		enc := json.NewEncoder(stdio.Out)
 		enc.SetEscapeHTML(false)
@@ -116,8 +140,13 @@ func runPools(args []string, stdio IO) int {
 }
 
 // poolsMinOverMax is smallest/largest pool rounded to 4 decimals: 1 with
-// one rank, 0 when every pool is empty.
-func poolsMinOverMax(ranks []wire.Rank) float64 {
+// one rank, 0 when every pool is empty or a rank's pool is missing (the
+// smallest is then unknown, and may be nothing).
+func poolsMinOverMax(f enginelog.Facts) float64 {
+	ranks := f.Ranks
+	if !f.Complete {
+		return 0
+	}
 	if len(ranks) == 1 {
 		return 1
 	}
@@ -126,6 +155,31 @@ func poolsMinOverMax(ranks []wire.Rank) float64 {
 		return 0
 	}
 	return math.Round(ratio*1e4) / 1e4
+}
+
+// poolsWarnings are the findings about the pools, most severe first: an
+// imbalance among the pools found, and pools missing from the set.
+func poolsWarnings(f enginelog.Facts) []health.Finding {
+	var out []health.Finding
+	if w := health.Pools(f.Ranks, health.DefaultThresholds()); w != nil {
+		out = append(out, *w)
+	}
+	if msg := enginelog.IncompleteMessage(f); msg != "" {
+		out = append(out, health.Finding{Code: wire.CodePoolsIncomplete, Severity: wire.SeverityWarning,
+			Message: msg + ". Until they do, the smallest pool is unknown and min_over_max is 0."})
+	}
+	health.Sort(out)
+	return out
+}
+
+// incompleteWarning is the pools_incomplete warning's message, or "".
+func (r poolsReport) incompleteWarning() string {
+	for _, f := range r.Warnings {
+		if f.Code == wire.CodePoolsIncomplete {
+			return f.Message
+		}
+	}
+	return ""
 }
 
 func poolsDescribe(f enginelog.Facts) string {
@@ -157,6 +211,9 @@ func poolsTable(w io.Writer, r poolsReport) {
 		ready = "yes"
 	}
 	fmt.Fprintf(head, "ready\t%s\n", ready)
+	if src := r.Source; src != nil && (src.Kind != logsource.KindFile || (src.Wrapper != "" && src.Wrapper != "none")) {
+		fmt.Fprintf(head, "log\t%s, %s lines, %s wrapper\n", src.Resolved, health.Thousands(src.Lines), src.Wrapper)
+	}
 	if r.Restarts > 0 {
 		fmt.Fprintf(head, "start-ups\t%d in this log; the pools are the last one's\n", r.Restarts+1)
 	}
@@ -178,19 +235,25 @@ func poolsTable(w io.Writer, r poolsReport) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	if len(r.Ranks) == 1 {
+	switch {
+	case !r.Complete:
+		fmt.Fprintf(w, "smallest/largest: unknown: %d of %d data-parallel ranks printed a pool\n", len(r.Ranks), r.ExpectedRanks)
+	case len(r.Ranks) == 1:
 		fmt.Fprintln(w, "one data-parallel rank: nothing to compare")
-	} else {
+	default:
 		fmt.Fprintf(w, "smallest/largest: %.4f\n", r.MinOverMax)
 	}
 
 	for _, n := range r.Notes {
+		if !r.Complete && strings.HasPrefix(r.incompleteWarning(), n) {
+			continue // said by the warning below
+		}
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
-	switch {
-	case r.Warning != nil:
-		fmt.Fprintf(w, "\n%s %s: %s\n", strings.ToUpper(r.Warning.Severity), r.Warning.Code, r.Warning.Message)
-	case len(r.Ranks) > 1:
+	for _, f := range r.Warnings {
+		fmt.Fprintf(w, "\n%s %s: %s\n", strings.ToUpper(f.Severity), f.Code, f.Message)
+	}
+	if len(r.Warnings) == 0 && r.Complete && len(r.Ranks) > 1 {
 		fmt.Fprintln(w, "the data-parallel pools are even")
 	}
 }

@@ -147,3 +147,105 @@ func TestPoolsErrors(t *testing.T) {
 		})
 	}
 }
+
+// A CRI-wrapped log (a Kubernetes pod's) gives the raw log's pools.
+func TestPoolsWrappedLogs(t *testing.T) {
+	code, out, errOut := poolsRun("--engine", "sglang", "--log", poolsFixture(t, "wrapped/sglang-dp2-uneven.cri.log"), "--json")
+	const contract = `{"engine":"sglang","ranks":[{"dp_rank":0,"kv_tokens":24094},{"dp_rank":1,"kv_tokens":2925}],"min_over_max":0.1214,"complete":true,"expected_ranks":2,`
+	if code != 0 || errOut != "" || !strings.HasPrefix(out, contract) {
+		t.Fatalf("exit %d, stderr %q:\n%s", code, errOut, out)
+	}
+	var got struct {
+		Warning *health.Finding `json:"warning"`
+		Source  struct {
+			Kind, Wrapper string
+			Lines         int
+		} `json:"source"`
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Warning == nil || got.Warning.Code != wire.CodeDPPoolImbalance || got.Source.Wrapper != "cri" || got.Source.Kind != "file" || got.Source.Lines != 34 {
+		t.Fatalf("extras %+v", got)
+	}
+
+	// The DP4 log with one starved rank reads as four ranks, not one.
+	code, out, _ = poolsRun("--engine", "vllm", "--log", poolsFixture(t, "wrapped/vllm-dp4-starved.cri.log"))
+	for _, want := range []string{"      3     46,704       12.5%", "smallest/largest: 0.1250", "CRITICAL dp_pool_imbalance", "cri wrapper"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("exit %d, output lacks %q:\n%s", code, want, out)
+		}
+	}
+}
+
+// A set with a rank missing is never "even", and its min_over_max is 0.
+func TestPoolsIncomplete(t *testing.T) {
+	log := poolsFixture(t, "logs/vllm-dp4-starting.log")
+	code, out, errOut := poolsRun("--engine", "vllm", "--log", log, "--json")
+	const contract = `{"engine":"vllm","ranks":[{"dp_rank":0,"kv_tokens":373696},{"dp_rank":1,"kv_tokens":373552},{"dp_rank":2,"kv_tokens":373600}],"min_over_max":0,"complete":false,"expected_ranks":4,"missing_ranks":[3],`
+	if code != 0 || errOut != "" || !strings.HasPrefix(out, contract) {
+		t.Fatalf("exit %d, stderr %q:\n%s", code, errOut, out)
+	}
+	var got struct {
+		Warning  *health.Finding `json:"warning"`
+		Warnings []health.Finding
+	}
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Warning == nil || got.Warning.Code != wire.CodePoolsIncomplete || len(got.Warnings) != 1 ||
+		!strings.Contains(got.Warning.Message, "none from DP 3") || !strings.Contains(got.Warning.Message, "data_parallel_size=4") {
+		t.Fatalf("warnings %+v", got.Warnings)
+	}
+
+	code, out, _ = poolsRun("--engine", "vllm", "--log", log)
+	if code != 0 || strings.Contains(out, "even") || strings.Contains(out, "0.99") ||
+		!strings.Contains(out, "smallest/largest: unknown: 3 of 4 data-parallel ranks printed a pool") ||
+		!strings.Contains(out, "WARNING pools_incomplete: expected 4 data-parallel ranks") || strings.Contains(out, "note: expected") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	// Complete sets say so.
+	code, out, _ = poolsRun("--engine", "vllm", "--log", poolsFixture(t, "engines/vllm-dp2.log"), "--json")
+	if code != 0 || !strings.Contains(out, `"min_over_max":0.9996,"complete":true,"expected_ranks":2,"format"`) {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
+
+// --log takes every source spec: a glob, and sources that cannot be read
+// here fail with exit 1 and a message naming the source.
+func TestPoolsSourceSpecs(t *testing.T) {
+	dir := t.TempDir()
+	raw, err := os.ReadFile(poolsFixture(t, "logs/sglang-dp2-uneven.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sglang-1.log"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := poolsRun("--engine", "sglang", "--log", filepath.Join(dir, "sglang-*.log"), "--json")
+	if code != 0 || !strings.Contains(out, `"kv_tokens":2925`) || !strings.Contains(out, `"kind":"glob"`) {
+		t.Fatalf("glob: exit %d, stderr %q:\n%s", code, errOut, out)
+	}
+	tests := []struct {
+		log    string
+		code   int
+		stderr []string
+	}{
+		{filepath.Join(dir, "vllm-*.log"), 1, []string{"cannot read the log", "no file matches"}},
+		{"k8s:heft-test/absent-pod/engine", 1, []string{"cannot read the log", "k8s:"}},
+		{"docker:heft-test-absent-container", 1, []string{"cannot read the log", "docker"}},
+		{"journal:vllm", 2, []string{`unknown kind "journal:"`}},
+		{"k8s:default/vllm", 2, []string{"NAMESPACE/POD/CONTAINER"}},
+	}
+	for _, tc := range tests {
+		code, out, errOut := poolsRun("--engine", "sglang", "--log", tc.log)
+		if code != tc.code || out != "" {
+			t.Errorf("%s: exit %d (want %d), stdout %q", tc.log, code, tc.code, out)
+		}
+		for _, want := range tc.stderr {
+			if !strings.Contains(errOut, want) {
+				t.Errorf("%s: stderr lacks %q:\n%s", tc.log, want, errOut)
+			}
+		}
+	}
+}
