@@ -109,7 +109,7 @@ var errNoMatch = errors.New("no file matches")
 // restarted engine writing a new file), with ReasonNewerFile.
 func (s *Source) readGlob(ctx context.Context, h Handler, follow bool) error {
 	pattern := s.spec.Path
-	current, _, n, err := newestMatch(pattern)
+	current, curTime, n, err := newestMatch(pattern)
 	if err != nil {
 		return fmt.Errorf("glob %s: %w", pattern, err)
 	}
@@ -126,7 +126,7 @@ func (s *Source) readGlob(ctx context.Context, h Handler, follow bool) error {
 		if !sleep(ctx, s.opts.Rescan) {
 			return nil
 		}
-		if current, _, n, err = newestMatch(pattern); err != nil {
+		if current, curTime, n, err = newestMatch(pattern); err != nil {
 			return fmt.Errorf("glob %s: %w", pattern, err)
 		}
 	}
@@ -152,16 +152,20 @@ func (s *Source) readGlob(ctx context.Context, h Handler, follow bool) error {
 					return false
 				}
 				lastCheck = time.Now()
+				if s.opts.rescanned != nil {
+					defer s.opts.rescanned()
+				}
+				if info, err := os.Stat(current); err == nil {
+					curTime = info.ModTime()
+				}
 				newest, newestTime, m, err := newestMatch(pattern)
-				if err != nil || newest == "" || newest == current {
+				// Only a file written after the one followed was last
+				// written takes over: two files written at once do not
+				// flap, and an older file never replaces a deleted one.
+				if err != nil || newest == "" || newest == current || !newestTime.After(curTime) {
 					return false
 				}
-				// Only a file newer than the one followed takes over, so
-				// two files written at once do not flap.
-				if info, err := os.Stat(current); err == nil && !newestTime.After(info.ModTime()) {
-					return false
-				}
-				next, n = newest, m
+				next, curTime, n = newest, newestTime, m
 				return true
 			},
 		}, u.Line)

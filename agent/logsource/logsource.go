@@ -212,10 +212,11 @@ type Options struct {
 	// PodsRoot holds the kubelet's pod logs; /var/log/pods when empty.
 	PodsRoot string
 
-	// Test hooks: after each rotated file read, and before a pod log is
-	// followed.
+	// Test hooks: after each rotated file read, before a pod log is
+	// followed, after each look for a newer file or run.
 	afterRotated func(path string)
 	beforeFollow func()
+	rescanned    func()
 }
 
 const defaultRescan = 2 * time.Second

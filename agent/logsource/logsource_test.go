@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -270,6 +271,8 @@ func TestGlobNewestAndTakeover(t *testing.T) {
 	}
 
 	// Following: a file newer than the one read takes over.
+	var rescans atomic.Int64
+	src, _ = Open(glob, fast(Options{rescanned: func() { rescans.Add(1) }}), logger(t))
 	rec = newRecorder(t, "sglang")
 	stop := following(t, src, rec.handler())
 	testutil.Eventually(t, "the uneven pools", 10*time.Second, func() bool { return slices.Equal(rec.ranks(), ranks(0, 24094, 1, 2925)) })
@@ -282,10 +285,19 @@ func TestGlobNewestAndTakeover(t *testing.T) {
 	if _, resets := rec.got(); !slices.Equal(resets, []string{ReasonNewerFile}) {
 		t.Fatalf("resets %q", resets)
 	}
+	// The followed file is deleted: an older match never replaces it.
+	if err := os.Remove(newest); err != nil {
+		t.Fatal(err)
+	}
+	seen := rescans.Load()
+	testutil.Eventually(t, "three looks at the glob", 10*time.Second, func() bool { return rescans.Load() >= seen+3 })
+	if _, resets := rec.got(); len(resets) != 1 || !slices.Equal(rec.ranks(), ranks(0, 24101, 1, 24088)) {
+		t.Fatalf("after the delete: resets %q, ranks %v", resets, rec.ranks())
+	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	if st := src.Status(); st.Resolved != newest || st.Runs != 3 {
+	if st := src.Status(); st.Resolved != newest || st.Runs != 2 {
 		t.Fatalf("status %+v", st)
 	}
 
