@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -37,22 +38,26 @@ type k8sFile struct {
 }
 
 // k8sResolve finds the newest run of the container: of the pod's log
-// folders (a pod re-created under the same name gets a new UID), the one
-// written last, and in it the highest restart count.
+// folders (a pod re-created under the same name gets a new UID; a pod
+// pattern matches several pods), the one written last, and in it the
+// highest restart count.
 func (s *Source) k8sResolve() (k8sTarget, error) {
 	root, sp := s.opts.PodsRoot, s.spec
 	entries, err := os.ReadDir(root)
 	if err != nil {
 		return k8sTarget{}, fmt.Errorf("k8s: cannot read the pod logs: %w (the agent needs the node's %s, read-only)", err, root)
 	}
-	prefix := sp.Namespace + "_" + sp.Pod + "_"
 	var best k8sTarget
 	var bestTime time.Time
 	pods := 0
 	containers := map[string]bool{}
 	for _, e := range entries {
-		uid, ok := strings.CutPrefix(e.Name(), prefix)
-		if !ok || !e.IsDir() || uid == "" || strings.Contains(uid, "_") {
+		// NAMESPACE_POD_UID: Kubernetes names hold no "_".
+		parts := strings.Split(e.Name(), "_")
+		if !e.IsDir() || len(parts) != 3 || parts[0] != sp.Namespace || parts[2] == "" {
+			continue
+		}
+		if ok, _ := path.Match(sp.Pod, parts[1]); !ok {
 			continue
 		}
 		pods++
@@ -91,7 +96,7 @@ func (s *Source) k8sResolve() (k8sTarget, error) {
 	}
 	switch {
 	case pods == 0:
-		return k8sTarget{}, fmt.Errorf("k8s: no folder %s<uid> under %s: is pod %s/%s on this node?", prefix, root, sp.Namespace, sp.Pod)
+		return k8sTarget{}, fmt.Errorf("k8s: no folder %s_%s_<uid> under %s: is pod %s/%s on this node?", sp.Namespace, sp.Pod, root, sp.Namespace, sp.Pod)
 	case best.dir == "":
 		have := slices.Sorted(func(yield func(string) bool) {
 			for c := range containers {

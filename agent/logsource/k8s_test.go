@@ -74,6 +74,33 @@ func (p *podLog) source(o Options) *Source {
 	return src
 }
 
+// A Deployment's pod, named by a pattern: the newest matching pod's log.
+func TestK8sPodPattern(t *testing.T) {
+	p := newPodLog(t)
+	older := filepath.Join(p.root, "inference_sglang-7d9f-x2x9z_6f1c2d3e-aaaa-bbbb-cccc-000000000003", "sglang", "0.log")
+	writeFile(t, older, wraptest.CRI(fixtureLines(t, "engines/sglang-dp2-even.log"), t0, 0))
+	other := filepath.Join(p.root, "inference_sglang-01_6f1c2d3e-aaaa-bbbb-cccc-000000000002", "sglang", "0.log")
+	for path, at := range map[string]time.Time{older: t0, other: t0.Add(time.Minute)} {
+		if err := os.Chtimes(path, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := Open("k8s:inference/sglang-*/sglang", fast(Options{PodsRoot: p.root}), logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder(t, "sglang")
+	if err := src.ReadAll(context.Background(), rec.handler()); err != nil {
+		t.Fatal(err)
+	}
+	if st := src.Status(); st.Resolved != filepath.Join(p.dir, "0.log") {
+		t.Fatalf("status %+v", st)
+	}
+	if r := rec.ranks(); !slices.Equal(r, ranks(0, 24094, 1, 2925)) {
+		t.Fatalf("ranks %v", r)
+	}
+}
+
 func TestK8sReadAllFindsTheStartOfTheRun(t *testing.T) {
 	p := newPodLog(t)
 	src := p.source(Options{})
@@ -200,6 +227,7 @@ func TestK8sErrors(t *testing.T) {
 		spec, root, want string
 	}{
 		{"k8s:inference/vllm-0/vllm", p.root, "no folder inference_vllm-0_<uid> under"},
+		{"k8s:inference/vllm-*/sglang", p.root, "no folder inference_vllm-*_<uid> under"},
 		{"k8s:inference/sglang-0/engine", p.root, `pod inference/sglang-0 has no log of container "engine" under ` + p.root + ` (containers with logs: sglang, sidecar)`},
 		{"k8s:inference/sglang-0/sglang", filepath.Join(p.root, "absent"), "cannot read the pod logs"},
 	}

@@ -10,6 +10,7 @@
 //	journald:vllm                   the unit vllm.service, through journalctl
 //	docker:vllm                     the container vllm, through the Docker Engine API
 //	k8s:NAMESPACE/POD/CONTAINER     /var/log/pods/NAMESPACE_POD_UID/CONTAINER/N.log
+//	k8s:inference/vllm-*/vllm       the newest matching pod's (a Deployment's pods change names)
 //
 // Every source gives the engine's own lines (wrappers taken off by
 // agent/logwrap where a file holds them) from the start of the engine's
@@ -24,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -83,7 +85,7 @@ func (s Spec) String() string {
 var ErrBadSpec = errors.New("bad log source")
 
 // Usage lists the spec forms, for error messages and help text.
-const Usage = "a file path, a glob (/var/log/vllm/*.log: the newest match), journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER"
+const Usage = "a file path, a glob (/var/log/vllm/*.log: the newest match), journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER (POD may be a pattern: vllm-*)"
 
 var (
 	// A Kubernetes name: namespaces and containers are DNS labels, pods
@@ -91,6 +93,8 @@ var (
 	// and the spec use as separators.
 	k8sLabelRE     = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 	k8sSubdomainRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
+	// A pod name pattern: those characters and glob syntax.
+	k8sPodPatternRE = regexp.MustCompile(`^[a-z0-9.*?\[\]^!-]{1,253}$`)
 	// Docker's container names; an ID is hex, which this also admits.
 	dockerNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`)
 	// systemd's unit name characters.
@@ -145,6 +149,12 @@ func Parse(spec string) (Spec, error) {
 			switch {
 			case !k8sLabelRE.MatchString(ns):
 				return bad("namespace %q is not a Kubernetes name (lowercase letters, digits and -)", ns)
+			case strings.ContainsAny(pod, "*?["):
+				// A Deployment's pods change names: vllm-* is the newest
+				// matching pod on this node.
+				if _, err := path.Match(pod, ""); err != nil || !k8sPodPatternRE.MatchString(pod) {
+					return bad("pod pattern %q is not a pattern of Kubernetes names (lowercase letters, digits, - and ., with * ? [])", pod)
+				}
 			case !k8sSubdomainRE.MatchString(pod):
 				return bad("pod %q is not a Kubernetes name (lowercase letters, digits, - and .)", pod)
 			case !k8sLabelRE.MatchString(ctr):

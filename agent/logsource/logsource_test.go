@@ -42,6 +42,7 @@ func TestParse(t *testing.T) {
 		{"docker:3f2a9c", Spec{Kind: KindDocker, Container: "3f2a9c"}},
 		{"k8s:inference/vllm-0/vllm", Spec{Kind: KindK8s, Namespace: "inference", Pod: "vllm-0", Container: "vllm"}},
 		{"kubernetes:default/sglang.a-1/engine", Spec{Kind: KindK8s, Namespace: "default", Pod: "sglang.a-1", Container: "engine"}},
+		{"k8s:inference/vllm-*/vllm", Spec{Kind: KindK8s, Namespace: "inference", Pod: "vllm-*", Container: "vllm"}},
 	}
 	for _, tc := range tests {
 		got, err := Parse(tc.in)
@@ -63,6 +64,8 @@ func TestParse(t *testing.T) {
 		{"k8s:default/vllm-0/vllm/extra", "NAMESPACE/POD/CONTAINER"},
 		{"k8s:Default/vllm-0/vllm", `namespace "Default"`},
 		{"k8s:default/vllm_0/vllm", `pod "vllm_0"`},
+		{"k8s:default/vllm-[/vllm", `pod pattern "vllm-["`},
+		{"k8s:default/vllm_*/vllm", `pod pattern "vllm_*"`},
 		{"k8s:default/vllm-0/", `container ""`},
 		{"journal:vllm", `unknown kind "journal:"`},
 		{"kubectl:x", `unknown kind "kubectl:"`},
