@@ -21,15 +21,23 @@ import (
 // back with the real journalctl.
 const journalRemote = "/usr/lib/systemd/systemd-journal-remote"
 
-// journalTools fails the test when the tools are missing: CI installs
-// them (.ci/run: systemd, systemd-journal-remote).
+// journalTools skips the test when the tools are missing, and fails it
+// when HEFT_REQUIRE_JOURNALD is set: CI sets it and installs them
+// (.ci/run: systemd, systemd-journal-remote).
 func journalTools(t *testing.T) {
 	t.Helper()
+	missing := ""
 	if _, err := exec.LookPath("journalctl"); err != nil {
-		t.Fatalf("journalctl is needed (Debian: apt-get install systemd): %v", err)
+		missing = "journalctl (Debian: apt-get install systemd)"
+	} else if _, err := os.Stat(journalRemote); err != nil {
+		missing = journalRemote + " (Debian: apt-get install systemd-journal-remote)"
 	}
-	if _, err := os.Stat(journalRemote); err != nil {
-		t.Fatalf("%s is needed to write a test journal (Debian: apt-get install systemd-journal-remote): %v", journalRemote, err)
+	switch {
+	case missing == "":
+	case os.Getenv("HEFT_REQUIRE_JOURNALD") != "":
+		t.Fatalf("%s is not installed and HEFT_REQUIRE_JOURNALD is set", missing)
+	default:
+		t.Skipf("%s is not installed; set HEFT_REQUIRE_JOURNALD=1 to make this a failure", missing)
 	}
 }
 
