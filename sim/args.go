@@ -33,6 +33,9 @@ func (s *Server) calibrationArgs() []pyArg {
 		{"heft_sim_batch16_tps", c.Batch16TPS},
 		{"heft_sim_kv_tokens", c.KVTokens},
 	}
+	if c.PrefillTPS > 0 {
+		args = append(args, pyArg{"heft_sim_prefill_tps", c.PrefillTPS})
+	}
 	if c.ColdFactor > 1 {
 		args = append(args, pyArg{"heft_sim_cold_factor", c.ColdFactor}, pyArg{"heft_sim_cold_seconds", c.ColdSeconds})
 	}
@@ -44,7 +47,7 @@ func (s *Server) vllmArgs() []pyArg {
 	c := s.cfg
 	args := []pyArg{
 		{"model_tag", c.Model}, {"host", s.host}, {"port", s.port}, {"model", c.Model},
-		{"max_model_len", s.maxModelLen},
+		{"max_model_len", c.MaxModelLen},
 	}
 	if c.DP > 1 {
 		args = append(args, pyArg{"data_parallel_size", c.DP})
@@ -52,29 +55,42 @@ func (s *Server) vllmArgs() []pyArg {
 	if c.MaxRunning != defaultMaxRunning[FlavorVLLM] {
 		args = append(args, pyArg{"max_num_seqs", c.MaxRunning})
 	}
+	if c.MaxBatchedTokens != defaultBatchedTokens[FlavorVLLM] {
+		args = append(args, pyArg{"max_num_batched_tokens", c.MaxBatchedTokens})
+	}
+	if c.NoPrefixCache {
+		args = append(args, pyArg{"enable_prefix_caching", false})
+	}
+	if c.ReportCachedTokens {
+		args = append(args, pyArg{"enable_prompt_tokens_details", true})
+	}
 	return append(args, s.calibrationArgs()...)
 }
 
 // sglangArgs is (a subset of) SGLang's ServerArgs, in its field order.
 func (s *Server) sglangArgs() []pyArg {
 	c := s.cfg
-	var maxRunning any // None: the engine's own default
+	var maxRunning, contextLength any // None: the engine's own default
 	if c.MaxRunning != defaultMaxRunning[FlavorSGLang] {
 		maxRunning = c.MaxRunning
+	}
+	if c.MaxModelLen != contextLen {
+		contextLength = c.MaxModelLen
 	}
 	args := []pyArg{
 		{"model_path", c.Model}, {"tokenizer_path", c.Model}, {"tokenizer_mode", "auto"},
 		{"skip_tokenizer_init", false}, {"load_format", "auto"}, {"trust_remote_code", false},
-		{"dtype", "auto"}, {"kv_cache_dtype", "auto"}, {"quantization", nil}, {"context_length", nil},
+		{"dtype", "auto"}, {"kv_cache_dtype", "auto"}, {"quantization", nil}, {"context_length", contextLength},
 		{"device", "cuda"}, {"served_model_name", c.Model}, {"chat_template", nil},
 		{"is_embedding", false}, {"revision", nil}, {"host", s.host}, {"port", s.port},
 		{"mem_fraction_static", memFraction}, {"max_running_requests", maxRunning}, {"max_total_tokens", nil},
-		{"chunked_prefill_size", 2048}, {"max_prefill_tokens", 16384}, {"schedule_policy", "fcfs"},
+		{"chunked_prefill_size", c.MaxBatchedTokens}, {"max_prefill_tokens", 16384}, {"schedule_policy", "fcfs"},
 		{"schedule_conservativeness", 1.0}, {"tp_size", 1}, {"pp_size", 1}, {"stream_interval", 1},
 		{"random_seed", c.Seed}, {"log_level", "info"}, {"enable_metrics", true},
 		{"decode_log_interval", 40}, {"api_key", nil}, {"dp_size", c.DP},
 		{"load_balance_method", "round_robin"}, {"ep_size", 1}, {"enable_dp_attention", false},
-		{"disable_radix_cache", false}, {"disable_cuda_graph", false}, {"cuda_graph_max_bs", 24},
+		{"disable_radix_cache", c.NoPrefixCache}, {"enable_cache_report", c.ReportCachedTokens},
+		{"disable_cuda_graph", false}, {"cuda_graph_max_bs", 24},
 	}
 	return append(args, s.calibrationArgs()...)
 }

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -27,14 +26,60 @@ type streamOpts struct {
 }
 
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role    string         `json:"role"`
+	Content messageContent `json:"content"`
+}
+
+// messageContent is a message's text: a string, or a list of text parts
+// joined by spaces. Anything else reads as no text.
+type messageContent string
+
+func (c *messageContent) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		*c = messageContent(s)
+		return nil
+	}
+	var parts []struct {
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(b, &parts) == nil {
+		var sb strings.Builder
+		for _, p := range parts {
+			sb.WriteString(p.Text)
+			sb.WriteByte(' ')
+		}
+		*c = messageContent(sb.String())
+		return nil
+	}
+	*c = ""
+	return nil
 }
 
 type usage struct {
-	PromptTokens     int64 `json:"prompt_tokens"`
-	CompletionTokens int   `json:"completion_tokens"`
-	TotalTokens      int64 `json:"total_tokens"`
+	PromptTokens        int64          `json:"prompt_tokens"`
+	CompletionTokens    int            `json:"completion_tokens"`
+	TotalTokens         int64          `json:"total_tokens"`
+	PromptTokensDetails *promptDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptDetails struct {
+	CachedTokens int64 `json:"cached_tokens"`
+}
+
+// llamaTimings is the timings object llama-server adds to its last chunk
+// and to a whole response: prompt_n counts the prompt tokens it computed,
+// cache_n those its cache served.
+type llamaTimings struct {
+	CacheN              int64   `json:"cache_n"`
+	PromptN             int64   `json:"prompt_n"`
+	PromptMS            float64 `json:"prompt_ms"`
+	PromptPerTokenMS    float64 `json:"prompt_per_token_ms"`
+	PromptPerSecond     float64 `json:"prompt_per_second"`
+	PredictedN          int     `json:"predicted_n"`
+	PredictedMS         float64 `json:"predicted_ms"`
+	PredictedPerTokenMS float64 `json:"predicted_per_token_ms"`
+	PredictedPerSecond  float64 `json:"predicted_per_second"`
 }
 
 type chunk struct {
@@ -44,6 +89,7 @@ type chunk struct {
 	Model   string        `json:"model"`
 	Choices []chunkChoice `json:"choices"`
 	Usage   *usage        `json:"usage,omitempty"`
+	Timings *llamaTimings `json:"timings,omitempty"`
 }
 
 type chunkChoice struct {
@@ -67,6 +113,7 @@ func piece(i int) string { return " " + words[i%len(words)] }
 // lengthPlan is how long a response will be.
 type lengthPlan struct {
 	max    int
+	asked  *int // the max tokens the request named, nil if none
 	target int
 	finish string
 }
@@ -100,7 +147,7 @@ func (s *Server) planLength(req *chatRequest) (lengthPlan, error) {
 	if s.cfg.Faults.IgnoreMinTokens {
 		minTok, ignoreEOS = 0, false
 	}
-	p := lengthPlan{max: DefaultMaxTokens}
+	p := lengthPlan{max: DefaultMaxTokens, asked: maxp}
 	if maxp != nil {
 		if *maxp < 1 {
 			return p, fmt.Errorf("max_tokens must be at least 1, got %d", *maxp)
@@ -132,46 +179,18 @@ func firstSet(vs ...*int) *int {
 	return nil
 }
 
-// promptTokens is what the prompt costs in the pool.
-func (s *Server) promptTokens(msgs []chatMessage) int64 {
-	if s.cfg.PromptTokens > 0 {
-		return int64(s.cfg.PromptTokens)
-	}
-	n := 2.0
-	for _, m := range msgs {
-		n += 4 + math.Ceil(1.3*float64(len(strings.Fields(messageText(m.Content)))))
-	}
-	return int64(n)
-}
-
-// messageText reads content that is a string or a list of text parts.
-func messageText(raw json.RawMessage) string {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
-	}
-	var parts []struct {
-		Text string `json:"text"`
-	}
-	if json.Unmarshal(raw, &parts) == nil {
-		var b strings.Builder
-		for _, p := range parts {
-			b.WriteString(p.Text)
-			b.WriteByte(' ')
+// promptIDs is the prompt's token ids: what the tokenizer makes of the
+// messages, or exactly Config.PromptTokens of them (cut, or padded with
+// <|endoftext|>) when that is set.
+func (s *Server) promptIDs(msgs []chatMessage) []uint32 {
+	ids := chatTokens(msgs)
+	if n := s.cfg.PromptTokens; n > 0 {
+		for len(ids) < n {
+			ids = append(ids, tokEndText)
 		}
-		return b.String()
+		ids = ids[:n]
 	}
-	return ""
-}
-
-func (s *Server) chatError(w http.ResponseWriter, code int, msg string) {
-	switch s.cfg.Flavor {
-	case FlavorVLLM, FlavorSGLang:
-		typ := map[int]string{400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}[code]
-		writeJSON(w, code, map[string]any{"object": "error", "message": msg, "type": typ, "param": nil, "code": code})
-	default:
-		writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": "invalid_request_error", "code": code}})
-	}
+	return ids
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
@@ -197,18 +216,39 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.chatError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	prompt := s.promptTokens(req.Messages)
+	ids := s.promptIDs(req.Messages)
+	if n := s.cfg.Faults.TruncatePrompt; n > 0 && len(ids) > n {
+		ids = ids[:n]
+	}
+	if e := s.frontCheck(int64(len(ids)), plan.asked); e != nil {
+		s.writeError(w, *e)
+		return
+	}
+	ids = s.ollamaTruncate(ids)
+	prompt := int64(len(ids))
 	rk := s.ranks[(s.rr.Add(1)-1)%uint64(len(s.ranks))]
-	if need, limit := prompt+int64(plan.max), s.seqLimit(rk); need > limit {
+	if e := s.rankCheck(rk, prompt); e != nil {
+		s.writeError(w, *e)
+		return
+	}
+	// A sequence stops at its context's end (finish_reason "length"), and
+	// admission sets aside what it may reach.
+	room := max(1, s.seqLimit(rk)-prompt)
+	if int64(plan.target) > room {
+		plan.target, plan.finish = int(room), "length"
+	}
+	reserve := prompt + min(int64(plan.max), room)
+	if reserve > rk.pool {
 		s.chatError(w, http.StatusBadRequest, fmt.Sprintf(
 			"request needs %d tokens of KV cache (prompt %d + max tokens %d) but DP rank %d can hold at most %d per request",
-			need, prompt, plan.max, rk.idx, limit))
+			reserve, prompt, reserve-prompt, rk.idx, rk.pool))
 		return
 	}
 	sq := &seq{
 		id:      s.ids.Add(1),
+		tokens:  ids,
 		prompt:  prompt,
-		reserve: prompt + int64(plan.max),
+		reserve: reserve,
 		target:  plan.target,
 		finish:  plan.finish,
 		wake:    make(chan struct{}, 1),
@@ -227,15 +267,15 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		case <-s.ctx.Done():
 			return
 		}
-		gen, _, aborted := rk.progress(sq)
-		if aborted {
+		p := rk.progress(sq)
+		if p.aborted {
 			return
 		}
 		var text strings.Builder
-		for i := range gen {
+		for i := range p.gen {
 			text.WriteString(piece(i))
 		}
-		writeJSON(w, http.StatusOK, map[string]any{
+		body := map[string]any{
 			"id": id, "object": "chat.completion", "created": created, "model": s.cfg.Model,
 			"choices": []any{map[string]any{
 				"index":         0,
@@ -243,16 +283,53 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 				"logprobs":      nil,
 				"finish_reason": plan.finish,
 			}},
-			"usage": s.usage(prompt, gen),
-		})
+			"usage": s.usage(prompt, p),
+		}
+		if t := s.timings(prompt, p); t != nil {
+			body["timings"] = t
+		}
+		writeJSON(w, http.StatusOK, body)
 		return
 	}
 	s.stream(w, r, rk, sq, plan, id, created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage != nil && *req.StreamOptions.IncludeUsage)
 }
 
-func (s *Server) usage(prompt int64, gen int) usage {
-	c := gen + s.cfg.Faults.UsageExtra
-	return usage{PromptTokens: prompt, CompletionTokens: c, TotalTokens: prompt + int64(c)}
+// usage is what the engine reports for a finished sequence; vLLM and
+// SGLang add the cache hit when told to report it.
+func (s *Server) usage(prompt int64, p seqProgress) usage {
+	f := s.cfg.Faults
+	c := p.gen + f.UsageExtra
+	pr := prompt + int64(f.PromptUsageExtra)
+	u := usage{PromptTokens: pr, CompletionTokens: c, TotalTokens: pr + int64(c)}
+	if s.cfg.ReportCachedTokens && (s.cfg.Flavor == FlavorVLLM || s.cfg.Flavor == FlavorSGLang) {
+		u.PromptTokensDetails = &promptDetails{CachedTokens: p.cached}
+	}
+	return u
+}
+
+// timings is llama-server's timings object for a finished sequence (nil
+// for the other flavours).
+func (s *Server) timings(prompt int64, p seqProgress) *llamaTimings {
+	if s.cfg.Flavor != FlavorLlamaCpp {
+		return nil
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	perToken := func(msec float64, n float64) (float64, float64) {
+		if n == 0 || msec <= 0 {
+			return 0, 0
+		}
+		return msec / n, 1000 * n / msec
+	}
+	t := &llamaTimings{CacheN: p.cached, PromptN: prompt - p.cached, PredictedN: p.gen}
+	if !p.first.IsZero() {
+		t.PromptMS = ms(p.first.Sub(p.admitted))
+	}
+	if !p.ended.IsZero() && !p.first.IsZero() {
+		t.PredictedMS = ms(p.ended.Sub(p.first))
+	}
+	t.PromptPerTokenMS, t.PromptPerSecond = perToken(t.PromptMS, float64(t.PromptN))
+	t.PredictedPerTokenMS, t.PredictedPerSecond = perToken(t.PredictedMS, float64(p.gen))
+	return t
 }
 
 // stream writes one SSE chunk per token as the rank produces them.
@@ -285,20 +362,21 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *se
 		case <-s.ctx.Done():
 			return
 		}
-		gen, over, aborted := rk.progress(sq)
-		if aborted {
+		p := rk.progress(sq)
+		if p.aborted {
 			return
 		}
-		for ; sent < gen; sent++ {
+		for ; sent < p.gen; sent++ {
 			if f.MalformedSSE && sent+1 == garbleAt {
 				fmt.Fprintf(w, "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"delta\":{\"content\":\n\n", id)
 			}
 			text := piece(sent)
-			var fin *string
+			c := choice(delta{Content: &text}, nil)
 			if sent+1 == plan.target {
-				fin = &plan.finish
+				c.Choices[0].FinishReason = &plan.finish
+				c.Timings = s.timings(sq.prompt, p)
 			}
-			write(choice(delta{Content: &text}, fin))
+			write(c)
 			if f.DropStreamAfter > 0 && sent+1 == f.DropStreamAfter && sent+1 < plan.target {
 				_ = rc.Flush()
 				rk.abort(sq)
@@ -307,12 +385,14 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *se
 			}
 		}
 		_ = rc.Flush()
-		if over {
+		if p.over {
 			break
 		}
 	}
 	if includeUsage {
-		u := s.usage(sq.prompt, sent)
+		p := rk.progress(sq)
+		p.gen = sent
+		u := s.usage(sq.prompt, p)
 		write(chunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.cfg.Model,
 			Choices: []chunkChoice{}, Usage: &u})
 	}

@@ -130,7 +130,7 @@ func TestUsage(t *testing.T) {
 		if code != 200 || len(resp.Choices) != 1 {
 			t.Fatalf("chat: %d %s", code, raw)
 		}
-		if want := (usage{37, 12, 49}); resp.Usage != want {
+		if want := (usage{PromptTokens: 37, CompletionTokens: 12, TotalTokens: 49}); resp.Usage != want {
 			t.Errorf("usage %+v, want %+v", resp.Usage, want)
 		}
 		if words := len(strings.Fields(resp.Choices[0].Message.Content)); words != 12 {
@@ -153,9 +153,9 @@ func TestPromptTokenEstimate(t *testing.T) {
 		},
 	}
 	_, resp, raw := chat(t, s.URL(), body)
-	// 2 + (4 + ceil(13)) + (4 + ceil(3.9)) = 27
-	if resp.Usage.PromptTokens != 27 {
-		t.Errorf("prompt tokens %d, want 27: %s", resp.Usage.PromptTokens, raw)
+	// 2 + (4 + 10 words) + (4 + 3 words) = 23
+	if resp.Usage.PromptTokens != 23 {
+		t.Errorf("prompt tokens %d, want 23: %s", resp.Usage.PromptTokens, raw)
 	}
 }
 
@@ -171,7 +171,9 @@ func TestBadRequests(t *testing.T) {
 		code int
 		want string
 	}{
-		{"never fits", chatBody(950, nil), 400, "can hold at most 1000"},
+		{"past max_model_len", chatBody(950, nil), 400,
+			"'max_tokens' or 'max_completion_tokens' is too large: 950. This model's maximum context length is 1000 tokens " +
+				"and your request has 100 input tokens (950 > 1000 - 100)."},
 		{"zero max", chatBody(0, nil), 400, "max_tokens must be at least 1"},
 		{"negative min", chatBody(5, map[string]any{"min_tokens": -1}), 400, "min_tokens"},
 		{"no messages", map[string]any{"max_tokens": 5}, 400, "messages"},
@@ -184,13 +186,16 @@ func TestBadRequests(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer resp.Body.Close()
-			var e struct {
-				Message string `json:"message"`
-				Code    int    `json:"code"`
+			var body struct {
+				Error struct {
+					Message string `json:"message"`
+					Code    int    `json:"code"`
+				} `json:"error"`
 			}
-			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 				t.Fatalf("decode error body: %v", err)
 			}
+			e := body.Error
 			if resp.StatusCode != tc.code || e.Code != tc.code || !strings.Contains(e.Message, tc.want) {
 				t.Errorf("got %d %+v, want %d with %q", resp.StatusCode, e, tc.code, tc.want)
 			}

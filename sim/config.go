@@ -54,12 +54,39 @@ var defaultMaxRunning = map[string]int{
 	FlavorOllama:   16,
 }
 
+// A step's token budget per rank, after each engine's default: vLLM's
+// max_num_batched_tokens (2,048 on GPUs under 70 GiB), SGLang's
+// chunked_prefill_size (2,048 on such GPUs), llama.cpp's n_batch, Ollama's
+// num_batch and mlx-lm's prefill_step_size.
+var defaultBatchedTokens = map[string]int{
+	FlavorVLLM:     2048,
+	FlavorSGLang:   2048,
+	FlavorMLX:      2048,
+	FlavorLlamaCpp: 2048,
+	FlavorOllama:   512,
+}
+
+// mixedSteps reports whether a flavour puts decode tokens and prompt chunks
+// in one step (vLLM's chunked prefill, llama.cpp's and Ollama's batches).
+// SGLang (without --enable-mixed-chunk) and mlx-lm run a waiting prompt's
+// chunks in steps of their own, and decoding waits for them.
+func mixedSteps(flavor string) bool { return flavor != FlavorSGLang && flavor != FlavorMLX }
+
+// prefixBlock is the granularity of a flavour's prefix cache: vLLM caches
+// whole blocks of 16 tokens, the others single tokens.
+func prefixBlock(flavor string) int {
+	if flavor == FlavorVLLM {
+		return vllmBlockSize
+	}
+	return 1
+}
+
 // Config describes one simulated engine. The zero value of every field
 // but SingleTPS and Batch16TPS has a usable default.
 type Config struct {
 	Flavor  string // "vllm" (default) | "sglang" | "mlx" | "llamacpp" | "ollama"
 	Model   string // default "Qwen/Qwen3-8B"
-	Version string // engine version to report; default per flavour
+	Version string // engine version to report (--engine-version); default per flavour
 
 	SingleTPS  float64 // one request alone decodes at this many tok/s
 	Batch16TPS float64 // 16 together decode at this many tok/s in total (per rank)
@@ -73,8 +100,26 @@ type Config struct {
 
 	LogPath string // write the flavour's start-up log here ("" = none); truncated first
 
-	// PromptTokens, when > 0, is what every prompt costs in the pool.
-	// Otherwise a prompt costs ceil(1.3 × words) + 4 per message + 2.
+	// PrefillTPS is how many prompt tokens per second a rank reads when it
+	// prefills alone; 0 keeps prefill free (the decode-only model).
+	PrefillTPS float64
+	// MaxBatchedTokens is a step's token budget per rank; 0 = the flavour's
+	// default (see defaultBatchedTokens).
+	MaxBatchedTokens int
+	// MaxModelLen is vLLM's max_model_len or SGLang's context_length; 0 =
+	// the model's 40,960, on vLLM capped at the smallest pool. Other
+	// flavours take their context from the pool.
+	MaxModelLen int64
+	// NoPrefixCache turns the prefix cache off (vLLM
+	// --no-enable-prefix-caching, SGLang --disable-radix-cache).
+	NoPrefixCache bool
+	// ReportCachedTokens adds usage.prompt_tokens_details.cached_tokens
+	// (vLLM --enable-prompt-tokens-details, SGLang --enable-cache-report).
+	ReportCachedTokens bool
+
+	// PromptTokens, when > 0, is what every prompt costs, whatever its
+	// text. Otherwise a prompt costs what the sim's tokenizer counts (see
+	// textTokens): one token per word of up to 8 bytes, + 4 per message + 2.
 	PromptTokens int
 
 	// MaxRunning caps the running sequences per rank (vLLM max_num_seqs,
@@ -93,23 +138,41 @@ type Faults struct {
 	DropStreamAfter int           // streams are cut (connection closed, no [DONE]) after N tokens
 	MalformedSSE    bool          // one garbled SSE data line mid-stream
 	NotReadyFor     time.Duration // /health answers 503 for this long after start
+
+	TruncatePrompt   int  // silently keep only the first N prompt tokens (usage says N)
+	PromptUsageExtra int  // added to every reported usage.prompt_tokens
+	PrefillCached    bool // serve every prompt as if cached: no prefill, an instant first token
+	RejectLong       int  // prompts above N tokens get the flavour's context-length error
 }
 
-// stepModel is the decode cost model of one rank: a step of b sequences
-// takes t0 + k·b seconds, times coldFactor while the engine is cold.
+// stepModel is the cost model of one rank: a step that gives b sequences a
+// token and prefills p prompt tokens takes (t0 + k·b, when b > 0) + p/P
+// seconds, times coldFactor while the engine is cold.
 type stepModel struct {
 	t0, k      float64
+	prefillTPS float64 // P; 0 when prefill is free
 	start      time.Time
 	coldFactor float64
 	coldFor    time.Duration
 }
 
-func (m stepModel) duration(b int, at time.Time) time.Duration {
-	sec := m.t0 + m.k*float64(b)
-	if at.Sub(m.start) < m.coldFor {
-		sec *= m.coldFactor
+// seconds is the warm cost of a step, split into its decode and prefill parts.
+func (m stepModel) seconds(b int, p int64) (decode, prefill float64) {
+	if b > 0 {
+		decode = m.t0 + m.k*float64(b)
 	}
-	return time.Duration(sec * float64(time.Second))
+	if p > 0 {
+		prefill = float64(p) / m.prefillTPS
+	}
+	return decode, prefill
+}
+
+// cold is the factor on a step that starts at at.
+func (m stepModel) cold(at time.Time) float64 {
+	if at.Sub(m.start) < m.coldFor {
+		return m.coldFactor
+	}
+	return 1
 }
 
 // calibrate solves t0 + k = 1/s1 and t0 + 16k = 16/s16.
@@ -198,12 +261,61 @@ func (c Config) normalize() (Config, error) {
 	if c.MaxRunning == 0 {
 		c.MaxRunning = defaultMaxRunning[c.Flavor]
 	}
+	if math.IsNaN(c.PrefillTPS) || math.IsInf(c.PrefillTPS, 0) || c.PrefillTPS < 0 {
+		bad("prefill-tps must be a number ≥ 0 (0 = prefill is free), got %v", c.PrefillTPS)
+	}
+	switch {
+	case c.MaxBatchedTokens < 0:
+		bad("max-batched-tokens must not be negative, got %d", c.MaxBatchedTokens)
+	case c.MaxBatchedTokens == 0:
+		c.MaxBatchedTokens = defaultBatchedTokens[c.Flavor]
+	}
+	if c.MaxBatchedTokens > 0 && c.MaxBatchedTokens < c.MaxRunning {
+		bad("max-batched-tokens %d must be at least max-running %d: every running sequence needs a token of a step's budget to decode",
+			c.MaxBatchedTokens, c.MaxRunning)
+	}
+	c.normalizeModelLen(bad)
 	f := c.Faults
-	if f.UsageExtra < 0 || f.FailEvery < 0 || f.DropStreamAfter < 0 || f.NotReadyFor < 0 {
+	if f.UsageExtra < 0 || f.FailEvery < 0 || f.DropStreamAfter < 0 || f.NotReadyFor < 0 ||
+		f.TruncatePrompt < 0 || f.PromptUsageExtra < 0 || f.RejectLong < 0 {
 		bad("fault values must not be negative")
 	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("sim config: %w", errors.Join(errs...))
 	}
 	return c, nil
+}
+
+// normalizeModelLen fills in MaxModelLen for vLLM and SGLang. vLLM refuses
+// to start when one request of max_model_len tokens would not fit a rank's
+// pool; the sim refuses the same way, with vLLM's message.
+func (c *Config) normalizeModelLen(bad func(string, ...any)) {
+	switch {
+	case c.MaxModelLen < 0:
+		bad("max-model-len must not be negative, got %d", c.MaxModelLen)
+		return
+	case c.MaxModelLen > 0 && c.Flavor != FlavorVLLM && c.Flavor != FlavorSGLang:
+		bad("flavor %s takes its context from the pool: give --kv-tokens instead of max-model-len", c.Flavor)
+		return
+	}
+	switch c.Flavor {
+	case FlavorVLLM:
+		smallest := slices.Min(c.KVTokens)
+		if smallest <= 0 {
+			return // already reported
+		}
+		if c.MaxModelLen == 0 {
+			c.MaxModelLen = min(contextLen, smallest)
+		}
+		if c.MaxModelLen > smallest {
+			bad("To serve at least one request with the models's max seq len (%d), (%.2f GiB KV cache is needed, "+
+				"which is larger than the available KV cache memory (%.2f GiB). Based on the available memory, the "+
+				"estimated maximum model length is %d. Try increasing `gpu_memory_utilization` or decreasing "+
+				"`max_model_len` when initializing the engine.", c.MaxModelLen, kvGiB(c.MaxModelLen), kvGiB(smallest), smallest)
+		}
+	case FlavorSGLang:
+		if c.MaxModelLen == 0 {
+			c.MaxModelLen = contextLen
+		}
+	}
 }

@@ -77,12 +77,28 @@ func TestCalibrate(t *testing.T) {
 			t.Errorf("%v: t0+16k = %v, want %v", tc, sixteen, 16/tc.s16)
 		}
 	}
-	m := stepModel{t0: 0.004, k: 0.001, start: time.Now(), coldFactor: 3, coldFor: time.Second}
-	if d := m.duration(2, m.start.Add(500*time.Millisecond)); d != 18*time.Millisecond {
-		t.Errorf("cold step %v, want 18ms", d)
+	m := stepModel{t0: 0.004, k: 0.001, prefillTPS: 1000, start: time.Now(), coldFactor: 3, coldFor: time.Second}
+	if f := m.cold(m.start.Add(500 * time.Millisecond)); f != 3 {
+		t.Errorf("cold factor inside the cold window %v, want 3", f)
 	}
-	if d := m.duration(2, m.start.Add(2*time.Second)); d != 6*time.Millisecond {
-		t.Errorf("warm step %v, want 6ms", d)
+	if f := m.cold(m.start.Add(2 * time.Second)); f != 1 {
+		t.Errorf("cold factor after the cold window %v, want 1", f)
+	}
+	for _, tc := range []struct {
+		b               int
+		p               int64
+		decode, prefill float64
+	}{
+		{2, 0, 0.006, 0},        // a decode step: t0 + 2k
+		{0, 500, 0, 0.5},        // a prefill step: p/P, no t0
+		{3, 250, 0.007, 0.25},   // a mixed step: both
+		{0, 0, 0, 0},            // nothing
+		{1, 2048, 0.005, 2.048}, // a sequence sampling its first token after its last chunk
+	} {
+		d, p := m.seconds(tc.b, tc.p)
+		if math.Abs(d-tc.decode) > 1e-12 || math.Abs(p-tc.prefill) > 1e-12 {
+			t.Errorf("seconds(%d, %d) = %v, %v; want %v, %v", tc.b, tc.p, d, p, tc.decode, tc.prefill)
+		}
 	}
 }
 

@@ -20,7 +20,7 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 	views := s.views()
 	info := jsonArgs(s.sglangArgs())
 	info["max_total_num_tokens"] = views[0].pool
-	info["max_req_input_len"] = min(views[0].pool, contextLen) - 5
+	info["max_req_input_len"] = min(views[0].pool, s.cfg.MaxModelLen) - 1
 	states := make([]any, len(views))
 	for i, v := range views {
 		states[i] = map[string]any{
@@ -66,9 +66,9 @@ func (s *Server) handleLoads(w http.ResponseWriter, r *http.Request) {
 		loads = append(loads, map[string]any{
 			"dp_rank": v.idx, "timestamp": now,
 			"num_running_reqs": v.running, "num_waiting_reqs": v.waiting,
-			"num_used_tokens": v.used, "num_total_tokens": v.used,
+			"num_used_tokens": v.used, "num_total_tokens": v.used + v.pending,
 			"max_total_num_tokens": v.pool, "token_usage": float64(v.used) / float64(v.pool),
-			"gen_throughput": v.stats.throughput, "cache_hit_rate": 0.0,
+			"gen_throughput": v.stats.throughput, "cache_hit_rate": hitRate(v),
 			"utilization":          float64(v.running) / float64(s.cfg.MaxRunning),
 			"max_running_requests": s.cfg.MaxRunning,
 			"memory": map[string]any{

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -107,6 +108,90 @@ func TestFaultNotReady(t *testing.T) {
 				}
 			}
 			waitFor(t, "ready", func() bool { c, _ := getBody(t, s.URL()+"/health"); return c == http.StatusOK })
+		})
+	}
+}
+
+func TestFaultTruncatePrompt(t *testing.T) {
+	t.Parallel()
+	c := withFaults(FlavorVLLM, Faults{TruncatePrompt: 100})
+	c.PrefillTPS = 100000
+	s := startSim(t, c)
+	code, resp, raw := chat(t, s.URL(), longChat(1000, "", 1))
+	if code != 200 || resp.Usage.PromptTokens != 100 {
+		t.Errorf("a 1000-token prompt: %d %s, want it reported as the 100 kept", code, raw)
+	}
+	// The engine read only what it kept.
+	if got := value(t, scrape(t, s.URL()), "vllm:prompt_tokens_total", nil); got != 100 {
+		t.Errorf("prompt tokens processed %v, want 100", got)
+	}
+	// Its tokenizer still counts the whole prompt.
+	code, b := postJSON(t, s.URL()+"/tokenize", map[string]any{"messages": []any{map[string]any{"role": "user", "content": longPrompt(1000, "")}}})
+	if code != 200 || !strings.Contains(string(b), `"count":1000`) {
+		t.Errorf("tokenize: %d %s", code, b)
+	}
+	if _, resp, raw := chat(t, s.URL(), longChat(50, "", 1)); resp.Usage.PromptTokens != 50 {
+		t.Errorf("a prompt shorter than the cut: %s", raw)
+	}
+}
+
+func TestFaultPromptUsageExtra(t *testing.T) {
+	t.Parallel()
+	s := startSim(t, withFaults(FlavorSGLang, Faults{PromptUsageExtra: 7}))
+	r := streamChat(t, s.URL(), map[string]any{"messages": longChat(300, "", 2)["messages"], "max_tokens": 2, "min_tokens": 2,
+		"stream_options": map[string]any{"include_usage": true}})
+	if r.usage == nil || r.usage.PromptTokens != 307 || r.usage.TotalTokens != 309 {
+		t.Errorf("streamed usage %+v, want prompt_tokens 307", r.usage)
+	}
+	_, resp, raw := chat(t, s.URL(), longChat(300, "", 2))
+	if resp.Usage.PromptTokens != 307 {
+		t.Errorf("usage: %s, want prompt_tokens 307", raw)
+	}
+	if got := value(t, scrape(t, s.URL()), "sglang:prompt_tokens_total", nil); got != 600 {
+		t.Errorf("the engine's own counter %v, want the true 600", got)
+	}
+}
+
+func TestFaultPrefillCached(t *testing.T) {
+	t.Parallel()
+	// At P = 100 tok/s a 3000-token prompt takes 30 s; served as cached it
+	// is answered after one decode step, with no cache hit to show for it.
+	c := withFaults(FlavorVLLM, Faults{PrefillCached: true})
+	c.PrefillTPS, c.ReportCachedTokens = 100, true
+	s := startSim(t, c)
+	done := make(chan nonStream, 1)
+	go func() {
+		_, resp, _ := chat(t, s.URL(), longChat(3000, "", 1))
+		done <- resp
+	}()
+	select {
+	case resp := <-done:
+		if resp.Usage.PromptTokens != 3000 || cachedOf(resp.Usage) != 0 {
+			t.Errorf("usage %+v, want 3000 prompt tokens and no reported cache hit", resp.Usage)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a prompt served as cached took longer than 10 s (its true prefill: 30 s)")
+	}
+}
+
+func TestFaultRejectLong(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ flavor, want string }{
+		{FlavorVLLM, "This model's maximum context length is 500 tokens. However, your request has 501 input tokens."},
+		{FlavorSGLang, "The input (501 tokens) is longer than the model's context length (500 tokens)."},
+		{FlavorLlamaCpp, "request (501 tokens) exceeds the available context size (500 tokens), try increasing it"},
+		{FlavorOllama, "the input length (501 tokens) exceeds the context length (500 tokens)"},
+	} {
+		t.Run(tc.flavor, func(t *testing.T) {
+			t.Parallel()
+			s := startSim(t, withFaults(tc.flavor, Faults{RejectLong: 500}))
+			code, _, raw := chat(t, s.URL(), longChat(501, "", 1))
+			if code != 400 || !strings.Contains(raw, tc.want) {
+				t.Errorf("501 tokens: %d %s", code, raw)
+			}
+			if code, _, raw := chat(t, s.URL(), longChat(500, "", 1)); code != 200 {
+				t.Errorf("500 tokens: %d %s", code, raw)
+			}
 		})
 	}
 }

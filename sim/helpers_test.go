@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -278,3 +279,45 @@ func dealt(s *Server) int64 {
 }
 
 func within(got, want, tol float64) bool { return got >= want*(1-tol) && got <= want*(1+tol) }
+
+// longPrompt is one user message's text that makes a chat prompt of
+// exactly tokens tokens (see textTokens: 4 template tokens around the
+// message, 2 after it, one token per short word). A non-empty prefix (at
+// most 8 bytes) is its first word.
+func longPrompt(tokens int, prefix string) string {
+	n := tokens - perMessage - genPrompt
+	var b strings.Builder
+	b.Grow(n * 6)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		if i == 0 && prefix != "" {
+			b.WriteString(prefix)
+			continue
+		}
+		b.WriteString(shortWords[i%len(shortWords)])
+	}
+	return b.String()
+}
+
+// shortWords are one token each.
+var shortWords = strings.Fields("a long prompt is read in chunks of the step budget before its first token comes out")
+
+// longChat is a chat body with a prompt of exactly tokens tokens and
+// maxTokens max tokens.
+func longChat(tokens int, prefix string, maxTokens int) map[string]any {
+	return map[string]any{
+		"messages":   []any{map[string]any{"role": "user", "content": longPrompt(tokens, prefix)}},
+		"max_tokens": maxTokens,
+	}
+}
+
+// jsonDecode reads a 200 answer's JSON body into v.
+func jsonDecode(resp *http.Response, v any) error {
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}

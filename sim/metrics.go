@@ -53,9 +53,13 @@ func (s *Server) handleVLLMMetrics(w http.ResponseWriter, _ *http.Request) {
 		p.sample("vllm:num_preemptions_total", lbl(v), 0)
 	}
 	counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-		func(v rankView) float64 { return float64(v.stats.promptTokens) })
+		func(v rankView) float64 { return float64(v.stats.promptFirst) })
 	counter("vllm:generation_tokens", "Number of generation tokens processed.",
 		func(v rankView) float64 { return float64(v.stats.genTokens) })
+	counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+		func(v rankView) float64 { return float64(v.stats.cacheQueries) })
+	counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+		func(v rankView) float64 { return float64(v.stats.cacheHits) })
 	p.family("vllm:request_success_total", "Count of successfully processed requests.", "counter")
 	for _, v := range views {
 		for _, reason := range []string{"stop", "length", "abort"} {
@@ -72,7 +76,7 @@ func (s *Server) handleVLLMMetrics(w http.ResponseWriter, _ *http.Request) {
 	for _, v := range views {
 		p.sample("vllm:cache_config_info", []promLabel{
 			{"block_size", strconv.Itoa(vllmBlockSize)}, {"cache_dtype", "auto"}, {"calculate_kv_scales", "False"},
-			{"cpu_offload_gb", "0"}, {"enable_prefix_caching", "True"}, {"engine", strconv.Itoa(v.idx)},
+			{"cpu_offload_gb", "0"}, {"enable_prefix_caching", pyRepr(!s.cfg.NoPrefixCache)}, {"engine", strconv.Itoa(v.idx)},
 			{"gpu_memory_utilization", "0.9"}, {"is_attention_free", "False"}, {"kv_cache_memory_bytes", "None"},
 			{"num_cpu_blocks", "None"}, {"num_gpu_blocks", strconv.FormatInt(blocks, 10)},
 			{"num_gpu_blocks_override", "None"}, {"prefix_caching_hash_algo", "sha256"},
@@ -111,22 +115,24 @@ func (s *Server) handleSGLangMetrics(w http.ResponseWriter, _ *http.Request) {
 		func(v rankView) float64 { return v.stats.throughput })
 	perRank("sglang:num_queue_reqs", "The number of requests in the waiting queue.", "gauge",
 		func(v rankView) float64 { return float64(v.waiting) })
-	perRank("sglang:cache_hit_rate", "The prefix cache hit rate.", "gauge",
-		func(rankView) float64 { return 0 })
+	perRank("sglang:cache_hit_rate", "The prefix cache hit rate.", "gauge", hitRate)
 	perRank("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", "gauge",
 		func(v rankView) float64 { return float64(v.pool) })
 	perRank("sglang:num_retracted_requests_total", "Total number of retracted requests.", "counter",
 		func(rankView) float64 { return 0 })
 
-	var prompt, gen, done int64
+	var prompt, cached, gen, done int64
 	for _, v := range views {
-		prompt += v.stats.promptTokens
+		prompt += v.stats.promptFinished
+		cached += v.stats.cachedFinished
 		gen += v.stats.genTokens
 		done += v.stats.finished["stop"] + v.stats.finished["length"] + v.stats.finished["abort"]
 	}
 	model := []promLabel{{"model_name", s.cfg.Model}}
 	p.family("sglang:prompt_tokens_total", "Number of prefill tokens processed.", "counter")
 	p.sample("sglang:prompt_tokens_total", model, float64(prompt))
+	p.family("sglang:cached_tokens_total", "Number of cached prompt tokens.", "counter")
+	p.sample("sglang:cached_tokens_total", model, float64(cached))
 	p.family("sglang:generation_tokens_total", "Number of generation tokens processed.", "counter")
 	p.sample("sglang:generation_tokens_total", model, float64(gen))
 	p.family("sglang:num_requests_total", "Number of requests processed.", "counter")
@@ -146,16 +152,28 @@ func (s *Server) handleLlamaMetrics(w http.ResponseWriter, _ *http.Request) {
 	if v.stats.steps > 0 {
 		busyPerDecode = float64(v.stats.busySlots) / float64(v.stats.steps)
 	}
-	one("prompt_tokens_total", "Number of prompt tokens processed.", "counter", float64(v.stats.promptTokens))
-	one("prompt_seconds_total", "Prompt process time", "counter", 0)
+	promptTPS := 0.0
+	if v.stats.prefillSeconds > 0 {
+		promptTPS = float64(v.stats.promptComputed) / v.stats.prefillSeconds
+	}
+	one("prompt_tokens_total", "Number of prompt tokens processed.", "counter", float64(v.stats.promptComputed))
+	one("prompt_seconds_total", "Prompt process time", "counter", v.stats.prefillSeconds)
 	one("tokens_predicted_total", "Number of generation tokens processed.", "counter", float64(v.stats.genTokens))
 	one("tokens_predicted_seconds_total", "Predict process time", "counter", v.stats.stepSeconds)
 	one("n_decode_total", "Total number of llama_decode() calls", "counter", float64(v.stats.steps))
 	one("n_tokens_max", "Largest observed n_tokens.", "counter", float64(v.stats.maxBatchTok))
 	one("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", "counter", busyPerDecode)
-	one("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", "gauge", 0)
+	one("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", "gauge", promptTPS)
 	one("predicted_tokens_seconds", "Average generation throughput in tokens/s.", "gauge", v.stats.throughput)
 	one("requests_processing", "Number of requests processing.", "gauge", float64(v.running))
 	one("requests_deferred", "Number of requests deferred.", "gauge", float64(v.waiting))
 	writeMetrics(w, p)
+}
+
+// hitRate is the share of looked-up prompt tokens the prefix cache served.
+func hitRate(v rankView) float64 {
+	if v.stats.cacheQueries == 0 {
+		return 0
+	}
+	return float64(v.stats.cacheHits) / float64(v.stats.cacheQueries)
 }

@@ -13,15 +13,24 @@ func holdOne(t *testing.T, s *Server) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
+	first := make(chan struct{})
 	go func() {
 		defer close(done)
 		resp, err := post(ctx, s.URL(), chatBody(2000, map[string]any{"ignore_eos": true, "stream": true}))
 		if err == nil {
-			readStream(resp, nil)
+			readStream(resp, func(n int) {
+				if n == 1 {
+					close(first)
+				}
+			})
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, "request running", func() bool { r, _ := s.InFlight(); return r == 1 })
+	select {
+	case <-first: // running, and its prompt counted
+	case <-done:
+		t.Fatal("the held request ended before its first token")
+	}
 }
 
 func labelNames(m map[string]string) []string {
@@ -257,9 +266,9 @@ func TestFlavorEndpoints(t *testing.T) {
 		if h.Status != "ok" {
 			t.Errorf("health %+v", h)
 		}
-		// A request larger than one slot's context is refused.
-		if code, _, raw := chat(t, s.URL(), chatBody(5000, nil)); code != 400 {
-			t.Errorf("oversized request: %d %s", code, raw)
+		// A prompt as long as one slot's context is refused.
+		if code, _, raw := chat(t, s.URL(), longChat(4096, "", 5)); code != 400 || !strings.Contains(raw, "exceed_context_size_error") {
+			t.Errorf("oversized prompt: %d %s", code, raw)
 		}
 	})
 	t.Run("ollama", func(t *testing.T) {

@@ -22,69 +22,125 @@ const maxLag = time.Second
 // seq is one request's sequence on a rank.
 type seq struct {
 	id      uint64
-	prompt  int64
-	reserve int64  // prompt + max tokens: what admission sets aside
-	target  int    // tokens this sequence will generate
-	finish  string // finish_reason once target is reached
+	tokens  []uint32 // prompt token ids, for the prefix cache; nil = uncacheable
+	prompt  int64    // prompt tokens
+	reserve int64    // prompt + max tokens: what admission sets aside
+	target  int      // tokens this sequence will generate
+	finish  string   // finish_reason once target is reached
 	wake    chan struct{}
 	done    chan struct{} // closed when finished or aborted
 
 	// Guarded by the rank's mu.
 	state   seqState
+	cached  int64 // prompt tokens the prefix cache served
+	todo    int64 // prompt tokens still to prefill
+	held    int64 // tokens of the pool this sequence holds
+	chain   chainPos
 	gen     int
 	aborted bool
+	// When it was admitted, got its first token and finished.
+	admitted, first, ended time.Time
 }
 
 // rank is one data-parallel rank: a continuous-batching loop over its own
-// KV pool and FIFO queue.
+// KV pool, FIFO queue and prefix cache.
 type rank struct {
 	idx        int
 	pool       int64
 	maxRunning int
+	budget     int64 // tokens per step
+	mixed      bool  // decode tokens and prompt chunks share a step
 	model      stepModel
-	kick       chan struct{} // wakes an idle loop
+	// freePrefill: a prompt is whole the moment it is admitted (no
+	// --prefill-tps, or the prefill-cached fault).
+	freePrefill bool
+	cache       *prefixCache  // nil when off
+	kick        chan struct{} // wakes an idle loop
 
 	mu       sync.Mutex
 	running  []*seq
 	waiting  []*seq
 	reserved int64 // sum of reserve over running
-	used     int64 // prompt + generated tokens over running
+	used     int64 // sum of held over running
 	stats    rankStats
 }
 
-// rankStats are the counters and gauges the metrics endpoints show.
+// rankStats are the counters and gauges the metrics endpoints show. Each
+// engine counts prompt tokens at its own moment, so there are three.
 type rankStats struct {
-	requests     int64
-	promptTokens int64
-	genTokens    int64
-	finished     map[string]int64 // by finish reason: stop, length, abort
-	steps        int64
-	busySlots    int64   // sum of batch sizes over steps
-	stepSeconds  float64 // decode time spent
-	maxBatchTok  int64
-	throughput   float64 // tok/s over the last window; 0 when idle
-	winStart     time.Time
-	winGen       int64
+	requests int64
+	// promptFirst adds a prompt when its first token comes (vLLM);
+	// promptComputed adds the tokens it really computed, cache hits left
+	// out (llama.cpp); promptFinished and cachedFinished add a prompt and
+	// its cache hit when the request finishes (SGLang's tokenizer counters).
+	promptFirst, promptComputed    int64
+	promptFinished, cachedFinished int64
+	cacheQueries, cacheHits        int64 // prompt tokens looked up and found
+	genTokens                      int64
+	finished                       map[string]int64 // by finish reason: stop, length, abort
+	steps                          int64
+	busySlots                      int64   // sum of sampled sequences over steps
+	stepSeconds                    float64 // time spent decoding
+	prefillSeconds                 float64 // time spent on prompts
+	maxBatchTok                    int64   // most tokens in one step
+	throughput                     float64 // generated tok/s over the last window; 0 when idle
+	winStart                       time.Time
+	winGen                         int64
 }
 
-func newRank(idx int, pool int64, maxRunning int, m stepModel) *rank {
-	return &rank{
-		idx: idx, pool: pool, maxRunning: maxRunning, model: m,
+// rankSetup is what every rank of a server shares.
+type rankSetup struct {
+	maxRunning  int
+	budget      int64
+	mixed       bool
+	model       stepModel
+	freePrefill bool
+	cacheBlock  int // 0 = no prefix cache
+}
+
+func newRank(idx int, pool int64, rs rankSetup) *rank {
+	r := &rank{
+		idx: idx, pool: pool, maxRunning: rs.maxRunning, budget: rs.budget, mixed: rs.mixed,
+		model: rs.model, freePrefill: rs.freePrefill,
 		kick:  make(chan struct{}, 1),
 		stats: rankStats{finished: map[string]int64{"stop": 0, "length": 0, "abort": 0}},
 	}
+	if rs.cacheBlock > 0 {
+		r.cache = newPrefixCache(rs.cacheBlock, pool)
+	}
+	return r
 }
 
 func (r *rank) fits(s *seq) bool {
 	return len(r.running) < r.maxRunning && r.reserved+s.reserve <= r.pool
 }
 
+// admit starts s: what the prefix cache holds of its prompt is held at
+// once, the rest waits for prefill steps.
 func (r *rank) admit(s *seq) {
 	s.state = stateRunning
+	s.admitted = time.Now()
 	r.running = append(r.running, s)
 	r.reserved += s.reserve
-	r.used += s.prompt
-	r.stats.promptTokens += s.prompt
+	if r.cache != nil && s.tokens != nil {
+		s.cached = r.cache.lookup(s.tokens)
+		r.stats.cacheQueries += s.prompt
+		r.stats.cacheHits += s.cached
+	}
+	s.todo = s.prompt - s.cached
+	if r.freePrefill {
+		s.todo = 0
+	}
+	r.hold(s, s.prompt-s.todo)
+}
+
+// hold adds n computed tokens to s, caching whole blocks of its prompt.
+func (r *rank) hold(s *seq, n int64) {
+	s.held += n
+	r.used += n
+	if r.cache != nil && s.tokens != nil {
+		r.cache.extend(&s.chain, s.tokens, int(min(s.held, s.prompt)))
+	}
 }
 
 func (r *rank) admitWaiting() {
@@ -97,19 +153,23 @@ func (r *rank) admitWaiting() {
 
 func (r *rank) release(s *seq) {
 	r.reserved -= s.reserve
-	r.used -= s.prompt + int64(s.gen)
+	r.used -= s.held
 }
 
-// submit runs s at the next step if it fits and nobody is queued ahead of
-// it; otherwise it waits in the FIFO queue.
-func (r *rank) submit(s *seq) {
-	r.mu.Lock()
+// enqueue runs s at the next step if it fits and nobody is queued ahead of
+// it; otherwise it waits in the FIFO queue. Callers hold mu.
+func (r *rank) enqueue(s *seq) {
 	r.stats.requests++
 	if len(r.waiting) == 0 && r.fits(s) {
 		r.admit(s)
 	} else {
 		r.waiting = append(r.waiting, s)
 	}
+}
+
+func (r *rank) submit(s *seq) {
+	r.mu.Lock()
+	r.enqueue(s)
 	r.mu.Unlock()
 	select {
 	case r.kick <- struct{}{}:
@@ -136,21 +196,78 @@ func (r *rank) abort(s *seq) {
 	r.admitWaiting()
 }
 
-// progress reports how many tokens s has and whether it is over.
-func (r *rank) progress(s *seq) (gen int, over, aborted bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return s.gen, s.state == stateDone, s.aborted
+// seqProgress is what a request handler reads of its sequence.
+type seqProgress struct {
+	gen           int
+	over, aborted bool
+	cached        int64
+	admitted      time.Time
+	first, ended  time.Time
 }
 
-// loop paces decode steps by absolute deadlines from the wall clock, so
-// scheduling jitter does not accumulate into a slower rate. An empty
-// batch sleeps until submit kicks it.
+func (r *rank) progress(s *seq) seqProgress {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return seqProgress{gen: s.gen, over: s.state == stateDone, aborted: s.aborted, cached: s.cached,
+		admitted: s.admitted, first: s.first, ended: s.ended}
+}
+
+// step is what one step of a rank does.
+type step struct {
+	sample  []*seq        // sequences that get a token
+	chunks  []promptChunk // prompt chunks prefilled
+	prefill int64         // tokens in chunks
+}
+
+type promptChunk struct {
+	s *seq
+	n int64
+}
+
+func (st *step) empty() bool { return len(st.sample) == 0 && len(st.chunks) == 0 }
+
+// plan fills st with the next step. Decoding sequences come first, one
+// token of the budget each (unless the flavour keeps prompt steps apart and
+// a prompt is waiting for its chunks); the rest of the budget goes to
+// prompt chunks, oldest sequence first. A sequence whose last prompt chunk
+// is in the step samples its first token in it. Callers hold mu.
+func (r *rank) plan(st *step) {
+	st.sample, st.chunks, st.prefill = st.sample[:0], st.chunks[:0], 0
+	left := r.budget
+	prefilling := slices.ContainsFunc(r.running, func(s *seq) bool { return s.todo > 0 })
+	if r.mixed || !prefilling {
+		for _, s := range r.running {
+			if s.todo == 0 {
+				st.sample = append(st.sample, s)
+				left--
+			}
+		}
+	}
+	for _, s := range r.running {
+		if left <= 0 {
+			break
+		}
+		if s.todo == 0 {
+			continue
+		}
+		n := min(s.todo, left)
+		st.chunks = append(st.chunks, promptChunk{s, n})
+		st.prefill += n
+		left -= n
+		if n == s.todo {
+			st.sample = append(st.sample, s)
+		}
+	}
+}
+
+// loop paces steps by absolute deadlines from the wall clock, so
+// scheduling jitter does not accumulate into a slower rate. An empty rank
+// sleeps until submit kicks it.
 func (r *rank) loop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var next time.Time
-	var batch []*seq
+	var st step
 	for {
 		r.mu.Lock()
 		if len(r.running) == 0 {
@@ -164,40 +281,58 @@ func (r *rank) loop(ctx context.Context) {
 			next = time.Now()
 			continue
 		}
-		// The batch is fixed at the step's start; arrivals join the next one.
-		batch = append(batch[:0], r.running...)
+		// The step is fixed at its start; arrivals join the next one.
+		r.plan(&st)
 		r.mu.Unlock()
 
 		if time.Since(next) > maxLag {
 			next = time.Now()
 		}
-		d := r.model.duration(len(batch), next)
-		next = next.Add(d)
+		decode, prefill := r.model.seconds(len(st.sample), st.prefill)
+		f := r.model.cold(next)
+		decode, prefill = decode*f, prefill*f
+		next = next.Add(time.Duration((decode + prefill) * float64(time.Second)))
 		timer.Reset(time.Until(next))
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
 		}
-		r.finishStep(batch, d)
+		r.mu.Lock()
+		r.apply(&st, decode, prefill)
+		r.mu.Unlock()
 	}
 }
 
-// finishStep gives every sequence of the batch one token.
-func (r *rank) finishStep(batch []*seq, d time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// apply ends a step: chunks are computed, and each sampled sequence gains a
+// token. Sequences aborted meanwhile are skipped. Callers hold mu.
+func (r *rank) apply(st *step, decode, prefill float64) {
+	now := time.Now()
+	for _, c := range st.chunks {
+		if c.s.state != stateRunning {
+			continue
+		}
+		c.s.todo -= c.n
+		r.hold(c.s, c.n)
+	}
 	n := int64(0)
-	for _, s := range batch {
+	for _, s := range st.sample {
 		if s.state != stateRunning {
-			continue // aborted during the step
+			continue
 		}
 		s.gen++
 		n++
-		r.used++
+		r.hold(s, 1)
+		if s.gen == 1 {
+			s.first = now
+			r.stats.promptFirst += s.prompt
+			r.stats.promptComputed += s.prompt - s.cached
+		}
 		if s.gen >= s.target {
-			s.state = stateDone
+			s.state, s.ended = stateDone, now
 			r.stats.finished[s.finish]++
+			r.stats.promptFinished += s.prompt
+			r.stats.cachedFinished += s.cached
 			r.release(s)
 			close(s.done)
 			continue
@@ -210,19 +345,19 @@ func (r *rank) finishStep(batch []*seq, d time.Duration) {
 	r.running = slices.DeleteFunc(r.running, func(x *seq) bool { return x.state != stateRunning })
 	r.admitWaiting()
 
-	st := &r.stats
-	st.genTokens += n
-	st.steps++
-	st.busySlots += int64(len(batch))
-	st.maxBatchTok = max(st.maxBatchTok, n)
-	st.stepSeconds += d.Seconds()
-	now := time.Now()
+	sts := &r.stats
+	sts.genTokens += n
+	sts.steps++
+	sts.busySlots += int64(len(st.sample))
+	sts.maxBatchTok = max(sts.maxBatchTok, n+st.prefill)
+	sts.stepSeconds += decode
+	sts.prefillSeconds += prefill
 	switch {
-	case st.winStart.IsZero():
-		st.winStart, st.winGen = now, st.genTokens-n
-	case now.Sub(st.winStart) >= 500*time.Millisecond:
-		st.throughput = float64(st.genTokens-st.winGen) / now.Sub(st.winStart).Seconds()
-		st.winStart, st.winGen = now, st.genTokens
+	case sts.winStart.IsZero():
+		sts.winStart, sts.winGen = now, sts.genTokens-n
+	case now.Sub(sts.winStart) >= 500*time.Millisecond:
+		sts.throughput = float64(sts.genTokens-sts.winGen) / now.Sub(sts.winStart).Seconds()
+		sts.winStart, sts.winGen = now, sts.genTokens
 	}
 }
 
@@ -233,6 +368,7 @@ type rankView struct {
 	running  int
 	waiting  int
 	used     int64
+	pending  int64 // prompt tokens still to prefill, running and waiting
 	stats    rankStats
 	seqs     []seqView // running, in admission order
 	maxSlots int
@@ -258,6 +394,10 @@ func (r *rank) view() rankView {
 	}
 	for _, s := range r.running {
 		v.seqs = append(v.seqs, seqView{id: s.id, gen: s.gen, target: s.target, prompt: s.prompt})
+		v.pending += s.todo
+	}
+	for _, s := range r.waiting {
+		v.pending += s.prompt
 	}
 	return v
 }

@@ -17,16 +17,15 @@ import (
 
 // Server is a running simulated engine.
 type Server struct {
-	cfg         Config
-	ln          net.Listener
-	hs          *http.Server
-	url         string
-	host        string
-	port        int
-	pid         int
-	start       time.Time
-	maxModelLen int64
-	ranks       []*rank
+	cfg   Config
+	ln    net.Listener
+	hs    *http.Server
+	url   string
+	host  string
+	port  int
+	pid   int
+	start time.Time
+	ranks []*rank
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -50,7 +49,6 @@ func Start(cfg Config, addr string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	t0, k, _ := calibrate(cfg.SingleTPS, cfg.Batch16TPS)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("sim listen: %w", err)
@@ -69,11 +67,6 @@ func Start(cfg Config, addr string) (*Server, error) {
 		urlHost = "127.0.0.1"
 	}
 	s.url = "http://" + net.JoinHostPort(urlHost, strconv.Itoa(s.port))
-	s.maxModelLen = 40960
-	for _, t := range cfg.KVTokens {
-		s.maxModelLen = min(s.maxModelLen, t)
-	}
-
 	if cfg.LogPath != "" {
 		if err := s.writeStartLog(time.Now()); err != nil {
 			ln.Close()
@@ -82,13 +75,10 @@ func Start(cfg Config, addr string) (*Server, error) {
 	}
 
 	s.start = time.Now()
-	m := stepModel{
-		t0: t0, k: k, start: s.start, coldFactor: cfg.ColdFactor,
-		coldFor: time.Duration(cfg.ColdSeconds * float64(time.Second)),
-	}
+	rs := cfg.rankSetup(s.start)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for i, pool := range cfg.KVTokens {
-		r := newRank(i, pool, cfg.MaxRunning, m)
+		r := newRank(i, pool, rs)
 		s.ranks = append(s.ranks, r)
 		s.wg.Go(func() { r.loop(s.ctx) })
 	}
@@ -99,6 +89,26 @@ func Start(cfg Config, addr string) (*Server, error) {
 		}
 	})
 	return s, nil
+}
+
+// rankSetup is what every rank of an engine configured as c shares; the
+// cold period counts from start.
+func (c Config) rankSetup(start time.Time) rankSetup {
+	t0, k, _ := calibrate(c.SingleTPS, c.Batch16TPS)
+	rs := rankSetup{
+		maxRunning: c.MaxRunning,
+		budget:     int64(c.MaxBatchedTokens),
+		mixed:      mixedSteps(c.Flavor),
+		model: stepModel{
+			t0: t0, k: k, prefillTPS: c.PrefillTPS, start: start, coldFactor: c.ColdFactor,
+			coldFor: time.Duration(c.ColdSeconds * float64(time.Second)),
+		},
+		freePrefill: c.PrefillTPS == 0 || c.Faults.PrefillCached,
+	}
+	if !c.NoPrefixCache {
+		rs.cacheBlock = prefixBlock(c.Flavor)
+	}
+	return rs
 }
 
 // URL is the engine's base URL, e.g. "http://127.0.0.1:41234".
@@ -140,17 +150,6 @@ func (s *Server) Ranks() []int64 {
 
 func (s *Server) ready() bool { return time.Since(s.start) >= s.cfg.Faults.NotReadyFor }
 
-// seqLimit is the most prompt + max tokens one request may ask of rank r.
-func (s *Server) seqLimit(r *rank) int64 {
-	switch s.cfg.Flavor {
-	case FlavorVLLM:
-		return min(s.maxModelLen, r.pool)
-	case FlavorLlamaCpp:
-		return r.pool / int64(s.cfg.MaxRunning)
-	}
-	return r.pool
-}
-
 func (s *Server) views() []rankView {
 	out := make([]rankView, len(s.ranks))
 	for i, r := range s.ranks {
@@ -167,6 +166,7 @@ func (s *Server) routes() http.Handler {
 	switch s.cfg.Flavor {
 	case FlavorVLLM:
 		mux.HandleFunc("GET /metrics", s.handleVLLMMetrics)
+		mux.HandleFunc("POST /tokenize", s.handleVLLMTokenize)
 		mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
 			writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version})
 		})
@@ -177,12 +177,15 @@ func (s *Server) routes() http.Handler {
 		mux.HandleFunc("GET /model_info", s.handleModelInfo)
 		mux.HandleFunc("GET /get_model_info", s.handleModelInfo)
 		mux.HandleFunc("GET /v1/loads", s.handleLoads)
+		mux.HandleFunc("POST /tokenize", s.handleSGLangTokenize)
+		mux.HandleFunc("POST /v1/tokenize", s.handleSGLangTokenize)
 	case FlavorMLX:
 		mux.HandleFunc("POST /chat/completions", s.handleChat)
 	case FlavorLlamaCpp:
 		mux.HandleFunc("GET /metrics", s.handleLlamaMetrics)
 		mux.HandleFunc("GET /props", s.handleProps)
 		mux.HandleFunc("GET /slots", s.handleSlots)
+		mux.HandleFunc("POST /tokenize", s.handleLlamaTokenize)
 	case FlavorOllama:
 		mux.HandleFunc("GET /{$}", s.handleHealth)
 		mux.HandleFunc("GET /api/version", func(w http.ResponseWriter, _ *http.Request) {
@@ -237,9 +240,9 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	}
 	switch s.cfg.Flavor {
 	case FlavorVLLM:
-		m["root"], m["parent"], m["max_model_len"] = s.cfg.Model, nil, s.maxModelLen
+		m["root"], m["parent"], m["max_model_len"] = s.cfg.Model, nil, s.cfg.MaxModelLen
 	case FlavorSGLang:
-		m["root"], m["max_model_len"] = s.cfg.Model, 40960
+		m["root"], m["max_model_len"] = s.cfg.Model, s.cfg.MaxModelLen
 	case FlavorOllama:
 		m["owned_by"] = "library"
 	case FlavorLlamaCpp:

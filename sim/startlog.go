@@ -55,13 +55,13 @@ func (s *Server) vllmLog(w *bufio.Writer, now time.Time) {
 	info(api, "api_server.py", 1839, "vLLM API server version %s", c.Version)
 	info(api, "utils.py", 253, "non-default args: %s", pyDict(s.vllmArgs()))
 	info(api, "model.py", 631, "Resolved architecture: Qwen3ForCausalLM")
-	info(api, "model.py", 1745, "Using max model len %d", s.maxModelLen)
-	info(api, "scheduler.py", 216, "Chunked prefill is enabled with max_num_batched_tokens=2048.")
+	info(api, "model.py", 1745, "Using max model len %d", c.MaxModelLen)
+	info(api, "scheduler.py", 216, "Chunked prefill is enabled with max_num_batched_tokens=%d.", c.MaxBatchedTokens)
 	for i := range c.DP {
 		info(core(i), "core.py", 93, "Initializing a V1 LLM engine (v%s) with config: model=%s, tokenizer=%s, "+
 			"dtype=torch.bfloat16, max_seq_len=%d, tensor_parallel_size=1, pipeline_parallel_size=1, "+
-			"served_model_name=%s, enable_prefix_caching=True, enable_chunked_prefill=True",
-			c.Version, pyStr(c.Model), pyStr(c.Model), s.maxModelLen, c.Model)
+			"served_model_name=%s, enable_prefix_caching=%s, enable_chunked_prefill=True",
+			c.Version, pyStr(c.Model), pyStr(c.Model), c.MaxModelLen, c.Model, pyRepr(!c.NoPrefixCache))
 	}
 	for i := range c.DP {
 		info(core(i), "gpu_model_runner.py", 3467, "Starting to load model %s...", c.Model)
@@ -73,7 +73,7 @@ func (s *Server) vllmLog(w *bufio.Writer, now time.Time) {
 		info(core(i), "gpu_worker.py", 359, "Available KV cache memory: %.2f GiB", kvGiB(pool))
 		info(core(i), "kv_cache_utils.py", 1286, "GPU KV cache size: %s tokens", thousands(pool))
 		info(core(i), "kv_cache_utils.py", 1291, "Maximum concurrency for %s tokens per request: %.2fx",
-			thousands(s.maxModelLen), float64(pool)/float64(s.maxModelLen))
+			thousands(c.MaxModelLen), float64(pool)/float64(c.MaxModelLen))
 	}
 	for i := range c.DP {
 		info(core(i), "core.py", 259, "init engine (profile, create kv cache, warmup model) took %.2f seconds", 29.85)
@@ -81,7 +81,7 @@ func (s *Server) vllmLog(w *bufio.Writer, now time.Time) {
 	info(api, "api_server.py", 1099, "Supported tasks: ['generate']")
 	info(api, "api_server.py", 1941, "Starting vLLM API server 0 on %s", s.url)
 	info(api, "launcher.py", 44, "Available routes are:")
-	for _, route := range []string{"/health GET", "/metrics GET", "/version GET", "/v1/models GET", "/v1/chat/completions POST"} {
+	for _, route := range []string{"/health GET", "/metrics GET", "/version GET", "/tokenize POST", "/v1/models GET", "/v1/chat/completions POST"} {
 		path, method, _ := strings.Cut(route, " ")
 		info(api, "launcher.py", 52, "Route: %s, Methods: %s", path, method)
 	}
@@ -120,9 +120,9 @@ func (s *Server) sglangLog(w *bufio.Writer, now time.Time) {
 	}
 	for i, pool := range c.KVTokens {
 		_, post := sglangMem(pool)
-		line(i, "max_total_num_tokens=%d, chunked_prefill_size=2048, max_prefill_tokens=16384, "+
+		line(i, "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=16384, "+
 			"max_running_requests=%d, context_len=%d, available_gpu_mem=%.2f GB",
-			pool, c.MaxRunning, contextLen, post-kvGiB(pool)-0.55)
+			pool, c.MaxBatchedTokens, c.MaxRunning, c.MaxModelLen, post-kvGiB(pool)-0.55)
 	}
 	line(-1, "INFO:     Started server process [%d]", s.pid)
 	line(-1, "INFO:     Waiting for application startup.")
@@ -151,7 +151,7 @@ func (s *Server) llamaLog(w *bufio.Writer, _ time.Time) {
 	fmt.Fprintf(w, "llama_context: n_seq_max     = %d\n", slots)
 	fmt.Fprintf(w, "llama_context: n_ctx         = %d\n", pool)
 	fmt.Fprintf(w, "llama_context: n_ctx_seq     = %d\n", pool/int64(slots))
-	fmt.Fprintf(w, "llama_context: n_batch       = 2048\n")
+	fmt.Fprintf(w, "llama_context: n_batch       = %d\n", c.MaxBatchedTokens)
 	fmt.Fprintf(w, "llama_kv_cache:      CUDA0 KV buffer size = %8.2f MiB\n", kvMiB)
 	fmt.Fprintf(w, "llama_kv_cache: size = %7.2f MiB (%6d cells, %3d layers, %2d/%d seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB\n",
 		kvMiB, pool, 36, slots, slots, "f16", kvMiB/2, "f16", kvMiB/2)

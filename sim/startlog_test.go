@@ -73,8 +73,8 @@ func TestVLLMStartLog(t *testing.T) {
 					}
 					pools[rank] = atoiNoCommas(t, m[1])
 				}
-				if m := concRe.FindStringSubmatch(l); m != nil && atoiNoCommas(t, m[1]) != s.maxModelLen {
-					t.Errorf("concurrency line for %s tokens, max model len is %d", m[1], s.maxModelLen)
+				if m := concRe.FindStringSubmatch(l); m != nil && atoiNoCommas(t, m[1]) != s.cfg.MaxModelLen {
+					t.Errorf("concurrency line for %s tokens, max model len is %d", m[1], s.cfg.MaxModelLen)
 				}
 				if m := argsRe.FindStringSubmatch(l); m != nil {
 					args = m[1]

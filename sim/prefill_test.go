@@ -1,0 +1,395 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Fidelity of the prefill model, by the wall clock and with bestOf, like
+// model_test.go: these tests do not run in parallel.
+
+// prefillTol is the tolerance of a prefill throughput: ±3 %, the target of
+// the bench, or ±5 % under the race detector, where the HTTP and JSON of
+// long prompts (not the model) cost several times more.
+func prefillTol() float64 {
+	if raceEnabled {
+		return 0.05
+	}
+	return 0.03
+}
+
+// postBody sends an already marshalled chat request.
+func postBody(t *testing.T, url string, body []byte) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	return http.DefaultClient.Do(req)
+}
+
+func marshal(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// timedChat sends a non-streamed chat and returns its prompt usage and
+// wall time. The body is marshalled before the clock starts.
+func timedChat(t *testing.T, url string, body map[string]any) (int64, time.Duration) {
+	t.Helper()
+	b := marshal(t, body)
+	start := time.Now()
+	resp, err := postBody(t, url, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out nonStream
+	if err := jsonDecode(resp, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out.Usage.PromptTokens, time.Since(start)
+}
+
+// promptBurst sends n concurrent prompts of tokens tokens (unique
+// prefixes) with one output token, and returns prompt tokens / wall time.
+func promptBurst(t *testing.T, url string, n, tokens int, tag string) float64 {
+	t.Helper()
+	bodies := make([][]byte, n)
+	for i := range n {
+		bodies[i] = marshal(t, longChat(tokens, fmt.Sprintf("%s%d", tag, i), 1))
+	}
+	var wg sync.WaitGroup
+	prompts := make([]int64, n)
+	errs := make([]string, n)
+	start := time.Now()
+	for i := range n {
+		wg.Go(func() {
+			resp, err := postBody(t, url, bodies[i])
+			if err != nil {
+				errs[i] = err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			var out nonStream
+			if err := jsonDecode(resp, &out); err != nil {
+				errs[i] = err.Error()
+				return
+			}
+			prompts[i] = out.Usage.PromptTokens
+		})
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	var total int64
+	for i, p := range prompts {
+		if errs[i] != "" || p != int64(tokens) {
+			t.Fatalf("prompt %d: %d tokens, error %q", i, p, errs[i])
+		}
+		total += p
+	}
+	return float64(total) / wall.Seconds()
+}
+
+func TestLonePromptReadsAtPrefillTPS(t *testing.T) {
+	// 0.8 s of prefill, so that HTTP and JSON (a few ms under -race) stay
+	// well inside the tolerance.
+	const p, tokens = 10000.0, 8000
+	cfg := Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: p}
+	want, err := cfg.PrefillCapacity(1, tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// L/(L/P + 1/S1): the one sampling step is 1 ms of 801.
+	if !near(want, p, 0.01) {
+		t.Fatalf("the model's lone-prompt rate %.0f is not within 1 %% of P = %.0f", want, p)
+	}
+	s := startSim(t, cfg)
+	i := 0
+	tol := prefillTol()
+	got := bestOf(t, want, tol, func() float64 {
+		i++
+		n, wall := timedChat(t, s.URL(), longChat(tokens, fmt.Sprintf("lone%d", i), 1))
+		return float64(n) / wall.Seconds()
+	})
+	if !within(got, want, tol) {
+		t.Errorf("a lone prompt read at %.0f tok/s, want %.0f ± %.0f %%", got, want, 100*tol)
+	}
+}
+
+func TestConcurrentPromptsGiveTruePrefillCapacity(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		cfg       Config
+		n, tokens int
+	}{
+		// Two ranks take two prompts each: 2·(L/P + 1/S1) = 1.204 s.
+		{"sglang on two ranks", Config{Flavor: FlavorSGLang, SingleTPS: 500, Batch16TPS: 4000, PrefillTPS: 10000, DP: 2}, 4, 6000},
+		// One rank takes all four: 4·(L/P + 1/S1) = 1.204 s.
+		{"vllm on one rank", Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: 10000}, 4, 3000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, err := tc.cfg.PrefillCapacity(tc.n, tc.tokens)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := startSim(t, tc.cfg)
+			round := 0
+			tol := prefillTol()
+			got := bestOf(t, want, tol, func() float64 {
+				round++
+				return promptBurst(t, s.URL(), tc.n, tc.tokens, fmt.Sprintf("r%d-", round))
+			})
+			if !within(got, want, tol) {
+				t.Errorf("%d prompts of %d read at %.0f tok/s, want %.0f ± %.0f %%", tc.n, tc.tokens, got, want, 100*tol)
+			}
+		})
+	}
+}
+
+// decodeWhilePrefilling streams one long decode and, once it has 5 tokens,
+// sends a prompt of prompt tokens. It returns when each decode token came,
+// when the stream began, when the prompt reached its rank (after HTTP and
+// JSON, which cost a few ms under -race) and when it was answered.
+func decodeWhilePrefilling(t *testing.T, s *Server, decodeTokens, prompt int) (tokens []time.Time, start, admitted, answered time.Time) {
+	t.Helper()
+	url := s.URL()
+	var mu sync.Mutex
+	fifth := make(chan struct{})
+	done := make(chan streamResult, 1)
+	start = time.Now()
+	go func() {
+		body := chatBody(decodeTokens, map[string]any{"ignore_eos": true, "stream": true})
+		resp, err := post(t.Context(), url, body)
+		if err != nil {
+			done <- streamResult{readErr: err}
+			return
+		}
+		done <- readStream(resp, func(n int) {
+			mu.Lock()
+			tokens = append(tokens, time.Now())
+			mu.Unlock()
+			if n == 5 {
+				close(fifth)
+			}
+		})
+	}()
+	select {
+	case <-fifth:
+	case r := <-done:
+		t.Fatalf("decode stream ended early: %+v", r)
+	}
+	before := dealt(s)
+	reached := make(chan time.Time, 1)
+	go func() {
+		for dealt(s) == before {
+			time.Sleep(100 * time.Microsecond) // polls the rank's counter; a step is ≥ 5 ms
+		}
+		reached <- time.Now()
+	}()
+	if code, _, raw := chat(t, url, longChat(prompt, "", 1)); code != 200 {
+		t.Fatalf("prompt: %d %s", code, raw)
+	}
+	answered = time.Now()
+	admitted = <-reached
+	if r := <-done; r.tokens != decodeTokens || !r.done {
+		t.Fatalf("decode stream: %+v", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return tokens, start, admitted, answered
+}
+
+func TestChunkedPrefillSlowsDecoding(t *testing.T) {
+	// A budget of 512: a decoding sequence takes 1 token of each step, so a
+	// prompt of 10 × 511 tokens is read in 10 steps of t0 + k + 511/P (vLLM),
+	// each giving the decode one token; SGLang runs the 10 chunks in steps
+	// of their own (512 + ... = 10 steps), and the decode waits.
+	const prompt, decodeTokens = 5110, 200
+	base := Config{SingleTPS: 200, Batch16TPS: 1600, PrefillTPS: 10000, MaxBatchedTokens: 512, MaxRunning: 64, NoPrefixCache: true}
+
+	t.Run("vllm decodes a token per prefill step", func(t *testing.T) {
+		s := startSim(t, base)
+		tokens, _, admitted, answered := decodeWhilePrefilling(t, s, 100, prompt)
+		inWindow := countBetween(tokens, admitted, answered)
+		t.Logf("%d decode tokens while the prompt was read", inWindow)
+		if inWindow < 9 || inWindow > 12 {
+			t.Errorf("%d decode tokens came while the prompt was read, want about 10 (one per prefill step)", inWindow)
+		}
+	})
+	t.Run("sglang pauses decoding for prompt steps", func(t *testing.T) {
+		cfg := base
+		cfg.Flavor = FlavorSGLang
+		s := startSim(t, cfg)
+		tokens, _, admitted, answered := decodeWhilePrefilling(t, s, 100, prompt)
+		inWindow := countBetween(tokens, admitted, answered)
+		t.Logf("%d decode tokens while the prompt was read", inWindow)
+		if inWindow > 2 {
+			t.Errorf("%d decode tokens came while the prompt was read, want at most the one of the step under way", inWindow)
+		}
+	})
+	t.Run("vllm decode time grows by L/P", func(t *testing.T) {
+		s := startSim(t, base)
+		t0, k, _ := calibrate(base.SingleTPS, base.Batch16TPS)
+		// 200 steps of t0 + k, 10 of which also carry a 511-token chunk,
+		// and one of which also samples the prompt's first token (+k).
+		want := decodeTokens*(t0+k) + prompt/base.PrefillTPS + k
+		got := bestOf(t, want, 0.05, func() float64 {
+			tokens, start, _, _ := decodeWhilePrefilling(t, s, decodeTokens, prompt)
+			return tokens[len(tokens)-1].Sub(start).Seconds()
+		})
+		if !within(got, want, 0.05) {
+			t.Errorf("decode of %d tokens beside a %d-token prompt took %.3f s, want %.3f ± 5 %%", decodeTokens, prompt, got, want)
+		}
+		// The steps that carried a chunk are t0 + k + 511/P long.
+		tokens, _, admitted, answered := decodeWhilePrefilling(t, s, 100, prompt)
+		gaps := gapsBetween(tokens, admitted, answered)
+		if len(gaps) > 2 {
+			chunkStep := t0 + k + 511/base.PrefillTPS
+			if m := median(gaps); m < chunkStep*0.9 || m > chunkStep*1.5 {
+				t.Errorf("median decode gap while prefilling %.4f s, want about %.4f", m, chunkStep)
+			}
+		}
+	})
+}
+
+func countBetween(ts []time.Time, from, to time.Time) int {
+	n := 0
+	for _, x := range ts {
+		if x.After(from) && !x.After(to) {
+			n++
+		}
+	}
+	return n
+}
+
+func gapsBetween(ts []time.Time, from, to time.Time) []float64 {
+	var gaps []float64
+	for i := 1; i < len(ts); i++ {
+		if ts[i-1].After(from) && !ts[i].After(to) {
+			gaps = append(gaps, ts[i].Sub(ts[i-1]).Seconds())
+		}
+	}
+	return gaps
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	return s[len(s)/2]
+}
+
+func TestDecodeBurstPaysItsPrompts(t *testing.T) {
+	// 16 prompts of 10 tokens (chatBody) at P = 1000 cost 0.16 s on top of
+	// 128 decode steps of 16/S16: the burst reads about 9 % below S16, as
+	// DecodeCapacity says.
+	cfg := Config{SingleTPS: 100, Batch16TPS: 1200, PrefillTPS: 1000}
+	want, err := cfg.DecodeCapacity(16, 10, 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want > 0.92*cfg.Batch16TPS {
+		t.Fatalf("prediction %.0f is too close to S16 for the test to tell", want)
+	}
+	s := startSim(t, cfg)
+	got := bestOf(t, want, 0.05, func() float64 {
+		n, wall := burst(t, s.URL(), 16, 128)
+		return float64(n) / wall.Seconds()
+	})
+	if !within(got, want, 0.05) {
+		t.Errorf("burst %.0f tok/s, want %.0f ± 5 %% (S16 = %.0f)", got, want, cfg.Batch16TPS)
+	}
+}
+
+func TestColdFactorAppliesToPrefill(t *testing.T) {
+	// Cold, a 4000-token prompt is two steps of ~0.1 s, each 3× longer;
+	// both start inside the 0.9 s cold window.
+	const factor, coldFor, tokens = 3.0, 900 * time.Millisecond, 4000
+	i := 0
+	ratio := bestOf(t, factor, 0.12, func() float64 {
+		s := startSim(t, Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: 20000, ColdFactor: factor, ColdSeconds: coldFor.Seconds()})
+		defer s.Close()
+		i++
+		_, cold := timedChat(t, s.URL(), longChat(tokens, fmt.Sprintf("cold%d", i), 1))
+		if time.Since(s.start) > coldFor {
+			return 0 // the machine stalled past the cold window: measure again
+		}
+		time.Sleep(time.Until(s.start.Add(coldFor)))
+		_, warm := timedChat(t, s.URL(), longChat(tokens, fmt.Sprintf("warm%d", i), 1))
+		return cold.Seconds() / warm.Seconds()
+	})
+	if !within(ratio, factor, 0.12) {
+		t.Errorf("cold/warm prefill time = %.2f, want %.1f ± 12 %%", ratio, factor)
+	}
+}
+
+func TestLongPromptsHoldThePool(t *testing.T) {
+	// A pool of 10,000: two prompts of 4,000 + 100 max tokens fit, the
+	// third waits until one finishes. While both run, the pool holds both
+	// prompts; it never holds more than its size.
+	const pool, prompt, maxTokens = 10000, 4000, 100
+	s := startSim(t, Config{SingleTPS: 400, Batch16TPS: 3200, PrefillTPS: 40000, KVTokens: []int64{pool}})
+	ends := make([]time.Time, 3)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Go(func() {
+			body := longChat(prompt, fmt.Sprintf("kv%d", i), maxTokens)
+			body["ignore_eos"] = true
+			if code, resp, raw := chat(t, s.URL(), body); code != 200 || resp.Usage.PromptTokens != prompt {
+				t.Errorf("request %d: %d %s", i, code, raw)
+			}
+			ends[i] = time.Now()
+		})
+		waitFor(t, "request dealt", func() bool { return dealt(s) == int64(i+1) })
+	}
+	var sawBoth bool
+	waitFor(t, "two prompts held and one waiting", func() bool {
+		mfs := scrape(t, s.URL())
+		usage := value(t, mfs, "vllm:kv_cache_usage_perc", nil)
+		waiting := value(t, mfs, "vllm:num_requests_waiting", nil)
+		if usage > 1 {
+			t.Fatalf("kv usage %v: the pool holds more than its size", usage)
+		}
+		sawBoth = usage >= 2*prompt/float64(pool) && waiting == 1
+		return sawBoth
+	})
+	wg.Wait()
+	if last := ends[2]; !last.After(ends[0]) || !last.After(ends[1]) {
+		t.Errorf("the queued request finished at %v, not after the two that ran first (%v, %v)", last, ends[0], ends[1])
+	}
+	if u := value(t, scrape(t, s.URL()), "vllm:kv_cache_usage_perc", nil); u != 0 {
+		t.Errorf("kv usage %v after every request finished", u)
+	}
+}
+
+func TestFreePrefillKeepsTheDecodeModel(t *testing.T) {
+	t.Parallel()
+	// Without prefill-tps the planner gives every running sequence a token
+	// each step and prompts cost nothing: DecodeCapacity is the old model.
+	for _, c := range []Config{{SingleTPS: 80, Batch16TPS: 900}, {Flavor: FlavorSGLang, SingleTPS: 80, Batch16TPS: 900, DP: 2}} {
+		t0, k, _ := calibrate(c.SingleTPS, c.Batch16TPS)
+		d := max(c.DP, 1)
+		for _, n := range []int{1, 4, 16, 17} {
+			got, err := c.DecodeCapacity(n, 500, 128)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fullest := math.Ceil(float64(n) / float64(d))
+			if want := float64(n) / (t0 + k*fullest); !near(got, want, 1e-9) {
+				t.Errorf("%+v n=%d: %v, want %v", c, n, got, want)
+			}
+		}
+	}
+}
