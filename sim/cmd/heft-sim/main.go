@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 
+	"heft/shared/version"
 	"heft/sim"
 )
 
@@ -28,6 +29,10 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cfg, listen, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if errors.Is(err, errVersion) {
+		fmt.Fprintf(stdout, "heft-sim %s\n", version.Version)
 		return 0
 	}
 	if err != nil {
@@ -48,23 +53,61 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// errVersion asks run to print heft-sim's version and exit.
+var errVersion = errors.New("version requested")
+
+// usageHead is the top of -h: what the sim is and its step model.
+const usageHead = `heft-sim runs a simulated inference engine and prints its URL.
+
+Step model, per data-parallel rank (requests are dealt round-robin):
+  A step has a budget of --max-batched-tokens tokens. Decoding sequences
+  take one token each; the rest goes to prompt chunks, oldest first (sglang
+  and mlx run prompt chunks in steps of their own while decoding waits). A
+  sequence whose last prompt chunk is in a step samples its first token in
+  it. A step that gives b sequences a token and prefills p prompt tokens
+  takes
+      (t0 + k*b, if b > 0) + p/P  seconds,  x F while cold,
+  with t0 + k = 1/S1, t0 + 16k = 16/S16 (S1 --single-tps, S16
+  --batch16-tps, P --prefill-tps, F --cold-factor). Without --prefill-tps
+  prefill is free: only decode steps cost time. So one long
+  prompt of L tokens and one output token takes L/P + 1/S1 seconds, and n of
+  them with L >= the budget take n*(L/P + 1/S1) on one rank.
+  Prompt and generated tokens hold the rank's --kv-tokens pool; admission
+  sets aside prompt + max tokens, and requests that do not fit wait in FIFO.
+Tokens: a whitespace-separated word of up to 8 bytes is one token (longer:
+  one per 8 bytes); a chat prompt adds 4 per message and 2, so one user
+  message of W short words is W + 6 tokens.
+
+Flags:
+`
+
 func parseFlags(args []string, stderr io.Writer) (sim.Config, string, error) {
 	var cfg sim.Config
 	var kv string
 	fs := flag.NewFlagSet("heft-sim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageHead)
+		fs.PrintDefaults()
+	}
+	showVersion := fs.Bool("version", false, "print heft-sim's version and exit")
 	fs.StringVar(&cfg.Flavor, "flavor", sim.FlavorVLLM, "engine to imitate: "+strings.Join(sim.Flavors, "|"))
 	listen := fs.String("listen", "127.0.0.1:0", "address to listen on (port 0 = any free port)")
 	fs.StringVar(&cfg.Model, "model", sim.DefaultModel, "served model name")
-	fs.StringVar(&cfg.Version, "version", "", "engine version to report (default: per flavour)")
+	fs.StringVar(&cfg.Version, "engine-version", "", "engine version to report (default: per flavour)")
 	fs.Float64Var(&cfg.SingleTPS, "single-tps", 0, "tok/s of one request alone (required)")
 	fs.Float64Var(&cfg.Batch16TPS, "batch16-tps", 0, "total tok/s of 16 concurrent requests, per rank (required)")
 	fs.IntVar(&cfg.DP, "dp", 1, "data-parallel ranks (vllm, sglang)")
 	fs.StringVar(&kv, "kv-tokens", "", "KV pool per rank in tokens, comma-separated, one value or one per rank (default 100000)")
+	fs.Float64Var(&cfg.PrefillTPS, "prefill-tps", 0, "prompt tok/s of one rank prefilling alone (default 0: prefill is free)")
+	fs.IntVar(&cfg.MaxBatchedTokens, "max-batched-tokens", 0, "tokens per step per rank (default: per flavour; vllm, sglang, mlx, llamacpp 2048, ollama 512)")
+	fs.Int64Var(&cfg.MaxModelLen, "max-model-len", 0, "vllm max_model_len or sglang context_length (default 40960; vllm: at most the smallest pool)")
+	fs.BoolVar(&cfg.NoPrefixCache, "no-prefix-cache", false, "turn the prefix cache off")
+	fs.BoolVar(&cfg.ReportCachedTokens, "report-cached-tokens", false, "report usage.prompt_tokens_details.cached_tokens (vllm, sglang)")
 	fs.Float64Var(&cfg.ColdFactor, "cold-factor", 1, "steps are this many times slower while cold")
 	fs.Float64Var(&cfg.ColdSeconds, "cold-seconds", 0, "how long the engine stays cold after start")
 	fs.StringVar(&cfg.LogPath, "log", "", "write the engine's start-up log to this file")
-	fs.IntVar(&cfg.PromptTokens, "prompt-tokens", 0, "pool cost of every prompt (default: estimated from its words)")
+	fs.IntVar(&cfg.PromptTokens, "prompt-tokens", 0, "tokens of every prompt, whatever its text (default: counted from its words)")
 	fs.IntVar(&cfg.MaxRunning, "max-running", 0, "running sequences per rank (default: per flavour)")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed for natural response lengths")
 	fs.BoolVar(&cfg.Faults.IgnoreMinTokens, "fault-ignore-min-tokens", false, "fault: ignore min_tokens and ignore_eos")
@@ -73,8 +116,15 @@ func parseFlags(args []string, stderr io.Writer) (sim.Config, string, error) {
 	fs.IntVar(&cfg.Faults.DropStreamAfter, "fault-drop-stream-after", 0, "fault: cut streams after this many tokens")
 	fs.BoolVar(&cfg.Faults.MalformedSSE, "fault-malformed-sse", false, "fault: one garbled SSE line mid-stream")
 	fs.DurationVar(&cfg.Faults.NotReadyFor, "fault-not-ready-for", 0, "fault: /health answers 503 this long after start")
+	fs.IntVar(&cfg.Faults.TruncatePrompt, "fault-truncate-prompt", 0, "fault: silently keep only the first N prompt tokens (usage says N)")
+	fs.IntVar(&cfg.Faults.PromptUsageExtra, "fault-prompt-usage-extra", 0, "fault: add this to every reported prompt_tokens")
+	fs.BoolVar(&cfg.Faults.PrefillCached, "fault-prefill-cached", false, "fault: serve every prompt as if cached (no prefill time)")
+	fs.IntVar(&cfg.Faults.RejectLong, "fault-reject-long", 0, "fault: reject prompts above N tokens with the flavour's context-length error")
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
+	}
+	if *showVersion {
+		return cfg, "", errVersion
 	}
 	if fs.NArg() > 0 {
 		return cfg, "", fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))

@@ -71,3 +71,33 @@ func TestRunRejectsBadInput(t *testing.T) {
 		})
 	}
 }
+
+func TestVersionFlags(t *testing.T) {
+	var stdout, stderr testutil.SyncBuffer
+	if c := run(t.Context(), []string{"--version"}, &stdout, &stderr); c != 0 || !strings.HasPrefix(stdout.String(), "heft-sim ") {
+		t.Errorf("--version: exit %d, stdout %q, stderr %q", c, stdout.String(), stderr.String())
+	}
+	cfg, _, err := parseFlags([]string{"--engine-version", "0.11.2", "--single-tps", "60", "--batch16-tps", "600"}, &stderr)
+	if err != nil || cfg.Version != "0.11.2" {
+		t.Errorf("--engine-version: %+v %v", cfg, err)
+	}
+}
+
+func TestPrefillFlags(t *testing.T) {
+	var stderr testutil.SyncBuffer
+	cfg, _, err := parseFlags([]string{"--single-tps", "60", "--batch16-tps", "600", "--prefill-tps", "9000",
+		"--max-batched-tokens", "4096", "--max-model-len", "32768", "--no-prefix-cache", "--report-cached-tokens",
+		"--fault-truncate-prompt", "100", "--fault-prompt-usage-extra", "3", "--fault-prefill-cached", "--fault-reject-long", "2000"}, &stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := cfg.Faults
+	if cfg.PrefillTPS != 9000 || cfg.MaxBatchedTokens != 4096 || cfg.MaxModelLen != 32768 || !cfg.NoPrefixCache || !cfg.ReportCachedTokens ||
+		f.TruncatePrompt != 100 || f.PromptUsageExtra != 3 || !f.PrefillCached || f.RejectLong != 2000 {
+		t.Errorf("config %+v", cfg)
+	}
+	var stdout testutil.SyncBuffer
+	if c := run(t.Context(), []string{"-h"}, &stdout, &stderr); c != 0 || !strings.Contains(stderr.String(), "(t0 + k*b, if b > 0) + p/P") {
+		t.Errorf("-h: exit %d, help %q", c, stderr.String())
+	}
+}
