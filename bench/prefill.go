@@ -11,6 +11,7 @@ import (
 type PrefillCalibration struct {
 	Calibration
 	PrefillTPS float64 // P: prompt tok/s of one rank prefilling alone
+	KVTokens   int64   // pool per rank; 0 = the sim's default
 }
 
 // PrefillCalibrations are five workers whose decode and prefill rankings
@@ -32,22 +33,31 @@ type PrefillCalibration struct {
 //
 // TestPrefillCalibrationsDisagree checks these figures and orders.
 var PrefillCalibrations = []PrefillCalibration{
-	{Calibration{Name: "h20-like", Flavor: sim.FlavorVLLM, SingleTPS: 110, Batch16TPS: 1500}, 4500},
-	{Calibration{Name: "a100-like", Flavor: sim.FlavorVLLM, SingleTPS: 95, Batch16TPS: 1250}, 7000},
-	{Calibration{Name: "l40s-like", Flavor: sim.FlavorSGLang, SingleTPS: 70, Batch16TPS: 850}, 13000},
-	{Calibration{Name: "4090-dp2", Flavor: sim.FlavorSGLang, SingleTPS: 55, Batch16TPS: 600, DP: 2}, 9000},
-	{Calibration{Name: "mac-studio", Flavor: sim.FlavorLlamaCpp, SingleTPS: 45, Batch16TPS: 320}, 2500},
+	{Calibration{Name: "h20-like", Flavor: sim.FlavorVLLM, SingleTPS: 110, Batch16TPS: 1500}, 4500, 0},
+	{Calibration{Name: "a100-like", Flavor: sim.FlavorVLLM, SingleTPS: 95, Batch16TPS: 1250}, 7000, 0},
+	{Calibration{Name: "l40s-like", Flavor: sim.FlavorSGLang, SingleTPS: 70, Batch16TPS: 850}, 13000, 0},
+	{Calibration{Name: "4090-dp2", Flavor: sim.FlavorSGLang, SingleTPS: 55, Batch16TPS: 600, DP: 2}, 9000, 0},
+	// llama.cpp splits its pool over 16 slots: 9,216 tokens each hold an
+	// 8,192-token prompt (the default pool's 6,250 would refuse it).
+	{Calibration{Name: "mac-studio", Flavor: sim.FlavorLlamaCpp, SingleTPS: 45, Batch16TPS: 320}, 2500, 16 * 9216},
 }
 
 // String describes the calibration for a table.
 func (c PrefillCalibration) String() string {
-	return fmt.Sprintf("%s P=%g", c.Calibration.String(), c.PrefillTPS)
+	s := fmt.Sprintf("%s P=%g", c.Calibration.String(), c.PrefillTPS)
+	if c.KVTokens > 0 {
+		s += fmt.Sprintf(" kv=%d", c.KVTokens)
+	}
+	return s
 }
 
 // SimConfig is the sim configuration of c, warm unless cold is set.
 func (c PrefillCalibration) SimConfig(model string, cold Cold) sim.Config {
 	cfg := c.simConfig(model, cold)
 	cfg.PrefillTPS = c.PrefillTPS
+	if c.KVTokens > 0 {
+		cfg.KVTokens = []int64{c.KVTokens}
+	}
 	return cfg
 }
 

@@ -78,8 +78,8 @@ func (c Config) IdealBurstSeconds(n, promptTokens, outputTokens int) (float64, e
 				target: outputTokens, finish: "length",
 				wake: make(chan struct{}, 1), done: make(chan struct{}),
 			}
-			if s.reserve > pool {
-				return 0, fmt.Errorf("ideal burst: a request of %d tokens never fits rank %d's pool of %d", s.reserve, i, pool)
+			if limit := min(pool, c.seqLimit(pool)); s.reserve > limit {
+				return 0, fmt.Errorf("ideal burst: a request of %d tokens does not fit rank %d's context of %d", s.reserve, i, limit)
 			}
 			r.enqueue(s)
 		}

@@ -74,6 +74,10 @@ func TestTrueCapacityClosedForms(t *testing.T) {
 	if _, err := cfg.PrefillCapacity(1, 200000); err == nil {
 		t.Error("a prompt larger than the pool never runs, want an error")
 	}
+	// llama.cpp's default 16 slots of a 100,000 pool hold 6,250 tokens each.
+	if _, err := (Config{Flavor: FlavorLlamaCpp, SingleTPS: s1, Batch16TPS: s16, PrefillTPS: p}).PrefillCapacity(1, 8192); err == nil {
+		t.Error("a prompt longer than a llama.cpp slot is refused, want an error")
+	}
 	if _, err := cfg.IdealBurstSeconds(0, 10, 10); err == nil {
 		t.Error("an empty burst, want an error")
 	}

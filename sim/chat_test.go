@@ -246,3 +246,23 @@ func TestMLXChatAlias(t *testing.T) {
 		t.Errorf("mlx /chat/completions: %d", resp.StatusCode)
 	}
 }
+
+func TestPromptUsageEveryFlavor(t *testing.T) {
+	t.Parallel()
+	for _, flavor := range Flavors {
+		t.Run(flavor, func(t *testing.T) {
+			t.Parallel()
+			c := fast(flavor)
+			c.PrefillTPS = 1e6
+			s := startSim(t, c)
+			body := longChat(300, flavor, 2)
+			if _, resp, raw := chat(t, s.URL(), body); resp.Usage.PromptTokens != 300 || resp.Usage.TotalTokens != 300+int64(resp.Usage.CompletionTokens) {
+				t.Errorf("not streamed: %s", raw)
+			}
+			body["stream_options"] = map[string]any{"include_usage": true}
+			if r := streamChat(t, s.URL(), body); r.usage == nil || r.usage.PromptTokens != 300 {
+				t.Errorf("streamed: %+v", r)
+			}
+		})
+	}
+}

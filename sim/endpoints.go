@@ -80,7 +80,7 @@ func (s *Server) handleLoads(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"loads": loads})
 }
 
-func (s *Server) llamaSlotCtx() int64 { return s.ranks[0].pool / int64(s.cfg.MaxRunning) }
+func (s *Server) llamaSlotCtx() int64 { return s.cfg.seqLimit(s.ranks[0].pool) }
 
 func (s *Server) llamaParams() map[string]any {
 	return map[string]any{"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95, "ignore_eos": false, "stream": true}

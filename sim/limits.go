@@ -145,16 +145,21 @@ func (s *Server) rankCheck(r *rank, n int64) *apiError {
 
 // seqLimit is the most prompt + generated tokens one sequence may reach on
 // rank r.
-func (s *Server) seqLimit(r *rank) int64 {
-	switch s.cfg.Flavor {
+func (s *Server) seqLimit(r *rank) int64 { return s.cfg.seqLimit(r.pool) }
+
+// seqLimit is the most prompt + generated tokens one sequence may reach on
+// a rank of this pool: vLLM's max_model_len, SGLang's context_length or
+// pool, a llama.cpp slot's n_ctx, the pool elsewhere. c is normalized.
+func (c Config) seqLimit(pool int64) int64 {
+	switch c.Flavor {
 	case FlavorVLLM:
-		return s.cfg.MaxModelLen
+		return c.MaxModelLen
 	case FlavorSGLang:
-		return min(s.cfg.MaxModelLen, r.pool)
+		return min(c.MaxModelLen, pool)
 	case FlavorLlamaCpp:
-		return s.llamaSlotCtx()
+		return pool / int64(c.MaxRunning)
 	}
-	return r.pool
+	return pool
 }
 
 // ollamaTruncate cuts a prompt longer than Ollama's context the way its
