@@ -27,6 +27,15 @@ func prefillTol() float64 {
 	return 0.03
 }
 
+// prefillRate slows a test's prefill rate down 2× under the race detector,
+// so that the fixed cost of a request's HTTP and JSON weighs half as much.
+func prefillRate(p float64) float64 {
+	if raceEnabled {
+		return p / 2
+	}
+	return p
+}
+
 // postBody sends an already marshalled chat request.
 func postBody(t *testing.T, url string, body []byte) (*http.Response, error) {
 	t.Helper()
@@ -106,15 +115,16 @@ func promptBurst(t *testing.T, url string, n, tokens int, tag string) float64 {
 }
 
 func TestLonePromptReadsAtPrefillTPS(t *testing.T) {
-	// 0.8 s of prefill, so that HTTP and JSON (a few ms under -race) stay
-	// well inside the tolerance.
-	const p, tokens = 10000.0, 8000
+	// 0.8 s of prefill (1.6 s under -race), so that HTTP and JSON stay well
+	// inside the tolerance.
+	const tokens = 8000
+	p := prefillRate(10000)
 	cfg := Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: p}
 	want, err := cfg.PrefillCapacity(1, tokens)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// L/(L/P + 1/S1): the one sampling step is 1 ms of 801.
+	// L/(L/P + 1/S1): the one sampling step is 1 ms of 0.8 s or more.
 	if !near(want, p, 0.01) {
 		t.Fatalf("the model's lone-prompt rate %.0f is not within 1 %% of P = %.0f", want, p)
 	}
@@ -138,9 +148,9 @@ func TestConcurrentPromptsGiveTruePrefillCapacity(t *testing.T) {
 		n, tokens int
 	}{
 		// Two ranks take two prompts each: 2·(L/P + 1/S1) = 1.204 s.
-		{"sglang on two ranks", Config{Flavor: FlavorSGLang, SingleTPS: 500, Batch16TPS: 4000, PrefillTPS: 10000, DP: 2}, 4, 6000},
+		{"sglang on two ranks", Config{Flavor: FlavorSGLang, SingleTPS: 500, Batch16TPS: 4000, PrefillTPS: prefillRate(10000), DP: 2}, 4, 6000},
 		// One rank takes all four: 4·(L/P + 1/S1) = 1.204 s.
-		{"vllm on one rank", Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: 10000}, 4, 3000},
+		{"vllm on one rank", Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: prefillRate(10000)}, 4, 3000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want, err := tc.cfg.PrefillCapacity(tc.n, tc.tokens)
