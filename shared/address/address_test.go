@@ -1,0 +1,42 @@
+package address
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestIsLoopback(t *testing.T) {
+	for host, want := range map[string]bool{
+		"127.0.0.1": true, "127.1.2.3": true, "::1": true, "[::1]": true, "localhost": true, "LocalHost": true,
+		"localhost.": true, "gpu-a.localhost": true, // RFC 6761: every name under .localhost is loopback
+		"": false, "0.0.0.0": false, "::": false, "10.0.0.1": false, "coord.example": false, "localhost.example": false,
+		"notlocalhost": false,
+	} {
+		if got := IsLoopback(host); got != want {
+			t.Errorf("IsLoopback(%q) = %t, want %t", host, got, want)
+		}
+	}
+}
+
+func TestCheckURL(t *testing.T) {
+	for _, ok := range []string{"ws://127.0.0.1:7070/api/v1/agent", "wss://coord.example/api/v1/agent", "https://[::1]:8443/x"} {
+		if _, err := CheckURL("coordinator URL", ok, "ws", "wss", "http", "https"); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, tc := range []struct{ raw, want string }{
+		{"", "coordinator URL is empty: want ws:// or wss://"},
+		{"coord:7070", `coordinator URL "coord:7070" has no scheme: want ws:// or wss://, e.g. ws://coord:7070`},
+		{"tcp://h:1", `coordinator URL "tcp://h:1": scheme must be ws:// or wss://`},
+		{"ws:///api", "has no host"},
+		{"ws://%zz", `coordinator URL "ws://%zz": parse`},
+		{"ws://h:99999/", "port 99999 is not 1..65535"},
+		{"ws://u:p@h/", "must not carry credentials"},
+		{"ws://h/?token=x", "a query"},
+	} {
+		_, err := CheckURL("coordinator URL", tc.raw, "ws", "wss")
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want one containing %q", tc.raw, err, tc.want)
+		}
+	}
+}
