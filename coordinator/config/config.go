@@ -1,26 +1,26 @@
-// Package config loads heft-coordinator's configuration: defaults, then a
+// Package config loads heft-coordinator's configuration through the one
+// mechanism every heft binary uses (heft/shared/settings): defaults, then a
 // TOML file, then HEFT_COORDINATOR_* environment variables, then flags.
-// Secrets may come from files; those files must not be readable by anyone
-// but their owner.
+// Each setting is one row of settings(). Secrets may come from files; those
+// files must not be readable by anyone but their owner and group.
 package config
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"math"
 	"net"
 	"os"
-	"runtime"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/BurntSushi/toml"
 	"github.com/hashicorp/go-hclog"
 
+	"heft/coordinator/fleet"
 	"heft/shared/health"
+	"heft/shared/logging"
+	"heft/shared/settings"
 )
 
 // EnvPrefix starts every environment variable the coordinator reads.
@@ -29,70 +29,104 @@ const EnvPrefix = "HEFT_COORDINATOR_"
 // Config is the coordinator's whole configuration. Durations are written as
 // strings such as "30s" or "6h" in TOML, the environment and flags.
 type Config struct {
-	Listen   string `toml:"listen"`
-	StateDir string `toml:"state_dir"`
+	Listen   string
+	StateDir string
 
-	AgentToken      string `toml:"agent_token"`
-	AgentTokenFile  string `toml:"agent_token_file"`
-	AdminToken      string `toml:"admin_token"`
-	AdminTokenFile  string `toml:"admin_token_file"`
-	ViewerToken     string `toml:"viewer_token"` // optional: when set, reads need it
-	ViewerTokenFile string `toml:"viewer_token_file"`
+	AgentToken      string
+	AgentTokenFile  string
+	AdminToken      string
+	AdminTokenFile  string
+	ViewerToken     string // optional: when set, reads need it
+	ViewerTokenFile string
 
-	TLSCertFile string `toml:"tls_cert_file"`
-	TLSKeyFile  string `toml:"tls_key_file"`
+	TLSCertFile string
+	TLSKeyFile  string
 
-	LogLevel string `toml:"log_level"`
-	LogJSON  bool   `toml:"log_json"`
+	LogLevel string
+	LogJSON  bool
 
-	OfflineGrace time.Duration `toml:"offline_grace"`
+	OfflineGrace time.Duration
 	// AgentPingInterval and AgentPingTimeout bound how long a silently
 	// stalled agent connection lingers before it is dropped.
-	AgentPingInterval time.Duration `toml:"agent_ping_interval"`
-	AgentPingTimeout  time.Duration `toml:"agent_ping_timeout"`
-	CacheTTL          time.Duration `toml:"cache_ttl"`
-	RemeasureEvery    time.Duration `toml:"remeasure_every"`
+	AgentPingInterval time.Duration
+	AgentPingTimeout  time.Duration
+	CacheTTL          time.Duration
+	RemeasureEvery    time.Duration
 
-	Thresholds health.Thresholds `toml:"thresholds"`
-	WeightMin  float64           `toml:"weight_min"`
-	WeightMax  float64           `toml:"weight_max"`
+	Thresholds health.Thresholds
+	WeightMin  float64
+	WeightMax  float64
 
 	// ShowVersion is set by --version; Load then reads nothing else.
-	ShowVersion bool `toml:"-"`
+	ShowVersion bool
+
+	// report says where each setting came from; nil unless Load made c.
+	report *settings.Report
 }
 
-// Default returns the configuration used where nothing else is said.
+// Default returns the configuration used where nothing else is said. The
+// fleet's settings keep the fleet's own defaults.
 func Default() Config {
+	fc := fleet.DefaultConfig()
 	return Config{
 		Listen:            "127.0.0.1:7070",
 		StateDir:          "/var/lib/heft",
-		LogLevel:          "info",
-		OfflineGrace:      30 * time.Second,
+		LogLevel:          logging.DefaultLevel,
+		OfflineGrace:      fc.OfflineGrace,
 		AgentPingInterval: 10 * time.Second,
 		AgentPingTimeout:  5 * time.Second,
-		CacheTTL:          6 * time.Hour,
-		RemeasureEvery:    6 * time.Hour,
-		Thresholds:        health.DefaultThresholds(),
-		WeightMin:         0.25,
-		WeightMax:         8,
+		CacheTTL:          fc.CacheTTL,
+		RemeasureEvery:    fc.RemeasureEvery,
+		Thresholds:        fc.Thresholds,
+		WeightMin:         fc.WeightMin,
+		WeightMax:         fc.WeightMax,
+	}
+}
+
+// command is the coordinator's command line and configuration, bound to c:
+// one row per setting. A new setting is a field above and a row here.
+func (c *Config) command() settings.Command {
+	tokenFile := "(mode 0600, or 0640 with a dedicated group)"
+	return settings.Command{
+		Name:      "heft-coordinator",
+		Synopsis:  "heft-coordinator [--config FILE] [flags]",
+		About:     "Keeps the fleet: agents report to it, it measures and weighs the workers, and serves\nthe weights, a dashboard, a JSON API and Prometheus metrics.",
+		EnvPrefix: EnvPrefix,
+		Version:   true,
+		Settings: []settings.Setting{
+			settings.String("listen", &c.Listen, "host:port to serve HTTP on").Meta("ADDR"),
+			settings.String("state_dir", &c.StateDir, "directory for persistent state").Meta("DIR"),
+			settings.String("agent_token", &c.AgentToken, "the agents' token").Secret().Flag("-"),
+			settings.String("agent_token_file", &c.AgentTokenFile, "file holding the agents' token "+tokenFile).Meta("FILE"),
+			settings.String("admin_token", &c.AdminToken, "the admin token").Secret().Flag("-"),
+			settings.String("admin_token_file", &c.AdminTokenFile, "file holding the admin token "+tokenFile).Meta("FILE"),
+			settings.String("viewer_token", &c.ViewerToken, "the optional viewer token").Secret().Flag("-"),
+			settings.String("viewer_token_file", &c.ViewerTokenFile, "file holding the optional viewer token "+tokenFile).Meta("FILE"),
+			settings.String("tls_cert_file", &c.TLSCertFile, "TLS certificate (PEM); with --tls-key-file, serve HTTPS").Meta("FILE"),
+			settings.String("tls_key_file", &c.TLSKeyFile, "TLS private key (PEM)").Meta("FILE"),
+			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
+			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),
+			settings.Duration("offline_grace", &c.OfflineGrace, "how long an agent may be gone before its workers go offline"),
+			settings.Duration("agent_ping_interval", &c.AgentPingInterval, "how often each agent connection is pinged"),
+			settings.Duration("agent_ping_timeout", &c.AgentPingTimeout, "how long a ping may go unanswered before the agent is dropped"),
+			settings.Duration("cache_ttl", &c.CacheTTL, "how long a measurement is reused across reconnects"),
+			settings.Duration("remeasure_every", &c.RemeasureEvery, "how often an idle worker is measured again"),
+			settings.Float("weight_min", &c.WeightMin, "smallest weight"),
+			settings.Float("weight_max", &c.WeightMax, "largest weight"),
+			settings.Float("thresholds.pool_hold", &c.Thresholds.PoolHold, "smallest/largest DP pool below which a worker is held"),
+			settings.Float("thresholds.pool_warn", &c.Thresholds.PoolWarn, "smallest/largest DP pool below which a worker gets a warning"),
+			settings.Float("thresholds.clock_low", &c.Thresholds.ClockLow, "median/max SM clock during a probe below which a worker gets a warning"),
+			settings.Uint64("thresholds.foreign_min_bytes", &c.Thresholds.ForeignMinBytes, "foreign GPU processes holding less memory are ignored").Meta("BYTES"),
+		},
+		Alternatives: [][]string{
+			{"agent_token", "agent_token_file"}, {"admin_token", "admin_token_file"}, {"viewer_token", "viewer_token_file"},
+		},
 	}
 }
 
 // String describes the configuration without its secrets, so a stray
 // log line or %v cannot leak a token.
-func (c Config) String() string {
-	redact := func(s string) string {
-		if s == "" {
-			return `""`
-		}
-		return "[redacted]"
-	}
-	return fmt.Sprintf("listen=%s state_dir=%s agent_token=%s agent_token_file=%q admin_token=%s admin_token_file=%q "+
-		"viewer_token=%s viewer_token_file=%q tls=%t log_level=%s offline_grace=%s cache_ttl=%s remeasure_every=%s "+
-		"weights=[%g,%g]", c.Listen, c.StateDir, redact(c.AgentToken), c.AgentTokenFile, redact(c.AdminToken),
-		c.AdminTokenFile, redact(c.ViewerToken), c.ViewerTokenFile, c.TLS(), c.LogLevel, c.OfflineGrace, c.CacheTTL,
-		c.RemeasureEvery, c.WeightMin, c.WeightMax)
-}
+func (c Config) String() string { return c.command().Describe() }
 
 // GoString keeps %#v as quiet about secrets as %v.
 func (c Config) GoString() string { return "config.Config{" + c.String() + "}" }
@@ -139,50 +173,14 @@ func (s secret) resolve() (string, error) {
 	case s.value != "" && s.file != "":
 		return "", fmt.Errorf("%s and %s are both set; keep one", s.key, s.fileKey)
 	case s.file != "":
-		return readTokenFile(s.fileKey, s.file)
+		tok, err := settings.ReadTokenFile(s.file)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", s.fileKey, err)
+		}
+		return tok, nil
 	default:
 		return s.value, nil
 	}
-}
-
-// maxTokenFile bounds what a token file may hold; a token is a line.
-const maxTokenFile = 4096
-
-func readTokenFile(key, path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", key, err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", key, err)
-	}
-	if !st.Mode().IsRegular() {
-		return "", fmt.Errorf("%s: %s is not a regular file", key, path)
-	}
-	// Windows has no meaningful permission bits to check. Group read is
-	// allowed so root can own the file and the service's group read it
-	// (root:heft 0640); group write and any access by others are not.
-	if perm := st.Mode().Perm(); runtime.GOOS != "windows" && perm&0o027 != 0 {
-		return "", fmt.Errorf("%s: %s has mode %04o, so others can read it or its group can change it; run: chmod 600 %s (or 640 with a dedicated group)",
-			key, path, perm, path)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxTokenFile+1))
-	if err != nil {
-		return "", fmt.Errorf("%s: read %s: %w", key, path, err)
-	}
-	if len(data) > maxTokenFile {
-		return "", fmt.Errorf("%s: %s is larger than %d bytes; it should hold one token", key, path, maxTokenFile)
-	}
-	tok := strings.TrimSpace(string(data))
-	if tok == "" {
-		return "", fmt.Errorf("%s: %s is empty", key, path)
-	}
-	if strings.ContainsAny(tok, "\r\n") {
-		return "", fmt.Errorf("%s: %s holds more than one line; it should hold one token", key, path)
-	}
-	return tok, nil
 }
 
 // Validate returns every problem with the configuration at once.
@@ -209,21 +207,24 @@ func (c Config) Validate() error {
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		bad("tls_cert_file and tls_key_file must be set together")
 	}
-	for key, path := range map[string]string{"tls_cert_file": c.TLSCertFile, "tls_key_file": c.TLSKeyFile} {
-		if path == "" {
+	for _, f := range []struct{ key, path string }{{"tls_cert_file", c.TLSCertFile}, {"tls_key_file", c.TLSKeyFile}} {
+		if f.path == "" {
 			continue
 		}
-		if _, err := os.Stat(path); err != nil {
-			bad("%s: %v", key, err)
+		if _, err := os.Stat(f.path); err != nil {
+			bad("%s: %v", f.key, err)
 		}
 	}
-	if hclog.LevelFromString(c.LogLevel) == hclog.NoLevel {
-		bad("log_level %q is not one of trace, debug, info, warn, error", c.LogLevel)
+	if err := logging.CheckLevel(c.LogLevel); err != nil {
+		bad("log_level: %v", err)
 	}
-	for key, d := range map[string]time.Duration{"offline_grace": c.OfflineGrace, "cache_ttl": c.CacheTTL,
-		"remeasure_every": c.RemeasureEvery, "agent_ping_interval": c.AgentPingInterval, "agent_ping_timeout": c.AgentPingTimeout} {
-		if d <= 0 {
-			bad("%s must be positive, got %s", key, d)
+	for _, d := range []struct {
+		key string
+		d   time.Duration
+	}{{"offline_grace", c.OfflineGrace}, {"agent_ping_interval", c.AgentPingInterval}, {"agent_ping_timeout", c.AgentPingTimeout},
+		{"cache_ttl", c.CacheTTL}, {"remeasure_every", c.RemeasureEvery}} {
+		if d.d <= 0 {
+			bad("%s must be positive, got %s", d.key, d.d)
 		}
 	}
 	th := c.Thresholds
@@ -245,187 +246,47 @@ func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 // inUnit: a fraction; 0 turns its warning off.
 func inUnit(v float64) bool { return finite(v) && v >= 0 && v <= 1 }
 
-// setting is one key that the environment and flags may set.
-type setting struct {
-	key    string // the TOML key, dotted for tables
-	flag   bool   // also a flag; secrets are not, a command line is visible to all
-	usage  string
-	assign func(c *Config, v string) error
-}
-
-func settings() []setting {
-	str := func(get func(*Config) *string) func(*Config, string) error {
-		return func(c *Config, v string) error { *get(c) = v; return nil }
-	}
-	dur := func(get func(*Config) *time.Duration) func(*Config, string) error {
-		return func(c *Config, v string) error {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return err
-			}
-			*get(c) = d
-			return nil
-		}
-	}
-	num := func(get func(*Config) *float64) func(*Config, string) error {
-		return func(c *Config, v string) error {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return err
-			}
-			*get(c) = f
-			return nil
-		}
-	}
-	return []setting{
-		{"listen", true, "address to serve HTTP on (host:port)", str(func(c *Config) *string { return &c.Listen })},
-		{"state_dir", true, "directory for persistent state", str(func(c *Config) *string { return &c.StateDir })},
-		{"agent_token", false, "", str(func(c *Config) *string { return &c.AgentToken })},
-		{"agent_token_file", true, "file holding the agents' token (mode 0600, or 0640 with a dedicated group)", str(func(c *Config) *string { return &c.AgentTokenFile })},
-		{"admin_token", false, "", str(func(c *Config) *string { return &c.AdminToken })},
-		{"admin_token_file", true, "file holding the admin token (mode 0600, or 0640 with a dedicated group)", str(func(c *Config) *string { return &c.AdminTokenFile })},
-		{"viewer_token", false, "", str(func(c *Config) *string { return &c.ViewerToken })},
-		{"viewer_token_file", true, "file holding the optional viewer token (mode 0600, or 0640 with a dedicated group)", str(func(c *Config) *string { return &c.ViewerTokenFile })},
-		{"tls_cert_file", true, "TLS certificate (PEM); serve HTTPS with tls_key_file", str(func(c *Config) *string { return &c.TLSCertFile })},
-		{"tls_key_file", true, "TLS private key (PEM)", str(func(c *Config) *string { return &c.TLSKeyFile })},
-		{"log_level", true, "trace, debug, info, warn or error", str(func(c *Config) *string { return &c.LogLevel })},
-		{"log_json", true, "log JSON lines even on a terminal (true/false)", func(c *Config, v string) error {
-			b, err := strconv.ParseBool(v)
-			c.LogJSON = b
-			return err
-		}},
-		{"offline_grace", true, "how long an agent may be gone before its workers go offline", dur(func(c *Config) *time.Duration { return &c.OfflineGrace })},
-		{"agent_ping_interval", true, "how often each agent connection is pinged", dur(func(c *Config) *time.Duration { return &c.AgentPingInterval })},
-		{"agent_ping_timeout", true, "how long a ping may go unanswered before the agent is dropped", dur(func(c *Config) *time.Duration { return &c.AgentPingTimeout })},
-		{"cache_ttl", true, "how long a measurement is reused across reconnects", dur(func(c *Config) *time.Duration { return &c.CacheTTL })},
-		{"remeasure_every", true, "how often an idle worker is measured again", dur(func(c *Config) *time.Duration { return &c.RemeasureEvery })},
-		{"weight_min", true, "smallest weight", num(func(c *Config) *float64 { return &c.WeightMin })},
-		{"weight_max", true, "largest weight", num(func(c *Config) *float64 { return &c.WeightMax })},
-		{"thresholds.pool_hold", true, "smallest/largest DP pool below which a worker is held", num(func(c *Config) *float64 { return &c.Thresholds.PoolHold })},
-		{"thresholds.pool_warn", true, "smallest/largest DP pool below which a worker gets a warning", num(func(c *Config) *float64 { return &c.Thresholds.PoolWarn })},
-		{"thresholds.clock_low", true, "median/max SM clock during a probe below which a worker gets a warning", num(func(c *Config) *float64 { return &c.Thresholds.ClockLow })},
-		{"thresholds.foreign_min_bytes", true, "foreign GPU processes holding less memory are ignored", func(c *Config, v string) error {
-			n, err := strconv.ParseUint(v, 10, 64)
-			c.Thresholds.ForeignMinBytes = n
-			return err
-		}},
-	}
-}
-
 // EnvName is the environment variable for a TOML key.
-func EnvName(key string) string {
-	return EnvPrefix + strings.ToUpper(strings.NewReplacer(".", "_").Replace(key))
-}
+func EnvName(key string) string { return settings.EnvName(EnvPrefix, key) }
 
 // FlagName is the command-line flag for a TOML key.
-func FlagName(key string) string {
-	return strings.NewReplacer(".", "-", "_", "-").Replace(key)
-}
+func FlagName(key string) string { return settings.FlagName(key) }
 
 // Load builds the configuration from defaults, the TOML file at path (or
 // the one named by --config, or by HEFT_COORDINATOR_CONFIG), the
 // environment and args, then validates it. env is usually os.Getenv.
-// flag.ErrHelp is returned for -h.
+// Command-line mistakes are a *settings.UsageError (flag.ErrHelp for -h);
+// for --version, Load returns a Config with ShowVersion set.
 func Load(path string, args []string, env func(string) string) (Config, error) {
-	if env == nil {
-		env = func(string) string { return "" }
-	}
-	fs := flag.NewFlagSet("heft-coordinator", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	configPath := fs.String("config", "", "TOML configuration file")
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	values := map[string]*string{}
-	for _, s := range settings() {
-		if s.flag {
-			values[s.key] = fs.String(FlagName(s.key), "", s.usage)
-		}
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return Config{}, err
-		}
-		return Config{}, fmt.Errorf("%w\n%s", err, Usage())
-	}
-	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
-	}
-	if *showVersion {
+	cfg := Default()
+	rep, err := cfg.command().Load(path, args, env)
+	if errors.Is(err, settings.ErrVersion) {
 		return Config{ShowVersion: true}, nil
 	}
-	cfg := Default()
-	switch {
-	case *configPath != "":
-		path = *configPath
-	case path == "":
-		path = env(EnvPrefix + "CONFIG")
-	}
-	if path != "" {
-		if err := cfg.loadFile(path); err != nil {
-			return Config{}, err
-		}
-	}
-	var errs []error
-	for _, s := range settings() {
-		name := EnvName(s.key)
-		if v := env(name); v != "" {
-			if err := s.assign(&cfg, v); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			}
-		}
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for _, s := range settings() {
-		if s.flag && set[FlagName(s.key)] {
-			if err := s.assign(&cfg, *values[s.key]); err != nil {
-				errs = append(errs, fmt.Errorf("--%s: %w", FlagName(s.key), err))
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return Config{}, err
 	}
+	cfg.report = rep
 	if err := cfg.Validate(); err != nil {
 		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	return cfg, nil
 }
 
-func (c *Config) loadFile(path string) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("read config: %w", err)
-	}
-	md, err := toml.Decode(string(data), c)
-	if err != nil {
-		var pe toml.ParseError
-		if errors.As(err, &pe) {
-			return fmt.Errorf("config %s: %s", path, pe.ErrorWithPosition())
-		}
-		return fmt.Errorf("config %s: %w", path, err)
-	}
-	if extra := md.Undecoded(); len(extra) > 0 {
-		keys := make([]string, len(extra))
-		for i, k := range extra {
-			keys[i] = k.String()
-		}
-		return fmt.Errorf("config %s: unknown keys: %s", path, strings.Join(keys, ", "))
-	}
-	return nil
-}
+// LogSettings writes the start-up lines that say where each setting that
+// is not at its default came from, and warn of any value that overrode a
+// different one (--state-dir over the file's state_dir).
+func (c Config) LogSettings(logger hclog.Logger) { c.report.Log(logger) }
 
 // Usage describes the flags and their environment variables.
 func Usage() string {
 	var b strings.Builder
-	b.WriteString("usage: heft-coordinator [--config FILE] [flags]\n\nflags:\n")
-	fmt.Fprintf(&b, "  %-32s %s (env %sCONFIG)\n", "--config FILE", "TOML configuration file", EnvPrefix)
-	fmt.Fprintf(&b, "  %-32s %s\n", "--version", "print the version and exit")
-	for _, s := range settings() {
-		if s.flag {
-			fmt.Fprintf(&b, "  %-32s %s (env %s)\n", "--"+FlagName(s.key), s.usage, EnvName(s.key))
-		}
-	}
-	b.WriteString("\nsecrets from the environment only: " + EnvName("agent_token") + ", " +
-		EnvName("admin_token") + ", " + EnvName("viewer_token") + "\n")
+	PrintUsage(&b)
 	return b.String()
+}
+
+// PrintUsage writes Usage to w.
+func PrintUsage(w io.Writer) {
+	c := Default()
+	c.command().Usage(w)
 }

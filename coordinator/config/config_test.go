@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/coordinator/fleet"
 )
 
 func writeFile(t *testing.T, name, body string, mode os.FileMode) string {
@@ -177,7 +182,7 @@ func TestLoadFlagErrors(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, "nope"},
 		{"bad duration", []string{"--offline-grace", "forever"}, "--offline-grace"},
 		{"bad number", []string{"--weight-max", "lots"}, "--weight-max"},
-		{"stray argument", []string{"run"}, "unexpected arguments"},
+		{"stray argument", []string{"run"}, `unexpected argument "run"`},
 		{"secret as flag", []string{"--agent-token", "x"}, "agent-token"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -299,5 +304,86 @@ func TestUsageNamesEnvAndFlags(t *testing.T) {
 		if !strings.Contains(u, want) {
 			t.Errorf("usage lacks %q", want)
 		}
+	}
+}
+
+// A bare number used to load as nanoseconds: offline_grace = 30 was 30 ns,
+// and passed Validate. Every duration now refuses it and says what to write.
+func TestBareNumberDurationRefused(t *testing.T) {
+	for _, key := range []string{"offline_grace", "agent_ping_interval", "agent_ping_timeout", "cache_ttl", "remeasure_every"} {
+		t.Run(key, func(t *testing.T) {
+			path := writeFile(t, "c.toml", "agent_token = \"a\"\n"+key+" = 30\n", 0o600)
+			cfg, err := Load(path, nil, nil)
+			if err == nil {
+				t.Fatalf("%s = 30 accepted as %v", key, cfg)
+			}
+			for _, want := range []string{"line 2", fmt.Sprintf(`write %s = "30s"`, key)} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error lacks %q: %v", want, err)
+				}
+			}
+		})
+	}
+	env := envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN": "a", "HEFT_COORDINATOR_OFFLINE_GRACE": "30"})
+	if _, err := Load("", nil, env); err == nil || !strings.Contains(err.Error(), "HEFT_COORDINATOR_OFFLINE_GRACE") {
+		t.Errorf("env: %v", err)
+	}
+}
+
+// The fleet owns its defaults; the configuration refers to them.
+func TestDefaultsAreTheFleets(t *testing.T) {
+	c, fc := Default(), fleet.DefaultConfig()
+	if c.OfflineGrace != fc.OfflineGrace || c.CacheTTL != fc.CacheTTL || c.RemeasureEvery != fc.RemeasureEvery ||
+		c.WeightMin != fc.WeightMin || c.WeightMax != fc.WeightMax || c.Thresholds != fc.Thresholds {
+		t.Errorf("config defaults %v differ from the fleet's %+v", c, fc)
+	}
+}
+
+// A token file in a higher layer replaces a token from a lower one, as in
+// the agent; both in one layer are refused.
+func TestTokenAndTokenFileAcrossLayers(t *testing.T) {
+	tok := writeFile(t, "agent.token", "from-file\n", 0o600)
+	path := writeFile(t, "c.toml", "agent_token = \"inline\"\n", 0o600)
+	cfg, err := Load(path, nil, envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN_FILE": tok}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tokens, err := cfg.ReadTokens(); err != nil || tokens.Agent != "from-file" || cfg.AgentToken != "" {
+		t.Errorf("tokens = %+v, %v; cfg %v", tokens, err, cfg)
+	}
+	both := writeFile(t, "both.toml", "agent_token = \"inline\"\nagent_token_file = \""+tok+"\"\n", 0o600)
+	if _, err := Load(both, nil, nil); err == nil || !strings.Contains(err.Error(), "keep one") {
+		t.Errorf("both in one file: %v", err)
+	}
+}
+
+func TestLogJSONIsASwitch(t *testing.T) {
+	cfg, err := Load("", []string{"--log-json", "--log-level", "debug"}, envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN": "a"}))
+	if err != nil || !cfg.LogJSON || cfg.LogLevel != "debug" {
+		t.Fatalf("cfg %v, err %v", cfg, err)
+	}
+}
+
+func TestLogSettingsSaysWhereEachCameFrom(t *testing.T) {
+	path := writeFile(t, "c.toml", "state_dir = \"/from/file\"\nagent_token = \"s3cret\"\n", 0o600)
+	cfg, err := Load(path, []string{"--state-dir", "/from/flag"}, envMap(map[string]string{"HEFT_COORDINATOR_CACHE_TTL": "2h"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	cfg.LogSettings(hclog.New(&hclog.LoggerOptions{Output: &buf}))
+	out := buf.String()
+	for _, want := range []string{
+		`state_dir="/from/flag (flag --state-dir)"`,
+		`cache_ttl="2h (env HEFT_COORDINATOR_CACHE_TTL)"`,
+		`agent_token="[redacted] (file ` + path + `)"`,
+		`[WARN]  setting overridden: key=state_dir value=/from/flag from="flag --state-dir" overrides="/from/file (file ` + path + `)"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %s:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "s3cret") || strings.Contains(out, "listen=") {
+		t.Errorf("a secret or a default was logged:\n%s", out)
 	}
 }

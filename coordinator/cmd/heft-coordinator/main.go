@@ -6,8 +6,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -15,13 +13,13 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/hashicorp/go-hclog"
-	"github.com/mattn/go-isatty"
-
 	"heft/coordinator/config"
 	"heft/coordinator/fleet"
 	"heft/coordinator/server"
 	"heft/coordinator/store"
+	"heft/shared/address"
+	"heft/shared/logging"
+	"heft/shared/settings"
 	"heft/shared/version"
 )
 
@@ -33,27 +31,19 @@ func main() {
 }
 
 // run is the whole program; it returns the exit code: 0 done, 1 failed,
-// 2 bad usage or configuration.
+// 2 bad usage, 78 bad configuration (settings.ExitConfig).
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
 	cfg, err := config.Load("", args, env)
 	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, config.Usage())
-		return 0
 	case err != nil:
-		fmt.Fprintf(stderr, "heft-coordinator: %v\n", err)
-		return 2
+		return settings.Exit("heft-coordinator", err, config.PrintUsage, stdout, stderr)
 	case cfg.ShowVersion:
 		fmt.Fprintf(stdout, "heft-coordinator %s\n", version.Version)
 		return 0
 	}
 
-	logger := hclog.New(&hclog.LoggerOptions{
-		Name:       "heft-coordinator",
-		Level:      hclog.LevelFromString(cfg.LogLevel),
-		Output:     stderr,
-		JSONFormat: cfg.LogJSON || !isTerminal(stderr),
-	})
+	logger := logging.New("heft-coordinator", cfg.LogLevel, cfg.LogJSON, stderr)
+	cfg.LogSettings(logger)
 
 	st, err := store.Open(cfg.StateDir, logger)
 	if err != nil {
@@ -86,7 +76,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 		return 1
 	}
 	host, _, _ := net.SplitHostPort(cfg.Listen)
-	if !cfg.TLS() && !loopback(host) {
+	if !cfg.TLS() && !address.IsLoopback(host) {
 		logger.Warn("listening without TLS on a non-loopback address: tokens and fleet data cross the network in clear text; "+
 			"set tls_cert_file and tls_key_file, or put a TLS proxy in front", "listen", ln.Addr().String())
 	}
@@ -100,19 +90,6 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	}
 	logger.Info("stopped")
 	return 0
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
-}
-
-func loopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // baseURL is where a browser on this host reaches the listener; a wildcard
