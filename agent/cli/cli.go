@@ -5,9 +5,6 @@ package cli
 import (
 	"fmt"
 	"io"
-	"os"
-
-	"github.com/mattn/go-isatty"
 
 	"heft/shared/version"
 )
@@ -38,12 +35,17 @@ func commands() []command {
 // Main dispatches to a subcommand and returns the process exit code.
 func Main(args []string, in io.Reader, out, errOut io.Writer) int {
 	stdio := IO{In: in, Out: out, Err: errOut}
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+	if len(args) == 0 {
+		fmt.Fprintf(errOut, "heft-agent: no command given\n\n")
+		usage(errOut)
+		return 2
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
 		usage(out)
-		if len(args) == 0 {
-			return 2
-		}
 		return 0
+	case "-version", "--version":
+		return runVersion(nil, stdio)
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
@@ -63,17 +65,14 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "run 'heft-agent <command> -h' for a command's flags")
+	fmt.Fprintln(w, "flags:")
+	fmt.Fprintln(w, "  --version   print the version and exit")
+	fmt.Fprintln(w, "  -h, --help  print this help and exit")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "run 'heft-agent <command> --help' for a command's flags")
 }
 
 func runVersion(args []string, stdio IO) int {
 	fmt.Fprintf(stdio.Out, "heft-agent %s\n", version.Version)
 	return 0
-}
-
-// isTerminal reports whether w is a terminal, for progress lines and
-// human-readable logs.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }

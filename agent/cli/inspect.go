@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 	"heft/agent/engine"
 	"heft/agent/gpu"
 	"heft/shared/health"
+	"heft/shared/settings"
 	"heft/shared/wire"
 )
 
@@ -46,7 +46,7 @@ var inspectOpenGPUs = gpu.Open
 // and engines. Neither coordinator nor token is needed to inspect, so the
 // config is not validated as a whole.
 var inspectLoadConfig = func(path string) (node string, engines []collect.EngineSpec, err error) {
-	cfg, err := config.Load(path, nil, os.Getenv)
+	cfg, err := config.Read(path, nil, os.Getenv)
 	if err != nil {
 		return "", nil, err
 	}
@@ -97,15 +97,14 @@ type inspectWarning struct {
 // unreadable config file 1.
 func runInspect(args []string, stdio IO) int {
 	fs := flag.NewFlagSet("heft-agent inspect", flag.ContinueOnError)
-	fs.SetOutput(stdio.Err)
-	fs.Usage = func() {
-		fmt.Fprintln(stdio.Err, "usage: heft-agent inspect [--json] [--config FILE] [--engine KIND=URL[,log=PATH][,model=NAME]]... [--node NAME] [--timeout 5s]")
-		fmt.Fprintln(stdio.Err, "\nShows this host's GPUs and engines: models, load, KV pools per data-parallel rank, launch")
-		fmt.Fprintln(stdio.Err, "arguments, capacity keys, foreign GPU processes and warnings. Without --engine or --config it")
-		fmt.Fprintln(stdio.Err, "looks for engines on their default ports on 127.0.0.1 (vllm 8000, sglang 30000,")
-		fmt.Fprintln(stdio.Err, "llamacpp/mlx 8080, ollama 11434). KIND is one of "+strings.Join(wire.EngineKinds, ", ")+".")
-		fmt.Fprintln(stdio.Err)
-		fs.PrintDefaults()
+	usage := func(w io.Writer) {
+		fmt.Fprintln(w, "usage: heft-agent inspect [--json] [--config FILE] [--engine KIND=URL[,log=PATH][,model=NAME]]... [--node NAME] [--timeout 5s]")
+		fmt.Fprintln(w, "\nShows this host's GPUs and engines: models, load, KV pools per data-parallel rank, launch")
+		fmt.Fprintln(w, "arguments, capacity keys, foreign GPU processes and warnings. Without --engine or --config it")
+		fmt.Fprintln(w, "looks for engines on their default ports on 127.0.0.1 (vllm 8000, sglang 30000,")
+		fmt.Fprintln(w, "llamacpp/mlx 8080, ollama 11434). KIND is one of "+strings.Join(wire.EngineKinds, ", ")+".")
+		fmt.Fprintln(w)
+		settings.PrintFlags(w, fs)
 	}
 	jsonOut := fs.Bool("json", false, "print JSON instead of text")
 	configPath := fs.String("config", "", "agent config `file`: its [node] name and [[engine]] entries")
@@ -113,16 +112,8 @@ func runInspect(args []string, stdio IO) int {
 	timeout := fs.Duration("timeout", engine.DefaultTimeout, "limit for each request to an engine")
 	var engines inspectEngineFlags
 	fs.Var(&engines, "engine", "an engine to read, `KIND=URL[,log=PATH][,model=NAME]`; repeatable")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stdio.Err, "heft-agent inspect: unexpected argument %q\n", fs.Arg(0))
-		fs.Usage()
-		return 2
+	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
+		return code
 	}
 	if *timeout <= 0 {
 		fmt.Fprintln(stdio.Err, "heft-agent inspect: --timeout must be positive")

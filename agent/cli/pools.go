@@ -14,6 +14,7 @@ import (
 	"heft/agent/enginelog"
 	"heft/agent/logsource"
 	"heft/shared/health"
+	"heft/shared/settings"
 	"heft/shared/wire"
 )
 
@@ -48,34 +49,27 @@ type poolsReport struct {
 // rank's KV pool. Exit codes: 0 pools found, 1 no pool line or the log
 // cannot be read, 2 bad usage.
 func runPools(args []string, stdio IO) int {
-	fs := flag.NewFlagSet("pools", flag.ContinueOnError)
-	fs.SetOutput(stdio.Err)
+	fs := flag.NewFlagSet("heft-agent pools", flag.ContinueOnError)
 	engine := fs.String("engine", "", "the engine that wrote the log: vllm or sglang")
 	logPath := fs.String("log", "", "the engine's start-up log: "+logsource.Usage)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	fs.Usage = func() {
-		fmt.Fprintln(stdio.Err, "usage: heft-agent pools --engine vllm|sglang --log FILE [--json]")
-		fmt.Fprintln(stdio.Err)
-		fmt.Fprintln(stdio.Err, "Reads an engine's start-up log and prints each data-parallel rank's KV pool.")
-		fmt.Fprintln(stdio.Err, "FILE may also be a glob (the newest match), journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.")
-		fmt.Fprintln(stdio.Err)
-		fs.PrintDefaults()
+	usage := func(w io.Writer) {
+		fmt.Fprintln(w, "usage: heft-agent pools --engine vllm|sglang --log FILE [--json]")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Reads an engine's start-up log and prints each data-parallel rank's KV pool.")
+		fmt.Fprintln(w, "FILE may also be a glob (the newest match), journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.")
+		fmt.Fprintln(w)
+		settings.PrintFlags(w, fs)
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
+		return code
 	}
 	fail := func(code int, format string, a ...any) int {
 		fmt.Fprintf(stdio.Err, "heft-agent pools: "+format+"\n", a...)
 		return code
 	}
-	switch {
-	case fs.NArg() > 0:
-		return fail(2, "unexpected argument %q (flags: --engine, --log, --json)", fs.Arg(0))
-	case *engine == "" || *logPath == "":
-		fs.Usage()
+	if *engine == "" || *logPath == "" {
+		usage(stdio.Err)
 		return fail(2, "--engine and --log are both required")
 	}
 	kind := strings.ToLower(strings.TrimSpace(*engine))

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,6 +18,8 @@ import (
 
 	"heft/agent/gpu"
 	"heft/agent/probe"
+	"heft/shared/logging"
+	"heft/shared/settings"
 	"heft/shared/wire"
 )
 
@@ -26,7 +27,6 @@ import (
 // Exit 0: a valid measurement; 1: the engine could not be measured; 2: bad flags.
 func runProbe(args []string, stdio IO) int {
 	fs := flag.NewFlagSet("heft-agent probe", flag.ContinueOnError)
-	fs.SetOutput(stdio.Err)
 	var (
 		engineURL   = fs.String("url", "", "engine base URL, e.g. http://127.0.0.1:8000 (required)")
 		model       = fs.String("model", "", "model to request (default: the first one in /v1/models)")
@@ -37,24 +37,20 @@ func runProbe(args []string, stdio IO) int {
 		asJSON      = fs.Bool("json", false, "print the measurement as JSON")
 		timeout     = fs.Duration("timeout", probe.DefaultBurstTimeout, "how long to wait for the engine to be ready, and for each burst")
 	)
-	fs.Usage = func() {
-		fmt.Fprintln(stdio.Err, "usage: heft-agent probe --url URL [--model M] [--engine KIND] [--concurrency 16] [--tokens 128] [--prompt P] [--json] [--timeout D]")
-		fmt.Fprintln(stdio.Err, "\nSends the standard burst twice, keeps the second, and prints what the engine carries.")
-		fs.PrintDefaults()
+	usage := func(w io.Writer) {
+		fmt.Fprintln(w, "usage: heft-agent probe --url URL [--model M] [--engine KIND] [--concurrency 16] [--tokens 128] [--prompt P] [--json] [--timeout D]")
+		fmt.Fprintln(w, "\nSends the standard burst twice, keeps the second, and prints what the engine carries.")
+		fmt.Fprintln(w)
+		settings.PrintFlags(w, fs)
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
+		return code
 	}
 	bad := func(format string, a ...any) int {
 		fmt.Fprintf(stdio.Err, "heft-agent probe: "+format+"\n", a...)
 		return 2
 	}
 	switch {
-	case fs.NArg() > 0:
-		return bad("unexpected argument %q", fs.Arg(0))
 	case *engineURL == "":
 		return bad("--url is required, e.g. --url http://127.0.0.1:8000")
 	case *kind != "" && !slices.Contains(wire.EngineKinds, *kind):
@@ -72,9 +68,9 @@ func runProbe(args []string, stdio IO) int {
 
 	// Progress goes where a person is looking: stdout normally, stderr
 	// under --json (whose stdout is for scripts), and only live on a terminal.
-	view := &probeView{w: stdio.Out, live: isTerminal(stdio.Out), url: *engineURL}
+	view := &probeView{w: stdio.Out, live: logging.IsTerminal(stdio.Out), url: *engineURL}
 	if *asJSON {
-		view = &probeView{w: stdio.Err, live: isTerminal(stdio.Err), quiet: !isTerminal(stdio.Err)}
+		view = &probeView{w: stdio.Err, live: logging.IsTerminal(stdio.Err), quiet: !logging.IsTerminal(stdio.Err)}
 	}
 	cfg := probe.Config{
 		URL: *engineURL, Kind: *kind, Model: *model,

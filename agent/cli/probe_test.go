@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"heft/agent/probe"
+	"heft/shared/logging"
 	"heft/sim"
 )
 
@@ -126,7 +127,7 @@ func TestProbeBadFlags(t *testing.T) {
 		{"bad timeout", []string{"--url", "http://127.0.0.1:1", "--timeout", "0s"}, "--timeout"},
 		{"not a url", []string{"--url", "ftp://127.0.0.1"}, "not an http(s) URL"},
 		{"stray argument", []string{"--url", "http://127.0.0.1:1", "extra"}, "unexpected argument"},
-		{"unknown flag", []string{"--fast"}, "flag provided but not defined"},
+		{"unknown flag", []string{"--fast"}, "unknown flag: --fast"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -136,8 +137,9 @@ func TestProbeBadFlags(t *testing.T) {
 			}
 		})
 	}
-	if code, _, errOut := probeMain("-h"); code != 0 || !strings.Contains(errOut, "usage: heft-agent probe") {
-		t.Errorf("-h: exit %d, stderr %q", code, errOut)
+	if code, out, errOut := probeMain("-h"); code != 0 || errOut != "" || !strings.Contains(out, "usage: heft-agent probe") ||
+		!strings.Contains(out, "--timeout DURATION") {
+		t.Errorf("-h: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
 
@@ -168,7 +170,7 @@ func TestProbeLiveView(t *testing.T) {
 	if last := lines[1][strings.LastIndex(lines[1], "\r")+1:]; !strings.HasPrefix(last, "measuring  16/16 requests") || !strings.Contains(last, "1200.0 tok/s") {
 		t.Errorf("measure line ends with %q", last)
 	}
-	if isTerminal(&b) {
+	if logging.IsTerminal(&b) {
 		t.Error("a buffer is not a terminal")
 	}
 }

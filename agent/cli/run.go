@@ -2,10 +2,8 @@ package cli
 
 import (
 	"context"
-	"errors"
-	"flag"
+	"crypto/tls"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -20,13 +18,16 @@ import (
 	"heft/agent/host"
 	"heft/agent/link"
 	"heft/agent/probe"
+	"heft/shared/logging"
+	"heft/shared/settings"
 	"heft/shared/version"
 	"heft/shared/wire"
 )
 
 // runRun is the agent service: it collects facts, measures engines when the
 // coordinator asks, and keeps the link to the coordinator until SIGINT or
-// SIGTERM. Exit 0 on a signal, 1 on a bad configuration, 2 on bad flags.
+// SIGTERM. Exit 0 on a signal, 1 when it cannot run, 2 on bad flags, 78
+// (settings.ExitConfig) on a bad configuration.
 func runRun(args []string, stdio IO) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -36,43 +37,20 @@ func runRun(args []string, stdio IO) int {
 // runAgent is runRun under a caller's context, for tests.
 func runAgent(ctx context.Context, args []string, env func(string) string, stdio IO) int {
 	cfg, err := config.Load("", args, env)
-	if errors.Is(err, flag.ErrHelp) {
-		runUsage(stdio.Out)
-		return 0
-	}
-	var flagErr *config.FlagError
-	if errors.As(err, &flagErr) {
-		fmt.Fprintf(stdio.Err, "heft-agent run: %v\n\n", err)
-		runUsage(stdio.Err)
-		return 2
-	}
-	if err == nil {
-		err = cfg.Validate()
-	}
 	if err != nil {
-		fmt.Fprintln(stdio.Err, "heft-agent run: the configuration has problems:")
-		for line := range strings.SplitSeq(err.Error(), "\n") {
-			fmt.Fprintf(stdio.Err, "  - %s\n", line)
-		}
-		return 1
+		return settings.Exit("heft-agent run", err, config.Usage, stdio.Out, stdio.Err)
 	}
 	token, err := cfg.Token()
-	if err != nil {
-		fmt.Fprintf(stdio.Err, "heft-agent run: %v\n", err)
-		return 1
+	var tlsCfg *tls.Config
+	if err == nil {
+		tlsCfg, err = cfg.TLSConfig()
 	}
-	tlsCfg, err := cfg.TLSConfig()
 	if err != nil {
-		fmt.Fprintf(stdio.Err, "heft-agent run: %v\n", err)
-		return 1
+		return settings.Exit("heft-agent run", err, config.Usage, stdio.Out, stdio.Err)
 	}
 
-	logger := hclog.New(&hclog.LoggerOptions{
-		Name:       "heft-agent",
-		Level:      hclog.LevelFromString(cfg.Log.Level),
-		Output:     stdio.Err,
-		JSONFormat: cfg.Log.JSON || !isTerminal(stdio.Err),
-	})
+	logger := logging.New("heft-agent", cfg.Log.Level, cfg.Log.JSON, stdio.Err)
+	cfg.LogSettings(logger)
 	if w := cfg.PlainTextWarning(); w != "" {
 		// Loud on purpose: on stderr as a banner and in the log.
 		fmt.Fprintf(stdio.Err, "\n%s\n%s\n%s\n\n", strings.Repeat("!", 72), w, strings.Repeat("!", 72))
@@ -123,16 +101,6 @@ func runAgent(ctx context.Context, args []string, env func(string) string, stdio
 	}
 	logger.Info("stopped")
 	return 0
-}
-
-func runUsage(w io.Writer) {
-	fmt.Fprintln(w, "usage: heft-agent run --config FILE [--coordinator URL] [--token-file F] [--node NAME]")
-	fmt.Fprintln(w, "                      [--engine KIND=URL[,log=PATH][,model=NAME]]... [--log-level info]")
-	fmt.Fprintln(w, "\nRuns the agent: reads this host's GPUs and engines, measures an engine when the")
-	fmt.Fprintln(w, "coordinator asks, and reports over one websocket. Flags override HEFT_* environment")
-	fmt.Fprintln(w, "variables, which override the file.")
-	fmt.Fprintln(w)
-	config.PrintFlags(w)
 }
 
 // agentHandler answers the link: snapshots from the collector, probes

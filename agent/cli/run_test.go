@@ -39,13 +39,15 @@ func TestRunConfigErrors(t *testing.T) {
 		code int
 		want []string
 	}{
-		{"every problem listed", []string{"--node", " ", "--engine", "tgi=http://127.0.0.1:8000", "--log-level", "loud"}, 1,
+		{"every problem listed", []string{"--node", " ", "--engine", "tgi=http://127.0.0.1:8000", "--log-level", "loud"}, 78,
 			[]string{"no coordinator URL", "no agent token", "no node name", `unknown kind "tgi"`, `log level "loud"`}},
 		{"token file open to others", []string{"--coordinator", "ws://127.0.0.1:1/api/v1/agent",
-			"--token-file", runTokenFile(t, 0o644)}, 1, []string{"chmod 600"}},
-		{"unknown key in file", []string{"--config", writeRunConfig(t, "[coordinator]\nurl = \"ws://127.0.0.1:1\"\ntokn = \"x\"\n")}, 1,
+			"--token-file", runTokenFile(t, 0o644)}, 78, []string{"chmod 600"}},
+		{"unknown key in file", []string{"--config", writeRunConfig(t, "[coordinator]\nurl = \"ws://127.0.0.1:1\"\ntokn = \"x\"\n")}, 78,
 			[]string{"coordinator.tokn"}},
-		{"missing file", []string{"--config", filepath.Join(t.TempDir(), "nope.toml")}, 1, []string{"nope.toml"}},
+		{"missing file", []string{"--config", filepath.Join(t.TempDir(), "nope.toml")}, 78, []string{"nope.toml"}},
+		{"bare-number duration", []string{"--config", writeRunConfig(t, "poll_interval = 2\n")}, 78,
+			[]string{`write poll_interval = "2s"`}},
 		{"bad flag", []string{"--bogus"}, 2, []string{"bogus", "usage: heft-agent run"}},
 		{"stray argument", []string{"now"}, 2, []string{`unexpected argument "now"`}},
 	} {

@@ -1,6 +1,8 @@
-// Package config loads heft-agent's configuration: defaults, then a TOML
-// file, then HEFT_* environment variables, then command-line flags, each
-// layer overriding the one before. Validate reports every problem at once.
+// Package config loads heft-agent's configuration through the one
+// mechanism every heft binary uses (heft/shared/settings): defaults, then a
+// TOML file, then HEFT_* environment variables, then command-line flags,
+// each layer overriding the one before. Each setting is one row of
+// command(); Validate reports every problem at once.
 package config
 
 import (
@@ -8,171 +10,234 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
+	"io"
 	"net/url"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/BurntSushi/toml"
 	"github.com/hashicorp/go-hclog"
 
+	"heft/agent/link"
 	"heft/agent/probe"
+	"heft/shared/address"
+	"heft/shared/logging"
+	"heft/shared/settings"
 	"heft/shared/wire"
-)
-
-// Defaults.
-const (
-	DefaultProbeConcurrency = 16
-	DefaultProbeTokens      = 128
-	DefaultSnapshotInterval = 15 * time.Second
-	DefaultPollInterval     = time.Second
-	DefaultLogLevel         = "info"
 )
 
 // Coordinator says where the agent reports and how it proves who it is.
 type Coordinator struct {
-	URL       string `toml:"url"`
-	Token     string `toml:"token"`
-	TokenFile string `toml:"token_file"`
+	URL       string
+	Token     string
+	TokenFile string
 	// CAFile is a PEM bundle trusted for a wss:// coordinator, in addition
 	// to nothing else: when set, the system roots are not used.
-	CAFile             string `toml:"ca_file"`
-	InsecureSkipVerify bool   `toml:"insecure_skip_verify"`
+	CAFile             string
+	InsecureSkipVerify bool
 }
 
 // Node names this host to the coordinator.
 type Node struct {
-	Name string `toml:"name"`
+	Name string
 }
 
 // Engine is one inference engine endpoint beside the agent.
 type Engine struct {
-	Kind string `toml:"kind"`
-	URL  string `toml:"url"`
+	Kind string
+	URL  string
 	// Log is the engine's start-up log, optional.
-	Log string `toml:"log"`
+	Log string
 	// Model overrides the served model name, optional.
-	Model string `toml:"model"`
+	Model string
 }
 
 // Probe shapes the measurement burst.
 type Probe struct {
-	Concurrency int    `toml:"concurrency"`
-	Tokens      int    `toml:"tokens"`
-	Prompt      string `toml:"prompt"`
+	Concurrency int
+	Tokens      int
+	Prompt      string
 }
 
 // Log configures the agent's own logging.
 type Log struct {
-	Level string `toml:"level"`
-	JSON  bool   `toml:"json"`
+	Level string
+	JSON  bool
 }
 
 // Config is the whole agent configuration.
 type Config struct {
-	Coordinator Coordinator `toml:"coordinator"`
-	Node        Node        `toml:"node"`
-	Engines     []Engine    `toml:"engine"`
-	Probe       Probe       `toml:"probe"`
-	Log         Log         `toml:"log"`
+	Coordinator Coordinator
+	Node        Node
+	Engines     []Engine
+	Probe       Probe
+	Log         Log
 	// SnapshotInterval is the heartbeat: a snapshot is sent at least this often.
-	SnapshotInterval time.Duration `toml:"snapshot_interval"`
+	SnapshotInterval time.Duration
 	// PollInterval is how often facts are compared to spot a change.
-	PollInterval time.Duration `toml:"poll_interval"`
+	PollInterval time.Duration
 
 	// Path is the file the config was read from, "" when none.
-	Path string `toml:"-"`
+	Path string
+
+	// report says where each setting came from; nil unless Load made c.
+	report *settings.Report
 }
 
-// Default returns the configuration before any file, env or flag.
+// Default returns the configuration before any file, env or flag. Each
+// default belongs to the package whose behaviour it sets.
 func Default() Config {
 	host, _ := os.Hostname()
 	return Config{
 		Node:             Node{Name: host},
-		Probe:            Probe{Concurrency: DefaultProbeConcurrency, Tokens: DefaultProbeTokens},
-		Log:              Log{Level: DefaultLogLevel},
-		SnapshotInterval: DefaultSnapshotInterval,
-		PollInterval:     DefaultPollInterval,
+		Probe:            Probe{Concurrency: probe.DefaultConcurrency, Tokens: probe.DefaultTokens},
+		Log:              Log{Level: logging.DefaultLevel},
+		SnapshotInterval: link.DefaultSnapshotEvery,
+		PollInterval:     link.DefaultPollEvery,
 	}
 }
 
-// Load builds a Config from defaults, the TOML file at path ("" for none),
-// the environment (env is os.Getenv in production) and the flags in args.
-// A --config flag in args, or HEFT_CONFIG, names the file when path is "".
-// It does not validate; call Validate. flag.ErrHelp is returned for -h.
-func Load(path string, args []string, env func(string) string) (Config, error) {
-	if env == nil {
-		env = func(string) string { return "" }
+// EngineSyntax is how an engine is written on the command line and in
+// HEFT_ENGINES (entries separated by ';').
+const EngineSyntax = "KIND=URL[,log=PATH][,model=NAME]"
+
+// command is heft-agent run's command line and configuration, bound to c:
+// one row per setting. A new setting is a field above and a row here.
+func (c *Config) command() settings.Command {
+	return settings.Command{
+		Name: "heft-agent run",
+		Synopsis: "heft-agent run --config FILE [--coordinator URL] [--token-file FILE] [--node NAME]\n" +
+			"                      [--engine " + EngineSyntax + "]... [--log-level LEVEL] [--log-json]",
+		About: "Runs the agent: reads this host's GPUs and engines, measures an engine when the\n" +
+			"coordinator asks, and reports over one websocket.",
+		EnvPrefix: "HEFT_",
+		Settings: []settings.Setting{
+			settings.String("coordinator.url", &c.Coordinator.URL, "coordinator websocket URL, e.g. wss://coord:7070/api/v1/agent").
+				Flag("coordinator").Meta("URL"),
+			settings.String("coordinator.token", &c.Coordinator.Token, "agent token (prefer --token-file: flags show in ps)").
+				Secret().Flag("token").Env("HEFT_TOKEN").Meta("TOKEN"),
+			settings.String("coordinator.token_file", &c.Coordinator.TokenFile, "file holding the agent token (mode 0600, or 0640 with a dedicated group)").
+				Flag("token-file").Env("HEFT_TOKEN_FILE").Meta("FILE"),
+			settings.String("coordinator.ca_file", &c.Coordinator.CAFile, "PEM file of CAs trusted for wss://").
+				Flag("ca-file").Env("HEFT_CA_FILE").Meta("FILE"),
+			settings.Bool("coordinator.insecure_skip_verify", &c.Coordinator.InsecureSkipVerify, "do not verify the coordinator's TLS certificate").
+				Flag("insecure-skip-verify").Env("HEFT_INSECURE_SKIP_VERIFY"),
+			settings.String("node.name", &c.Node.Name, "node name (default: the host name)").Flag("node").Env("HEFT_NODE").Meta("NAME"),
+			settings.List("engine", &c.Engines, "an engine beside the agent, repeatable; replaces the file's engines",
+				settings.ListOf[Engine]{Fields: engineFields, Parse: ParseEngine}).Env("HEFT_ENGINES").Meta(EngineSyntax),
+			settings.Int("probe.concurrency", &c.Probe.Concurrency, "concurrent requests in a probe burst"),
+			settings.Int("probe.tokens", &c.Probe.Tokens, "output tokens per probe request"),
+			settings.String("probe.prompt", &c.Probe.Prompt, "probe prompt (default: the probe package's)"),
+			settings.String("log.level", &c.Log.Level, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
+			settings.Bool("log.json", &c.Log.JSON, "log JSON lines even on a terminal"),
+			settings.Duration("snapshot_interval", &c.SnapshotInterval, "heartbeat: a snapshot at least this often"),
+			settings.Duration("poll_interval", &c.PollInterval, "how often to look for changed facts"),
+		},
+		Alternatives: [][]string{{"coordinator.token", "coordinator.token_file"}},
 	}
-	fl, err := parseFlags(args)
+}
+
+// engineFields are the keys of an [[engine]] table.
+func engineFields(e *Engine) []settings.Setting {
+	return []settings.Setting{
+		settings.String("kind", &e.Kind, strings.Join(wire.EngineKinds, " | ")),
+		settings.String("url", &e.URL, "the engine's base URL"),
+		settings.String("log", &e.Log, "the engine's start-up log, optional"),
+		settings.String("model", &e.Model, "the served model name, optional"),
+	}
+}
+
+// Read builds a Config from defaults, the TOML file at path ("" for none),
+// the environment (env is os.Getenv in production) and the flags in args,
+// without validating it: for tools that need only part of it (inspect).
+// A --config flag in args names the file, else path, else HEFT_CONFIG.
+// Command-line mistakes are a *FlagError (wrapping flag.ErrHelp for -h).
+func Read(path string, args []string, env func(string) string) (Config, error) {
+	cfg := Default()
+	rep, err := cfg.command().Load(path, args, env)
 	if err != nil {
 		return Config{}, err
 	}
-	switch {
-	case fl.config != nil:
-		path = *fl.config
-	case path == "":
-		path = env("HEFT_CONFIG")
-	}
-	cfg := Default()
-	if path != "" {
-		if err := cfg.decodeFile(path); err != nil {
-			return Config{}, err
-		}
-		cfg.Path = path
-	}
-	if err := cfg.applyEnv(env); err != nil {
+	cfg.report, cfg.Path = rep, rep.Path
+	return cfg, nil
+}
+
+// Load is Read, then Validate: the configuration heft-agent run needs.
+func Load(path string, args []string, env func(string) string) (Config, error) {
+	cfg, err := Read(path, args, env)
+	if err != nil {
 		return Config{}, err
 	}
-	fl.apply(&cfg)
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
 	return cfg, nil
 }
 
 // Parse reads TOML text into cfg on top of its current values, rejecting
 // keys that match no setting.
-func (c *Config) Parse(text string) error {
-	md, err := toml.Decode(text, c)
-	if err != nil {
-		if strings.Contains(err.Error(), `last key "engine"`) {
-			return fmt.Errorf("%w (write each engine as an [[engine]] table, with double brackets)", err)
-		}
-		return err
-	}
-	if err := unknownKeys(md); err != nil {
-		return err
-	}
-	// The decoder reads a bare number as nanoseconds: "15" would mean 15ns.
-	for _, key := range []string{"snapshot_interval", "poll_interval"} {
-		if md.IsDefined(key) && md.Type(key) != "String" {
-			return fmt.Errorf("%s must be a duration with a unit, like \"15s\"", key)
-		}
-	}
-	return nil
+func (c *Config) Parse(text string) error { return c.command().Parse(text) }
+
+// FlagError is a mistake on the command line (a usage error), as opposed
+// to a bad file or environment. It wraps flag.ErrHelp for -h.
+type FlagError = settings.UsageError
+
+// EnvVars lists the environment variables Load reads.
+func EnvVars() []string {
+	c := Default()
+	return c.command().EnvVars()
 }
 
-func (c *Config) decodeFile(path string) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("read config: %w", err)
-	}
-	if err := c.Parse(string(data)); err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
-	}
-	return nil
+// Usage writes heft-agent run's help: synopsis, flags, environment.
+func Usage(w io.Writer) { helpConfig().command().Usage(w) }
+
+// PrintFlags writes the flags Load understands, with their environment
+// variables and defaults, for a usage message.
+func PrintFlags(w io.Writer) { helpConfig().command().PrintFlags(w) }
+
+// helpConfig holds the defaults help shows: the node name's default is
+// "the host name", whatever host the help is read on.
+func helpConfig() *Config {
+	c := Default()
+	c.Node.Name = ""
+	return &c
 }
 
-func unknownKeys(md toml.MetaData) error {
-	und := md.Undecoded()
-	if len(und) == 0 {
-		return nil
+// LogSettings writes the start-up lines that say where each setting that
+// is not at its default came from, and warn of any value that overrode a
+// different one.
+func (c Config) LogSettings(logger hclog.Logger) { c.report.Log(logger) }
+
+// String describes the configuration without its secrets, so a stray log
+// line or %v cannot leak the token.
+func (c Config) String() string { return c.command().Describe() }
+
+// GoString keeps %#v as quiet about secrets as %v.
+func (c Config) GoString() string { return "config.Config{" + c.String() + "}" }
+
+// ParseEngine reads an engine in flag syntax: KIND=URL[,log=PATH][,model=NAME].
+func ParseEngine(spec string) (Engine, error) {
+	parts := strings.Split(strings.TrimSpace(spec), ",")
+	kind, u, ok := strings.Cut(parts[0], "=")
+	if !ok || kind == "" || u == "" {
+		return Engine{}, fmt.Errorf("engine %q: want %s", spec, EngineSyntax)
 	}
-	names := make([]string, len(und))
-	for i, k := range und {
-		names[i] = k.String()
+	e := Engine{Kind: strings.TrimSpace(kind), URL: strings.TrimSpace(u)}
+	for _, p := range parts[1:] {
+		k, v, ok := strings.Cut(p, "=")
+		switch k = strings.TrimSpace(k); {
+		case !ok:
+			return Engine{}, fmt.Errorf("engine %q: %q is not key=value", spec, p)
+		case k == "log":
+			e.Log = strings.TrimSpace(v)
+		case k == "model":
+			e.Model = strings.TrimSpace(v)
+		default:
+			return Engine{}, fmt.Errorf("engine %q: unknown option %q (want log or model)", spec, k)
+		}
 	}
-	return fmt.Errorf("unknown keys: %s", strings.Join(names, ", "))
+	return e, nil
 }
 
 // Validate reports every problem in the configuration, joined.
@@ -182,7 +247,7 @@ func (c Config) Validate() error {
 
 	if c.Coordinator.URL == "" {
 		add("no coordinator URL: set [coordinator] url, HEFT_COORDINATOR_URL or --coordinator")
-	} else if err := checkCoordinatorURL(c.Coordinator.URL); err != nil {
+	} else if _, err := address.CheckURL("coordinator URL", c.Coordinator.URL, "ws", "wss", "http", "https"); err != nil {
 		errs = append(errs, err)
 	}
 	switch {
@@ -191,7 +256,7 @@ func (c Config) Validate() error {
 	case c.Coordinator.Token == "" && c.Coordinator.TokenFile == "":
 		add("no agent token: set [coordinator] token or token_file, HEFT_TOKEN, HEFT_TOKEN_FILE or --token-file")
 	case c.Coordinator.TokenFile != "":
-		if err := checkTokenFile(c.Coordinator.TokenFile); err != nil {
+		if _, err := c.Token(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -212,7 +277,7 @@ func (c Config) Validate() error {
 		if !slices.Contains(wire.EngineKinds, e.Kind) {
 			add("engine %d: unknown kind %q (want one of %s)", i+1, e.Kind, strings.Join(wire.EngineKinds, ", "))
 		}
-		if err := checkEngineURL(e.URL); err != nil {
+		if _, err := address.CheckURL("url", e.URL, "http", "https"); err != nil {
 			add("engine %d: %w", i+1, err)
 		}
 	}
@@ -225,8 +290,8 @@ func (c Config) Validate() error {
 	if len(c.Probe.Prompt) > wire.MaxStringBytes {
 		add("probe prompt is %d bytes, at most %d", len(c.Probe.Prompt), wire.MaxStringBytes)
 	}
-	if hclog.LevelFromString(c.Log.Level) == hclog.NoLevel {
-		add("unknown log level %q (want trace, debug, info, warn or error)", c.Log.Level)
+	if err := logging.CheckLevel(c.Log.Level); err != nil {
+		errs = append(errs, err)
 	}
 	if c.SnapshotInterval <= 0 {
 		add("snapshot_interval must be positive, got %s", c.SnapshotInterval)
@@ -237,83 +302,16 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func checkCoordinatorURL(raw string) error {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return fmt.Errorf("coordinator URL %q: %w", raw, err)
-	}
-	switch u.Scheme {
-	case "ws", "wss", "http", "https":
-	default:
-		return fmt.Errorf("coordinator URL %q: scheme must be ws:// or wss://", raw)
-	}
-	if u.Host == "" {
-		return fmt.Errorf("coordinator URL %q has no host", raw)
-	}
-	return nil
-}
-
-func checkEngineURL(raw string) error {
-	if raw == "" {
-		return errors.New("no url")
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return fmt.Errorf("url %q: %w", raw, err)
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("url %q: scheme must be http:// or https://", raw)
-	}
-	if u.Host == "" {
-		return fmt.Errorf("url %q has no host", raw)
-	}
-	return nil
-}
-
-// checkTokenFile refuses a token file others can read: the token lets
-// anyone impersonate this node to the coordinator.
-func checkTokenFile(path string) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fmt.Errorf("token file: %w", err)
-	}
-	if fi.IsDir() {
-		return fmt.Errorf("token file %s is a directory", path)
-	}
-	// Group read is allowed (root:heft 0640, as the packages and the install
-	// script lay it out); group write and any access by others are not.
-	if perm := fi.Mode().Perm(); perm&0o027 != 0 {
-		return fmt.Errorf("token file %s has mode %04o, so others can read it or its group can change it: run chmod 600 %s (or 640 with a dedicated group)", path, perm, path)
-	}
-	tok, err := readToken(path)
-	if err != nil {
-		return err
-	}
-	if tok == "" {
-		return fmt.Errorf("token file %s is empty", path)
-	}
-	return nil
-}
-
-func readToken(path string) (string, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("read token file: %w", err)
-	}
-	return strings.TrimSpace(string(data)), nil
-}
-
-// Token returns the agent token, reading token_file when it is set.
+// Token returns the agent token, reading token_file when it is set. The
+// file is held to the rules of every heft token file (settings.ReadTokenFile):
+// the token lets anyone impersonate this node to the coordinator.
 func (c Config) Token() (string, error) {
 	if c.Coordinator.TokenFile == "" {
 		return c.Coordinator.Token, nil
 	}
-	tok, err := readToken(c.Coordinator.TokenFile)
+	tok, err := settings.ReadTokenFile(c.Coordinator.TokenFile)
 	if err != nil {
-		return "", err
-	}
-	if tok == "" {
-		return "", fmt.Errorf("token file %s is empty", c.Coordinator.TokenFile)
+		return "", fmt.Errorf("token file: %w", err)
 	}
 	return tok, nil
 }
@@ -344,18 +342,10 @@ func (c Config) TLSConfig() (*tls.Config, error) {
 // it would not.
 func (c Config) PlainTextWarning() string {
 	u, err := url.Parse(c.Coordinator.URL)
-	if err != nil || (u.Scheme != "ws" && u.Scheme != "http") || isLoopback(u.Hostname()) {
+	if err != nil || (u.Scheme != "ws" && u.Scheme != "http") || address.IsLoopback(u.Hostname()) {
 		return ""
 	}
 	return fmt.Sprintf("WARNING: the agent token is sent in plain text to %s over %s://; "+
 		"anyone on the path can read it and impersonate this node. Use wss:// (TLS) for a coordinator on another host.",
 		u.Host, u.Scheme)
-}
-
-func isLoopback(host string) bool {
-	if strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,12 +10,16 @@ import (
 	"encoding/pem"
 	"errors"
 	"flag"
+	"fmt"
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 )
 
 // productTOML is the agent example from PRODUCT.md, verbatim.
@@ -142,7 +147,8 @@ func TestBadTOML(t *testing.T) {
 	}
 	for _, tc := range []struct{ text, want string }{
 		{`snapshot_interval = "soon"`, "soon"},
-		{`poll_interval = 15`, "with a unit"},
+		{`poll_interval = 15`, `write poll_interval = "15s"`},
+		{"[probe]\nconcurrency = \"lots\"\n", "line 2"},
 		{"[engine]\nkind = \"vllm\"\n", "[[engine]]"},
 		{"[coordinator]\nurl = 5\n", "coordinator.url"},
 	} {
@@ -161,7 +167,7 @@ func TestNodeDefaultsToHostname(t *testing.T) {
 	if err != nil {
 		t.Skip("no host name here:", err)
 	}
-	cfg, err := Load("", nil, nil)
+	cfg, err := Read("", nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,6 +323,18 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		{"empty token file", func(c *Config) {
 			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "empty", " \n", 0o600)
 		}, "is empty"},
+		// The coordinator's rules, now the agent's too.
+		{"two-line token file", func(c *Config) {
+			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "two", "a\nb\n", 0o600)
+		}, "more than one line"},
+		{"huge token file", func(c *Config) {
+			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "huge", strings.Repeat("x", 5000), 0o600)
+		}, "larger than"},
+		{"token file is a folder", func(c *Config) { c.Coordinator.Token, c.Coordinator.TokenFile = "", t.TempDir() }, "not a regular file"},
+		{"engine URL with credentials", func(c *Config) {
+			c.Engines = []Engine{{Kind: "vllm", URL: "http://user:pw@127.0.0.1:8000"}}
+		}, "must not carry credentials"},
+		{"engine URL without a scheme", func(c *Config) { c.Engines = []Engine{{Kind: "vllm", URL: "127.0.0.1:8000"}} }, "has no scheme"},
 		{"bad scheme", func(c *Config) { c.Coordinator.URL = "tcp://h:1" }, "scheme"},
 		{"no host", func(c *Config) { c.Coordinator.URL = "ws:///api" }, "no host"},
 		{"unparseable", func(c *Config) { c.Coordinator.URL = "ws://%zz" }, "coordinator URL"},
@@ -355,6 +373,11 @@ func TestToken(t *testing.T) {
 	c.Coordinator.TokenFile = filepath.Join(t.TempDir(), "gone")
 	if _, err := c.Token(); err == nil {
 		t.Error("missing token file gave no error")
+	}
+	// Token holds the file to the same rules as Validate.
+	c.Coordinator.TokenFile = writeFile(t, "tok-open", "abc\n", 0o644)
+	if _, err := c.Token(); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("an open token file was read: %v", err)
 	}
 }
 
@@ -408,4 +431,75 @@ func selfSignedPEM(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+// Load validates, as the coordinator's does; Read does not.
+func TestLoadValidates(t *testing.T) {
+	path := writeFile(t, "agent.toml", "[node]\nname = \"gpu-a\"\n", 0o600)
+	if _, err := Load(path, nil, nil); err == nil || !strings.Contains(err.Error(), "no coordinator URL") {
+		t.Errorf("Load: %v", err)
+	}
+	if cfg, err := Read(path, nil, nil); err != nil || cfg.Node.Name != "gpu-a" {
+		t.Errorf("Read: %+v, %v", cfg, err)
+	}
+}
+
+func TestSecretsNeverPrinted(t *testing.T) {
+	c := Default()
+	c.Coordinator.Token = "agent-secret-1"
+	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), c.String()} {
+		if strings.Contains(s, "secret-") || !strings.Contains(s, "coordinator.token=[redacted]") {
+			t.Errorf("%s", s)
+		}
+	}
+}
+
+func TestLogSettings(t *testing.T) {
+	path := writeFile(t, "agent.toml", productTOML, 0o600)
+	cfg, err := Load(path, []string{"--engine", "sglang=http://127.0.0.1:30000", "--log-json"},
+		envOf(map[string]string{"HEFT_PROBE_TOKENS": "64"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	cfg.LogSettings(hclog.New(&hclog.LoggerOptions{Output: &buf}))
+	out := buf.String()
+	for _, want := range []string{
+		"file=" + path,
+		`coordinator.url="ws://127.0.0.1:7070/api/v1/agent (file ` + path + `)"`,
+		`coordinator.token="[redacted] (file ` + path + `)"`,
+		`engine="kind=sglang,url=http://127.0.0.1:30000 (flag --engine)"`,
+		`probe.tokens="64 (env HEFT_PROBE_TOKENS)"`,
+		`log.json="true (flag --log-json)"`,
+		`[WARN]  setting overridden: key=engine value="kind=sglang,url=http://127.0.0.1:30000" from="flag --engine" ` +
+			`overrides="kind=vllm,url=http://127.0.0.1:8000,log=/var/log/vllm/server.log (file ` + path + `)"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %s:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "s3cret") {
+		t.Errorf("the token was logged:\n%s", out)
+	}
+}
+
+func TestHelp(t *testing.T) {
+	var buf bytes.Buffer
+	Usage(&buf)
+	for _, want := range []string{"usage: heft-agent run", "--coordinator URL", "HEFT_COORDINATOR_URL", "--token-file FILE",
+		"--engine KIND=URL[,log=PATH][,model=NAME]", "HEFT_ENGINES", "--probe-concurrency N", "HEFT_PROBE_CONCURRENCY; default 16",
+		"--log-json ", "--snapshot-interval DURATION", "default 15s", "-h, --help"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("help lacks %q:\n%s", want, buf.String())
+		}
+	}
+	if strings.Contains(buf.String(), " -coordinator") {
+		t.Errorf("single-dash flag in help:\n%s", buf.String())
+	}
+	want := []string{"HEFT_CONFIG", "HEFT_COORDINATOR_URL", "HEFT_TOKEN", "HEFT_TOKEN_FILE", "HEFT_CA_FILE",
+		"HEFT_INSECURE_SKIP_VERIFY", "HEFT_NODE", "HEFT_ENGINES", "HEFT_PROBE_CONCURRENCY", "HEFT_PROBE_TOKENS",
+		"HEFT_PROBE_PROMPT", "HEFT_LOG_LEVEL", "HEFT_LOG_JSON", "HEFT_SNAPSHOT_INTERVAL", "HEFT_POLL_INTERVAL"}
+	if got := EnvVars(); !slices.Equal(got, want) {
+		t.Errorf("EnvVars = %v\nwant       %v", got, want)
+	}
 }
