@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 
-	"heft/shared/version"
+	"heft/shared/settings"
 	"heft/sim"
 )
 
@@ -27,17 +26,9 @@ func main() {
 
 // run parses args, starts the sim, prints its URL and serves until ctx ends.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, listen, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if errors.Is(err, errVersion) {
-		fmt.Fprintf(stdout, "heft-sim %s\n", version.Version)
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "heft-sim: %v\n", err)
-		return 2
+	cfg, listen, code, ok := parseFlags(args, stdout, stderr)
+	if !ok {
+		return code
 	}
 	srv, err := sim.Start(cfg, listen)
 	if err != nil {
@@ -52,9 +43,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
-
-// errVersion asks run to print heft-sim's version and exit.
-var errVersion = errors.New("version requested")
 
 // usageHead is the top of -h: what the sim is and its step model.
 const usageHead = `heft-sim runs a simulated inference engine and prints its URL.
@@ -81,18 +69,19 @@ Tokens: a whitespace-separated word of up to 8 bytes is one token (longer:
 Flags:
 `
 
-func parseFlags(args []string, stderr io.Writer) (sim.Config, string, error) {
-	var cfg sim.Config
+// parseFlags reads the command line; when ok is false the program ends
+// with code: help and --version print on stdout (0), a mistake prints on
+// stderr with the usage (2), as on every heft binary.
+func parseFlags(args []string, stdout, stderr io.Writer) (cfg sim.Config, listen string, code int, ok bool) {
 	var kv string
 	fs := flag.NewFlagSet("heft-sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usageHead)
-		fs.PrintDefaults()
+	usage := func(w io.Writer) {
+		fmt.Fprint(w, usageHead)
+		settings.PrintFlags(w, fs)
 	}
-	showVersion := fs.Bool("version", false, "print heft-sim's version and exit")
+	fs.Bool("version", false, "print heft-sim's version and exit")
 	fs.StringVar(&cfg.Flavor, "flavor", sim.FlavorVLLM, "engine to imitate: "+strings.Join(sim.Flavors, "|"))
-	listen := fs.String("listen", "127.0.0.1:0", "address to listen on (port 0 = any free port)")
+	fs.StringVar(&listen, "listen", "127.0.0.1:0", "`address` to listen on (port 0 = any free port)")
 	fs.StringVar(&cfg.Model, "model", sim.DefaultModel, "served model name")
 	fs.StringVar(&cfg.Version, "engine-version", "", "engine version to report (default: per flavour)")
 	fs.Float64Var(&cfg.SingleTPS, "single-tps", 0, "tok/s of one request alone (required)")
@@ -120,23 +109,19 @@ func parseFlags(args []string, stderr io.Writer) (sim.Config, string, error) {
 	fs.IntVar(&cfg.Faults.PromptUsageExtra, "fault-prompt-usage-extra", 0, "fault: add this to every reported prompt_tokens")
 	fs.BoolVar(&cfg.Faults.PrefillCached, "fault-prefill-cached", false, "fault: serve every prompt as if cached (no prefill time)")
 	fs.IntVar(&cfg.Faults.RejectLong, "fault-reject-long", 0, "fault: reject prompts above N tokens with the flavour's context-length error")
-	if err := fs.Parse(args); err != nil {
-		return cfg, "", err
-	}
-	if *showVersion {
-		return cfg, "", errVersion
-	}
-	if fs.NArg() > 0 {
-		return cfg, "", fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	if code, ok := settings.ParseFlags(fs, args, usage, stdout, stderr); !ok {
+		return cfg, "", code, false
 	}
 	if kv != "" {
 		for _, f := range strings.Split(kv, ",") {
 			n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
 			if err != nil {
-				return cfg, "", fmt.Errorf("--kv-tokens: %q is not a whole number of tokens", f)
+				fmt.Fprintf(stderr, "heft-sim: --kv-tokens: %q is not a whole number of tokens\n\n", f)
+				usage(stderr)
+				return cfg, "", settings.ExitUsage, false
 			}
 			cfg.KVTokens = append(cfg.KVTokens, n)
 		}
 	}
-	return cfg, *listen, nil
+	return cfg, listen, 0, true
 }

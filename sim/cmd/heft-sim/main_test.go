@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"heft/shared/testutil"
+	"heft/shared/version"
 )
 
 func TestRunServesUntilCancelled(t *testing.T) {
@@ -54,9 +56,9 @@ func TestRunRejectsBadInput(t *testing.T) {
 		code int
 		want string
 	}{
-		{"unknown flag", []string{"--nope"}, 2, "flag provided but not defined"},
+		{"unknown flag", []string{"--nope"}, 2, "heft-sim: unknown flag: --nope\n\nheft-sim runs"},
 		{"bad kv", []string{"--single-tps", "60", "--batch16-tps", "600", "--kv-tokens", "12k"}, 2, `"12k" is not a whole number`},
-		{"extra args", []string{"serve"}, 2, "unexpected arguments: serve"},
+		{"extra args", []string{"serve"}, 2, `unexpected argument "serve"`},
 		{"invalid calibration", []string{"--single-tps", "60", "--batch16-tps", "30"}, 1, "must be at least single-tps"},
 		{"missing calibration", nil, 1, "single-tps must be a positive number"},
 	} {
@@ -72,24 +74,36 @@ func TestRunRejectsBadInput(t *testing.T) {
 	}
 }
 
+// --version is heft-sim's own version, as on every heft binary; the
+// version the simulated engine reports is --engine-version. Help goes to
+// stdout.
 func TestVersionFlags(t *testing.T) {
-	var stdout, stderr testutil.SyncBuffer
-	if c := run(t.Context(), []string{"--version"}, &stdout, &stderr); c != 0 || !strings.HasPrefix(stdout.String(), "heft-sim ") {
-		t.Errorf("--version: exit %d, stdout %q, stderr %q", c, stdout.String(), stderr.String())
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--version"}, "heft-sim " + version.Version + "\n"},
+		{[]string{"--help"}, "heft-sim runs a simulated inference engine"},
+		{[]string{"-h"}, "--engine-version TEXT"},
+	} {
+		var stdout, stderr testutil.SyncBuffer
+		if c := run(t.Context(), tc.args, &stdout, &stderr); c != 0 || !strings.Contains(stdout.String(), tc.want) || stderr.String() != "" {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", tc.args, c, stdout.String(), stderr.String())
+		}
 	}
-	cfg, _, err := parseFlags([]string{"--engine-version", "0.11.2", "--single-tps", "60", "--batch16-tps", "600"}, &stderr)
-	if err != nil || cfg.Version != "0.11.2" {
-		t.Errorf("--engine-version: %+v %v", cfg, err)
+	cfg, _, _, ok := parseFlags([]string{"--engine-version", "0.11.2", "--single-tps", "60", "--batch16-tps", "600"}, io.Discard, io.Discard)
+	if !ok || cfg.Version != "0.11.2" {
+		t.Errorf("--engine-version: %+v", cfg)
 	}
 }
 
 func TestPrefillFlags(t *testing.T) {
 	var stderr testutil.SyncBuffer
-	cfg, _, err := parseFlags([]string{"--single-tps", "60", "--batch16-tps", "600", "--prefill-tps", "9000",
+	cfg, _, _, ok := parseFlags([]string{"--single-tps", "60", "--batch16-tps", "600", "--prefill-tps", "9000",
 		"--max-batched-tokens", "4096", "--max-model-len", "32768", "--no-prefix-cache", "--report-cached-tokens",
-		"--fault-truncate-prompt", "100", "--fault-prompt-usage-extra", "3", "--fault-prefill-cached", "--fault-reject-long", "2000"}, &stderr)
-	if err != nil {
-		t.Fatal(err)
+		"--fault-truncate-prompt", "100", "--fault-prompt-usage-extra", "3", "--fault-prefill-cached", "--fault-reject-long", "2000"}, io.Discard, &stderr)
+	if !ok {
+		t.Fatal(stderr.String())
 	}
 	f := cfg.Faults
 	if cfg.PrefillTPS != 9000 || cfg.MaxBatchedTokens != 4096 || cfg.MaxModelLen != 32768 || !cfg.NoPrefixCache || !cfg.ReportCachedTokens ||
@@ -97,7 +111,7 @@ func TestPrefillFlags(t *testing.T) {
 		t.Errorf("config %+v", cfg)
 	}
 	var stdout testutil.SyncBuffer
-	if c := run(t.Context(), []string{"-h"}, &stdout, &stderr); c != 0 || !strings.Contains(stderr.String(), "(t0 + k*b, if b > 0) + p/P") {
-		t.Errorf("-h: exit %d, help %q", c, stderr.String())
+	if c := run(t.Context(), []string{"-h"}, &stdout, &stderr); c != 0 || !strings.Contains(stdout.String(), "(t0 + k*b, if b > 0) + p/P") {
+		t.Errorf("-h: exit %d, help %q", c, stdout.String())
 	}
 }
