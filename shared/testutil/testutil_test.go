@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,4 +49,32 @@ func TestTestdata(t *testing.T) {
 	if p := Testdata(t, "engines"); !strings.HasSuffix(p, filepath.Join("testdata", "engines")) {
 		t.Errorf("Testdata = %s", p)
 	}
+}
+
+func TestGolden(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.golden")
+	if err := os.WriteFile(path, []byte("a\nb\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	Golden(t, path, []byte("a\nb\n"))
+	ft := &fakeT{TB: t}
+	func() {
+		defer func() { _ = recover() }()
+		Golden(ft, path, []byte("a\nc\n"))
+	}()
+	if !strings.Contains(ft.msg, "line 2") || !strings.Contains(ft.msg, "got: c") || !strings.Contains(ft.msg, "want: b") {
+		t.Errorf("mismatch reported as %q", ft.msg)
+	}
+}
+
+// fakeT records a Fatalf instead of ending the test.
+type fakeT struct {
+	testing.TB
+	msg string
+}
+
+func (f *fakeT) Helper() {}
+func (f *fakeT) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	panic("fatal")
 }

@@ -26,36 +26,6 @@ func validMeasurement() Measurement {
 		TokensPerReq: 128, Complete: true}
 }
 
-func TestRoundTrip(t *testing.T) {
-	for _, payload := range []any{
-		&Hello{Node: "gpu-a", AgentVersion: "dev", Host: Host{Hostname: "gpu-a", OS: "linux", Arch: "amd64"}},
-		validSnapshot(),
-		&ProbeResult{RequestID: "r1", Measurement: validMeasurement()},
-		&ProbeStatus{RequestID: "r1", CapacityKey: "abc", State: ProbeDeferredBusy},
-		&Welcome{CoordinatorVersion: "dev", SnapshotSeconds: 15},
-		&CachedMeasurement{Measurement: validMeasurement(), ExpiresAt: time.Now()},
-		&ProbeRequest{RequestID: "r1", CapacityKey: "abc", Reason: ReasonScheduled},
-	} {
-		data, err := Encode(payload)
-		if err != nil {
-			t.Fatalf("encode %T: %v", payload, err)
-		}
-		env, err := Decode(data)
-		if err != nil {
-			t.Fatalf("decode %T: %v\n%s", payload, err, data)
-		}
-		if env.Version != ProtocolVersion {
-			t.Errorf("%T: version %d", payload, env.Version)
-		}
-	}
-	snap := validSnapshot()
-	data, _ := Encode(snap)
-	env, _ := Decode(data)
-	if got := env.Snapshot.Engines[0].Ranks[1].KVTokens; got != 2925 {
-		t.Errorf("rank 1 pool = %d, want 2925", got)
-	}
-}
-
 func TestDecodeRejects(t *testing.T) {
 	good, _ := Encode(validSnapshot())
 	tests := []struct {
