@@ -268,7 +268,7 @@ func Load(path string, args []string, env func(string) string) (Config, error) {
 	}
 	cfg.report = rep
 	if err := cfg.Validate(); err != nil {
-		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
+		return Config{}, err
 	}
 	return cfg, nil
 }

@@ -66,16 +66,17 @@ func (l *list[T]) parsePairs(text string) (T, error) {
 	for pair := range strings.SplitSeq(strings.TrimSpace(text), ",") {
 		k, v, ok := strings.Cut(pair, "=")
 		k = strings.TrimSpace(k)
+		// The entry itself is not quoted: one of its fields may be a secret.
 		if !ok {
-			return e, fmt.Errorf("%s %q: %q is not key=value", l.key, text, pair)
+			return e, fmt.Errorf("%s: an entry holds %q, which is not key=value", l.key, k)
 		}
 		f, found := findKey(fields, k)
 		if !found {
-			return e, fmt.Errorf("%s %q: unknown key %q (want %s)", l.key, text, k, strings.Join(keysOf(fields), ", "))
+			return e, fmt.Errorf("%s: unknown key %q (want %s)", l.key, k, strings.Join(keysOf(fields), ", "))
 		}
 		apply, err := f.v.parse(strings.TrimSpace(v))
 		if err != nil {
-			return e, fmt.Errorf("%s %q: %s: %w", l.key, text, k, err)
+			return e, fmt.Errorf("%s: %s: %w", l.key, k, err)
 		}
 		apply()
 	}
