@@ -7,17 +7,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/mattn/go-isatty"
 
 	"heft/gateway/config"
 	"heft/gateway/coord"
@@ -27,30 +24,24 @@ import (
 	"heft/gateway/nginx"
 	"heft/gateway/syncer"
 	"heft/gateway/target"
+	"heft/shared/logging"
+	"heft/shared/settings"
 	"heft/shared/version"
 )
 
 // Main is the whole program; it returns the exit code: 0 done, 1 failed,
-// 2 bad usage or configuration.
+// 2 bad usage, 78 bad configuration (settings.ExitConfig).
 func Main(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
 	cfg, err := config.Load(args, env)
 	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, config.Usage())
-		return 0
 	case err != nil:
-		fmt.Fprintf(stderr, "heft-sync: %v\n", err)
-		return 2
+		return settings.Exit("heft-sync", err, config.PrintUsage, stdout, stderr)
 	case cfg.ShowVersion:
 		fmt.Fprintf(stdout, "heft-sync %s\n", version.Version)
 		return 0
 	}
-	logger := hclog.New(&hclog.LoggerOptions{
-		Name:       "heft-sync",
-		Level:      hclog.LevelFromString(cfg.LogLevel),
-		Output:     stderr,
-		JSONFormat: cfg.LogJSON || !isTerminal(stderr),
-	})
+	logger := logging.New("heft-sync", cfg.LogLevel, cfg.LogJSON, stderr)
+	cfg.LogSettings(logger)
 	if cfg.CheckOnly {
 		return Check(ctx, cfg, logger)
 	}
@@ -59,11 +50,6 @@ func Main(ctx context.Context, args []string, env func(string) string, stdout, s
 		return 1
 	}
 	return 0
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && isatty.IsTerminal(f.Fd())
 }
 
 // Built is what the configuration becomes.

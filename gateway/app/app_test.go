@@ -307,6 +307,22 @@ func TestMainExitCodes(t *testing.T) {
 	if code := app.Main(context.Background(), []string{"-h"}, env, &out, &errb); code != 0 || !strings.Contains(out.String(), "HEFT_SYNC_COORDINATOR_URL") {
 		t.Fatalf("-h: %d %q", code, out.String())
 	}
+	// As on every heft binary: a bad flag is 2 with the usage, a bad
+	// configuration 78 (a bare-number duration, here).
+	errb.Reset()
+	if code := app.Main(context.Background(), []string{"--bogus"}, env, &out, &errb); code != 2 ||
+		!strings.Contains(errb.String(), "unknown flag: --bogus\n\nusage: heft-sync") {
+		t.Fatalf("--bogus: %d %q", code, errb.String())
+	}
+	bad := filepath.Join(t.TempDir(), "heft-sync.toml")
+	if err := os.WriteFile(bad, []byte("[coordinator]\nurl = \"http://127.0.0.1:7070\"\n[[haproxy]]\nmodel = \"m\"\ntimeout = 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	errb.Reset()
+	if code := app.Main(context.Background(), []string{"--config", bad}, env, &out, &errb); code != 78 ||
+		!strings.Contains(errb.String(), `write timeout = "5s"`) {
+		t.Fatalf("bad config: %d %q", code, errb.String())
+	}
 }
 
 // counter reads one sample's value from the text format.

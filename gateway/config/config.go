@@ -1,92 +1,96 @@
-// Package config reads heft-sync's configuration: a TOML file, then
-// HEFT_SYNC_* environment variables for the scalar settings, then
-// validates all of it before anything runs. It is one file on purpose, so
-// it can move onto a shared settings mechanism in one step.
+// Package config reads heft-sync's configuration through the one mechanism
+// every heft binary uses (heft/shared/settings): defaults, a TOML file,
+// HEFT_SYNC_* environment variables and flags for the scalar settings,
+// then validates all of it before anything runs. The gateway tables are
+// read from the file only.
 package config
 
 import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
 
-	"github.com/BurntSushi/toml"
 	"github.com/hashicorp/go-hclog"
+
+	"heft/shared/address"
+	"heft/shared/logging"
+	"heft/shared/settings"
 )
 
 // Config is the whole of heft-sync's configuration.
 type Config struct {
-	Listen      string        `toml:"listen"` // heft-sync's /metrics and /healthz
-	LogLevel    string        `toml:"log_level"`
-	LogJSON     bool          `toml:"log_json"`
-	Resync      time.Duration `toml:"resync"` // how often every target is applied again
-	Coordinator Coordinator   `toml:"coordinator"`
-	HAProxy     []HAProxy     `toml:"haproxy"`
-	Nginx       []Nginx       `toml:"nginx"`
-	Envoy       []Envoy       `toml:"envoy"`
-	LiteLLM     []LiteLLM     `toml:"litellm"`
+	Listen      string // heft-sync's /metrics and /healthz
+	LogLevel    string
+	LogJSON     bool
+	Resync      time.Duration // how often every target is applied again
+	Coordinator Coordinator
+	HAProxy     []HAProxy
+	Nginx       []Nginx
+	Envoy       []Envoy
+	LiteLLM     []LiteLLM
 
-	Path        string `toml:"-"` // the file read
-	CheckOnly   bool   `toml:"-"` // --check: validate, check each gateway once, exit
-	ShowVersion bool   `toml:"-"`
+	Path        string // the file read
+	CheckOnly   bool   // --check: validate, check each gateway once, exit
+	ShowVersion bool
+
+	// report says where each setting came from; nil unless Load made c.
+	report *settings.Report
 }
 
 // Coordinator is [coordinator].
 type Coordinator struct {
-	URL       string `toml:"url"`
-	TokenFile string `toml:"token_file"` // optional viewer (or admin) token
-	CAFile    string `toml:"ca_file"`    // optional CA for an https:// coordinator
+	URL       string
+	TokenFile string // optional viewer (or admin) token
+	CAFile    string // optional CA for an https:// coordinator
 }
 
 // HAProxy is one [[haproxy]] table.
 type HAProxy struct {
-	Model      string        `toml:"model"`
-	Socket     string        `toml:"socket"`
-	Backend    string        `toml:"backend"`
-	Slots      string        `toml:"slots"`
-	Order      string        `toml:"order"`
-	AddServers bool          `toml:"add_servers"`
-	MaxConn    bool          `toml:"maxconn"`
-	Timeout    time.Duration `toml:"timeout"`
+	Model      string
+	Socket     string
+	Backend    string
+	Slots      string
+	Order      string
+	AddServers bool
+	MaxConn    bool
+	Timeout    time.Duration
 }
 
 // Nginx is one [[nginx]] table.
 type Nginx struct {
-	Model      string        `toml:"model"`
-	File       string        `toml:"file"`
-	Upstream   string        `toml:"upstream"`
-	Directives []string      `toml:"directives"`
-	Check      []string      `toml:"check"`
-	Reload     []string      `toml:"reload"`
-	MaxConns   bool          `toml:"max_conns"`
-	Timeout    time.Duration `toml:"timeout"`
+	Model      string
+	File       string
+	Upstream   string
+	Directives []string
+	Check      []string
+	Reload     []string
+	MaxConns   bool
+	Timeout    time.Duration
 }
 
 // Envoy is one [[envoy]] table: one model served as one cluster.
 type Envoy struct {
-	Listen  string `toml:"listen"`
-	Model   string `toml:"model"`
-	Cluster string `toml:"cluster"` // default: the model name
+	Listen  string
+	Model   string
+	Cluster string // default: the model name
 }
 
 // LiteLLM is one [[litellm]] table.
 type LiteLLM struct {
-	Model     string        `toml:"model"`
-	File      string        `toml:"file"`
-	Command   []string      `toml:"command"`
-	ModelName string        `toml:"model_name"`
-	Provider  string        `toml:"provider"`
-	APIKey    string        `toml:"api_key"`
-	Timeout   time.Duration `toml:"timeout"`
+	Model     string
+	File      string
+	Command   []string
+	ModelName string
+	Provider  string
+	APIKey    string
+	Timeout   time.Duration
 }
 
 // Defaults.
@@ -96,100 +100,119 @@ const (
 	EnvPrefix     = "HEFT_SYNC_"
 )
 
-// envKeys are the settings the environment may set, by variable.
-var envKeys = []struct {
-	name string
-	set  func(*Config, string) error
-}{
-	{"LISTEN", func(c *Config, v string) error { c.Listen = v; return nil }},
-	{"LOG_LEVEL", func(c *Config, v string) error { c.LogLevel = v; return nil }},
-	{"LOG_JSON", func(c *Config, v string) error { c.LogJSON = v == "1" || strings.EqualFold(v, "true"); return nil }},
-	{"RESYNC", func(c *Config, v string) (err error) { c.Resync, err = time.ParseDuration(v); return err }},
-	{"COORDINATOR_URL", func(c *Config, v string) error { c.Coordinator.URL = v; return nil }},
-	{"COORDINATOR_TOKEN_FILE", func(c *Config, v string) error { c.Coordinator.TokenFile = v; return nil }},
-	{"COORDINATOR_CA_FILE", func(c *Config, v string) error { c.Coordinator.CAFile = v; return nil }},
+func defaults() Config {
+	return Config{Listen: DefaultListen, LogLevel: logging.DefaultLevel, Resync: DefaultResync}
+}
+
+// command is heft-sync's command line and configuration, bound to c: one
+// row per setting. A new setting is a field above and a row here.
+func (c *Config) command() settings.Command {
+	fileOnly := func(s settings.Setting) settings.Setting { return s.Flag("-").Env("-") }
+	return settings.Command{
+		Name:     "heft-sync",
+		Synopsis: "heft-sync --config FILE [--check] [flags]",
+		About: "Keeps gateways (HAProxy, nginx, Envoy, LiteLLM) in step with heft's weights. The gateways are\n" +
+			"[[haproxy]], [[nginx]], [[envoy]] and [[litellm]] tables of the file.",
+		EnvPrefix: EnvPrefix,
+		Version:   true,
+		Settings: []settings.Setting{
+			settings.Bool("check", &c.CheckOnly, "validate the configuration, check each gateway once, and exit").FlagOnly(),
+			settings.String("listen", &c.Listen, "host:port of heft-sync's /metrics and /healthz").Meta("ADDR"),
+			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
+			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),
+			settings.Duration("resync", &c.Resync, "how often every target is applied again"),
+			settings.String("coordinator.url", &c.Coordinator.URL, "the coordinator, http:// or https://").Meta("URL"),
+			settings.String("coordinator.token_file", &c.Coordinator.TokenFile, "file holding a viewer (or admin) token (mode 0600, or 0640 with a dedicated group)").Meta("FILE"),
+			settings.String("coordinator.ca_file", &c.Coordinator.CAFile, "PEM file of CAs trusted for an https:// coordinator").Meta("FILE"),
+			fileOnly(settings.List("haproxy", &c.HAProxy, "an HAProxy backend", settings.ListOf[HAProxy]{Fields: func(h *HAProxy) []settings.Setting {
+				return []settings.Setting{
+					settings.String("model", &h.Model, ""), settings.String("socket", &h.Socket, ""),
+					settings.String("backend", &h.Backend, ""), settings.String("slots", &h.Slots, ""),
+					settings.String("order", &h.Order, ""), settings.Bool("add_servers", &h.AddServers, ""),
+					settings.Bool("maxconn", &h.MaxConn, ""), settings.Duration("timeout", &h.Timeout, ""),
+				}
+			}})),
+			fileOnly(settings.List("nginx", &c.Nginx, "an nginx upstream file", settings.ListOf[Nginx]{Fields: func(n *Nginx) []settings.Setting {
+				return []settings.Setting{
+					settings.String("model", &n.Model, ""), settings.String("file", &n.File, ""),
+					settings.String("upstream", &n.Upstream, ""), settings.Strings("directives", &n.Directives, ""),
+					settings.Strings("check", &n.Check, ""), settings.Strings("reload", &n.Reload, ""),
+					settings.Bool("max_conns", &n.MaxConns, ""), settings.Duration("timeout", &n.Timeout, ""),
+				}
+			}})),
+			fileOnly(settings.List("envoy", &c.Envoy, "an Envoy cluster over xDS", settings.ListOf[Envoy]{Fields: func(e *Envoy) []settings.Setting {
+				return []settings.Setting{
+					settings.String("listen", &e.Listen, ""), settings.String("model", &e.Model, ""),
+					settings.String("cluster", &e.Cluster, ""),
+				}
+			}})),
+			fileOnly(settings.List("litellm", &c.LiteLLM, "a LiteLLM model_list file", settings.ListOf[LiteLLM]{Fields: func(l *LiteLLM) []settings.Setting {
+				return []settings.Setting{
+					settings.String("model", &l.Model, ""), settings.String("file", &l.File, ""),
+					settings.Strings("command", &l.Command, ""), settings.String("model_name", &l.ModelName, ""),
+					settings.String("provider", &l.Provider, ""), settings.String("api_key", &l.APIKey, "").Secret(),
+					settings.Duration("timeout", &l.Timeout, ""),
+				}
+			}})),
+		},
+	}
 }
 
 // Usage is the --help text.
 func Usage() string {
 	var b strings.Builder
-	b.WriteString(`heft-sync keeps gateways (HAProxy, nginx, Envoy, LiteLLM) in step with heft's weights.
-
-usage: heft-sync --config FILE [--check] [--version]
-
-  --config FILE   the TOML configuration (or ` + EnvPrefix + `CONFIG)
-  --check         validate the configuration, check each gateway once, and exit
-  --version       print the version
-
-Environment (overrides the file): `)
-	for i, k := range envKeys {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(EnvPrefix + k.name)
-	}
-	b.WriteString(".\n")
+	PrintUsage(&b)
 	return b.String()
 }
 
+// PrintUsage writes Usage to w.
+func PrintUsage(w io.Writer) {
+	c := defaults()
+	c.command().Usage(w)
+}
+
 // Load reads the file named by --config (or HEFT_SYNC_CONFIG), applies the
-// environment, and validates. flag.ErrHelp is returned for -h.
+// environment and the flags, and validates. Command-line mistakes, and no
+// file at all, are a *settings.UsageError (flag.ErrHelp for -h); for
+// --version, Load returns a Config with ShowVersion set.
 func Load(args []string, env func(string) string) (Config, error) {
-	fs := flag.NewFlagSet("heft-sync", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	path := fs.String("config", env(EnvPrefix+"CONFIG"), "")
-	check := fs.Bool("check", false, "")
-	ver := fs.Bool("version", false, "")
-	if err := fs.Parse(args); err != nil {
-		return Config{}, err
-	}
-	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	if *ver {
+	c := defaults()
+	rep, err := c.command().Load("", args, env)
+	if errors.Is(err, settings.ErrVersion) {
 		return Config{ShowVersion: true}, nil
 	}
-	if *path == "" {
-		return Config{}, errors.New("no configuration: pass --config FILE (or set " + EnvPrefix + "CONFIG)")
-	}
-	data, err := os.ReadFile(*path)
 	if err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+		return Config{}, err
 	}
-	c, err := Parse(string(data))
-	if err != nil {
-		return Config{}, fmt.Errorf("config %s: %w", *path, err)
+	if rep.Path == "" {
+		return Config{}, &settings.UsageError{Err: errors.New("no configuration: pass --config FILE (or set " + EnvPrefix + "CONFIG)")}
 	}
-	c.Path, c.CheckOnly = *path, *check
-	for _, k := range envKeys {
-		if v := env(EnvPrefix + k.name); v != "" {
-			if err := k.set(&c, v); err != nil {
-				return Config{}, fmt.Errorf("%s%s=%q: %w", EnvPrefix, k.name, v, err)
-			}
-		}
-	}
+	c.Path, c.report = rep.Path, rep
 	if err := c.Validate(); err != nil {
-		return Config{}, fmt.Errorf("config %s: %w", *path, err)
+		return Config{}, fmt.Errorf("config %s: %w", c.Path, err)
 	}
 	return c, nil
 }
 
 // Parse decodes TOML text over the defaults; unknown keys are errors.
 func Parse(text string) (Config, error) {
-	c := Config{Listen: DefaultListen, LogLevel: "info", Resync: DefaultResync}
-	md, err := toml.Decode(text, &c)
-	if err != nil {
+	c := defaults()
+	if err := c.command().Parse(text); err != nil {
 		return Config{}, err
-	}
-	if und := md.Undecoded(); len(und) > 0 {
-		keys := make([]string, len(und))
-		for i, k := range und {
-			keys[i] = k.String()
-		}
-		return Config{}, fmt.Errorf("unknown keys: %s", strings.Join(keys, ", "))
 	}
 	return c, nil
 }
+
+// LogSettings writes the start-up lines that say where each setting that
+// is not at its default came from, and warn of any value that overrode a
+// different one.
+func (c Config) LogSettings(logger hclog.Logger) { c.report.Log(logger) }
+
+// String describes the configuration without its secrets (LiteLLM API keys).
+func (c Config) String() string { return c.command().Describe() }
+
+// GoString keeps %#v as quiet about secrets as %v.
+func (c Config) GoString() string { return "config.Config{" + c.String() + "}" }
 
 // Validate returns every problem at once.
 func (c Config) Validate() error {
@@ -198,16 +221,16 @@ func (c Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen %q is not host:port: %v", c.Listen, err)
 	}
-	if hclog.LevelFromString(c.LogLevel) == hclog.NoLevel {
-		bad("log_level %q is not one of trace, debug, info, warn, error", c.LogLevel)
+	if err := logging.CheckLevel(c.LogLevel); err != nil {
+		bad("log_level: %v", err)
 	}
 	if c.Resync < 100*time.Millisecond {
 		bad("resync %s is too short (at least 100ms)", c.Resync)
 	}
-	if u, err := url.Parse(c.Coordinator.URL); c.Coordinator.URL == "" {
+	if c.Coordinator.URL == "" {
 		bad("[coordinator] url is required, e.g. http://127.0.0.1:7070")
-	} else if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		bad("[coordinator] url %q: want http://host:port or https://host:port", c.Coordinator.URL)
+	} else if _, err := address.CheckURL("[coordinator] url", c.Coordinator.URL, "http", "https"); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Coordinator.TokenFile != "" {
 		if _, err := c.Token(); err != nil {
@@ -293,28 +316,15 @@ func (e Envoy) ClusterName() string {
 	return e.Model
 }
 
-// Token reads the coordinator token file ("" when none is configured).
-// Like the coordinator's own token files, it must not be readable by
-// others nor writable by its group.
+// Token reads the coordinator token file ("" when none is configured),
+// held to the rules of every heft token file (settings.ReadTokenFile).
 func (c Config) Token() (string, error) {
-	path := c.Coordinator.TokenFile
-	if path == "" {
+	if c.Coordinator.TokenFile == "" {
 		return "", nil
 	}
-	st, err := os.Stat(path)
+	tok, err := settings.ReadTokenFile(c.Coordinator.TokenFile)
 	if err != nil {
 		return "", fmt.Errorf("[coordinator] token_file: %w", err)
-	}
-	if perm := st.Mode().Perm(); runtime.GOOS != "windows" && perm&0o027 != 0 {
-		return "", fmt.Errorf("[coordinator] token_file %s has mode %04o; run: chmod 600 %s (or 640 with a dedicated group)", path, perm, path)
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("[coordinator] token_file: %w", err)
-	}
-	tok := strings.TrimSpace(string(data))
-	if tok == "" || strings.ContainsAny(tok, "\r\n") || len(tok) > 4096 {
-		return "", fmt.Errorf("[coordinator] token_file %s must hold one token on one line", path)
 	}
 	return tok, nil
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -137,5 +138,32 @@ func TestTokenFileAndCA(t *testing.T) {
 	c = Config{Coordinator: Coordinator{CAFile: ca}}
 	if _, err := c.TLS(); err == nil {
 		t.Fatal("took a CA file without a certificate")
+	}
+}
+
+// A bare number for a duration used to load as nanoseconds (timeout = 5
+// was 5 ns); it is refused with what to write, as in every heft binary.
+func TestBareNumberDurationRefused(t *testing.T) {
+	for _, text := range []string{
+		"resync = 2\n[coordinator]\nurl = \"http://x:1\"\n",
+		"[coordinator]\nurl = \"http://x:1\"\n[[haproxy]]\nmodel = \"m\"\nsocket = \"/s\"\nbackend = \"b\"\ntimeout = 5\n",
+		"[coordinator]\nurl = \"http://x:1\"\n[[nginx]]\nmodel = \"m\"\nfile = \"/f\"\nupstream = \"u\"\ntimeout = 5\n",
+	} {
+		_, err := Load([]string{"--config", write(t, text)}, noEnv)
+		if err == nil || !strings.Contains(err.Error(), "is a bare number") || !strings.Contains(err.Error(), "line ") {
+			t.Errorf("%q: %v", text, err)
+		}
+	}
+}
+
+func TestSecretsNeverPrinted(t *testing.T) {
+	c, err := Parse(full + "api_key = \"sk-secret-1\"\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{fmt.Sprint(c), fmt.Sprintf("%#v", c)} {
+		if strings.Contains(s, "sk-secret") || !strings.Contains(s, "api_key=[redacted]") {
+			t.Errorf("%s", s)
+		}
 	}
 }

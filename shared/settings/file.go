@@ -25,6 +25,9 @@ func (c Command) decode(text string, rep *Report, path string) error {
 	var errs []error
 	tables := map[string]map[string]toml.Primitive{"": top}
 	for i, s := range c.Settings {
+		if s.flagOnly {
+			continue
+		}
 		p, ok, err := c.lookup(&md, tables, s.Key)
 		if err != nil {
 			errs = append(errs, err)
@@ -87,6 +90,9 @@ func (c Command) lookup(md *toml.MetaData, tables map[string]map[string]toml.Pri
 func (c Command) unknownKeys(md toml.MetaData) []string {
 	known := map[string]bool{}
 	for _, s := range c.Settings {
+		if s.flagOnly {
+			continue
+		}
 		parts := strings.Split(s.Key, ".")
 		for i := range parts {
 			known[strings.Join(parts[:i+1], ".")] = true // the key and its tables

@@ -29,11 +29,12 @@ type Setting struct {
 	Key   string
 	Usage string
 
-	flag   string // "" derives it from Key; "-" means none
-	env    string // "" derives it from Key and the prefix; "-" means none
-	meta   string // the value's name in help: FILE, URL, ...
-	secret bool
-	v      value
+	flag     string // "" derives it from Key; "-" means none
+	env      string // "" derives it from Key and the prefix; "-" means none
+	meta     string // the value's name in help: FILE, URL, ...
+	secret   bool
+	flagOnly bool
+	v        value
 }
 
 // Flag names the setting's flag (without dashes), instead of the one
@@ -46,6 +47,10 @@ func (s Setting) Env(name string) Setting { s.env = name; return s }
 
 // Meta names the value in help text: "--token-file FILE".
 func (s Setting) Meta(name string) Setting { s.meta = name; return s }
+
+// FlagOnly makes a setting a command-line switch only, not a key of the
+// file nor an environment variable: heft-sync's --check.
+func (s Setting) FlagOnly() Setting { s.flagOnly, s.env = true, "-"; return s }
 
 // Secret marks a value that is never printed: help text shows no default,
 // reports and String show [redacted]. A secret still has a flag unless
@@ -170,6 +175,21 @@ func Uint64(key string, p *uint64, usage string) Setting {
 			*dst = uint64(n)
 			return nil
 		}}}
+}
+
+// Strings is a list of words: a TOML array of strings; on the command
+// line or in the environment, words separated by commas. An empty array
+// in the file ([]) stays empty, not absent.
+func Strings(key string, p *[]string, usage string) Setting {
+	return Setting{Key: key, Usage: usage, meta: "A,B,...", v: &scalar[[]string]{p: p,
+		read: func(s string) ([]string, error) {
+			var words []string
+			for w := range strings.SplitSeq(s, ",") {
+				words = append(words, strings.TrimSpace(w))
+			}
+			return words, nil
+		},
+		format: func(words []string) string { return strings.Join(words, ",") }}}
 }
 
 // Float is a number.

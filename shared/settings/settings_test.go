@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ type syncConfig struct {
 	}
 	Interval time.Duration
 	LogJSON  bool
+	Check    bool
 	Weight   float64
 	HAProxy  []haproxy
 	Nginx    []nginx
@@ -37,6 +39,7 @@ type haproxy struct {
 
 type nginx struct {
 	Model, File, Reload string
+	Directives          []string
 }
 
 func syncDefault() syncConfig {
@@ -58,6 +61,7 @@ func (c *syncConfig) command() Command {
 			String("coordinator.token_file", &c.Coordinator.TokenFile, "token file").Flag("token-file").Env("HEFT_SYNC_TOKEN_FILE").Meta("FILE"),
 			Duration("interval", &c.Interval, "how often to sync"),
 			Bool("log_json", &c.LogJSON, "log JSON"),
+			Bool("check", &c.Check, "check and exit").FlagOnly(),
 			Float("weight", &c.Weight, "a number"),
 			List("haproxy", &c.HAProxy, "an haproxy backend", ListOf[haproxy]{Fields: func(h *haproxy) []Setting {
 				return []Setting{
@@ -69,7 +73,8 @@ func (c *syncConfig) command() Command {
 			}}),
 			List("nginx", &c.Nginx, "an nginx upstream file", ListOf[nginx]{
 				Fields: func(n *nginx) []Setting {
-					return []Setting{String("model", &n.Model, "model"), String("file", &n.File, "file"), String("reload", &n.Reload, "reload command")}
+					return []Setting{String("model", &n.Model, "model"), String("file", &n.File, "file"), String("reload", &n.Reload, "reload command"),
+						Strings("directives", &n.Directives, "upstream directives")}
 				},
 				New: func() nginx { return nginx{Reload: "nginx -s reload"} },
 			}),
@@ -108,6 +113,7 @@ backend = "llama_pool"
 [[nginx]]
 model = "qwen"
 file = "/etc/nginx/heft.conf"
+directives = ["least_conn", "keepalive 32"]
 `
 
 func TestArraysOfTablesFromFile(t *testing.T) {
@@ -123,7 +129,8 @@ func TestArraysOfTablesFromFile(t *testing.T) {
 	if len(c.HAProxy) != 2 || c.HAProxy[0] != want[0] || c.HAProxy[1] != want[1] {
 		t.Errorf("haproxy = %+v", c.HAProxy)
 	}
-	if len(c.Nginx) != 1 || c.Nginx[0] != (nginx{"qwen", "/etc/nginx/heft.conf", "nginx -s reload"}) {
+	if len(c.Nginx) != 1 || c.Nginx[0].Model != "qwen" || c.Nginx[0].File != "/etc/nginx/heft.conf" || c.Nginx[0].Reload != "nginx -s reload" ||
+		!slices.Equal(c.Nginx[0].Directives, []string{"least_conn", "keepalive 32"}) {
 		t.Errorf("nginx = %+v (the entry's default reload is lost?)", c.Nginx)
 	}
 	if o, _ := rep.Origin("haproxy"); o.Source != FromFile {
@@ -144,6 +151,7 @@ func TestLayersAndOrigins(t *testing.T) {
 		"--haproxy", "model=a,socket=/s,backend=b,drain=2s",
 		"--haproxy", "model=c,socket=/s,backend=d",
 		"--log-json",
+		"--check",
 	}, envOf(map[string]string{
 		"HEFT_SYNC_INTERVAL":   "10s",
 		"HEFT_SYNC_WEIGHT":     "2.5",
@@ -153,7 +161,7 @@ func TestLayersAndOrigins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Interval != time.Minute || c.Weight != 2.5 || !c.LogJSON {
+	if c.Interval != time.Minute || c.Weight != 2.5 || !c.LogJSON || !c.Check {
 		t.Errorf("got %+v", c)
 	}
 	// A token file in the environment replaces the file's token.
@@ -163,7 +171,7 @@ func TestLayersAndOrigins(t *testing.T) {
 	if len(c.HAProxy) != 2 || c.HAProxy[0] != (haproxy{"a", "/s", "b", 2 * time.Second}) || c.HAProxy[1].Model != "c" {
 		t.Errorf("flags did not replace the file's haproxy: %+v", c.HAProxy)
 	}
-	if len(c.Nginx) != 2 || c.Nginx[0] != (nginx{"x", "/a", "nginx -s reload"}) || c.Nginx[1].Reload != "systemctl reload nginx" {
+	if len(c.Nginx) != 2 || c.Nginx[0].File != "/a" || c.Nginx[0].Reload != "nginx -s reload" || c.Nginx[1].Reload != "systemctl reload nginx" {
 		t.Errorf("env did not replace the file's nginx: %+v", c.Nginx)
 	}
 	for key, want := range map[string]string{
@@ -279,6 +287,25 @@ b = 2
 		if err := c.command().Parse(tc.text); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: err = %v, want one mentioning %q", tc.text, err, tc.want)
 		}
+	}
+	// A flag-only setting is no key of the file, and has no variable.
+	c = syncDefault()
+	if err := c.command().Parse("check = true\n"); err == nil || !strings.Contains(err.Error(), "unknown keys: check") {
+		t.Errorf("check in the file: %v", err)
+	}
+	c = syncDefault()
+	if _, err := c.command().Load("", nil, envOf(map[string]string{"HEFT_SYNC_CHECK": "true"})); err != nil || c.Check {
+		t.Errorf("HEFT_SYNC_CHECK: %v, check %t", err, c.Check)
+	}
+	// A list of words keeps an empty array apart from an absent one, and
+	// refuses what is not a list of strings, with its line.
+	c = syncDefault()
+	if err := c.command().Parse("[[nginx]]\ndirectives = []\n[[nginx]]\n"); err != nil || c.Nginx[0].Directives == nil || c.Nginx[1].Directives != nil {
+		t.Errorf("empty and absent: %v %#v", err, c.Nginx)
+	}
+	c = syncDefault()
+	if err := c.command().Parse("[[nginx]]\nmodel = \"m\"\ndirectives = \"least_conn\"\n"); err == nil || !strings.Contains(err.Error(), "line 3") {
+		t.Errorf("a string for a list: %v", err)
 	}
 	// An inline array of tables is an array of tables too.
 	c = syncDefault()
