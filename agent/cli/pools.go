@@ -51,7 +51,7 @@ type poolsReport struct {
 func runPools(args []string, stdio IO) int {
 	fs := flag.NewFlagSet("heft-agent pools", flag.ContinueOnError)
 	engine := fs.String("engine", "", "the engine that wrote the log: vllm or sglang")
-	logPath := fs.String("log", "", "the engine's start-up log: "+logsource.Usage)
+	logPath := fs.String("log", "", "where the engine's start-up log is (`SOURCE`): "+logsource.Usage)
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
 	usage := func(w io.Writer) {
 		fmt.Fprintln(w, "usage: heft-agent pools --engine vllm|sglang --log FILE [--json]")
