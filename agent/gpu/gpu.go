@@ -1,4 +1,4 @@
-// Package gpu reads per-GPU facts: through NVML on Linux (built with cgo),
+// Package gpu reads per-GPU facts: through NVML on Linux (loaded without cgo),
 // through powermetrics and host memory on a Mac, and nothing elsewhere.
 //
 // Open never leaves a caller without a Source: when GPUs cannot be read it
@@ -28,7 +28,7 @@ type Source interface {
 }
 
 // ErrUnavailable is wrapped by every error that says GPU facts cannot be
-// read on this host (no NVML library, no driver, built without cgo, ...).
+// read on this host (no NVML library, no driver, no permission, ...).
 var ErrUnavailable = errors.New("gpu facts unavailable")
 
 // ErrClosed is returned by Devices after Close.

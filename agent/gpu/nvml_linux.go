@@ -1,31 +1,27 @@
-//go:build linux && cgo
+//go:build linux
 
 package gpu
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/hashicorp/go-hclog"
 
 	"heft/shared/wire"
 )
 
-// libraryName is the file go-nvml dlopens by default; errors name it
-// because go-nvml swallows the dlopen message.
+// libraryName is the file the NVIDIA driver installs and the container
+// runtime mounts; it is found the way the dynamic linker finds libraries.
 const libraryName = "libnvidia-ml.so.1"
 
-// Symbols newer than some supported drivers. The library is opened
-// RTLD_LAZY, so calling one the driver lacks aborts the whole process: look
-// each up once and call it only when present.
+// Symbols newer than some supported drivers: looked up once, and the older
+// call is made when they are missing.
 const (
 	symClocksEventReasons = "nvmlDeviceGetCurrentClocksEventReasons"
 	symMemoryInfoV2       = "nvmlDeviceGetMemoryInfo_v2"
@@ -34,34 +30,42 @@ const (
 // Open loads NVML. Without it, the Source reports no devices and the error
 // says why (no library, no driver, no permission, version mismatch).
 func Open(logger hclog.Logger) (Source, error) {
-	return openWith(nvml.New(), logger)
+	return openLibrary(libraryName, logger)
 }
 
-// openWith is Open over an injected library, so tests can drive it.
-func openWith(lib nvml.Interface, logger hclog.Logger) (Source, error) {
-	src, err := NewNVML(lib, logger)
+// openLibrary is Open with the library's path, so tests can load another.
+func openLibrary(path string, logger hclog.Logger) (Source, error) {
+	lib, err := loadNVML(path)
+	if err != nil {
+		return emptySource{}, unavailable("cannot load the NVML library "+path+" (is the NVIDIA driver installed?)", err)
+	}
+	return openWith(lib, logger)
+}
+
+// openWith is Open over an already loaded library.
+func openWith(lib nvmlLibrary, logger hclog.Logger) (Source, error) {
+	src, err := newNVMLSource(lib, logger)
 	if err != nil {
 		return emptySource{}, err
 	}
 	return src, nil
 }
 
-// NewNVML initialises lib and returns a Source over it. On failure it
-// returns a nil Source and an error wrapping ErrUnavailable and the
-// nvml.Return. Close shuts lib down.
-func NewNVML(lib nvml.Interface, logger hclog.Logger) (Source, error) {
+// newNVMLSource initialises lib and returns a Source over it. On failure it
+// returns nil and an error wrapping ErrUnavailable and the nvmlReturn.
+// Close shuts lib down.
+func newNVMLSource(lib nvmlLibrary, logger hclog.Logger) (*nvmlSource, error) {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	if ret := lib.Init(); ret != nvml.SUCCESS {
+	if ret := lib.Init(); ret != nvmlSuccess {
 		return nil, initError(ret)
 	}
-	ext := lib.Extensions()
 	s := &nvmlSource{
 		lib:       lib,
 		logger:    logger.Named("nvml"),
-		hasEvents: ext.LookupSymbol(symClocksEventReasons) == nil,
-		hasMemV2:  ext.LookupSymbol(symMemoryInfoV2) == nil,
+		hasEvents: lib.HasSymbol(symClocksEventReasons),
+		hasMemV2:  lib.HasSymbol(symMemoryInfoV2),
 		procRoot:  "/proc",
 	}
 	if p := os.Getenv("HOST_PROC"); p != "" { // the same override gopsutil honours
@@ -71,16 +75,16 @@ func NewNVML(lib nvml.Interface, logger hclog.Logger) (Source, error) {
 	return s, nil
 }
 
-func initError(ret nvml.Return) error {
+func initError(ret nvmlReturn) error {
 	var why string
-	switch {
-	case errors.Is(ret, nvml.ERROR_LIBRARY_NOT_FOUND):
+	switch ret {
+	case errLibraryNotFound:
 		why = "cannot load the NVML library " + libraryName + " (is the NVIDIA driver installed?)"
-	case errors.Is(ret, nvml.ERROR_DRIVER_NOT_LOADED):
+	case errDriverNotLoaded:
 		why = "the NVIDIA kernel driver is not loaded"
-	case errors.Is(ret, nvml.ERROR_NO_PERMISSION):
+	case errNoPermission:
 		why = "no permission to open the NVIDIA devices /dev/nvidia* (does the agent's user need the video group?)"
-	case errors.Is(ret, nvml.ERROR_LIB_RM_VERSION_MISMATCH):
+	case errLibRMVersionMismatch:
 		why = "the NVML library and the loaded NVIDIA kernel driver differ in version (reload the driver or reboot after an upgrade)"
 	default:
 		why = "NVML initialisation failed"
@@ -89,7 +93,7 @@ func initError(ret nvml.Return) error {
 }
 
 type nvmlSource struct {
-	lib    nvml.Interface
+	lib    nvmlLibrary
 	logger hclog.Logger
 	// Cached symbol lookups, done once after Init.
 	hasEvents, hasMemV2 bool
@@ -106,8 +110,8 @@ func (s *nvmlSource) Devices(ctx context.Context) ([]wire.GPU, error) {
 	if s.closed {
 		return nil, ErrClosed
 	}
-	n, ret := s.lib.DeviceGetCount()
-	if ret != nvml.SUCCESS {
+	n, ret := s.lib.DeviceCount()
+	if ret != nvmlSuccess {
 		return nil, fmt.Errorf("nvml device count: %w", ret)
 	}
 	gpus := make([]wire.GPU, 0, n)
@@ -129,43 +133,40 @@ func (s *nvmlSource) Devices(ctx context.Context) ([]wire.GPU, error) {
 // query goes in Unsupported.
 func (s *nvmlSource) device(i int) wire.GPU {
 	g := wire.GPU{Index: i}
-	d, ret := s.lib.DeviceGetHandleByIndex(i)
-	if ret != nvml.SUCCESS {
+	d, ret := s.lib.DeviceByIndex(i)
+	if ret != nvmlSuccess {
 		g.Error = fmt.Sprintf("device handle: %v", ret)
 		return g
 	}
 	r := &fieldReader{gpu: &g}
-	get(r, "uuid", d.GetUUID, func(v string) { g.UUID = v }, fieldUUID)
-	get(r, "name", d.GetName, func(v string) { g.Name = v }, fieldName)
+	get(r, "uuid", d.UUID, func(v string) { g.UUID = v }, fieldUUID)
+	get(r, "name", d.Name, func(v string) { g.Name = v }, fieldName)
+	// v2 counts driver-reserved memory apart: Used is what allocations
+	// hold, Total = Free + Used + Reserved. v1's Used includes the reserve.
+	memory := d.MemoryInfo
 	if s.hasMemV2 {
-		get(r, "memory info", d.GetMemoryInfo_v2, func(m nvml.Memory_v2) {
-			// v2 counts driver-reserved memory apart: Used is what
-			// allocations hold, Total = Free + Used + Reserved.
-			g.MemoryTotal, g.MemoryFree, g.MemoryUsed = m.Total, m.Free, m.Used
-		}, fieldMemTotal, fieldMemFree, fieldMemUsed)
-	} else {
-		get(r, "memory info", d.GetMemoryInfo, func(m nvml.Memory) {
-			g.MemoryTotal, g.MemoryFree, g.MemoryUsed = m.Total, m.Free, m.Used
-		}, fieldMemTotal, fieldMemFree, fieldMemUsed)
+		memory = d.MemoryInfoV2
 	}
-	clock := func(call func(nvml.ClockType) (uint32, nvml.Return), t nvml.ClockType) func() (uint32, nvml.Return) {
-		return func() (uint32, nvml.Return) { return call(t) }
+	get(r, "memory info", memory, func(m nvmlMemory) {
+		g.MemoryTotal, g.MemoryFree, g.MemoryUsed = m.Total, m.Free, m.Used
+	}, fieldMemTotal, fieldMemFree, fieldMemUsed)
+	clock := func(call func(nvmlClock) (uint32, nvmlReturn), c nvmlClock) func() (uint32, nvmlReturn) {
+		return func() (uint32, nvmlReturn) { return call(c) }
 	}
-	get(r, "sm clock", clock(d.GetClockInfo, nvml.CLOCK_SM), func(v uint32) { g.SMClockMHz = v }, fieldSMClock)
-	get(r, "sm clock max", clock(d.GetMaxClockInfo, nvml.CLOCK_SM), func(v uint32) { g.SMClockMaxMHz = v }, fieldSMClockMax)
-	get(r, "memory clock", clock(d.GetClockInfo, nvml.CLOCK_MEM), func(v uint32) { g.MemClockMHz = v }, fieldMemClock)
-	get(r, "memory clock max", clock(d.GetMaxClockInfo, nvml.CLOCK_MEM), func(v uint32) { g.MemClockMaxMHz = v }, fieldMemClockMax)
-	reasons := d.GetCurrentClocksThrottleReasons // drivers before NVML 12.2
+	get(r, "sm clock", clock(d.ClockInfo, clockSM), func(v uint32) { g.SMClockMHz = v }, fieldSMClock)
+	get(r, "sm clock max", clock(d.MaxClockInfo, clockSM), func(v uint32) { g.SMClockMaxMHz = v }, fieldSMClockMax)
+	get(r, "memory clock", clock(d.ClockInfo, clockMem), func(v uint32) { g.MemClockMHz = v }, fieldMemClock)
+	get(r, "memory clock max", clock(d.MaxClockInfo, clockMem), func(v uint32) { g.MemClockMaxMHz = v }, fieldMemClockMax)
+	reasons := d.ClocksThrottleReasons // drivers before NVML 12.2
 	if s.hasEvents {
-		reasons = d.GetCurrentClocksEventReasons
+		reasons = d.ClocksEventReasons
 	}
 	get(r, "clock event reasons", reasons, func(m uint64) { g.ClockEventReasons = DecodeClockEventReasons(m) }, fieldReasons)
-	get(r, "temperature", func() (uint32, nvml.Return) { return d.GetTemperature(nvml.TEMPERATURE_GPU) },
-		func(v uint32) { g.TemperatureC = float64(v) }, fieldTemperature)
-	get(r, "power draw", d.GetPowerUsage, func(mw uint32) { g.PowerDrawW = float64(mw) / 1000 }, fieldPowerDraw)
-	get(r, "power limit", d.GetEnforcedPowerLimit, func(mw uint32) { g.PowerLimitW = float64(mw) / 1000 }, fieldPowerLimit)
-	get(r, "utilization", d.GetUtilizationRates, func(u nvml.Utilization) { g.UtilizationPercent = float64(u.Gpu) }, fieldUtilization)
-	get(r, "compute processes", d.GetComputeRunningProcesses, func(ps []nvml.ProcessInfo) { g.Processes = s.processes(ps) }, fieldProcesses)
+	get(r, "temperature", d.Temperature, func(v uint32) { g.TemperatureC = float64(v) }, fieldTemperature)
+	get(r, "power draw", d.PowerUsage, func(mw uint32) { g.PowerDrawW = float64(mw) / 1000 }, fieldPowerDraw)
+	get(r, "power limit", d.EnforcedPowerLimit, func(mw uint32) { g.PowerLimitW = float64(mw) / 1000 }, fieldPowerLimit)
+	get(r, "utilization", d.Utilization, func(u nvmlUtilization) { g.UtilizationPercent = float64(u.GPU) }, fieldUtilization)
+	get(r, "compute processes", d.ComputeProcesses, func(ps []nvmlProcess) { g.Processes = s.processes(ps) }, fieldProcesses)
 	if len(r.errs) > 0 {
 		g.Error = joinErrors(r.errs)
 	}
@@ -182,25 +183,25 @@ type fieldReader struct {
 // get makes one query unless the device is lost, and on success hands the
 // value to set. Queries the device does not support name their fields in
 // Unsupported; anything else is an error for that device.
-func get[T any](r *fieldReader, what string, call func() (T, nvml.Return), set func(T), fields ...string) {
+func get[T any](r *fieldReader, what string, call func() (T, nvmlReturn), set func(T), fields ...string) {
 	if r.lost {
 		return
 	}
 	v, ret := call()
 	switch {
-	case ret == nvml.SUCCESS:
+	case ret == nvmlSuccess:
 		set(v)
-	case errors.Is(ret, nvml.ERROR_NOT_SUPPORTED), errors.Is(ret, nvml.ERROR_FUNCTION_NOT_FOUND):
+	case ret == errNotSupported, ret == errFunctionNotFound:
 		r.gpu.Unsupported = append(r.gpu.Unsupported, fields...)
 	default:
 		r.errs = append(r.errs, fmt.Errorf("%s: %w", what, ret))
-		r.lost = errors.Is(ret, nvml.ERROR_GPU_IS_LOST)
+		r.lost = ret == errGPUIsLost
 	}
 }
 
 // processes maps NVML's list, naming each process from /proc. A process
 // that has exited since keeps its pid and memory without a name.
-func (s *nvmlSource) processes(ps []nvml.ProcessInfo) []wire.GPUProcess {
+func (s *nvmlSource) processes(ps []nvmlProcess) []wire.GPUProcess {
 	if len(ps) == 0 {
 		return nil
 	}
@@ -209,11 +210,11 @@ func (s *nvmlSource) processes(ps []nvml.ProcessInfo) []wire.GPUProcess {
 	}
 	out := make([]wire.GPUProcess, len(ps))
 	for i, p := range ps {
-		used := p.UsedGpuMemory
-		if used == math.MaxUint64 { // NVML_VALUE_NOT_AVAILABLE, e.g. without privileges
+		used := p.UsedMemory
+		if used == nvmlValueNotAvailable { // e.g. without privileges
 			used = 0
 		}
-		out[i] = wire.GPUProcess{PID: int(p.Pid), Name: s.procName(int(p.Pid)), UsedMemory: used}
+		out[i] = wire.GPUProcess{PID: int(p.PID), Name: s.procName(int(p.PID)), UsedMemory: used}
 	}
 	return out
 }
@@ -233,7 +234,7 @@ func (s *nvmlSource) Close() error {
 		return nil
 	}
 	s.closed = true
-	if ret := s.lib.Shutdown(); ret != nvml.SUCCESS {
+	if ret := s.lib.Shutdown(); ret != nvmlSuccess {
 		return fmt.Errorf("nvml shutdown: %w", ret)
 	}
 	return nil

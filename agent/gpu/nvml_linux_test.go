@@ -92,28 +92,13 @@ func missingSymbols(srv *server.Server, names ...string) {
 
 func newSource(t testing.TB, srv *server.Server) *nvmlSource {
 	t.Helper()
-	src, err := NewNVML(srv, testLogger(t))
+	s, err := newNVMLSource(goNVML{srv}, testLogger(t))
 	if err != nil {
-		t.Fatalf("NewNVML: %v", err)
+		t.Fatalf("newNVMLSource: %v", err)
 	}
-	s := src.(*nvmlSource)
 	s.procRoot = repoTestdata(t, "proc", "gpu-host")
 	t.Cleanup(func() { s.Close() })
 	return s
-}
-
-func devices(t *testing.T, s Source) []wire.GPU {
-	t.Helper()
-	gpus, err := s.Devices(context.Background())
-	if err != nil {
-		t.Fatalf("Devices: %v", err)
-	}
-	for i := range gpus {
-		if err := gpus[i].Validate(); err != nil {
-			t.Errorf("gpu %d fails wire validation: %v", i, err)
-		}
-	}
-	return gpus
 }
 
 func TestNVMLMapsEveryField(t *testing.T) {
@@ -216,7 +201,7 @@ func TestNVMLOneDeviceFailing(t *testing.T) {
 		t.Fatalf("got %d GPUs, want all 8", len(gpus))
 	}
 	g := gpus[3]
-	if !strings.Contains(g.Error, "memory info") || !strings.Contains(g.Error, nvml.ERROR_GPU_IS_LOST.Error()) {
+	if !strings.Contains(g.Error, "memory info") || !strings.Contains(g.Error, errGPUIsLost.Error()) {
 		t.Errorf("gpu 3 error = %q, want the lost GPU named", g.Error)
 	}
 	if g.UUID == "" || g.Name == "" {
@@ -227,7 +212,7 @@ func TestNVMLOneDeviceFailing(t *testing.T) {
 	}
 
 	g = gpus[1]
-	for _, part := range []string{"temperature: " + nvml.ERROR_UNKNOWN.Error(), "power draw: " + nvml.ERROR_NO_PERMISSION.Error()} {
+	for _, part := range []string{"temperature: " + errUnknown.Error(), "power draw: " + errNoPermission.Error()} {
 		if !strings.Contains(g.Error, part) {
 			t.Errorf("gpu 1 error = %q, lacks %q", g.Error, part)
 		}
@@ -286,8 +271,8 @@ func TestNVMLInitFailure(t *testing.T) {
 		t.Run(tc.ret.Error(), func(t *testing.T) {
 			srv := fakeH100s(t)
 			srv.InitFunc = func() nvml.Return { return tc.ret }
-			src, err := openWith(srv, testLogger(t))
-			if !errors.Is(err, ErrUnavailable) || !errors.Is(err, tc.ret) {
+			src, err := openWith(goNVML{srv}, testLogger(t))
+			if !errors.Is(err, ErrUnavailable) || !errors.Is(err, nvmlReturn(tc.ret)) {
 				t.Fatalf("err = %v, want one wrapping ErrUnavailable and %v", err, tc.ret)
 			}
 			if !strings.Contains(err.Error(), tc.says) {
@@ -307,23 +292,11 @@ func TestNVMLInitFailure(t *testing.T) {
 	}
 }
 
-// TestNVMLLibraryMissingForReal uses the real go-nvml loader with a path
-// that cannot exist, the state of a host without the NVIDIA driver.
-func TestNVMLLibraryMissingForReal(t *testing.T) {
-	src, err := openWith(nvml.New(nvml.WithLibraryPath("/nonexistent/libnvidia-ml.so.1")), testLogger(t))
-	if !errors.Is(err, nvml.ERROR_LIBRARY_NOT_FOUND) || !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("err = %v, want ERROR_LIBRARY_NOT_FOUND wrapped in ErrUnavailable", err)
-	}
-	if gpus, err := src.Devices(context.Background()); err != nil || len(gpus) != 0 {
-		t.Errorf("Devices = %d GPUs, %v", len(gpus), err)
-	}
-}
-
 func TestNVMLCloseAndCount(t *testing.T) {
 	t.Run("count fails", func(t *testing.T) {
 		srv := fakeH100s(t)
 		srv.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
-		if _, err := newSource(t, srv).Devices(context.Background()); !errors.Is(err, nvml.ERROR_UNKNOWN) {
+		if _, err := newSource(t, srv).Devices(context.Background()); !errors.Is(err, errUnknown) {
 			t.Errorf("err = %v, want ERROR_UNKNOWN", err)
 		}
 	})
@@ -353,7 +326,7 @@ func TestNVMLCloseAndCount(t *testing.T) {
 	t.Run("shutdown error", func(t *testing.T) {
 		srv := fakeH100s(t)
 		srv.ShutdownFunc = func() nvml.Return { return nvml.ERROR_UNKNOWN }
-		if err := newSource(t, srv).Close(); !errors.Is(err, nvml.ERROR_UNKNOWN) {
+		if err := newSource(t, srv).Close(); !errors.Is(err, errUnknown) {
 			t.Errorf("Close = %v, want ERROR_UNKNOWN", err)
 		}
 	})
@@ -422,6 +395,26 @@ func TestRealNVML(t *testing.T) {
 	for i := range now {
 		if old[i].MemoryTotal != now[i].MemoryTotal || old[i].MemoryUsed < now[i].MemoryUsed {
 			t.Errorf("gpu %d: v1 memory %d/%d vs v2 %d/%d", i, old[i].MemoryUsed, old[i].MemoryTotal, now[i].MemoryUsed, now[i].MemoryTotal)
+		}
+	}
+
+	// The purego binding against go-nvml's cgo one on the same driver: the
+	// facts that do not move between two reads must be equal.
+	ref, err := newNVMLSource(goNVML{nvml.New()}, testLogger(t))
+	if err != nil {
+		t.Fatalf("go-nvml: %v", err)
+	}
+	defer ref.Close()
+	s.hasEvents, s.hasMemV2 = ref.hasEvents, ref.hasMemV2
+	ours, theirs := devices(t, s), devices(t, ref)
+	if len(ours) != len(theirs) {
+		t.Fatalf("purego sees %d GPUs, go-nvml %d", len(ours), len(theirs))
+	}
+	for i := range ours {
+		a, b := ours[i], theirs[i]
+		if a.UUID != b.UUID || a.Name != b.Name || a.MemoryTotal != b.MemoryTotal || a.SMClockMaxMHz != b.SMClockMaxMHz ||
+			a.MemClockMaxMHz != b.MemClockMaxMHz || a.PowerLimitW != b.PowerLimitW || !slices.Equal(a.Unsupported, b.Unsupported) {
+			t.Errorf("gpu %d differs:\n purego  %+v\n go-nvml %+v", i, a, b)
 		}
 	}
 }

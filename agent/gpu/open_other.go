@@ -1,4 +1,4 @@
-//go:build !darwin && !(linux && cgo)
+//go:build !darwin && !linux
 
 package gpu
 
@@ -8,11 +8,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-// Open returns a Source with no devices and an error that says why: go-nvml
-// needs cgo, and only Linux and macOS are supported.
+// Open returns a Source with no devices and an error that says why: GPU
+// facts are read on Linux (NVML) and macOS only.
 func Open(logger hclog.Logger) (Source, error) {
-	if runtime.GOOS == "linux" {
-		return emptySource{}, unavailable("this agent was built without cgo and cannot load NVML (build it with CGO_ENABLED=1)", nil)
-	}
 	return emptySource{}, unavailable("GPU facts are read on linux (NVML) and darwin only, not on "+runtime.GOOS, nil)
 }
