@@ -2,21 +2,25 @@
 SHELL := /bin/bash
 GO ?= go
 BIN := bin
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X heft/shared/version.Version=$(VERSION)
+# The version lives in VERSION; binaries report it with the commit as semver
+# build metadata (0.2.0+<commit>, -dirty for uncommitted changes).
+BUILD_VERSION := $(shell ./scripts/version.sh)
+LDFLAGS := -s -w -X heft/shared/version.Version=$(BUILD_VERSION)
+# go-nvml (the tests' NVML mock) is compiled with cgo; its header marks
+# functions heft never calls as deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: help build build-cross test vet lint demo bench fuzz package package-security clean
+.PHONY: help build build-cross test vet lint demo bench fuzz version package package-security clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-build: ## build bin/heft-agent, bin/heft-coordinator, bin/heft-sim, bin/heft-sync
+build: ## build bin/heft-agent, bin/heft-coordinator, bin/heft-sim, bin/heft-sync without cgo, as released
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./agent/cmd/heft-agent ./coordinator/cmd/heft-coordinator ./sim/cmd/heft-sim ./gateway/cmd/heft-sync
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./agent/cmd/heft-agent ./coordinator/cmd/heft-coordinator ./sim/cmd/heft-sim ./gateway/cmd/heft-sync
 
-build-cross: ## check the agent builds without cgo and for macOS on Apple silicon
-	CGO_ENABLED=0 $(GO) build -o /dev/null ./agent/cmd/heft-agent
+build-cross: ## check the agent builds for Linux on arm64 and for macOS on Apple silicon
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -o /dev/null ./agent/cmd/heft-agent
 	CGO_ENABLED=0 GOOS=darwin GOARCH=arm64 $(GO) build -o /dev/null ./agent/cmd/heft-agent
 
 test: ## a short fuzz of every fuzz target, then every test with the race detector
@@ -43,7 +47,11 @@ bench: ## measure probe fidelity, cold-start immunity, probe cost, weight accura
 fuzz: ## run every fuzz target for FUZZTIME seconds each (default 30)
 	./scripts/fuzz.sh $(or $(FUZZTIME),30)
 
-package: ## build .deb and .rpm packages of both binaries into dist/ (nfpm, pinned in tools/go.mod)
+version: ## print the version the binaries report and the deb/rpm version
+	@echo "binaries: $(BUILD_VERSION)"
+	@echo "packages: $$(./scripts/version.sh --package)-$${PKG_RELEASE:-1}"
+
+package: ## build .deb and .rpm packages into dist/ for this machine's architecture (GOARCH=arm64 for arm64; nfpm, pinned in tools/go.mod)
 	./scripts/package.sh
 
 package-security: ## print systemd-analyze security scores of the units
