@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -283,90 +282,6 @@ func TestDockerfiles(t *testing.T) {
 	if strings.Contains(string(agent), "libnvidia-ml") && !strings.Contains(string(agent), "not in the image") {
 		t.Error("the agent image must not bake in the driver's NVML library")
 	}
-}
-
-func TestPackages(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds packages")
-	}
-	if runtime.GOOS != "linux" {
-		t.Skip("linux packages")
-	}
-	dpkg := need(t, "dpkg-deb")
-	root := testutil.RepoRoot(t)
-	dist := t.TempDir()
-	run(t, root, []string{"DIST=" + dist, "VERSION=1.2.3"}, "bash", "scripts/package.sh")
-	arch := runtime.GOARCH
-	for _, pkg := range []string{"agent", "coordinator"} {
-		t.Run(pkg, func(t *testing.T) {
-			debs, _ := filepath.Glob(filepath.Join(dist, "heft-"+pkg+"_1.2.3_"+arch+".deb"))
-			if len(debs) != 1 {
-				entries, _ := os.ReadDir(dist)
-				t.Fatalf("no .deb for %s in %v", pkg, entries)
-			}
-			scratch := t.TempDir()
-			run(t, "", nil, dpkg, "-x", debs[0], scratch)
-			for _, f := range []string{"usr/bin/heft-" + pkg, "usr/lib/systemd/system/heft-" + pkg + ".service", "etc/heft/" + pkg + ".toml"} {
-				if _, err := os.Stat(filepath.Join(scratch, f)); err != nil {
-					t.Errorf("package lacks /%s", f)
-				}
-			}
-			st, err := os.Stat(filepath.Join(scratch, "usr/bin/heft-"+pkg))
-			if err == nil && st.Mode().Perm() != 0o755 {
-				t.Errorf("binary mode %v", st.Mode().Perm())
-			}
-			control := t.TempDir()
-			run(t, "", nil, dpkg, "-e", debs[0], control)
-			conffiles, err := os.ReadFile(filepath.Join(control, "conffiles"))
-			if err != nil || !strings.Contains(string(conffiles), "/etc/heft/"+pkg+".toml") {
-				t.Errorf("/etc/heft/%s.toml is not a conffile: %q %v", pkg, conffiles, err)
-			}
-			for _, script := range []string{"preinst", "postinst", "prerm"} {
-				if _, err := os.Stat(filepath.Join(control, script)); err != nil {
-					t.Errorf("no %s script", script)
-				}
-			}
-			postinst, _ := os.ReadFile(filepath.Join(control, "postinst"))
-			for _, line := range strings.Split(string(postinst), "\n") {
-				line = strings.TrimSpace(line)
-				if strings.HasPrefix(line, "#") || strings.HasPrefix(line, "echo") {
-					continue // telling the admin how to start it is fine
-				}
-				if strings.Contains(line, "enable --now") || strings.Contains(line, "systemctl start") || strings.Contains(line, "systemctl restart") {
-					t.Errorf("postinst starts the service before it is configured: %s", line)
-				}
-			}
-			// The version the binary reports is the package's.
-			out := run(t, "", nil, filepath.Join(scratch, "usr/bin/heft-"+pkg), versionArgs(pkg)...)
-			if !strings.Contains(out, "1.2.3") {
-				t.Errorf("binary reports %q, want version 1.2.3", out)
-			}
-		})
-	}
-	if rpm, err := exec.LookPath("rpm"); err == nil || os.Getenv("CI") != "" {
-		if err != nil {
-			t.Fatal("rpm is missing (.ci/run should have installed it)")
-		}
-		rpms, _ := filepath.Glob(filepath.Join(dist, "heft-agent-1.2.3*.rpm"))
-		if len(rpms) != 1 {
-			t.Fatalf("no agent rpm in %s", dist)
-		}
-		cfg := run(t, "", nil, rpm, "-qcp", rpms[0])
-		if !strings.Contains(cfg, "/etc/heft/agent.toml") {
-			t.Errorf("rpm config files: %q", cfg)
-		}
-		files := run(t, "", nil, rpm, "-qlp", rpms[0])
-		if !strings.Contains(files, "/usr/bin/heft-agent") {
-			t.Errorf("rpm files: %q", files)
-		}
-	}
-}
-
-func versionArgs(pkg string) []string {
-	if pkg == "agent" {
-		return []string{"version"}
-	}
-	return []string{"--version"}
 }
 
 func TestInstallScript(t *testing.T) {

@@ -1,19 +1,56 @@
 #!/usr/bin/env bash
-# Build the heft-agent and heft-coordinator .deb and .rpm packages with nfpm
-# (pinned in tools/go.mod). Output: $DIST (default dist/). Builds for the
-# host's architecture: the agent links NVML through cgo.
+# Build the heft .deb and .rpm packages with nfpm (pinned in tools/go.mod)
+# into $DIST (default dist/), for $GOARCH (default: this machine's; amd64 and
+# arm64 both cross-build, as nothing needs cgo).
+#
+# Versions: the package version is VERSION's (scripts/version.sh --package)
+# with release PKG_RELEASE (default 1): 0.2.0-1. The binaries report
+# 0.2.0+<commit>. VERSION in the environment replaces the file.
+#
+# Every binary is built with CGO_ENABLED=0. The coordinator must come out
+# static; the agent loads NVML through purego, so it is dynamic but names no
+# glibc symbol version: its glibc floor is measured here and declared in the
+# packages (packaging/elfcheck).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# package=command. heft-sync (issue 11) joins with sync=./sync/cmd/heft-sync,
+# packaging/nfpm/sync.yaml (copy coordinator.yaml) and a place in $static;
+# TestPackages then checks it like the others.
+binaries=(agent=./agent/cmd/heft-agent coordinator=./coordinator/cmd/heft-coordinator)
+static=" coordinator "
+
 export DIST=${DIST:-dist}
 export GOARCH=${GOARCH:-$(go env GOARCH)}
-export VERSION=${VERSION:-$(git describe --tags --always 2>/dev/null | sed 's/^v//; s/-/./g' || echo 0.0.0)}
-# deb and rpm versions must start with a digit.
-case "$VERSION" in [0-9]*) ;; *) VERSION="0.0.0+$VERSION" ;; esac
-export CGO_CFLAGS=${CGO_CFLAGS:--O2 -g -Wno-deprecated-declarations}
-mkdir -p "$DIST/linux_$GOARCH"
-ldflags="-s -w -X heft/shared/version.Version=$VERSION"
-go build -trimpath -ldflags "$ldflags" -o "$DIST/linux_$GOARCH/" ./agent/cmd/heft-agent ./coordinator/cmd/heft-coordinator
-for pkg in agent coordinator; do
+export PKG_VERSION PKG_RELEASE=${PKG_RELEASE:-1} COMMIT AGENT_GLIBC
+PKG_VERSION=$(scripts/version.sh --package)
+build_version=$(scripts/version.sh)
+COMMIT=${build_version#*+}
+case "$PKG_RELEASE" in '' | *[!0-9]*) echo "package.sh: PKG_RELEASE must be a number, got '$PKG_RELEASE'" >&2; exit 1 ;; esac
+
+out="$DIST/linux_$GOARCH"
+mkdir -p "$out"
+elfcheck="$out/.elfcheck"
+go build -o "$elfcheck" ./packaging/cmd/elfcheck # for this machine, not $GOARCH
+trap 'rm -f "$elfcheck"' EXIT
+
+for b in "${binaries[@]}"; do
+	pkg=${b%%=*} cmd=${b#*=}
+	ldflags="-s -w -X heft/shared/version.Version=$build_version"
+	if [[ $static == *" $pkg "* ]]; then
+		CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags "$ldflags" -o "$out/heft-$pkg" "$cmd"
+		"$elfcheck" --static "$out/heft-$pkg"
+	else
+		# Dynamic anyway (it dlopens NVML), so position-independent with
+		# RELRO and immediate binding, like distribution binaries.
+		CGO_ENABLED=0 GOOS=linux go build -trimpath -buildmode=pie -ldflags "$ldflags -bindnow" -o "$out/heft-$pkg" "$cmd"
+	fi
+done
+AGENT_GLIBC=$("$elfcheck" --glibc-floor "$out/heft-agent")
+"$elfcheck" "$out"/heft-*
+
+for b in "${binaries[@]}"; do
+	pkg=${b%%=*}
 	for fmt in deb rpm; do
 		go tool -modfile=tools/go.mod nfpm pkg --config "packaging/nfpm/$pkg.yaml" --packager "$fmt" --target "$DIST/" >/dev/null
 	done

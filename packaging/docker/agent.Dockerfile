@@ -1,16 +1,17 @@
 # heft-agent image. Build from the repository root:
-#   docker build -f packaging/docker/agent.Dockerfile -t heft-agent .
+#   docker build -f packaging/docker/agent.Dockerfile --build-arg VERSION=$(scripts/version.sh) -t heft-agent .
 # NVML (libnvidia-ml.so) is not in the image: the NVIDIA container runtime
 # mounts the host driver's libraries at run time (NVIDIA_DRIVER_CAPABILITIES
-# must include "utility").
+# must include "utility"), and the agent loads it without cgo, as in the
+# packages: dynamic, naming no glibc version, so any glibc base image works.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" \
-    go build -trimpath -ldflags "-s -w -X heft/shared/version.Version=${VERSION}" \
+RUN CGO_ENABLED=0 go build -trimpath -buildmode=pie \
+    -ldflags "-s -w -bindnow -X heft/shared/version.Version=${VERSION}" \
     -o /out/heft-agent ./agent/cmd/heft-agent
 
 FROM debian:bookworm-slim

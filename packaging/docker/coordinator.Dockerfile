@@ -1,5 +1,5 @@
 # heft-coordinator image. Build from the repository root:
-#   docker build -f packaging/docker/coordinator.Dockerfile -t heft-coordinator .
+#   docker build -f packaging/docker/coordinator.Dockerfile --build-arg VERSION=$(scripts/version.sh) -t heft-coordinator .
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
