@@ -1,6 +1,7 @@
-// Package packaging holds the service units, packages, images and manifests
-// that install heft; these tests check them with the real tools (dpkg-deb,
-// rpm, systemd-analyze, nfpm) and real parsers.
+// Package packaging holds the service units, packages, images, manifests,
+// alert rules and dashboard that install and watch heft; these tests check
+// them with the real tools (dpkg-deb, rpm, lintian, rpmlint, systemd-analyze,
+// nfpm, promtool) and real parsers.
 package packaging
 
 import (
@@ -86,7 +87,84 @@ func TestAgentUnitKeepsNVMLAndProcessDiscoveryWorking(t *testing.T) {
 		}
 	}
 	if caps := strings.Join(keys["AmbientCapabilities"], " "); !strings.Contains(caps, "CAP_SYS_PTRACE") || !strings.Contains(caps, "CAP_DAC_READ_SEARCH") {
-		t.Errorf("AmbientCapabilities = %q: the agent cannot map another user's port to its process", caps)
+		t.Errorf("AmbientCapabilities = %q: the agent cannot map another user's port to its process, nor read other users' logs", caps)
+	}
+}
+
+// TestAgentUnitShowsEngineLogs: the agent reads engine logs wherever the
+// README says they may be (files under /tmp, /var/log, /home, Kubernetes'
+// and docker's container logs, the journal); no sandboxing setting may hide
+// one, because a log the agent cannot see looks like a log that is missing.
+func TestAgentUnitShowsEngineLogs(t *testing.T) {
+	keys := unitKeys(t, filepath.Join(testutil.RepoRoot(t), "packaging/systemd/heft-agent.service"))
+	last := func(k string) string {
+		if v := keys[k]; len(v) > 0 {
+			return v[len(v)-1]
+		}
+		return ""
+	}
+	if v := last("PrivateTmp"); v != "no" {
+		t.Errorf("PrivateTmp = %q, want no: a private /tmp hides an engine log under /tmp", v)
+	}
+	if v := last("ProtectHome"); v != "read-only" && v != "no" && v != "" {
+		t.Errorf("ProtectHome = %q hides /home/*/logs; read-only keeps them readable", v)
+	}
+	if v := last("ProtectSystem"); v != "strict" && v != "full" && v != "yes" && v != "no" && v != "" {
+		t.Errorf("ProtectSystem = %q", v)
+	}
+	// Settings that take paths away: none may cover a log location.
+	logPlaces := []string{"/tmp/engine.log", "/var/log/vllm/server.log", "/var/log/pods/ns_pod_uid/c/0.log",
+		"/var/lib/docker/containers/abc/abc-json.log", "/var/log/journal/x/system.journal", "/run/log/journal/x",
+		"/home/alice/logs/vllm.log", "/run/docker.sock", "/root/vllm.log"}
+	for _, k := range []string{"RootDirectory", "RootImage"} {
+		if v, ok := keys[k]; ok {
+			t.Errorf("%s=%v hides the host's files", k, v)
+		}
+	}
+	if v := last("PrivateUsers"); v != "" && v != "no" {
+		t.Errorf("PrivateUsers=%s maps other users' files to nobody", v)
+	}
+	for _, k := range []string{"InaccessiblePaths", "TemporaryFileSystem", "BindPaths", "BindReadOnlyPaths"} {
+		for _, v := range keys[k] {
+			for _, f := range strings.Fields(v) {
+				f = strings.TrimLeft(strings.SplitN(f, ":", 2)[0], "-+")
+				for _, place := range logPlaces {
+					if f == "/" || strings.HasPrefix(place, strings.TrimSuffix(f, "/")+"/") {
+						t.Errorf("%s=%s hides %s", k, v, place)
+					}
+				}
+			}
+		}
+	}
+	// The groups that read GPUs and the journal come from the user's
+	// membership (postinstall, install.sh): a group named in the unit that
+	// the host lacks would stop the unit from starting (status 216/GROUP).
+	if v, ok := keys["SupplementaryGroups"]; ok {
+		t.Errorf("SupplementaryGroups=%v: a group missing on the host stops the unit", v)
+	}
+	root := testutil.RepoRoot(t)
+	for _, f := range []string{"packaging/scripts/postinstall.sh", "scripts/install.sh"} {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), "for g in video render systemd-journal adm; do") {
+			t.Errorf("%s does not give the heft user the video, render, systemd-journal and adm groups", f)
+		}
+	}
+	if families := strings.Join(keys["RestrictAddressFamilies"], " "); !strings.Contains(families, "AF_UNIX") {
+		t.Errorf("RestrictAddressFamilies = %q: the journal and docker's socket need AF_UNIX", families)
+	}
+}
+
+// TestUnitsStopOnConfigErrors: a binary that exits 78 (EX_CONFIG) has a bad
+// configuration, which restarting every 5 s cannot fix.
+func TestUnitsStopOnConfigErrors(t *testing.T) {
+	for _, name := range []string{"heft-agent.service", "heft-coordinator.service"} {
+		keys := unitKeys(t, filepath.Join(testutil.RepoRoot(t), "packaging/systemd", name))
+		if got := keys["RestartPreventExitStatus"]; len(got) != 1 || got[0] != "78" {
+			t.Errorf("%s: RestartPreventExitStatus = %v, want 78", name, got)
+		}
 	}
 }
 
@@ -277,90 +355,13 @@ func TestDockerfiles(t *testing.T) {
 		if !strings.Contains(text, `ENTRYPOINT ["/usr/bin/`+bin+`"]`) {
 			t.Errorf("%s has no entrypoint for %s", file, bin)
 		}
+		// As in the packages: the coordinator static, the agent's NVML through purego.
+		if !strings.Contains(text, "CGO_ENABLED=0 go build") {
+			t.Errorf("%s does not build %s without cgo", file, bin)
+		}
 	}
 	agent, _ := os.ReadFile(filepath.Join(root, "packaging/docker/agent.Dockerfile"))
 	if strings.Contains(string(agent), "libnvidia-ml") && !strings.Contains(string(agent), "not in the image") {
 		t.Error("the agent image must not bake in the driver's NVML library")
-	}
-}
-
-func TestInstallScript(t *testing.T) {
-	root := testutil.RepoRoot(t)
-	script := filepath.Join(root, "scripts/install.sh")
-	tmp := t.TempDir()
-	token := filepath.Join(tmp, "token")
-	if err := os.WriteFile(token, []byte("s3cret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	fakeBin := filepath.Join(tmp, "heft-agent")
-	if err := os.WriteFile(fakeBin, []byte("#!/bin/sh\necho heft-agent\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-
-	for _, osName := range []string{"Linux", "Darwin"} {
-		t.Run(osName, func(t *testing.T) {
-			prefix := t.TempDir()
-			out := run(t, root, []string{"HEFT_INSTALL_UNAME=" + osName}, "sh", script, "--prefix", prefix,
-				"--binary", fakeBin, "--coordinator", "wss://heft.example:7070/api/v1/agent", "--token-file", token,
-				"--node", "gpu-a", "--engine", "vllm=http://127.0.0.1:8000")
-			confDir, unit := "etc/heft", "etc/systemd/system/heft-agent.service"
-			if osName == "Darwin" {
-				confDir, unit = "usr/local/etc/heft", "Library/LaunchDaemons/io.heft.agent.plist"
-			}
-			for _, f := range []string{"usr/local/bin/heft-agent", confDir + "/agent.toml", confDir + "/agent.token", unit} {
-				if _, err := os.Stat(filepath.Join(prefix, f)); err != nil {
-					t.Errorf("missing %s\n%s", f, out)
-				}
-			}
-			var cfg struct {
-				Coordinator struct {
-					URL       string `toml:"url"`
-					TokenFile string `toml:"token_file"`
-				}
-				Node   struct{ Name string }
-				Engine []struct{ Kind, URL string }
-			}
-			if _, err := toml.DecodeFile(filepath.Join(prefix, confDir, "agent.toml"), &cfg); err != nil {
-				t.Fatalf("written config is not TOML: %v", err)
-			}
-			if cfg.Coordinator.URL != "wss://heft.example:7070/api/v1/agent" || cfg.Node.Name != "gpu-a" ||
-				len(cfg.Engine) != 1 || cfg.Engine[0].Kind != "vllm" || cfg.Coordinator.TokenFile != "/"+confDir+"/agent.token" {
-				t.Errorf("config = %+v", cfg)
-			}
-			st, _ := os.Stat(filepath.Join(prefix, confDir, "agent.token"))
-			if st != nil && st.Mode().Perm()&0o077 != 0 {
-				t.Errorf("token file mode %v is readable by others", st.Mode().Perm())
-			}
-			if !strings.Contains(out, "not started") {
-				t.Errorf("a --prefix install should start nothing:\n%s", out)
-			}
-		})
-	}
-
-	failures := []struct {
-		name string
-		env  string
-		args []string
-		says string
-	}{
-		{"unknown OS", "HEFT_INSTALL_UNAME=Plan9", []string{"--coordinator", "ws://x/api/v1/agent", "--token-file", token}, "unsupported operating system 'Plan9'"},
-		{"no coordinator", "HEFT_INSTALL_UNAME=Linux", []string{"--token-file", token}, "--coordinator URL is required"},
-		{"http url", "HEFT_INSTALL_UNAME=Linux", []string{"--coordinator", "http://x", "--token-file", token}, "ws:// or wss://"},
-		{"missing token", "HEFT_INSTALL_UNAME=Linux", []string{"--coordinator", "ws://x/a", "--token-file", filepath.Join(tmp, "nope")}, "cannot read token file"},
-		{"bad flag", "HEFT_INSTALL_UNAME=Linux", []string{"--frobnicate"}, "unknown flag --frobnicate"},
-	}
-	for _, f := range failures {
-		t.Run(f.name, func(t *testing.T) {
-			args := append([]string{script, "--prefix", t.TempDir(), "--binary", fakeBin}, f.args...)
-			cmd := exec.Command("sh", args...)
-			cmd.Env = append(os.Environ(), f.env)
-			out, err := cmd.CombinedOutput()
-			if err == nil {
-				t.Fatalf("succeeded:\n%s", out)
-			}
-			if !strings.Contains(string(out), f.says) {
-				t.Errorf("output %q does not say %q", out, f.says)
-			}
-		})
 	}
 }

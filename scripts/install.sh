@@ -1,33 +1,120 @@
 #!/bin/sh
-# Install heft-agent on a host without a package manager (Linux with systemd,
-# or macOS with launchd): copy the binary, write the config from flags, install
-# the service, and start it.
+# Install or upgrade heft-agent on a host without a package manager (Linux
+# with systemd, or macOS with launchd): copy the binary, write the config,
+# install the service, and start it, or restart it if it runs.
 #
-#   sudo ./install.sh --binary ./heft-agent --coordinator wss://heft.example:7070/api/v1/agent \
-#        --token-file /path/to/agent.token [--node NAME] [--engine vllm=http://127.0.0.1:8000]
+#   sudo ./install.sh --binary ./heft-agent --coordinator wss://heft.example:7070 \
+#        --token-file ./agent.token [--node NAME] [--engine vllm=http://127.0.0.1:8000,log=/var/log/vllm.log]...
+#   sudo ./install.sh --binary ./heft-agent      # upgrade: keeps the config, restarts a running agent
 #
-# --prefix DIR installs under DIR instead of / and starts nothing (used by the
-# tests; also handy to see what would be written). --no-start writes everything
-# but leaves the service stopped.
+# --engine is the agent's own: KIND=URL[,log=LOG][,model=NAME], LOG an absolute
+# path or glob, journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.
+# Every option takes --opt value or --opt=value. Everything is checked before
+# anything changes. An existing config or token is kept; what the flags say
+# goes to agent.toml.new / agent.token.new. --no-start leaves the service as
+# it is. --prefix DIR writes under DIR and starts nothing unless --start.
 set -eu
 
 prog=$(basename "$0")
 die() { echo "$prog: $*" >&2; exit 1; }
+nl='
+'
+# wire.EngineKinds; TestInstallScript checks the two lists agree.
+kinds="vllm sglang mlx llamacpp ollama"
 
-binary="" coordinator="" token_file="" node="" prefix="" start=yes engines=""
+# tomlsafe refuses what would break the TOML string a value is written into.
+tomlsafe() { # what value
+	case "$2" in *'"'* | *'\'* | *"$nl"*) die "$1 '$2' cannot contain \", \\ or a line break" ;; esac
+	if printf '%s' "$2" | LC_ALL=C grep -q '[[:cntrl:]]'; then die "$1 cannot contain control characters"; fi
+}
+
+binary="" coordinator="" token_file="" node="" prefix="" start=yes engines="" forced_start=no
 while [ $# -gt 0 ]; do
-	case "$1" in
-		--binary) binary=${2:?}; shift 2 ;;
-		--coordinator) coordinator=${2:?}; shift 2 ;;
-		--token-file) token_file=${2:?}; shift 2 ;;
-		--node) node=${2:?}; shift 2 ;;
-		--engine) engines="$engines ${2:?}"; shift 2 ;;
-		--prefix) prefix=${2:?}; start=no; shift 2 ;;
-		--no-start) start=no; shift ;;
-		-h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-		*) die "unknown flag $1 (see --help)" ;;
+	opt=$1 attached=no
+	case "$opt" in
+		--*=*) val=${opt#*=}; opt=${opt%%=*}; shift; set -- "$opt" "$val" "$@"; attached=yes ;;
+	esac
+	case "$opt" in
+		--binary | --coordinator | --token-file | --node | --engine | --prefix)
+			[ $# -ge 2 ] && [ -n "$2" ] || die "$opt needs a value"
+			val=$2
+			shift 2
+			case "$opt" in
+				--binary) binary=$val ;;
+				--coordinator) coordinator=$val ;;
+				--token-file) token_file=$val ;;
+				--node) node=$val ;;
+				--engine) tomlsafe --engine "$val"; engines="$engines$val$nl" ;;
+				--prefix) prefix=$val ;;
+			esac
+			;;
+		--no-start | --start)
+			[ "$attached" = no ] || die "$opt takes no value"
+			[ "$opt" = --start ] && forced_start=yes || start=no
+			shift
+			;;
+		-h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+		*) die "unknown flag $opt (see --help)" ;;
 	esac
 done
+[ -z "$prefix" ] || [ "$forced_start" = yes ] || start=no
+
+
+# check_log validates an engine's log source, as the agent reads it.
+check_log() { # spec value
+	case "$2" in
+		journald:?* | docker:?*) ;;
+		k8s:*/*/*/*) die "--engine '$1': k8s log '$2' wants k8s:NAMESPACE/POD/CONTAINER" ;;
+		k8s:?*/?*/?*) ;;
+		/*) ;;
+		*) die "--engine '$1': log '$2' must be an absolute path or glob, journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER" ;;
+	esac
+}
+
+# check_engine validates one --engine like the agent's config.ParseEngine
+# and Validate do: KIND=URL[,log=LOG][,model=NAME].
+check_engine() { # spec
+	spec=$1
+	tomlsafe "--engine" "$spec"
+	case "$spec" in *, | *,,*) die "--engine '$spec': an empty option (want KIND=URL[,log=LOG][,model=NAME])" ;; esac
+	first=${spec%%,*}
+	kind=${first%%=*} url=${first#*=}
+	if [ "$kind" = "$first" ] || [ -z "$kind" ] || [ -z "$url" ]; then
+		die "--engine '$spec': want KIND=URL[,log=LOG][,model=NAME]"
+	fi
+	case " $kinds " in *" $kind "*) ;; *) die "--engine '$spec': unknown engine kind '$kind' (want one of: $kinds)" ;; esac
+	case "$url" in http://?* | https://?*) ;; *) die "--engine '$spec': url '$url' must start with http:// or https://" ;; esac
+	rest=${spec#"$first"}
+	while [ -n "$rest" ]; do
+		rest=${rest#,}
+		o=${rest%%,*}
+		rest=${rest#"$o"}
+		k=${o%%=*} v=${o#*=}
+		[ "$k" != "$o" ] || die "--engine '$spec': '$o' is not key=value"
+		case "$k" in
+			log) check_log "$spec" "$v" ;;
+			model) [ -n "$v" ] || die "--engine '$spec': model is empty" ;;
+			*) die "--engine '$spec': unknown option '$k' (want log or model)" ;;
+		esac
+	done
+}
+
+# engine_toml writes one validated --engine as an [[engine]] block.
+engine_toml() { # spec
+	first=${1%%,*}
+	echo "[[engine]]"
+	echo "kind = \"${first%%=*}\""
+	echo "url = \"${first#*=}\""
+	rest=${1#"$first"}
+	while [ -n "$rest" ]; do
+		rest=${rest#,}
+		o=${rest%%,*}
+		rest=${rest#"$o"}
+		echo "${o%%=*} = \"${o#*=}\""
+	done
+}
+
+# --- check everything; nothing changes before this section ends ---
 
 os=${HEFT_INSTALL_UNAME:-$(uname -s)}
 case "$os" in
@@ -35,84 +122,162 @@ case "$os" in
 	Darwin) os=darwin ;;
 	*) die "unsupported operating system '$os': heft-agent installs on Linux (systemd) and macOS (launchd)" ;;
 esac
+if [ "$os" = linux ]; then
+	bindir=$prefix/usr/local/bin confdir=$prefix/etc/heft unitdir=$prefix/etc/systemd/system
+	unit=$unitdir/heft-agent.service
+	src=$(cd "$(dirname "$0")" && pwd)/../packaging/systemd/heft-agent.service
+else
+	bindir=$prefix/usr/local/bin confdir=$prefix/usr/local/etc/heft unitdir=$prefix/Library/LaunchDaemons
+	unit=$unitdir/io.heft.agent.plist
+	src=$(cd "$(dirname "$0")" && pwd)/../packaging/launchd/io.heft.agent.plist
+fi
+[ -f "$src" ] || die "cannot find $src (run this script from a heft checkout or release)"
+conf=$confdir/agent.toml token=$confdir/agent.token
+upgrade=no
+[ -e "$conf" ] && upgrade=yes
 
-[ -n "$coordinator" ] || die "--coordinator URL is required (e.g. ws://127.0.0.1:7070/api/v1/agent)"
-case "$coordinator" in ws://*|wss://*) ;; *) die "--coordinator must be a ws:// or wss:// URL, got '$coordinator'" ;; esac
-[ -n "$token_file" ] || die "--token-file FILE is required (a file holding the agent token)"
-[ -r "$token_file" ] || die "cannot read token file '$token_file'"
+if [ -n "$coordinator" ]; then
+	tomlsafe --coordinator "$coordinator"
+	case "$coordinator" in
+		ws://?* | wss://?*) ;;
+		*) die "--coordinator must be a ws:// or wss:// URL, got '$coordinator'" ;;
+	esac
+	hostport=${coordinator#*://}
+	hostport=${hostport%%/*}
+	case "$hostport" in "" | :*) die "--coordinator '$coordinator' has no host" ;; esac
+	case "${coordinator#*://"$hostport"}" in
+		"" | /)
+			coordinator="${coordinator%%://*}://$hostport/api/v1/agent"
+			echo "coordinator URL has no path: using $coordinator, the agent endpoint"
+			;;
+	esac
+elif [ "$upgrade" = no ]; then
+	die "--coordinator URL is required (e.g. wss://heft.example:7070/api/v1/agent)"
+elif [ -n "$node$engines" ]; then
+	die "$conf exists: give --coordinator too, so that agent.toml.new is a whole config"
+fi
+if [ -n "$token_file" ]; then
+	[ -r "$token_file" ] && [ -f "$token_file" ] || die "cannot read token file '$token_file'"
+	[ -n "$(tr -d ' \t\r\n' <"$token_file")" ] || die "token file '$token_file' is empty"
+elif [ "$upgrade" = no ]; then
+	die "--token-file FILE is required (a file holding the agent token)"
+fi
+if [ -n "$node" ]; then
+	tomlsafe --node "$node"
+	[ "${#node}" -le 253 ] || die "--node is longer than 253 characters"
+fi
+old_ifs=$IFS
+IFS=$nl
+set -f # a log glob is the agent's to expand, not the shell's
+for e in $engines; do check_engine "$e"; done
+set +f
+IFS=$old_ifs
 if [ -z "$binary" ]; then
 	binary=$(command -v heft-agent 2>/dev/null || true)
 	[ -n "$binary" ] || die "--binary PATH is required (heft-agent not found on PATH)"
 fi
-[ -x "$binary" ] || die "'$binary' is not an executable file"
+[ -f "$binary" ] && [ -x "$binary" ] || die "'$binary' is not an executable file"
 if [ -z "$prefix" ] && [ "$(id -u)" -ne 0 ]; then
 	die "run as root (or pass --prefix DIR to install into a folder)"
 fi
-
-if [ "$os" = linux ]; then
-	bindir=$prefix/usr/local/bin confdir=$prefix/etc/heft unitdir=$prefix/etc/systemd/system
-else
-	bindir=$prefix/usr/local/bin confdir=$prefix/usr/local/etc/heft unitdir=$prefix/Library/LaunchDaemons
+if [ "$start" = yes ]; then
+	if [ "$os" = linux ]; then
+		command -v systemctl >/dev/null 2>&1 || die "systemctl not found: pass --no-start and start heft-agent yourself"
+	else
+		command -v launchctl >/dev/null 2>&1 || die "launchctl not found: pass --no-start"
+	fi
 fi
-mkdir -p "$bindir" "$confdir" "$unitdir"
 
+# --- install ---
+
+mkdir -p "$bindir" "$confdir" "$unitdir"
 cp "$binary" "$bindir/heft-agent.new" && chmod 0755 "$bindir/heft-agent.new" && mv "$bindir/heft-agent.new" "$bindir/heft-agent"
 echo "installed $bindir/heft-agent"
 
-install -m 0600 "$token_file" "$confdir/agent.token"
-conf=$confdir/agent.toml
-{
-	echo "# Written by $prog on $(date -u +%Y-%m-%dT%H:%M:%SZ)."
-	echo "[coordinator]"
-	echo "url = \"$coordinator\""
-	echo "token_file = \"${confdir#"$prefix"}/agent.token\""
-	if [ -n "$node" ]; then
-		echo "[node]"
-		echo "name = \"$node\""
+if [ -n "$token_file" ]; then
+	if [ ! -e "$token" ]; then
+		install -m 0600 "$token_file" "$token"
+		echo "wrote $token"
+	elif ! cmp -s "$token_file" "$token"; then
+		install -m 0600 "$token_file" "$token.new"
+		echo "kept $token; the token you gave is in $token.new (mv it over $token to use it)"
 	fi
-	for e in $engines; do
-		kind=${e%%=*} url=${e#*=}
-		[ "$kind" != "$e" ] || die "--engine wants KIND=URL, got '$e'"
-		echo "[[engine]]"
-		echo "kind = \"$kind\""
-		echo "url = \"$url\""
-	done
-} >"$conf.new"
-chmod 0640 "$conf.new"
-mv "$conf.new" "$conf"
-echo "wrote $conf"
+fi
 
-here=$(cd "$(dirname "$0")" && pwd)
+if [ -n "$coordinator" ]; then
+	target=$conf
+	[ "$upgrade" = no ] || target=$conf.new
+	{
+		echo "# Written by $prog on $(date -u +%Y-%m-%dT%H:%M:%SZ)."
+		echo "[coordinator]"
+		echo "url = \"$coordinator\""
+		echo "token_file = \"${token#"$prefix"}\""
+		if [ -n "$node" ]; then
+			echo "[node]"
+			echo "name = \"$node\""
+		fi
+		IFS=$nl
+		set -f
+		for e in $engines; do engine_toml "$e"; done
+		set +f
+		IFS=$old_ifs
+	} >"$target.tmp"
+	chmod 0640 "$target.tmp"
+	mv "$target.tmp" "$target"
+	if [ "$upgrade" = no ]; then
+		echo "wrote $conf"
+	else
+		echo "kept $conf; the settings you gave are in $target (compare: diff -u $conf $target)"
+	fi
+else
+	echo "kept $conf"
+fi
+
 if [ "$os" = linux ]; then
-	unit=$unitdir/heft-agent.service
-	src=$here/../packaging/systemd/heft-agent.service
-	[ -f "$src" ] || die "cannot find $src (run this script from a heft checkout or release)"
 	sed -e "s|/usr/bin/heft-agent|/usr/local/bin/heft-agent|" "$src" >"$unit"
 	echo "wrote $unit"
-	if [ -z "$prefix" ] && ! getent passwd heft >/dev/null 2>&1; then
-		useradd --system --user-group --no-create-home --shell /usr/sbin/nologin heft
+	if [ -z "$prefix" ]; then
+		getent group heft >/dev/null 2>&1 || groupadd --system heft
+		getent passwd heft >/dev/null 2>&1 ||
+			useradd --system --gid heft --home-dir /var/lib/heft --no-create-home --shell /usr/sbin/nologin heft
+		# The groups the agent reads GPUs and logs with, where they exist
+		# (as packaging/scripts/postinstall.sh does). Not docker: see the README.
+		for g in video render systemd-journal adm; do
+			if getent group "$g" >/dev/null 2>&1; then usermod -a -G "$g" heft; fi
+		done
+		chgrp heft "$confdir" && chmod 0750 "$confdir"
+		for f in "$conf" "$conf.new" "$token" "$token.new"; do
+			[ ! -e "$f" ] || { chgrp heft "$f" && chmod 0640 "$f"; }
+		done
 	fi
-	[ -n "$prefix" ] || chgrp heft "$conf" "$confdir/agent.token"
-	[ -n "$prefix" ] || chmod 0640 "$confdir/agent.token"
-	if [ "$start" = yes ]; then
+	if [ "$start" = no ]; then
+		if [ -z "$prefix" ] && systemctl is-active --quiet heft-agent.service 2>/dev/null; then
+			echo "not restarted: heft-agent runs the old binary until: systemctl daemon-reload && systemctl restart heft-agent"
+		else
+			echo "not started: systemctl daemon-reload && systemctl enable --now heft-agent"
+		fi
+	elif systemctl is-active --quiet heft-agent.service; then
+		systemctl daemon-reload
+		systemctl restart heft-agent.service
+		echo "restarted heft-agent (journalctl -u heft-agent -f)"
+	else
 		systemctl daemon-reload
 		systemctl enable --now heft-agent.service
 		echo "started heft-agent (journalctl -u heft-agent -f)"
-	else
-		echo "not started: systemctl daemon-reload && systemctl enable --now heft-agent"
 	fi
 else
-	plist=$unitdir/io.heft.agent.plist
-	src=$here/../packaging/launchd/io.heft.agent.plist
-	[ -f "$src" ] || die "cannot find $src (run this script from a heft checkout or release)"
-	cp "$src" "$plist"
+	cp "$src" "$unit"
 	mkdir -p "$prefix/usr/local/var/log"
-	echo "wrote $plist"
-	if [ "$start" = yes ]; then
-		launchctl bootout system/io.heft.agent 2>/dev/null || true
-		launchctl bootstrap system "$plist"
-		echo "started heft-agent (tail -f /usr/local/var/log/heft-agent.log)"
+	echo "wrote $unit"
+	if [ "$start" = no ]; then
+		echo "not started: launchctl bootstrap system $unit"
+	elif launchctl print system/io.heft.agent >/dev/null 2>&1; then
+		# bootout and bootstrap again, so a changed plist counts too.
+		launchctl bootout system/io.heft.agent
+		launchctl bootstrap system "$unit"
+		echo "restarted heft-agent (tail -f /usr/local/var/log/heft-agent.log)"
 	else
-		echo "not started: launchctl bootstrap system $plist"
+		launchctl bootstrap system "$unit"
+		echo "started heft-agent (tail -f /usr/local/var/log/heft-agent.log)"
 	fi
 fi

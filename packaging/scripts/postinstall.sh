@@ -1,7 +1,19 @@
 #!/bin/sh
-# Enable the service on a fresh install but do not start it: it needs a
-# configured coordinator URL and token first. On upgrade, restart it if it runs.
+# Give the agent's user the groups it reads GPUs and logs with, enable the
+# service on a fresh install but do not start it (it needs a configured
+# coordinator URL and token first), and on upgrade restart it if it runs.
 set -e
+
+if [ -f /usr/lib/systemd/system/heft-agent.service ]; then
+	# Only groups that exist: a unit naming a missing group would not start.
+	# video, render: /dev/nvidia* on some distributions. systemd-journal, adm:
+	# the journal. Not docker (root-equivalent): see the README.
+	for g in video render systemd-journal adm; do
+		if getent group "$g" >/dev/null 2>&1 && ! id -nG heft 2>/dev/null | tr ' ' '\n' | grep -qx "$g"; then
+			usermod -a -G "$g" heft || true
+		fi
+	done
+fi
 
 command -v systemctl >/dev/null 2>&1 || exit 0
 [ -d /run/systemd/system ] || exit 0
