@@ -22,7 +22,7 @@ static=" coordinator "
 
 export DIST=${DIST:-dist}
 export GOARCH=${GOARCH:-$(go env GOARCH)}
-export PKG_VERSION PKG_RELEASE=${PKG_RELEASE:-1} COMMIT AGENT_GLIBC
+export PKG_VERSION PKG_RELEASE=${PKG_RELEASE:-1} COMMIT AGENT_GLIBC PKG_ARCH=$GOARCH
 PKG_VERSION=$(scripts/version.sh --package)
 build_version=$(scripts/version.sh)
 COMMIT=${build_version#*+}
@@ -30,9 +30,11 @@ case "$PKG_RELEASE" in '' | *[!0-9]*) echo "package.sh: PKG_RELEASE must be a nu
 
 out="$DIST/linux_$GOARCH"
 mkdir -p "$out"
-elfcheck="$out/.elfcheck"
-go build -o "$elfcheck" ./packaging/cmd/elfcheck # for this machine, not $GOARCH
+# The tools run here: built for this machine, not for $GOARCH.
+host=(GOOS="$(go env GOHOSTOS)" GOARCH="$(go env GOHOSTARCH)")
+elfcheck=$(mktemp)
 trap 'rm -f "$elfcheck"' EXIT
+env "${host[@]}" go build -o "$elfcheck" ./packaging/cmd/elfcheck
 
 for b in "${binaries[@]}"; do
 	pkg=${b%%=*} cmd=${b#*=}
@@ -52,7 +54,7 @@ AGENT_GLIBC=$("$elfcheck" --glibc-floor "$out/heft-agent")
 for b in "${binaries[@]}"; do
 	pkg=${b%%=*}
 	for fmt in deb rpm; do
-		go tool -modfile=tools/go.mod nfpm pkg --config "packaging/nfpm/$pkg.yaml" --packager "$fmt" --target "$DIST/" >/dev/null
+		env "${host[@]}" go tool -modfile=tools/go.mod nfpm pkg --config "packaging/nfpm/$pkg.yaml" --packager "$fmt" --target "$DIST/" >/dev/null
 	done
 done
 ls -1 "$DIST"/*.deb "$DIST"/*.rpm
