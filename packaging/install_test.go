@@ -63,8 +63,8 @@ func (in *installer) file(name, content string, mode os.FileMode) string {
 }
 
 // run runs the script for osName ("Linux" or "Darwin") and returns its
-// output and error, and the calls made to the fakes.
-func (in *installer) run(osName string, args ...string) (string, error, []string) {
+// output, the calls made to the fakes, and its error.
+func (in *installer) run(osName string, args ...string) (string, []string, error) {
 	in.t.Helper()
 	os.Remove(in.calls)
 	cmd := exec.Command("sh", append([]string{filepath.Join(in.root, "scripts/install.sh")}, args...)...)
@@ -76,12 +76,12 @@ func (in *installer) run(osName string, args ...string) (string, error, []string
 		"PATH="+in.fakes+string(os.PathListSeparator)+os.Getenv("PATH"))
 	out, err := cmd.CombinedOutput()
 	calls, _ := os.ReadFile(in.calls)
-	return string(out), err, strings.Split(strings.TrimSpace(string(calls)), "\n")
+	return string(out), strings.Split(strings.TrimSpace(string(calls)), "\n"), err
 }
 
 func (in *installer) mustRun(osName string, args ...string) (string, []string) {
 	in.t.Helper()
-	out, err, calls := in.run(osName, args...)
+	out, calls, err := in.run(osName, args...)
 	if err != nil {
 		in.t.Fatalf("install.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -260,7 +260,7 @@ func TestInstallScriptBadInputChangesNothing(t *testing.T) {
 				}
 				before := tree(t, prefix)
 				args := append([]string{"--prefix", prefix, "--binary", in.binary}, f.args...)
-				out, err, calls := in.run(f.os, args...)
+				out, calls, err := in.run(f.os, args...)
 				if err == nil {
 					t.Fatalf("succeeded:\n%s", out)
 				}
@@ -357,7 +357,7 @@ func TestInstallScriptKeepsExistingConfig(t *testing.T) {
 
 	t.Run("settings without a coordinator", func(t *testing.T) {
 		before := tree(t, prefix)
-		out, err, _ := in.run("Linux", "--prefix", prefix, "--binary", in.binary, "--node", "gpu-c")
+		out, _, err := in.run("Linux", "--prefix", prefix, "--binary", in.binary, "--node", "gpu-c")
 		if err == nil || !strings.Contains(out, "give --coordinator too") {
 			t.Errorf("a partial agent.toml.new was allowed: %v\n%s", err, out)
 		}

@@ -137,9 +137,7 @@ func probeLocalGPUs(engineURL string) gpu.Source {
 	}
 	src, err := gpu.Open(hclog.NewNullLogger())
 	if err != nil {
-		if src != nil {
-			src.Close()
-		}
+		src.Close() // Open always returns a Source
 		return nil
 	}
 	return src
