@@ -13,6 +13,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"heft/agent/config"
+	"heft/agent/logsource"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 )
@@ -241,9 +242,9 @@ func TestInstallScriptBadInputChangesNothing(t *testing.T) {
 		{"engine option", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,logs=/a"), "unknown option 'logs' (want log or model)"},
 		{"engine option without value", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log"), "'log' is not key=value"},
 		{"trailing comma", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,"), "an empty option"},
-		{"relative log", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log=server.log"), "must be an absolute path or glob"},
-		{"k8s log", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log=k8s:ns/pod"), "k8s:NAMESPACE/POD/CONTAINER"},
-		{"journald without unit", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log=journald:"), "must be an absolute path"},
+		{"relative log", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log=server.log"), "log 'server.log' is not an absolute path"},
+		{"k8s log", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log=k8s:ns/pod"), "wants NAMESPACE/POD/CONTAINER"},
+		{"journald without unit", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log=journald:"), "does not name a systemd unit"},
 		{"empty model", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,model="), "model is empty"},
 		{"quote in node", "Linux", append(slices.Clone(good), "--node", `gpu"a`), `cannot contain ", \ or a line break`},
 		{"newline in engine", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1\n[coordinator]"), "cannot contain"},
@@ -416,5 +417,30 @@ func TestInstallScriptStartsAndRestarts(t *testing.T) {
 				t.Errorf("--no-start called %q:\n%s", calls, out)
 			}
 		})
+	}
+}
+
+// TestInstallScriptLogSpecs: install.sh accepts exactly the log sources the
+// agent's own parser accepts, except relative paths, which it refuses on
+// purpose (a service's working directory is no place for a log).
+func TestInstallScriptLogSpecs(t *testing.T) {
+	in := newInstaller(t)
+	specs := []string{
+		"/var/log/vllm/server.log", "/var/log/vllm/*.log", "/var/log/vllm/server-[0-9].log", "/var/*/server.log", "file:/var/log/x.log",
+		"/srv/a:b.log", "server.log", "file:server.log", "./server.log",
+		"journald:vllm", "journald:vllm.service", "journald:vllm@1.service", "journald:", "journald:a b",
+		"docker:vllm", "docker:/vllm", "docker:3f2a9c", "docker:", "docker:_vllm", "docker:a/b",
+		"k8s:inference/vllm-0/vllm", "kubernetes:inference/vllm-0/vllm", "k8s:inference/vllm-*/vllm", "k8s:inference/vllm-[ab]/vllm",
+		"k8s:Inference/vllm-0/vllm", "k8s:inference/vllm_0/vllm", "k8s:inference/vllm-0", "k8s:a/b/c/d", "k8s:inference/vllm-0/Vllm", "k8s:",
+		"journal:vllm", "s3:bucket/key",
+	}
+	for _, spec := range specs {
+		s, parseErr := logsource.Parse(spec)
+		want := parseErr == nil && (s.Kind != logsource.KindFile && s.Kind != logsource.KindGlob || filepath.IsAbs(s.Path))
+		out, _, err := in.run("Linux", "--prefix", t.TempDir(), "--binary", in.binary, "--coordinator", "ws://a:7070/api/v1/agent",
+			"--token-file", in.token, "--engine", "vllm=http://127.0.0.1:8000,log="+spec)
+		if got := err == nil; got != want {
+			t.Errorf("log %q: install.sh accepts it: %v; the agent's parser: %v (%v)\n%s", spec, got, parseErr == nil, parseErr, out)
+		}
 	}
 }

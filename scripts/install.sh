@@ -60,14 +60,43 @@ done
 [ -z "$prefix" ] || [ "$forced_start" = yes ] || start=no
 
 
-# check_log validates an engine's log source, as the agent reads it.
+# check_log validates an engine's log source as the agent's logsource.Parse
+# does, and also wants a path to be absolute (a service has no useful
+# working directory). TestInstallScriptLogSpecs holds the two to one verdict.
 check_log() { # spec value
-	case "$2" in
-		journald:?* | docker:?*) ;;
-		k8s:*/*/*/*) die "--engine '$1': k8s log '$2' wants k8s:NAMESPACE/POD/CONTAINER" ;;
-		k8s:?*/?*/?*) ;;
-		/*) ;;
-		*) die "--engine '$1': log '$2' must be an absolute path or glob, journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER" ;;
+	v=$2
+	bad() { die "--engine '$1': log '$v' $2; give an absolute path or glob, journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER"; }
+	matches() { printf '%s\n' "$1" | grep -Eq "$2"; }
+	case "$v" in
+		journald:*)
+			matches "${v#journald:}" '^[A-Za-z0-9:_.@\\-]+$' || bad "$1" "does not name a systemd unit"
+			;;
+		docker:*)
+			c=${v#docker:}
+			matches "${c#/}" '^[a-zA-Z0-9][a-zA-Z0-9_.-]*$' || bad "$1" "does not name a Docker container"
+			;;
+		k8s:* | kubernetes:*)
+			r=${v#*:}
+			case "$r" in */*/*/* | "") bad "$1" "wants NAMESPACE/POD/CONTAINER" ;; */*/*) ;; *) bad "$1" "wants NAMESPACE/POD/CONTAINER" ;; esac
+			ns=${r%%/*} r=${r#*/}
+			pod=${r%%/*} ctr=${r#*/}
+			label='^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$'
+			matches "$ns" "$label" || bad "$1" "has no Kubernetes namespace name"
+			case "$pod" in
+				*[*?[]*) matches "$pod" '^[]a-z0-9.*?^![-]{1,253}$' || bad "$1" "has no pattern of pod names" ;;
+				*) matches "$pod" '^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$' || bad "$1" "has no Kubernetes pod name" ;;
+			esac
+			matches "$ctr" "$label" || bad "$1" "has no Kubernetes container name"
+			;;
+		file:* | /*)
+			f=${v#file:}
+			case "$f" in /*) ;; *) bad "$1" "is not an absolute path" ;; esac
+			case "${f%/*}" in *[*?[]*) bad "$1" "has a pattern in its folder (only the file name may hold *, ? or [)" ;; esac
+			;;
+		*)
+			if matches "$v" '^[a-z][a-z0-9]*:'; then bad "$1" "has an unknown kind '${v%%:*}:'"; fi
+			bad "$1" "is not an absolute path"
+			;;
 	esac
 }
 
