@@ -123,7 +123,7 @@ func TestPackages(t *testing.T) {
 			}
 
 			// The version the binary reports is the package's, with the commit.
-			out := run(t, "", nil, bin, versionArgs(pkg)...)
+			out := run(t, "", nil, bin, "--version")
 			if !regexp.MustCompile(`^heft-` + pkg + ` ` + regexp.QuoteMeta(version) + `\+[0-9a-f]{12}(-dirty)?\n$`).MatchString(out) {
 				t.Errorf("binary reports %q, want heft-%s %s+<commit>", out, pkg, version)
 			}
@@ -332,13 +332,6 @@ func firstLine(t *testing.T, s string) string {
 	t.Helper()
 	line, _, _ := strings.Cut(strings.TrimLeft(s, "\n"), "\n")
 	return line
-}
-
-func versionArgs(pkg string) []string {
-	if pkg == "agent" {
-		return []string{"version"}
-	}
-	return []string{"--version"}
 }
 
 // TestPackageVersionsOrder: dpkg and rpm order the versions scripts/

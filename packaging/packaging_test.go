@@ -12,9 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
+	"heft/shared/settings"
 	"heft/shared/testutil"
 
 	"github.com/BurntSushi/toml"
@@ -162,8 +164,9 @@ func TestAgentUnitShowsEngineLogs(t *testing.T) {
 func TestUnitsStopOnConfigErrors(t *testing.T) {
 	for _, name := range []string{"heft-agent.service", "heft-coordinator.service"} {
 		keys := unitKeys(t, filepath.Join(testutil.RepoRoot(t), "packaging/systemd", name))
-		if got := keys["RestartPreventExitStatus"]; len(got) != 1 || got[0] != "78" {
-			t.Errorf("%s: RestartPreventExitStatus = %v, want 78", name, got)
+		want := strconv.Itoa(settings.ExitConfig)
+		if got := keys["RestartPreventExitStatus"]; len(got) != 1 || got[0] != want {
+			t.Errorf("%s: RestartPreventExitStatus = %v, want %s (settings.ExitConfig)", name, got, want)
 		}
 	}
 }
