@@ -287,7 +287,7 @@ func TestGrafanaDashboard(t *testing.T) {
 func TestMetricsContract(t *testing.T) {
 	root := testutil.RepoRoot(t)
 	var source strings.Builder
-	for _, dir := range []string{"agent", "coordinator", "sync", "gateway", "shared"} {
+	for _, dir := range []string{"agent", "coordinator", "gateway", "shared"} {
 		filepath.WalkDir(filepath.Join(root, dir), func(p string, d os.DirEntry, err error) error {
 			if err == nil && !d.IsDir() && strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
 				b, _ := os.ReadFile(p)

@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# package=command. heft-sync (issue 11) joins with sync=./sync/cmd/heft-sync,
+# package=command. heft-sync (issue 11) joins with sync=./gateway/cmd/heft-sync,
 # packaging/nfpm/sync.yaml (copy coordinator.yaml) and a place in $static;
 # TestPackages then checks it like the others.
 binaries=(agent=./agent/cmd/heft-agent coordinator=./coordinator/cmd/heft-coordinator)
