@@ -16,7 +16,6 @@ import (
 
 	"heft/bench/swarm"
 	"heft/coordinator/fleet"
-	"heft/coordinator/store"
 	"heft/shared/wire"
 )
 
@@ -372,13 +371,13 @@ func disconnectReasons(ctx context.Context, co *coordinator) string {
 // nopStore keeps nothing: the recompute timing is of the fleet's logic.
 type nopStore struct{}
 
-func (nopStore) Load() (store.State, error)                  { return store.State{}, nil }
+func (nopStore) Load() (fleet.State, error)                  { return fleet.State{}, nil }
 func (nopStore) SavePin(string, float64) error               { return nil }
 func (nopStore) DeletePin(string) error                      { return nil }
 func (nopStore) SaveDecision(string, string) error           { return nil }
 func (nopStore) DeleteDecision(string) error                 { return nil }
 func (nopStore) SaveMeasurement(wire.Measurement, int) error { return nil }
-func (nopStore) SaveWorker(store.WorkerRecord) error         { return nil }
+func (nopStore) SaveWorker(fleet.WorkerRecord) error         { return nil }
 
 // recomputeTime builds an in-process fleet of n admitted workers shaped
 // like the swarm's (same snapshots, same measurements, through the same

@@ -3,7 +3,6 @@ package fleet
 import (
 	"fmt"
 
-	"heft/coordinator/store"
 	"heft/shared/wire"
 )
 
@@ -66,7 +65,7 @@ func (f *Fleet) Admit(id string) error {
 		return err
 	}
 	if f.poolHolds(w) {
-		return f.decide(w, store.DecisionAdmit)
+		return f.decide(w, DecisionAdmit)
 	}
 	if _, ok := f.decisions[id]; !ok {
 		return nil
@@ -89,7 +88,7 @@ func (f *Fleet) Hold(id string) error {
 	if err != nil {
 		return err
 	}
-	return f.decide(w, store.DecisionHold)
+	return f.decide(w, DecisionHold)
 }
 
 func (f *Fleet) decide(w *worker, d string) error {

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"heft/coordinator/store"
 	"heft/coordinator/view"
 	"heft/shared/wire"
 )
@@ -75,13 +74,13 @@ func TestAdminAdmitAndHold(t *testing.T) {
 		t.Fatal(err)
 	}
 	u := h.worker("uneven")
-	if u.State != view.StateAdmitted || u.AdminDecision != store.DecisionAdmit || u.Weight == nil {
+	if u.State != view.StateAdmitted || u.AdminDecision != DecisionAdmit || u.Weight == nil {
 		t.Fatalf("after admit: state %s decision %q weight %v", u.State, u.AdminDecision, u.Weight)
 	}
 	if x, _ := warning(u, wire.CodeDPPoolImbalance); !strings.Contains(x.Message, "admitted it anyway") {
 		t.Errorf("the warning should say an admin admitted it: %s", x.Message)
 	}
-	if h.st.state().Decisions["uneven"] != store.DecisionAdmit {
+	if h.st.state().Decisions["uneven"] != DecisionAdmit {
 		t.Error("admit decision not stored")
 	}
 

@@ -7,7 +7,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/store"
 	"heft/shared/wire"
 )
 
@@ -21,7 +20,7 @@ func bigFleet(b *testing.B) (*Fleet, *clock) {
 		node := fmt.Sprintf("node-%04d", n)
 		for e := range 10 {
 			id := fmt.Sprintf("%s/vllm/model-%d/%d", node, e, e)
-			st.st.Workers[id] = store.WorkerRecord{ID: id, Node: node, Model: fmt.Sprintf("model-%d", e), Engine: wire.EngineVLLM,
+			st.st.Workers[id] = WorkerRecord{ID: id, Node: node, Model: fmt.Sprintf("model-%d", e), Engine: wire.EngineVLLM,
 				URL: fmt.Sprintf("http://10.0.%d.%d:%d", n/256, n%256, 8000+e), Ranks: []wire.Rank{{DPRank: 0, KVTokens: 20000}, {DPRank: 1, KVTokens: 19000}},
 				FirstSeen: t0, LastSeen: t0}
 			var hist []wire.Measurement

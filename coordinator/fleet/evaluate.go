@@ -5,7 +5,6 @@ import (
 	"slices"
 	"time"
 
-	"heft/coordinator/store"
 	"heft/coordinator/view"
 	"heft/shared/health"
 	"heft/shared/wire"
@@ -117,7 +116,7 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 	for i := range fs {
 		if fs[i].Code == wire.CodeDPPoolImbalance && fs[i].Severity == wire.SeverityCritical {
 			poolHold = true
-			if decision == store.DecisionAdmit {
+			if decision == DecisionAdmit {
 				fs[i].Message += " An admin has admitted it anyway."
 			}
 		}
@@ -126,7 +125,7 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 	switch {
 	case off:
 		v.state = view.StateOffline
-	case decision == store.DecisionHold:
+	case decision == DecisionHold:
 		v.state = view.StateHeld
 	case w.placeholder || !w.eng.Ready || w.eng.Error != "":
 		v.state = view.StatePending
@@ -134,7 +133,7 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 		v.state = view.StateMeasuring
 	case !m.Valid():
 		v.state = view.StateHeld
-	case poolHold && decision != store.DecisionAdmit:
+	case poolHold && decision != DecisionAdmit:
 		v.state = view.StateHeld
 	default:
 		v.state = view.StateAdmitted

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"heft/coordinator/store"
 	"heft/shared/wire"
 )
 
@@ -400,7 +399,7 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 	if w.placeholder {
 		return
 	}
-	r := store.WorkerRecord{ID: w.id, Node: w.node, Model: w.eng.Model, Engine: w.eng.Kind, URL: w.eng.URL,
+	r := WorkerRecord{ID: w.id, Node: w.node, Model: w.eng.Model, Engine: w.eng.Kind, URL: w.eng.URL,
 		EngineVersion: w.eng.Version, LaunchArgs: w.eng.LaunchArgs, Ranks: w.eng.Ranks, FirstSeen: w.firstSeen, LastSeen: w.lastSeen}
 	if !force && sameRecord(r, w.saved) && now.Sub(w.savedAt) < recordEvery {
 		return
@@ -430,7 +429,7 @@ func (f *Fleet) writeRecords() {
 	}
 }
 
-func sameRecord(a, b store.WorkerRecord) bool {
+func sameRecord(a, b WorkerRecord) bool {
 	return a.ID == b.ID && a.Node == b.Node && a.Model == b.Model && a.Engine == b.Engine && a.URL == b.URL &&
 		a.EngineVersion == b.EngineVersion && slices.Equal(a.LaunchArgs, b.LaunchArgs) && slices.Equal(a.Ranks, b.Ranks) &&
 		a.FirstSeen.Equal(b.FirstSeen)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/store"
 	"heft/coordinator/view"
 	"heft/shared/health"
 	"heft/shared/wire"
@@ -27,18 +26,6 @@ var (
 	// be sent to it.
 	ErrNotConnected = errors.New("the worker's agent is not connected")
 )
-
-// Store is where the fleet keeps what must survive a restart.
-// *store.Bolt implements it.
-type Store interface {
-	Load() (store.State, error)
-	SavePin(id string, weight float64) error
-	DeletePin(id string) error
-	SaveDecision(id, decision string) error
-	DeleteDecision(id string) error
-	SaveMeasurement(m wire.Measurement, historyLen int) error
-	SaveWorker(r store.WorkerRecord) error
-}
 
 // Config holds the fleet's timings and limits.
 type Config struct {
@@ -135,7 +122,7 @@ type Fleet struct {
 	dirty     map[string]bool // models to re-weigh at the next refresh
 	// records are worker records waiting to be written once the lock is
 	// released: a disk sync under the lock would stall every agent.
-	records []store.WorkerRecord
+	records []WorkerRecord
 
 	subMu  sync.Mutex
 	subs   map[uint64]chan struct{}
@@ -180,7 +167,7 @@ type worker struct {
 	gpus        []wire.GPU
 	firstSeen   time.Time
 	lastSeen    time.Time
-	saved       store.WorkerRecord
+	saved       WorkerRecord
 	savedAt     time.Time
 	greeted     uint64 // node.order of the connection this worker was greeted on
 	probe       probeState
@@ -233,7 +220,7 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 		}
 	}
 	for id, d := range state.Decisions {
-		if d == store.DecisionAdmit || d == store.DecisionHold {
+		if d == DecisionAdmit || d == DecisionHold {
 			f.decisions[id] = d
 		} else {
 			f.log.Warn("ignoring stored decision", "worker", id, "decision", d)
@@ -260,7 +247,7 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 	}
 	// One endpoint may have several records (it was restarted with other
 	// launch arguments); only the one seen last is still there.
-	latestAt := map[[2]string]store.WorkerRecord{}
+	latestAt := map[[2]string]WorkerRecord{}
 	for _, r := range state.Workers {
 		k := [2]string{r.Node, r.URL}
 		if old, ok := latestAt[k]; !ok || r.LastSeen.After(old.LastSeen) || (r.LastSeen.Equal(old.LastSeen) && r.ID > old.ID) {

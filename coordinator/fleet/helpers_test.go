@@ -10,7 +10,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/store"
 	"heft/coordinator/view"
 	"heft/shared/wire"
 )
@@ -18,24 +17,24 @@ import (
 // memStore is an in-memory Store. Setting fail makes every write fail.
 type memStore struct {
 	mu           sync.Mutex
-	st           store.State
+	st           State
 	fail         error
 	workerWrites int
 }
 
 func newMemStore() *memStore {
-	return &memStore{st: store.State{Pins: map[string]float64{}, Decisions: map[string]string{},
-		Latest: map[string]wire.Measurement{}, History: map[string][]wire.Measurement{}, Workers: map[string]store.WorkerRecord{}}}
+	return &memStore{st: State{Pins: map[string]float64{}, Decisions: map[string]string{},
+		Latest: map[string]wire.Measurement{}, History: map[string][]wire.Measurement{}, Workers: map[string]WorkerRecord{}}}
 }
 
-func (s *memStore) Load() (store.State, error) {
+func (s *memStore) Load() (State, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	hist := map[string][]wire.Measurement{}
 	for k, v := range s.st.History {
 		hist[k] = slices.Clone(v)
 	}
-	return store.State{Pins: maps.Clone(s.st.Pins), Decisions: maps.Clone(s.st.Decisions), Latest: maps.Clone(s.st.Latest),
+	return State{Pins: maps.Clone(s.st.Pins), Decisions: maps.Clone(s.st.Decisions), Latest: maps.Clone(s.st.Latest),
 		History: hist, Workers: maps.Clone(s.st.Workers)}, nil
 }
 
@@ -72,11 +71,11 @@ func (s *memStore) SaveMeasurement(m wire.Measurement, n int) error {
 		s.st.History[m.CapacityKey] = h[max(0, len(h)-n):]
 	})
 }
-func (s *memStore) SaveWorker(r store.WorkerRecord) error {
+func (s *memStore) SaveWorker(r WorkerRecord) error {
 	return s.write(func() { s.st.Workers[r.ID] = r; s.workerWrites++ })
 }
 
-func (s *memStore) state() store.State {
+func (s *memStore) state() State {
 	st, _ := s.Load()
 	return st
 }

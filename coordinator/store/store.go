@@ -28,6 +28,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
+	"heft/coordinator/fleet"
 	"heft/shared/wire"
 )
 
@@ -37,12 +38,6 @@ const SchemaVersion = 1
 
 // FileName is the state file's name inside state_dir.
 const FileName = "heft.db"
-
-// Decisions an admin can record for a worker.
-const (
-	DecisionAdmit = "admit"
-	DecisionHold  = "hold"
-)
 
 // lockTimeout is how long Open waits for another process's lock; tests
 // shorten it.
@@ -60,31 +55,10 @@ var (
 	allBuckets = [][]byte{bucketMeta, bucketPins, bucketDecisions, bucketLatest, bucketHistory, bucketWorkers}
 )
 
-// WorkerRecord is what the coordinator last knew about a worker, so that
-// after a restart the fleet can show it before its agent reconnects.
-type WorkerRecord struct {
-	ID            string      `json:"id"`
-	Node          string      `json:"node"`
-	Model         string      `json:"model"`
-	Engine        string      `json:"engine"`
-	URL           string      `json:"url"`
-	EngineVersion string      `json:"engine_version,omitempty"`
-	LaunchArgs    []string    `json:"launch_args,omitempty"`
-	Ranks         []wire.Rank `json:"ranks,omitempty"`
-	FirstSeen     time.Time   `json:"first_seen"`
-	LastSeen      time.Time   `json:"last_seen"`
-}
+var _ fleet.Store = (*Bolt)(nil)
 
-// State is everything the store holds. History lists are oldest first.
-type State struct {
-	Pins      map[string]float64
-	Decisions map[string]string
-	Latest    map[string]wire.Measurement
-	History   map[string][]wire.Measurement
-	Workers   map[string]WorkerRecord
-}
-
-// Bolt is the bbolt-backed store. It is safe for concurrent use.
+// Bolt is the bbolt-backed store, a fleet.Store. It is safe for
+// concurrent use.
 type Bolt struct {
 	db     *bolt.DB
 	path   string
@@ -260,13 +234,13 @@ func (b *Bolt) Close() error {
 
 // Load reads the whole state. A record that fails to decode or validate is
 // skipped with a logged warning, so one bad entry does not stop a start.
-func (b *Bolt) Load() (State, error) {
-	st := State{
+func (b *Bolt) Load() (fleet.State, error) {
+	st := fleet.State{
 		Pins:      map[string]float64{},
 		Decisions: map[string]string{},
 		Latest:    map[string]wire.Measurement{},
 		History:   map[string][]wire.Measurement{},
-		Workers:   map[string]WorkerRecord{},
+		Workers:   map[string]fleet.WorkerRecord{},
 	}
 	err := b.db.View(func(tx *bolt.Tx) error {
 		_ = tx.Bucket(bucketPins).ForEach(func(k, v []byte) error {
@@ -314,7 +288,7 @@ func (b *Bolt) Load() (State, error) {
 			return nil
 		})
 		_ = tx.Bucket(bucketWorkers).ForEach(func(k, v []byte) error {
-			var r WorkerRecord
+			var r fleet.WorkerRecord
 			err := json.Unmarshal(v, &r)
 			if err == nil {
 				err = checkRecord(r)
@@ -332,7 +306,7 @@ func (b *Bolt) Load() (State, error) {
 		return nil
 	})
 	if err != nil {
-		return State{}, fmt.Errorf("store: load %s: %w", b.path, err)
+		return fleet.State{}, fmt.Errorf("store: load %s: %w", b.path, err)
 	}
 	return st, nil
 }
@@ -445,7 +419,7 @@ func (b *Bolt) SaveMeasurement(m wire.Measurement, historyLen int) error {
 }
 
 // SaveWorker records what is known about a worker.
-func (b *Bolt) SaveWorker(r WorkerRecord) error {
+func (b *Bolt) SaveWorker(r fleet.WorkerRecord) error {
 	if err := checkRecord(r); err != nil {
 		return fmt.Errorf("store: save worker: %w", err)
 	}
@@ -497,13 +471,13 @@ func checkWeight(w float64) error {
 }
 
 func checkDecision(d string) error {
-	if d != DecisionAdmit && d != DecisionHold {
-		return fmt.Errorf("decision %q is neither %q nor %q", d, DecisionAdmit, DecisionHold)
+	if d != fleet.DecisionAdmit && d != fleet.DecisionHold {
+		return fmt.Errorf("decision %q is neither %q nor %q", d, fleet.DecisionAdmit, fleet.DecisionHold)
 	}
 	return nil
 }
 
-func checkRecord(r WorkerRecord) error {
+func checkRecord(r fleet.WorkerRecord) error {
 	if err := checkID(r.ID); err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	bolt "go.etcd.io/bbolt"
 
+	"heft/coordinator/fleet"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 )
@@ -58,14 +59,14 @@ func TestRoundTrip(t *testing.T) {
 	defer b.Close()
 
 	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-	rec := WorkerRecord{ID: "k1", Node: "gpu-a", Model: "m", Engine: "sglang", URL: "http://127.0.0.1:30000",
+	rec := fleet.WorkerRecord{ID: "k1", Node: "gpu-a", Model: "m", Engine: "sglang", URL: "http://127.0.0.1:30000",
 		EngineVersion: "0.4.1", LaunchArgs: []string{"--dp-size=2"}, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}},
 		FirstSeen: at, LastSeen: at.Add(time.Hour)}
 	m1 := measurement("k1", 992, at)
 	m2 := measurement("k2", 453, at)
 	for _, err := range []error{
 		b.SavePin("k1", 1.5), b.SavePin("k2", 0.5), b.DeletePin("k2"), b.DeletePin("never-pinned"),
-		b.SaveDecision("k1", DecisionAdmit), b.SaveDecision("k2", DecisionHold), b.DeleteDecision("k1"),
+		b.SaveDecision("k1", fleet.DecisionAdmit), b.SaveDecision("k2", fleet.DecisionHold), b.DeleteDecision("k1"),
 		b.SaveMeasurement(m1, 10), b.SaveMeasurement(m2, 10), b.SaveWorker(rec),
 	} {
 		if err != nil {
@@ -79,7 +80,7 @@ func TestRoundTrip(t *testing.T) {
 	if len(st.Pins) != 1 || st.Pins["k1"] != 1.5 {
 		t.Errorf("pins = %v, want k1=1.5 only", st.Pins)
 	}
-	if len(st.Decisions) != 1 || st.Decisions["k2"] != DecisionHold {
+	if len(st.Decisions) != 1 || st.Decisions["k2"] != fleet.DecisionHold {
 		t.Errorf("decisions = %v, want k2=hold only", st.Decisions)
 	}
 	if got := st.Latest["k1"]; got.ThroughputTPS != 992 || !got.FinishedAt.Equal(m1.FinishedAt) || got.Model != "m" {
@@ -162,8 +163,8 @@ func TestInvalidWritesRejected(t *testing.T) {
 		"negative tps":       b.SaveMeasurement(neg, 5),
 		"infinite tps":       b.SaveMeasurement(inf, 5),
 		"zero history":       b.SaveMeasurement(measurement("k", 5, time.Now()), 0),
-		"negative rank pool": b.SaveWorker(WorkerRecord{ID: "k", Ranks: []wire.Rank{{DPRank: 0, KVTokens: -1}}}),
-		"worker without id":  b.SaveWorker(WorkerRecord{}),
+		"negative rank pool": b.SaveWorker(fleet.WorkerRecord{ID: "k", Ranks: []wire.Rank{{DPRank: 0, KVTokens: -1}}}),
+		"worker without id":  b.SaveWorker(fleet.WorkerRecord{}),
 	}
 	for name, err := range cases {
 		if err == nil {

@@ -1,0 +1,51 @@
+package fleet
+
+import (
+	"time"
+
+	"heft/shared/wire"
+)
+
+// Store is where the fleet keeps what must survive a restart; the fleet
+// owns its vocabulary, and package store implements it with bbolt
+// (*store.Bolt). Every write returns only once it is durable.
+type Store interface {
+	Load() (State, error)
+	SavePin(id string, weight float64) error
+	DeletePin(id string) error
+	SaveDecision(id, decision string) error
+	DeleteDecision(id string) error
+	SaveMeasurement(m wire.Measurement, historyLen int) error
+	SaveWorker(r WorkerRecord) error
+}
+
+// Decisions an admin can record for a worker.
+const (
+	DecisionAdmit = "admit"
+	DecisionHold  = "hold"
+)
+
+// State is everything a Store holds. History lists are oldest first.
+type State struct {
+	Pins      map[string]float64
+	Decisions map[string]string
+	Latest    map[string]wire.Measurement
+	History   map[string][]wire.Measurement
+	Workers   map[string]WorkerRecord
+}
+
+// WorkerRecord is what the coordinator last knew about a worker, so that
+// after a restart the fleet can show it before its agent reconnects. Its
+// JSON form is what the store writes.
+type WorkerRecord struct {
+	ID            string      `json:"id"`
+	Node          string      `json:"node"`
+	Model         string      `json:"model"`
+	Engine        string      `json:"engine"`
+	URL           string      `json:"url"`
+	EngineVersion string      `json:"engine_version,omitempty"`
+	LaunchArgs    []string    `json:"launch_args,omitempty"`
+	Ranks         []wire.Rank `json:"ranks,omitempty"`
+	FirstSeen     time.Time   `json:"first_seen"`
+	LastSeen      time.Time   `json:"last_seen"`
+}
