@@ -15,6 +15,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/bench/swarm"
+	coord "heft/coordinator"
+	"heft/coordinator/config"
 	"heft/coordinator/fleet"
 	"heft/shared/wire"
 )
@@ -379,12 +381,13 @@ func (nopStore) DeleteDecision(string) error                 { return nil }
 func (nopStore) SaveMeasurement(wire.Measurement, int) error { return nil }
 func (nopStore) SaveWorker(fleet.WorkerRecord) error         { return nil }
 
-// recomputeTime builds an in-process fleet of n admitted workers shaped
-// like the swarm's (same snapshots, same measurements, through the same
+// recomputeTime builds an in-process fleet of n admitted workers, with
+// the settings heft-coordinator derives from its default configuration,
+// shaped like the swarm's (same snapshots, same measurements, through the same
 // Connect, Snapshot and ProbeResult calls the server makes) and times
 // RecomputeWeights: median of recomputeSamples calls, in ms.
 func recomputeTime(n int) (Summary, error) {
-	f, err := fleet.New(fleet.DefaultConfig(), nopStore{}, nil, hclog.NewNullLogger())
+	f, err := fleet.New(coord.FleetConfig(config.Default()), nopStore{}, nil, hclog.NewNullLogger())
 	if err != nil {
 		return Summary{}, err
 	}

@@ -18,10 +18,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/agent/cli"
+	coord "heft/coordinator"
 	"heft/coordinator/config"
-	"heft/coordinator/fleet"
-	"heft/coordinator/server"
-	"heft/coordinator/store"
 	"heft/coordinator/view"
 	"heft/shared/testutil"
 	"heft/shared/wire"
@@ -34,14 +32,14 @@ const (
 	model      = "Qwen/Qwen3-8B"
 )
 
-// coordinator is a real heft-coordinator (store, fleet, server) on loopback.
+// coordinator is a real heft-coordinator on loopback, assembled as the
+// binary assembles it.
 type coordinator struct {
 	t      *testing.T
 	addr   string
 	dir    string
 	cancel context.CancelFunc
 	done   chan struct{}
-	st     *store.Bolt
 	scheme string       // http or https
 	client *http.Client // trusts the coordinator's certificate
 }
@@ -55,43 +53,34 @@ func startCoordinator(t *testing.T, dir, addr string) *coordinator {
 func startCoordinatorWith(t *testing.T, dir, addr string, adjust func(*config.Config)) *coordinator {
 	t.Helper()
 	logger := hclog.New(&hclog.LoggerOptions{Name: "coordinator", Output: t.Output(), Level: hclog.Warn})
-	st, err := store.Open(dir, logger)
-	if err != nil {
-		t.Fatalf("open state: %v", err)
-	}
-	f, err := fleet.New(fleet.DefaultConfig(), st, nil, logger)
-	if err != nil {
-		t.Fatalf("fleet: %v", err)
-	}
 	cfg := config.Default()
-	cfg.StateDir, cfg.AgentToken, cfg.AdminToken = dir, agentToken, adminToken
+	cfg.Listen, cfg.StateDir, cfg.AgentToken, cfg.AdminToken = addr, dir, agentToken, adminToken
 	if adjust != nil {
 		adjust(&cfg)
 	}
-	srv, err := server.New(cfg, f, logger)
+	co, err := coord.New(cfg, coord.WithLogger(logger))
 	if err != nil {
-		t.Fatalf("server: %v", err)
+		t.Fatalf("coordinator: %v", err)
 	}
-	var ln net.Listener
+	t.Cleanup(func() { _ = co.Close() }) // Run closes it too; this is for a failed start
 	// A restarted coordinator takes its old address back; the kernel may
 	// need a moment to release it.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ln, err = net.Listen("tcp", addr)
-		if err == nil || time.Now().After(deadline) {
-			break
+	var ln net.Listener
+	defer func() {
+		if ln == nil {
+			t.Logf("listen: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("listen %s: %v", addr, err)
-	}
+	}()
+	testutil.Eventually(t, "the address "+addr+" free", 5*time.Second, func() bool {
+		ln, err = net.Listen("tcp", addr)
+		return err == nil
+	})
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &coordinator{t: t, addr: ln.Addr().String(), dir: dir, cancel: cancel, done: make(chan struct{}), st: st,
+	c := &coordinator{t: t, addr: ln.Addr().String(), dir: dir, cancel: cancel, done: make(chan struct{}),
 		scheme: "http", client: http.DefaultClient}
 	go func() {
 		defer close(c.done)
-		if err := srv.Run(ctx, ln); err != nil {
+		if err := co.Run(ctx, ln); err != nil {
 			t.Errorf("coordinator: %v", err)
 		}
 	}()
@@ -99,15 +88,10 @@ func startCoordinatorWith(t *testing.T, dir, addr string, adjust func(*config.Co
 	return c
 }
 
+// stop shuts the coordinator down as a signal would; Run closes its state.
 func (c *coordinator) stop() {
-	select {
-	case <-c.done:
-		return
-	default:
-	}
 	c.cancel()
 	<-c.done
-	c.st.Close()
 }
 
 func (c *coordinator) url() string { return c.scheme + "://" + c.addr }
@@ -148,36 +132,37 @@ func (c *coordinator) do(t *testing.T, method, path, token string, body any, out
 // waitFor polls the coordinator's workers until ok says yes.
 func (c *coordinator) waitFor(t *testing.T, what string, limit time.Duration, ok func([]view.Worker) bool) []view.Worker {
 	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		ws := c.workers(t)
-		if ok(ws) {
-			return ws
-		}
-		if time.Now().After(deadline) {
+	var ws []view.Worker
+	done := false
+	defer func() {
+		if !done { // Eventually gave up: show what the fleet looked like
 			data, _ := json.MarshalIndent(ws, "", "  ")
-			t.Fatalf("timed out waiting for %s; workers:\n%s", what, data)
+			t.Logf("workers at the end of the wait for %s:\n%s", what, data)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	}()
+	testutil.Eventually(t, what, limit, func() bool {
+		ws = c.workers(t)
+		return ok(ws)
+	})
+	done = true
+	return ws
 }
 
 // startSim starts a simulated engine on addr and stops it with the test.
+// An address used before is retried while the old socket lingers.
 func startSim(t *testing.T, cfg sim.Config, addr string) *sim.Server {
 	t.Helper()
 	var s *sim.Server
 	var err error
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		s, err = sim.Start(cfg, addr)
-		if err == nil || time.Now().After(deadline) {
-			break
+	defer func() {
+		if s == nil {
+			t.Logf("sim: %v", err)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("sim: %v", err)
-	}
+	}()
+	testutil.Eventually(t, "a sim on "+addr, 5*time.Second, func() bool {
+		s, err = sim.Start(cfg, addr)
+		return err == nil
+	})
 	t.Cleanup(func() { s.Close() })
 	return s
 }

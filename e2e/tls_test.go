@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"heft/coordinator/config"
+	"heft/shared/testutil"
 	"heft/sim"
 )
 
@@ -80,13 +81,9 @@ func TestTLS(t *testing.T) {
 	if _, ok := byNode(c.workers(t), "tls-bad"); ok {
 		t.Error("an agent that does not trust the coordinator's certificate got in")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(badAgent.out.String(), "certificate") && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	if !strings.Contains(badAgent.out.String(), "certificate") {
-		t.Errorf("the untrusting agent's log does not say why it cannot connect:\n%s", badAgent.out.String())
-	}
+	testutil.Eventually(t, "the untrusting agent's log to say why it cannot connect", 10*time.Second, func() bool {
+		return strings.Contains(badAgent.out.String(), "certificate")
+	})
 	// Plain HTTP to the TLS port is refused, not served.
 	if resp, err := http.Get("http://" + c.addr + "/api/v1/workers"); err == nil {
 		if resp.StatusCode == http.StatusOK {

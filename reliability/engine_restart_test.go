@@ -11,6 +11,7 @@ import (
 
 	"heft/agent/collect"
 	"heft/coordinator/view"
+	"heft/shared/testutil"
 	"heft/sim"
 )
 
@@ -52,7 +53,7 @@ func TestEngineRestart(t *testing.T) {
 	admittedOtherThan := func(t *testing.T, what string, old ...string) view.Worker {
 		t.Helper()
 		var got view.Worker
-		waitFor(t, what, 30*time.Second, func() bool {
+		testutil.Eventually(t, what, 30*time.Second, func() bool {
 			for id, w := range mustWorkers(t, api) {
 				if !slices.Contains(old, id) && w.State == view.StateAdmitted {
 					got = w
@@ -73,7 +74,7 @@ func TestEngineRestart(t *testing.T) {
 	stop := func(t *testing.T, id string) {
 		t.Helper()
 		s.Close()
-		waitFor(t, "the coordinator to see the engine down", 20*time.Second, func() bool {
+		testutil.Eventually(t, "the coordinator to see the engine down", 20*time.Second, func() bool {
 			return mustWorkers(t, api)[id].State == view.StatePending
 		})
 		// A real engine's restart prints a new pid and a later time in its
@@ -93,7 +94,7 @@ func TestEngineRestart(t *testing.T) {
 	t.Run("same launch arguments", func(t *testing.T) {
 		stop(t, first.ID)
 		restart(t, base)
-		waitFor(t, "the worker admitted again", 20*time.Second, func() bool {
+		testutil.Eventually(t, "the worker admitted again", 20*time.Second, func() bool {
 			return mustWorkers(t, api)[first.ID].State == view.StateAdmitted
 		})
 		ws := mustWorkers(t, api)
@@ -130,7 +131,7 @@ func TestEngineRestart(t *testing.T) {
 			stop(t, old.ID)
 			restart(t, tc.cfg)
 			next := admittedOtherThan(t, "a new worker for the new launch arguments, measured and admitted", old.ID)
-			waitFor(t, "the old worker to leave the fleet", 20*time.Second, func() bool {
+			testutil.Eventually(t, "the old worker to leave the fleet", 20*time.Second, func() bool {
 				_, still := mustWorkers(t, api)[old.ID]
 				return !still
 			})
@@ -164,7 +165,7 @@ func TestEngineRestart(t *testing.T) {
 	if ws := mustWorkers(t, api); len(ws) != 1 || ws[current.ID].ID == "" {
 		t.Fatalf("workers right after the coordinator restart: %v, want only %s", slices.Collect(maps.Keys(ws)), current.ID)
 	}
-	waitFor(t, "the agent back and its worker admitted", 30*time.Second, func() bool {
+	testutil.Eventually(t, "the agent back and its worker admitted", 30*time.Second, func() bool {
 		ws := mustWorkers(t, api)
 		w := ws[current.ID]
 		return len(ws) == 1 && w.AgentConnected && w.State == view.StateAdmitted

@@ -16,11 +16,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/coordinator"
 	"heft/coordinator/config"
-	"heft/coordinator/fleet"
-	"heft/coordinator/server"
-	"heft/coordinator/store"
 	"heft/coordinator/view"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -36,26 +35,12 @@ func quietLogger(t *testing.T) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Warn})
 }
 
-// waitFor polls cond every 20 ms until it holds or timeout passes.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// coord is an in-process coordinator: the real store, fleet and server,
-// wired as heft-coordinator wires them, on a loopback listener.
+// coord is an in-process coordinator, assembled as heft-coordinator
+// assembles it, on a loopback listener.
 type coord struct {
-	t     *testing.T
-	addr  string // host:port it listens on
-	st    *store.Bolt
-	fleet *fleet.Fleet
-	srv   *server.Server
+	t    *testing.T
+	addr string // host:port it listens on
+	*coordinator.Coordinator
 
 	cancel   context.CancelFunc
 	done     chan error
@@ -73,48 +58,25 @@ func startCoord(t *testing.T, dir, addr string, logger hclog.Logger, tweak func(
 	if tweak != nil {
 		tweak(&cfg)
 	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("coordinator config: %v", err)
-	}
-	st, err := store.Open(dir, logger)
+	co, err := coordinator.New(cfg, coordinator.WithLogger(logger))
 	if err != nil {
-		t.Fatalf("open state: %v", err)
+		t.Fatalf("coordinator: %v", err)
 	}
-	fc := fleet.DefaultConfig()
-	fc.CacheTTL, fc.RemeasureEvery, fc.OfflineGrace = cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace
-	fc.WeightMin, fc.WeightMax, fc.Thresholds = cfg.WeightMin, cfg.WeightMax, cfg.Thresholds
-	f, err := fleet.New(fc, st, nil, logger)
-	if err != nil {
-		st.Close()
-		t.Fatalf("fleet: %v", err)
-	}
-	srv, err := server.New(cfg, f, logger)
-	if err != nil {
-		st.Close()
-		t.Fatalf("server: %v", err)
-	}
+	t.Cleanup(func() { _ = co.Close() }) // Run closes it too; this is for a failed start
 	var ln net.Listener
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.Eventually(t, "the address "+addr+" free", 10*time.Second, func() bool {
 		ln, err = net.Listen("tcp", addr)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		st.Close()
-		t.Fatalf("listen %s: %v", addr, err)
-	}
-	c := &coord{t: t, addr: ln.Addr().String(), st: st, fleet: f, srv: srv, done: make(chan error, 1)}
+		return err == nil
+	})
+	c := &coord{t: t, addr: ln.Addr().String(), Coordinator: co, done: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
-	go func() { c.done <- srv.Run(ctx, ln) }()
+	go func() { c.done <- co.Run(ctx, ln) }()
 	t.Cleanup(c.stop)
 	return c
 }
 
-// stop shuts the coordinator down as a signal would and closes its state.
+// stop shuts the coordinator down as a signal would; Run closes its state.
 func (c *coord) stop() {
 	c.stopOnce.Do(func() {
 		c.cancel()
@@ -125,9 +87,6 @@ func (c *coord) stop() {
 			}
 		case <-time.After(60 * time.Second):
 			c.t.Error("coordinator did not stop within 60s")
-		}
-		if err := c.st.Close(); err != nil {
-			c.t.Errorf("close state: %v", err)
 		}
 	})
 }

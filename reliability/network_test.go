@@ -15,6 +15,7 @@ import (
 	"heft/agent/link"
 	"heft/coordinator/config"
 	"heft/coordinator/view"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -208,7 +209,7 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 
 			api := c.api()
 			var before map[string]view.Worker
-			waitFor(t, "both workers admitted", 20*time.Second, func() bool {
+			testutil.Eventually(t, "both workers admitted", 20*time.Second, func() bool {
 				before = mustWorkers(t, api)
 				return before[a.key].State == view.StateAdmitted && before[b.key].State == view.StateAdmitted
 			})
@@ -235,18 +236,18 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 
 			start := time.Now()
 			tc.fault(proxy)
-			waitFor(t, "the cut-off worker to go offline", tc.offlineWithin, func() bool {
+			testutil.Eventually(t, "the cut-off worker to go offline", tc.offlineWithin, func() bool {
 				w := mustWorkers(t, api)[a.key]
 				return w.State == view.StateOffline && hasWarning(w, wire.CodeAgentOffline) && !w.AgentConnected
 			})
 			offline := time.Since(start)
-			if n := c.srv.AgentsConnected(); n != 1 {
+			if n := c.Server().AgentsConnected(); n != 1 {
 				t.Fatalf("%d agents connected during the fault, want 1", n)
 			}
 
 			restored := time.Now()
 			proxy.restore()
-			waitFor(t, "the agent to reconnect by itself", 20*time.Second, func() bool {
+			testutil.Eventually(t, "the agent to reconnect by itself", 20*time.Second, func() bool {
 				w := mustWorkers(t, api)[a.key]
 				return w.State == view.StateAdmitted && w.AgentConnected && !hasWarning(w, wire.CodeAgentOffline)
 			})

@@ -12,6 +12,7 @@ import (
 
 	"heft/agent/link"
 	"heft/coordinator/view"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -55,8 +56,8 @@ func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
 		})
 	}
 
-	admitted := func() int { return c.fleet.Stats().WorkersByState[view.StateAdmitted] }
-	waitFor(t, fmt.Sprintf("%d workers measured and admitted", n), 3*time.Minute, func() bool {
+	admitted := func() int { return c.Fleet().Stats().WorkersByState[view.StateAdmitted] }
+	testutil.Eventually(t, fmt.Sprintf("%d workers measured and admitted", n), 3*time.Minute, func() bool {
 		time.Sleep(100 * time.Millisecond) // the count walks every worker; no need to spin
 		return admitted() == n
 	})
@@ -76,12 +77,12 @@ func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
 	// Stored workers start as if their agents had just left; they would go
 	// offline (out of the weight table) after the grace, 30 s.
 	maxOffline := 0
-	waitFor(t, fmt.Sprintf("all %d agents connected again", n), backWithin, func() bool {
-		maxOffline = max(maxOffline, c2.fleet.Stats().WorkersByState[view.StateOffline])
-		return c2.srv.AgentsConnected() == n
+	testutil.Eventually(t, fmt.Sprintf("all %d agents connected again", n), backWithin, func() bool {
+		maxOffline = max(maxOffline, c2.Fleet().Stats().WorkersByState[view.StateOffline])
+		return c2.Server().AgentsConnected() == n
 	})
 	back := time.Now()
-	waitFor(t, "every agent's cached measurement", 10*time.Second, func() bool {
+	testutil.Eventually(t, "every agent's cached measurement", 10*time.Second, func() bool {
 		for _, a := range agents {
 			if a.cached.Load() < 1 {
 				return false
@@ -99,7 +100,7 @@ func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	ws := c2.fleet.Workers()
+	ws := c2.Fleet().Workers()
 	if len(ws) != n {
 		t.Fatalf("%d workers after the restart, want %d", len(ws), n)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -133,7 +134,7 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 		m.Problems = notes
 		send(first, &wire.ProbeResult{Measurement: m})
 	}
-	waitFor(t, "the deaf agent's 32 measurements stored", 20*time.Second, func() bool {
+	testutil.Eventually(t, "the deaf agent's 32 measurements stored", 20*time.Second, func() bool {
 		n := 0
 		for _, w := range mustWorkers(t, api) {
 			if w.Node == deafNode && w.Throughput != nil {
@@ -154,7 +155,7 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 	defer sse.Close()
 	fmt.Fprintf(sse, "GET /api/v1/events HTTP/1.1\r\nHost: %s\r\n\r\n", c.addr)
 
-	waitFor(t, "the stuck agents registered", 10*time.Second, func() bool { return c.srv.AgentsConnected() == 2 })
+	testutil.Eventually(t, "the stuck agents registered", 10*time.Second, func() bool { return c.Server().AgentsConnected() == 2 })
 
 	// Now a healthy agent: measured, pinned, re-measured on demand.
 	good := newFixedAgent("healthy", 8000, 1200)
@@ -168,7 +169,7 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 		}
 		slowest = max(slowest, time.Since(start))
 	}
-	waitFor(t, "the healthy agent measured and admitted", 20*time.Second, func() bool {
+	testutil.Eventually(t, "the healthy agent measured and admitted", 20*time.Second, func() bool {
 		return mustWorkers(t, api)[good.key].State == "admitted"
 	})
 	workersBytes := 0
@@ -194,10 +195,10 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 			return err
 		})
 	}
-	waitFor(t, "the on-demand measurement", 20*time.Second, func() bool {
+	testutil.Eventually(t, "the on-demand measurement", 20*time.Second, func() bool {
 		return good.probes.Load() == 2 && len(mustWorkers(t, api)[good.key].History) == 2
 	})
-	if n := c.srv.AgentsConnected(); n != 3 {
+	if n := c.Server().AgentsConnected(); n != 3 {
 		t.Fatalf("%d agents connected, want the 2 stuck ones and the healthy one", n)
 	}
 	t.Logf("with 5 stuck peers connected: healthy agent measured twice; slowest API call %s; GET /api/v1/workers is %d KiB",
@@ -206,9 +207,9 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 	// The coordinator gives up on the deaf agent once a write to it has
 	// waited 10 s; the others stay.
 	dropped := time.Now()
-	waitFor(t, "the deaf agent dropped", 30*time.Second, func() bool {
+	testutil.Eventually(t, "the deaf agent dropped", 30*time.Second, func() bool {
 		w := mustWorkers(t, api)[deafNode+"|e0"]
-		return !w.AgentConnected && c.srv.AgentsConnected() == 2
+		return !w.AgentConnected && c.Server().AgentsConnected() == 2
 	})
 	if w := mustWorkers(t, api)[good.key]; !w.AgentConnected || w.State != "admitted" {
 		t.Fatalf("the healthy agent's worker after the deaf one was dropped: %+v", w)

@@ -19,11 +19,10 @@ import (
 	"github.com/coder/websocket"
 	"github.com/hashicorp/go-hclog"
 
+	coord "heft/coordinator"
 	"heft/coordinator/config"
-	"heft/coordinator/fleet"
-	"heft/coordinator/server"
-	"heft/coordinator/store"
 	"heft/coordinator/view"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -32,8 +31,8 @@ const (
 	adminToken = "adm1n-t0ken"
 )
 
-// coordinator is a real heft coordinator (bbolt store, fleet, server) on a
-// loopback port.
+// coordinator is a real heft coordinator, assembled as the binary
+// assembles it, on a loopback port.
 type coordinator struct {
 	base string // http://127.0.0.1:port
 	stop func() // shuts the server down and waits for it
@@ -42,33 +41,21 @@ type coordinator struct {
 func startCoordinator(t *testing.T) *coordinator {
 	t.Helper()
 	logger := hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Warn})
-	dir := t.TempDir()
-	st, err := store.Open(dir, logger)
-	if err != nil {
-		t.Fatalf("store: %v", err)
-	}
-	t.Cleanup(func() { _ = st.Close() }) // runs after the server has stopped
-	f, err := fleet.New(fleet.DefaultConfig(), st, time.Now, logger)
-	if err != nil {
-		t.Fatalf("fleet: %v", err)
-	}
 	cfg := config.Default()
-	cfg.Listen, cfg.StateDir = "127.0.0.1:0", dir
+	cfg.Listen, cfg.StateDir = "127.0.0.1:0", t.TempDir()
 	cfg.AgentToken, cfg.AdminToken = agentToken, adminToken
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("config: %v", err)
-	}
-	srv, err := server.New(cfg, f, logger)
+	co, err := coord.New(cfg, coord.WithLogger(logger))
 	if err != nil {
-		t.Fatalf("server: %v", err)
+		t.Fatalf("coordinator: %v", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		_ = co.Close()
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, ln) }()
+	go func() { done <- co.Run(ctx, ln) }()
 	var once sync.Once
 	c := &coordinator{base: "http://" + ln.Addr().String()}
 	c.stop = func() {
@@ -101,17 +88,19 @@ func (c *coordinator) workers(t *testing.T) []view.Worker {
 // waitWorkers polls the API until ok accepts the fleet.
 func (c *coordinator) waitWorkers(t *testing.T, what string, ok func([]view.Worker) bool) []view.Worker {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ws := c.workers(t)
-		if ok(ws) {
-			return ws
+	var ws []view.Worker
+	done := false
+	defer func() {
+		if !done {
+			t.Logf("have %d workers: %s", len(ws), states(ws))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; have %d workers: %s", what, len(ws), states(ws))
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval, not synchronisation
-	}
+	}()
+	testutil.Eventually(t, what, 20*time.Second, func() bool {
+		ws = c.workers(t)
+		return ok(ws)
+	})
+	done = true
+	return ws
 }
 
 func states(ws []view.Worker) string {

@@ -13,11 +13,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"heft/coordinator"
 	"heft/coordinator/config"
-	"heft/coordinator/fleet"
-	"heft/coordinator/server"
-	"heft/coordinator/store"
-	"heft/shared/address"
 	"heft/shared/logging"
 	"heft/shared/settings"
 	"heft/shared/version"
@@ -41,54 +38,26 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 		fmt.Fprintf(stdout, "heft-coordinator %s\n", version.Version)
 		return 0
 	}
-
 	logger := logging.New("heft-coordinator", cfg.LogLevel, cfg.LogJSON, stderr)
 	cfg.LogSettings(logger)
 
-	st, err := store.Open(cfg.StateDir, logger)
+	c, err := coordinator.New(cfg, coordinator.WithLogger(logger))
 	if err != nil {
 		fmt.Fprintf(stderr, "heft-coordinator: %v\n", err)
 		return 1
 	}
-	defer func() {
-		if err := st.Close(); err != nil {
-			logger.Error("close state", "error", err)
-		}
-	}()
-
-	fc := fleet.DefaultConfig()
-	fc.CacheTTL, fc.RemeasureEvery, fc.OfflineGrace = cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace
-	fc.WeightMin, fc.WeightMax, fc.Thresholds = cfg.WeightMin, cfg.WeightMax, cfg.Thresholds
-	f, err := fleet.New(fc, st, nil, logger)
-	if err != nil {
-		fmt.Fprintf(stderr, "heft-coordinator: %v\n", err)
-		return 1
-	}
-	srv, err := server.New(cfg, f, logger)
-	if err != nil {
-		fmt.Fprintf(stderr, "heft-coordinator: %v\n", err)
-		return 1
-	}
-
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
+		_ = c.Close()
 		fmt.Fprintf(stderr, "heft-coordinator: %v\n", err)
 		return 1
-	}
-	host, _, _ := net.SplitHostPort(cfg.Listen)
-	if !cfg.TLS() && !address.IsLoopback(host) {
-		logger.Warn("listening without TLS on a non-loopback address: tokens and fleet data cross the network in clear text; "+
-			"set tls_cert_file and tls_key_file, or put a TLS proxy in front", "listen", ln.Addr().String())
 	}
 	url := baseURL(ln.Addr(), cfg.TLS())
 	fmt.Fprintf(stdout, "heft-coordinator listening on %s (dashboard: %s/)\n", url, url)
-	logger.Info("listening", "address", ln.Addr().String(), "tls", cfg.TLS(), "state_dir", cfg.StateDir, "version", version.Version)
-
-	if err := srv.Run(ctx, ln); err != nil {
+	if err := c.Run(ctx, ln); err != nil {
 		logger.Error("server stopped", "error", err)
 		return 1
 	}
-	logger.Info("stopped")
 	return 0
 }
 

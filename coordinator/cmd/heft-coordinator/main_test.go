@@ -42,19 +42,17 @@ func TestRunServesAndStops(t *testing.T) {
 
 	re := regexp.MustCompile(`heft-coordinator listening on (http://127\.0\.0\.1:\d+) \(dashboard: (http://127\.0\.0\.1:\d+/)\)`)
 	var base string
-	deadline := time.Now().Add(10 * time.Second)
-	for base == "" {
-		if m := re.FindStringSubmatch(stdout.String()); m != nil {
-			base = m[1]
-			if m[2] != base+"/" {
-				t.Errorf("dashboard URL %q", m[2])
-			}
+	testutil.Eventually(t, "the listening line", 10*time.Second, func() bool {
+		m := re.FindStringSubmatch(stdout.String())
+		if m == nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no listening line; stdout %q stderr %q", stdout.String(), stderr.String())
+		base = m[1]
+		if m[2] != base+"/" {
+			t.Errorf("dashboard URL %q", m[2])
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return true
+	})
 	resp, err := http.Get(base + "/healthz")
 	if err != nil {
 		t.Fatal(err)

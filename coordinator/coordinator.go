@@ -1,0 +1,131 @@
+// Package coordinator assembles heft-coordinator from one config.Config:
+// the state store, the fleet over it and the server in front of it.
+// heft-coordinator's main, the end-to-end and reliability tests, the
+// dashboard's harness and the bench all start a coordinator through New
+// and Run, so that what they run is what ships.
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/coordinator/config"
+	"heft/coordinator/fleet"
+	"heft/coordinator/server"
+	"heft/coordinator/store"
+	"heft/shared/version"
+)
+
+// Option adjusts how New builds a coordinator.
+type Option func(*options)
+
+type options struct {
+	logger hclog.Logger
+	now    func() time.Time
+}
+
+// WithLogger sets the root logger; each part names itself under it. The
+// default discards everything.
+func WithLogger(l hclog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithClock sets the fleet's clock (time.Now by default), for tests that
+// step through grace periods and schedules.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// Coordinator is one assembled heft-coordinator. Create it with New, then
+// call Run once.
+type Coordinator struct {
+	cfg   config.Config
+	log   hclog.Logger
+	st    *store.Bolt
+	fleet *fleet.Fleet
+	srv   *server.Server
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New validates cfg, opens the state under cfg.StateDir and builds the
+// fleet and the server over it. When it fails nothing stays open.
+func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
+	o := options{logger: hclog.NewNullLogger()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	st, err := store.Open(cfg.StateDir, o.logger)
+	if err != nil {
+		return nil, err
+	}
+	f, err := fleet.New(FleetConfig(cfg), st, o.now, o.logger)
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	srv, err := server.New(cfg, f, o.logger)
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	return &Coordinator{cfg: cfg, log: o.logger, st: st, fleet: f, srv: srv}, nil
+}
+
+// FleetConfig is the one mapping from the configuration to the fleet's
+// settings; what the configuration does not set keeps the fleet's default.
+func FleetConfig(cfg config.Config) fleet.Config {
+	fc := fleet.DefaultConfig()
+	fc.CacheTTL, fc.RemeasureEvery, fc.OfflineGrace = cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace
+	fc.WeightMin, fc.WeightMax, fc.Thresholds = cfg.WeightMin, cfg.WeightMax, cfg.Thresholds
+	return fc
+}
+
+// Run serves on ln until ctx ends, then shuts the server down and closes
+// the state. A cancelled ctx is a clean stop (nil).
+func (c *Coordinator) Run(ctx context.Context, ln net.Listener) error {
+	if !c.cfg.TLS() && !loopback(ln.Addr()) {
+		c.log.Warn("listening without TLS on a non-loopback address: tokens and fleet data cross the network in clear text; "+
+			"set tls_cert_file and tls_key_file, or put a TLS proxy in front", "listen", ln.Addr().String())
+	}
+	c.log.Info("listening", "address", ln.Addr().String(), "tls", c.cfg.TLS(), "state_dir", c.cfg.StateDir, "version", version.Version)
+	err := c.srv.Run(ctx, ln)
+	if cerr := c.Close(); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	if err == nil {
+		c.log.Info("stopped")
+	}
+	return err
+}
+
+// Close closes the state; Run does so when it returns, so only a
+// coordinator that is never run needs it. It is safe to call again.
+func (c *Coordinator) Close() error {
+	c.closeOnce.Do(func() {
+		if err := c.st.Close(); err != nil {
+			c.closeErr = fmt.Errorf("close state: %w", err)
+		}
+	})
+	return c.closeErr
+}
+
+// Fleet is the coordinator's fleet.
+func (c *Coordinator) Fleet() *fleet.Fleet { return c.fleet }
+
+// Server is the coordinator's network face.
+func (c *Coordinator) Server() *server.Server { return c.srv }
+
+// TLS reports whether the coordinator serves HTTPS.
+func (c *Coordinator) TLS() bool { return c.cfg.TLS() }
+
+func loopback(addr net.Addr) bool {
+	tcp, ok := addr.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
+}

@@ -1,0 +1,249 @@
+package coordinator
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"heft/coordinator/config"
+	"heft/coordinator/fleet"
+	"heft/coordinator/store"
+	"heft/coordinator/view"
+	"heft/shared/health"
+	"heft/shared/testutil"
+	"heft/shared/wire"
+)
+
+// Every setting the configuration has for the fleet reaches it; the rest
+// keep the fleet's defaults.
+func TestFleetConfig(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace = time.Hour, 2*time.Hour, time.Minute
+	cfg.WeightMin, cfg.WeightMax = 0.5, 4
+	cfg.Thresholds = health.Thresholds{PoolHold: 0.1, PoolWarn: 0.2, ClockLow: 0.3, ForeignMinBytes: 4}
+	want := fleet.DefaultConfig()
+	want.CacheTTL, want.RemeasureEvery, want.OfflineGrace = time.Hour, 2*time.Hour, time.Minute
+	want.WeightMin, want.WeightMax, want.Thresholds = 0.5, 4, cfg.Thresholds
+	if got := FleetConfig(cfg); got != want {
+		t.Errorf("FleetConfig =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// A harness's setting reaches the fleet it runs: before there was one
+// assembly, the end-to-end, dashboard and server harnesses built their
+// fleets from fleet.DefaultConfig() and silently ignored offline_grace and
+// the weight range (review D-A).
+func TestConfigReachesFleet(t *testing.T) {
+	clk := newClock()
+	cfg := testConfig(t)
+	cfg.OfflineGrace = 2 * time.Minute // the default is 30 s
+	cfg.WeightMin, cfg.WeightMax = 0.5, 4
+	c, err := New(cfg, WithLogger(testLogger(t)), WithClock(clk.now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f := c.Fleet()
+
+	// Three workers of one model at 100, 1,000 and 10,000 tok/s: weights
+	// 0.1 and 10 before the clamp, which the configured range sets.
+	f.Connect("gpu-a", 1, wire.Hello{Node: "gpu-a"})
+	engines := []wire.Engine{engine("slow", 8000), engine("mid", 8001), engine("fast", 8002)}
+	for _, a := range f.Snapshot("gpu-a", snapshot("gpu-a", clk.now(), engines...)) {
+		req := a.Message.(*wire.ProbeRequest)
+		tps := map[string]float64{"slow": 100, "mid": 1000, "fast": 10000}[req.CapacityKey]
+		m := measured(req.CapacityKey, "gpu-a", tps, clk.now())
+		if _, err := f.ProbeResult("gpu-a", wire.ProbeResult{RequestID: req.RequestID, Measurement: m}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wt, _ := f.Weights(testModel)
+	got := map[string]float64{}
+	for _, e := range wt.Workers {
+		got[e.ID] = e.Weight
+	}
+	if got["slow"] != 0.5 || got["mid"] != 1 || got["fast"] != 4 {
+		t.Errorf("weights %v, want slow 0.5, mid 1, fast 4 (weight_min, weight_max)", got)
+	}
+
+	f.Disconnect("gpu-a", 1)
+	clk.add(time.Minute) // past the default grace, within the configured one
+	f.Tick()
+	if w, _ := f.Worker("mid"); w.State != view.StateAdmitted {
+		t.Errorf("a minute after its agent left, within offline_grace, the worker is %s", w.State)
+	}
+	clk.add(time.Minute)
+	f.Tick()
+	if w, _ := f.Worker("mid"); w.State != view.StateOffline {
+		t.Errorf("at offline_grace the worker is %s, want offline", w.State)
+	}
+}
+
+// Run closes the state when it returns, so the next coordinator (or a
+// restarted one) can open it at once.
+func TestRunClosesState(t *testing.T) {
+	cfg := testConfig(t)
+	r := start(t, cfg)
+	if status, body := r.do(t, "GET", "/healthz", "", ""); status != http.StatusOK {
+		t.Fatalf("healthz: %d %s", status, body)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	st, err := store.Open(cfg.StateDir, nil)
+	if err != nil {
+		t.Fatalf("the state is still held after Run returned: %v", err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Errorf("Close after Run: %v", err)
+	}
+}
+
+func TestNewRefuses(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "agent.token")
+	if err := os.WriteFile(tokenFile, []byte("tok\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(tokenFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	corrupt := t.TempDir()
+	garbage := bytes.Repeat([]byte("not a database "), 1000)
+	if err := os.WriteFile(filepath.Join(corrupt, store.FileName), garbage, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		adjust func(c *config.Config)
+		want   string
+	}{
+		{"no agent token", func(c *config.Config) { c.AgentToken = "" }, "agent_token"},
+		{"token file others can read", func(c *config.Config) { c.AgentToken, c.AgentTokenFile = "", tokenFile }, "chmod 600"},
+		{"weights without the median", func(c *config.Config) { c.WeightMax = 0.9 }, "weight_max"},
+		{"corrupt state", func(c *config.Config) { c.StateDir = corrupt }, "corrupt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			tc.adjust(&cfg)
+			c, err := New(cfg)
+			if err == nil {
+				_ = c.Close()
+				t.Fatal("New accepted it")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not mention %q", err, tc.want)
+			}
+			// Nothing stays open: the state can be opened again.
+			if cfg.StateDir != corrupt {
+				st, err := store.Open(cfg.StateDir, nil)
+				if err != nil {
+					t.Fatalf("state after a failed New: %v", err)
+				}
+				_ = st.Close()
+			}
+		})
+	}
+	if after, _ := os.ReadFile(filepath.Join(corrupt, store.FileName)); !bytes.Equal(after, garbage) {
+		t.Error("the refused state file was changed")
+	}
+}
+
+func TestLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		addr net.Addr
+		want bool
+	}{
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, true},
+		{&net.TCPAddr{IP: net.IPv6loopback}, true},
+		{&net.TCPAddr{IP: net.IPv4zero}, false},
+		{&net.TCPAddr{IP: net.IPv6unspecified}, false},
+		{&net.TCPAddr{IP: net.ParseIP("10.0.0.1")}, false},
+		{&net.UnixAddr{Name: "/tmp/x"}, false},
+	} {
+		if got := loopback(tc.addr); got != tc.want {
+			t.Errorf("loopback(%v) = %t", tc.addr, got)
+		}
+	}
+}
+
+// The whole path through the assembled coordinator: an agent registers an
+// engine, is asked for a probe, answers, and the weight appears in the API
+// and on /metrics; a pin survives a restart over the same state.
+func TestAgentToWeightAndRestart(t *testing.T) {
+	cfg := testConfig(t)
+	r := start(t, cfg)
+	key := "gpu-a|vllm|" + testModel + "|--port=8000"
+
+	a := connectAgent(t, r, "gpu-a")
+	s := snapshot("gpu-a", time.Now(), engine(key, 8000))
+	a.send(&s)
+	var req *wire.ProbeRequest
+	for req == nil {
+		if env := a.read(); env.Type == wire.TypeProbeRequest {
+			req = env.ProbeRequest
+		}
+	}
+	if req.CapacityKey != key || req.Reason != wire.ReasonRegistration {
+		t.Fatalf("probe request %+v", req)
+	}
+	a.send(&wire.ProbeResult{RequestID: req.RequestID, Measurement: measured(key, "gpu-a", 992, time.Now())})
+
+	path := "/api/v1/models/" + strings.ReplaceAll(testModel, "/", "%2F") + "/weights"
+	var wt view.Weights
+	testutil.Eventually(t, "the worker in the weight table", 10*time.Second, func() bool {
+		status, body := r.do(t, "GET", path, "", "")
+		return status == http.StatusOK && json.Unmarshal(body, &wt) == nil && len(wt.Workers) == 1
+	})
+	if e := wt.Workers[0]; e.ID != key || e.Weight != 1 || e.Throughput == nil || *e.Throughput != 992 {
+		t.Fatalf("weights %+v", wt)
+	}
+
+	status, body := r.do(t, "POST", "/api/v1/workers/"+key+"/pin", adminToken, `{"weight":1.5}`)
+	var w view.Worker
+	if status != http.StatusOK || json.Unmarshal(body, &w) != nil || w.PinnedWeight == nil || *w.PinnedWeight != 1.5 {
+		t.Fatalf("pin: %d %s", status, body)
+	}
+	// The pin range is the configured weight range.
+	if status, body := r.do(t, "POST", "/api/v1/workers/"+key+"/pin", adminToken, `{"weight":1000}`); status != http.StatusBadRequest ||
+		!strings.Contains(string(body), "outside [0.25, 8]") {
+		t.Errorf("pin out of range: %d %s", status, body)
+	}
+	labels := map[string]string{"id": key, "model": testModel, "node": "gpu-a"}
+	if v, ok := r.metric(t, "heft_worker_weight", labels); !ok || v != 1.5 {
+		t.Errorf("heft_worker_weight = %g (%t)", v, ok)
+	}
+	if v, _ := r.metric(t, "heft_workers", map[string]string{"state": view.StateAdmitted}); v != 1 {
+		t.Errorf("admitted workers = %g", v)
+	}
+
+	// Restart on the same state: the agent is told the coordinator
+	// restarts, and the pin is still there.
+	r.cancel()
+	for {
+		if _, err := a.next(); err != nil {
+			if code := websocket.CloseStatus(err); code != websocket.StatusServiceRestart {
+				t.Errorf("agent connection ended with %v, want 1012 (service restart)", err)
+			}
+			break
+		}
+	}
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	r2 := start(t, cfg)
+	status, body = r2.do(t, "GET", "/api/v1/workers/"+key, "", "")
+	if status != http.StatusOK || json.Unmarshal(body, &w) != nil || w.PinnedWeight == nil || *w.PinnedWeight != 1.5 {
+		t.Fatalf("after restart: %d %s", status, body)
+	}
+}
