@@ -70,7 +70,12 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 		_ = st.Close()
 		return nil, err
 	}
-	srv, err := server.New(cfg, f, o.logger)
+	so, err := serverOptions(cfg)
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	srv, err := server.New(so, f, o.logger)
 	if err != nil {
 		_ = st.Close()
 		return nil, err
@@ -85,6 +90,23 @@ func FleetConfig(cfg config.Config) fleet.Config {
 	fc.CacheTTL, fc.RemeasureEvery, fc.OfflineGrace = cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace
 	fc.WeightMin, fc.WeightMax, fc.Thresholds = cfg.WeightMin, cfg.WeightMax, cfg.Thresholds
 	return fc
+}
+
+// serverOptions is the one mapping from the configuration to the
+// server's options; it reads the token files.
+func serverOptions(cfg config.Config) (server.Options, error) {
+	tokens, err := cfg.ReadTokens()
+	if err != nil {
+		return server.Options{}, err
+	}
+	return server.Options{
+		Tokens:      server.Tokens(tokens),
+		TLSCertFile: cfg.TLSCertFile, TLSKeyFile: cfg.TLSKeyFile,
+		PingInterval: cfg.AgentPingInterval, PingTimeout: cfg.AgentPingTimeout,
+		// An admin's pin stays within the range computed weights are
+		// clamped to.
+		PinMin: cfg.WeightMin, PinMax: cfg.WeightMax,
+	}, nil
 }
 
 // Run serves on ln until ctx ends, then shuts the server down and closes

@@ -15,6 +15,7 @@ import (
 
 	"heft/coordinator/config"
 	"heft/coordinator/fleet"
+	"heft/coordinator/server"
 	"heft/coordinator/store"
 	"heft/coordinator/view"
 	"heft/shared/health"
@@ -34,6 +35,32 @@ func TestFleetConfig(t *testing.T) {
 	want.WeightMin, want.WeightMax, want.Thresholds = 0.5, 4, cfg.Thresholds
 	if got := FleetConfig(cfg); got != want {
 		t.Errorf("FleetConfig =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// The server gets the tokens (token files read), TLS files, ping timings
+// and the configured weight range as its pin range.
+func TestServerOptions(t *testing.T) {
+	viewerFile := filepath.Join(t.TempDir(), "viewer.token")
+	if err := os.WriteFile(viewerFile, []byte("viewer-from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t)
+	cfg.ViewerTokenFile = viewerFile
+	cfg.TLSCertFile, cfg.TLSKeyFile = "/etc/heft/cert.pem", "/etc/heft/key.pem"
+	cfg.AgentPingInterval, cfg.AgentPingTimeout = 20*time.Second, 7*time.Second
+	cfg.WeightMin, cfg.WeightMax = 0.5, 4
+	got, err := serverOptions(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := server.Options{
+		Tokens:      server.Tokens{Agent: agentToken, Admin: adminToken, Viewer: "viewer-from-file"},
+		TLSCertFile: "/etc/heft/cert.pem", TLSKeyFile: "/etc/heft/key.pem",
+		PingInterval: 20 * time.Second, PingTimeout: 7 * time.Second, PinMin: 0.5, PinMax: 4,
+	}
+	if got != want {
+		t.Errorf("serverOptions =\n%+v\nwant\n%+v", got, want)
 	}
 }
 

@@ -168,7 +168,7 @@ func (s *Server) workerAction(w http.ResponseWriter, r *http.Request) {
 
 	var weight float64
 	if r.Method == http.MethodPost && action == "pin" {
-		v, status, msg := decodePin(r.Body, s.cfg.WeightMin, s.cfg.WeightMax)
+		v, status, msg := decodePin(r.Body, s.opts.PinMin, s.opts.PinMax)
 		if status != 0 {
 			writeError(w, status, msg)
 			return

@@ -85,7 +85,7 @@ func workersOf(t *testing.T, ev sseEvent) view.Workers {
 }
 
 func TestEventsDeliverUpdates(t *testing.T) {
-	ts := startServer(t, testConfig(), func(s *Server) { s.lim.ssePingEvery = 50 * time.Millisecond })
+	ts := startServer(t, testOptions(), func(s *Server) { s.lim.ssePingEvery = 50 * time.Millisecond })
 	resp, events := openEvents(t, ts, "")
 	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
 		t.Fatalf("Content-Type %q", ct)
@@ -114,7 +114,7 @@ func TestEventsDeliverUpdates(t *testing.T) {
 }
 
 func TestEventsPingAndCoalesce(t *testing.T) {
-	ts := startServer(t, testConfig(), func(s *Server) {
+	ts := startServer(t, testOptions(), func(s *Server) {
 		s.lim.ssePingEvery = 20 * time.Millisecond
 		s.lim.sseMinGap = time.Hour // after the first event, changes wait
 	})
@@ -145,7 +145,7 @@ func TestEventsPingAndCoalesce(t *testing.T) {
 }
 
 func TestModelAndWorkerRoutesWithSlashes(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("Qwen/Qwen3-8B", "e0")
 	a.send(&wire.ProbeResult{Measurement: wire.Measurement{CapacityKey: "gpu-a/e0", ThroughputTPS: 992, OutputTokens: 2048}})
@@ -204,7 +204,7 @@ func TestModelAndWorkerRoutesWithSlashes(t *testing.T) {
 }
 
 func TestAdminActions(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0")
 	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
@@ -276,10 +276,27 @@ func TestAdminActions(t *testing.T) {
 	}
 }
 
+// A pin must lie within the range the options give (the fleet's weight
+// range).
+func TestPinRange(t *testing.T) {
+	opts := testOptions()
+	opts.PinMin, opts.PinMax = 0.5, 2
+	ts := startServer(t, opts, nil)
+	a := connectAgent(t, ts, "gpu-a")
+	a.snapshot("m", "e0")
+	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
+	for body, want := range map[string]int{`{"weight":0.4}`: 400, `{"weight":3}`: 400, `{"weight":0.5}`: 200, `{"weight":2}`: 200} {
+		status, resp, _ := ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/pin", adminToken, strings.NewReader(body))
+		if status != want || (want == 400 && !strings.Contains(errorMessage(t, resp), "outside [0.5, 2]")) {
+			t.Errorf("pin %s: %d %s, want %d", body, status, resp, want)
+		}
+	}
+}
+
 func TestNoAdminTokenRefusesAdminActions(t *testing.T) {
-	cfg := testConfig()
-	cfg.AdminToken = ""
-	ts := startServer(t, cfg, nil)
+	opts := testOptions()
+	opts.Tokens.Admin = ""
+	ts := startServer(t, opts, nil)
 	status, body, _ := ts.do(t, "POST", "/api/v1/workers/x/hold", "", nil)
 	if status != http.StatusUnauthorized || !strings.Contains(errorMessage(t, body), "no admin_token configured") {
 		t.Errorf("%d %s", status, body)
@@ -287,7 +304,7 @@ func TestNoAdminTokenRefusesAdminActions(t *testing.T) {
 }
 
 func TestBodyLimit(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0")
 	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
@@ -314,9 +331,9 @@ func TestBodyLimit(t *testing.T) {
 }
 
 func TestViewerToken(t *testing.T) {
-	cfg := testConfig()
-	cfg.ViewerToken = viewerToken
-	ts := startServer(t, cfg, nil)
+	opts := testOptions()
+	opts.Tokens.Viewer = viewerToken
+	ts := startServer(t, opts, nil)
 	for _, path := range []string{"/api/v1/workers", "/api/v1/models", "/metrics", "/api/v1/events"} {
 		status, body, _ := ts.do(t, "GET", path, "", nil)
 		if status != http.StatusUnauthorized || !strings.Contains(errorMessage(t, body), "viewer token") {
@@ -355,7 +372,7 @@ func TestViewerToken(t *testing.T) {
 }
 
 func TestHealthz(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0", "e1")
 	waitFor(t, "workers", func() bool { return len(ts.fleet.Workers()) == 2 })
@@ -367,7 +384,7 @@ func TestHealthz(t *testing.T) {
 }
 
 func TestMetricsFamilies(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0", "e1")
 	a.send(&wire.ProbeResult{Measurement: wire.Measurement{CapacityKey: "gpu-a/e0", ThroughputTPS: 453, OutputTokens: 2048}})
@@ -448,9 +465,9 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 
 func TestTLS(t *testing.T) {
 	certFile, keyFile, pool := selfSigned(t)
-	cfg := testConfig()
-	cfg.TLSCertFile, cfg.TLSKeyFile = certFile, keyFile
-	s, err := newServer(cfg, newFakeFleet(), hclog.NewNullLogger())
+	opts := testOptions()
+	opts.TLSCertFile, opts.TLSKeyFile = certFile, keyFile
+	s, err := newServer(opts, newFakeFleet(), hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,29 +511,19 @@ func TestTLS(t *testing.T) {
 	}
 }
 
-func TestNewRefusesBadTokens(t *testing.T) {
-	cfg := testConfig()
-	cfg.AgentToken = ""
-	if _, err := newServer(cfg, newFakeFleet(), nil); err == nil {
+func TestNewRefusesBadInput(t *testing.T) {
+	opts := testOptions()
+	opts.Tokens.Agent = ""
+	if _, err := newServer(opts, newFakeFleet(), nil); err == nil {
 		t.Error("a server without an agent token")
 	}
-	dir := t.TempDir()
-	p := filepath.Join(dir, "t")
-	if err := os.WriteFile(p, []byte("tok\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg = testConfig()
-	cfg.AgentToken, cfg.AgentTokenFile = "", p
-	if _, err := newServer(cfg, newFakeFleet(), nil); err == nil || !strings.Contains(err.Error(), "chmod 600") {
-		t.Errorf("open token file: %v", err)
-	}
-	if _, err := New(testConfig(), nil, nil); err == nil {
+	if _, err := New(testOptions(), nil, nil); err == nil {
 		t.Error("New with a nil fleet")
 	}
 }
 
 func TestRunTwice(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	if status, _, _ := ts.do(t, "GET", "/healthz", "", nil); status != http.StatusOK { // the first Run is serving
 		t.Fatalf("healthz: %d", status)
 	}

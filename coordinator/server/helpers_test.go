@@ -18,7 +18,6 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"heft/coordinator/config"
 	"heft/shared/wire"
 )
 
@@ -28,11 +27,8 @@ const (
 	viewerToken = "viewer-token-for-tests"
 )
 
-func testConfig() config.Config {
-	cfg := config.Default()
-	cfg.AgentToken = agentToken
-	cfg.AdminToken = adminToken
-	return cfg
+func testOptions() Options {
+	return Options{Tokens: Tokens{Agent: agentToken, Admin: adminToken}}
 }
 
 // testServer is a running server on a loopback port.
@@ -46,10 +42,10 @@ type testServer struct {
 
 // startServer runs a server over a fake fleet; tweak may adjust it before
 // it starts. The server stops when the test ends.
-func startServer(t *testing.T, cfg config.Config, tweak func(*Server)) *testServer {
+func startServer(t *testing.T, opts Options, tweak func(*Server)) *testServer {
 	t.Helper()
 	ff := newFakeFleet()
-	s, err := newServer(cfg, ff, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
+	s, err := newServer(opts, ff, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
 	if err != nil {
 		t.Fatalf("newServer: %v", err)
 	}

@@ -18,7 +18,7 @@ import (
 )
 
 func TestAgentAuth(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	for _, tc := range []struct{ name, token string }{
 		{"no token", ""},
 		{"wrong token", "nope"},
@@ -51,7 +51,7 @@ func TestAgentAuth(t *testing.T) {
 }
 
 func TestAuthFailuresAreRateLimited(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	for i := range 10 {
 		if status, body, _ := ts.do(t, "GET", "/api/v1/agent", "wrong", nil); status != http.StatusUnauthorized {
 			t.Fatalf("failure %d: got %d %s", i+1, status, body)
@@ -144,7 +144,7 @@ func TestBadMessagesCloseOnlyThatConnection(t *testing.T) {
 		{"coordinator message", true, func() []byte { d, _ := wire.Encode(&wire.Welcome{}); return d }(), websocket.StatusPolicyViolation, "unexpected message type welcome", dropInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := startServer(t, testConfig(), nil)
+			ts := startServer(t, testOptions(), nil)
 			good := connectAgent(t, ts, "gpu-a")
 			good.snapshot("m", "e0")
 			waitFor(t, "the good worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
@@ -194,7 +194,7 @@ func TestBadMessagesCloseOnlyThatConnection(t *testing.T) {
 }
 
 func TestHelloTimeout(t *testing.T) {
-	ts := startServer(t, testConfig(), func(s *Server) { s.lim.helloTimeout = 100 * time.Millisecond })
+	ts := startServer(t, testOptions(), func(s *Server) { s.lim.helloTimeout = 100 * time.Millisecond })
 	c, _, err := dial(t, ts, agentToken)
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +206,7 @@ func TestHelloTimeout(t *testing.T) {
 }
 
 func TestMessageRateLimit(t *testing.T) {
-	ts := startServer(t, testConfig(), func(s *Server) { s.lim.msgRate, s.lim.msgBurst = 0.001, 5 })
+	ts := startServer(t, testOptions(), func(s *Server) { s.lim.msgRate, s.lim.msgBurst = 0.001, 5 })
 	a := connectAgent(t, ts, "gpu-a") // the hello is message 1
 	for range 5 {
 		s := &wire.Snapshot{Node: "gpu-a"}
@@ -224,7 +224,7 @@ func TestMessageRateLimit(t *testing.T) {
 }
 
 func TestNewerConnectionWins(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	old := connectAgent(t, ts, "gpu-a")
 	old.snapshot("m", "e0")
 	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
@@ -263,7 +263,7 @@ func TestNewerConnectionWins(t *testing.T) {
 }
 
 func TestReportsReachTheFleet(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0")
 	a.send(&wire.ProbeStatus{CapacityKey: "gpu-a/e0", State: wire.ProbeRunning})
@@ -305,7 +305,7 @@ func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
 		{"write stalls", 64, 32, dropWriteTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := startServer(t, testConfig(), func(s *Server) {
+			ts := startServer(t, testOptions(), func(s *Server) {
 				s.lim.writeTimeout = 300 * time.Millisecond
 				s.lim.queueSize = tc.queueSize
 			})
@@ -358,7 +358,7 @@ func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
 }
 
 func TestGracefulShutdown(t *testing.T) {
-	ts := startServer(t, testConfig(), nil)
+	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0")
 	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
@@ -413,7 +413,7 @@ func TestTruncateReason(t *testing.T) {
 
 // Pings keep a reading agent and drop one that stopped reading.
 func TestPingDropsSilentPeer(t *testing.T) {
-	ts := startServer(t, testConfig(), func(s *Server) {
+	ts := startServer(t, testOptions(), func(s *Server) {
 		s.lim.pingEvery = 30 * time.Millisecond
 		s.lim.pingTimeout = 100 * time.Millisecond
 	})

@@ -17,7 +17,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/config"
 	"heft/coordinator/fleet"
 	"heft/coordinator/view"
 	"heft/shared/wire"
@@ -44,6 +43,38 @@ type fleetAPI interface {
 	Stats() fleet.Stats
 }
 
+// Options are what the server needs of the coordinator's configuration;
+// package coordinator maps config.Config onto them.
+type Options struct {
+	Tokens Tokens
+	// TLSCertFile and TLSKeyFile, both set, make the server speak HTTPS.
+	TLSCertFile, TLSKeyFile string
+	// PingInterval and PingTimeout bound how long a silently stalled agent
+	// connection lingers; zero means DefaultPingInterval and
+	// DefaultPingTimeout.
+	PingInterval, PingTimeout time.Duration
+	// PinMin and PinMax bound an admin's pinned weight: the fleet's weight
+	// range. Zero means the fleet's default range.
+	PinMin, PinMax float64
+}
+
+// Tokens are the secrets the server checks, as read from the
+// configuration and its token files.
+type Tokens struct {
+	Agent  string // required
+	Admin  string // empty: admin actions are refused
+	Viewer string // empty: reads need no token
+}
+
+// TLS reports whether the server serves HTTPS.
+func (o Options) TLS() bool { return o.TLSCertFile != "" && o.TLSKeyFile != "" }
+
+// Agent connection liveness defaults.
+const (
+	DefaultPingInterval = 10 * time.Second
+	DefaultPingTimeout  = 5 * time.Second
+)
+
 // limits are the server's bounds and timers; tests shrink them.
 type limits struct {
 	maxBody         int64         // API request bodies
@@ -68,8 +99,8 @@ func defaultLimits() limits {
 		helloTimeout:    10 * time.Second,
 		queueSize:       64,
 		writeTimeout:    10 * time.Second,
-		pingEvery:       15 * time.Second,
-		pingTimeout:     10 * time.Second,
+		pingEvery:       DefaultPingInterval,
+		pingTimeout:     DefaultPingTimeout,
 		msgRate:         50,
 		msgBurst:        100,
 		snapshotSeconds: 15,
@@ -83,8 +114,7 @@ func defaultLimits() limits {
 
 // Server serves one coordinator. Create it with New, then call Run once.
 type Server struct {
-	cfg     config.Config
-	tokens  config.Tokens
+	opts    Options
 	fleet   fleetAPI
 	log     hclog.Logger
 	lim     limits
@@ -102,45 +132,43 @@ type Server struct {
 	handler     http.Handler
 }
 
-// New builds a server over f. The configuration must have passed
-// config.Validate; token files are read here.
-func New(cfg config.Config, f *fleet.Fleet, logger hclog.Logger) (*Server, error) {
+// New builds a server over f.
+func New(opts Options, f *fleet.Fleet, logger hclog.Logger) (*Server, error) {
 	if f == nil {
 		return nil, errors.New("server: nil fleet")
 	}
-	return newServer(cfg, f, logger)
+	return newServer(opts, f, logger)
 }
 
-func newServer(cfg config.Config, f fleetAPI, logger hclog.Logger) (*Server, error) {
-	tokens, err := cfg.ReadTokens()
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
-	if tokens.Agent == "" {
+func newServer(opts Options, f fleetAPI, logger hclog.Logger) (*Server, error) {
+	if opts.Tokens.Agent == "" {
 		return nil, errors.New("server: no agent token configured")
 	}
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
+	if opts.PinMin == 0 && opts.PinMax == 0 {
+		def := fleet.DefaultConfig()
+		opts.PinMin, opts.PinMax = def.WeightMin, def.WeightMax
+	}
 	s := &Server{
-		cfg:      cfg,
-		tokens:   tokens,
+		opts:     opts,
 		fleet:    f,
 		log:      logger.Named("server"),
 		lim:      defaultLimits(),
 		stopping: make(chan struct{}),
 	}
-	if cfg.AgentPingInterval > 0 {
-		s.lim.pingEvery = cfg.AgentPingInterval
+	if opts.PingInterval > 0 {
+		s.lim.pingEvery = opts.PingInterval
 	}
-	if cfg.AgentPingTimeout > 0 {
-		s.lim.pingTimeout = cfg.AgentPingTimeout
+	if opts.PingTimeout > 0 {
+		s.lim.pingTimeout = opts.PingTimeout
 	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.auth = newAuthLimiter(time.Now)
 	s.hub = newHub(s)
 	s.metrics = newMetrics(s)
-	if tokens.Admin == "" {
+	if opts.Tokens.Admin == "" {
 		s.log.Warn("no admin token configured: admin actions (pin, probe, admit, hold) are refused")
 	}
 	return s, nil
@@ -166,8 +194,8 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	served := make(chan error, 1)
 	go func() {
 		var err error
-		if s.cfg.TLS() {
-			err = srv.ServeTLS(ln, s.cfg.TLSCertFile, s.cfg.TLSKeyFile)
+		if s.opts.TLS() {
+			err = srv.ServeTLS(ln, s.opts.TLSCertFile, s.opts.TLSKeyFile)
 		} else {
 			err = srv.Serve(ln)
 		}
