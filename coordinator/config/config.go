@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/coordinator/fleet"
+	"heft/coordinator/server"
 	"heft/shared/health"
 	"heft/shared/logging"
 	"heft/shared/settings"
@@ -65,7 +66,7 @@ type Config struct {
 }
 
 // Default returns the configuration used where nothing else is said. The
-// fleet's settings keep the fleet's own defaults.
+// fleet's and the server's settings default to what those packages define.
 func Default() Config {
 	fc := fleet.DefaultConfig()
 	return Config{
@@ -73,8 +74,8 @@ func Default() Config {
 		StateDir:          "/var/lib/heft",
 		LogLevel:          logging.DefaultLevel,
 		OfflineGrace:      fc.OfflineGrace,
-		AgentPingInterval: 10 * time.Second,
-		AgentPingTimeout:  5 * time.Second,
+		AgentPingInterval: server.DefaultPingInterval,
+		AgentPingTimeout:  server.DefaultPingTimeout,
 		CacheTTL:          fc.CacheTTL,
 		RemeasureEvery:    fc.RemeasureEvery,
 		Thresholds:        fc.Thresholds,
