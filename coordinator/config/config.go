@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"os"
 	"strings"
@@ -228,24 +227,11 @@ func (c Config) Validate() error {
 			bad("%s must be positive, got %s", d.key, d.d)
 		}
 	}
-	th := c.Thresholds
-	if !inUnit(th.PoolHold) || !inUnit(th.PoolWarn) || th.PoolHold > th.PoolWarn {
-		bad("thresholds: need 0 <= pool_hold <= pool_warn <= 1, got pool_hold=%g pool_warn=%g", th.PoolHold, th.PoolWarn)
-	}
-	if !inUnit(th.ClockLow) {
-		bad("thresholds.clock_low must be within [0, 1], got %g", th.ClockLow)
-	}
-	// A weight of 1 is the median worker, so the range must hold it.
-	if !finite(c.WeightMin) || !finite(c.WeightMax) || c.WeightMin <= 0 || c.WeightMin > 1 || c.WeightMax < 1 {
-		bad("need 0 < weight_min <= 1 <= weight_max, got weight_min=%g weight_max=%g", c.WeightMin, c.WeightMax)
-	}
+	// The fleet owns these rules; they are checked here too so that a bad
+	// file is reported with every other problem, before anything starts.
+	errs = append(errs, fleet.CheckThresholds(c.Thresholds), fleet.CheckWeightRange(c.WeightMin, c.WeightMax))
 	return errors.Join(errs...)
 }
-
-func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
-
-// inUnit: a fraction; 0 turns its warning off.
-func inUnit(v float64) bool { return finite(v) && v >= 0 && v <= 1 }
 
 // EnvName is the environment variable for a TOML key.
 func EnvName(key string) string { return settings.EnvName(EnvPrefix, key) }

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -289,8 +290,8 @@ func TestConfigValidation(t *testing.T) {
 	} {
 		cfg := DefaultConfig()
 		mut(&cfg)
-		if _, err := New(cfg, newMemStore(), nil, nil); err == nil {
-			t.Errorf("%s: New accepted the config", name)
+		if _, err := New(cfg, newMemStore(), nil, nil); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: New returned %v, want ErrInvalid", name, err)
 		}
 	}
 }

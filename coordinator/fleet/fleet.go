@@ -59,31 +59,54 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate checks a Config; errors wrap ErrInvalid.
+// Validate returns every problem with a Config; the error wraps
+// ErrInvalid.
 func (c Config) Validate() error {
-	for name, d := range map[string]time.Duration{"cache_ttl": c.CacheTTL, "remeasure_every": c.RemeasureEvery,
-		"offline_grace": c.OfflineGrace, "busy_retry": c.BusyRetry, "fail_retry": c.FailRetry,
-		"probe_timeout": c.ProbeTimeout, "forget_after": c.ForgetAfter} {
-		if d <= 0 {
-			return fmt.Errorf("%w: fleet %s must be above zero, is %s", ErrInvalid, name, d)
+	var errs []error
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"cache_ttl", c.CacheTTL}, {"remeasure_every", c.RemeasureEvery}, {"offline_grace", c.OfflineGrace},
+		{"busy_retry", c.BusyRetry}, {"fail_retry", c.FailRetry}, {"probe_timeout", c.ProbeTimeout}, {"forget_after", c.ForgetAfter}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("fleet %s must be above zero, is %s", d.name, d.v))
 		}
-	}
-	if !finite(c.WeightMin) || !finite(c.WeightMax) || c.WeightMin <= 0 || c.WeightMin > 1 || c.WeightMax < 1 {
-		return fmt.Errorf("%w: weight range [%g, %g] must satisfy 0 < min <= 1 <= max", ErrInvalid, c.WeightMin, c.WeightMax)
 	}
 	if c.HistoryLen < 1 {
-		return fmt.Errorf("%w: history length %d, need at least 1", ErrInvalid, c.HistoryLen)
+		errs = append(errs, fmt.Errorf("history length %d, need at least 1", c.HistoryLen))
 	}
-	th := c.Thresholds
-	for name, v := range map[string]float64{"pool_hold": th.PoolHold, "pool_warn": th.PoolWarn, "clock_low": th.ClockLow} {
-		if !finite(v) || v < 0 || v > 1 {
-			return fmt.Errorf("%w: threshold %s = %g, must be within [0, 1]", ErrInvalid, name, v)
-		}
-	}
-	if th.PoolHold > th.PoolWarn {
-		return fmt.Errorf("%w: threshold pool_hold %g is above pool_warn %g", ErrInvalid, th.PoolHold, th.PoolWarn)
+	errs = append(errs, CheckWeightRange(c.WeightMin, c.WeightMax), CheckThresholds(c.Thresholds))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return nil
+}
+
+// CheckWeightRange checks the range computed weights are clamped to. A
+// weight of 1 is the median worker, so the range must hold it. The
+// configuration's validation uses it too.
+func CheckWeightRange(lo, hi float64) error {
+	if !finite(lo) || !finite(hi) || lo <= 0 || lo > 1 || hi < 1 {
+		return fmt.Errorf("need 0 < weight_min <= 1 <= weight_max, got weight_min=%g weight_max=%g", lo, hi)
+	}
+	return nil
+}
+
+// CheckThresholds returns every problem with the warning thresholds:
+// fractions, where 0 turns a warning off, and a pool ratio that holds a
+// worker must not be above the one that only warns. The configuration's
+// validation uses it too.
+func CheckThresholds(th health.Thresholds) error {
+	inUnit := func(v float64) bool { return finite(v) && v >= 0 && v <= 1 }
+	var errs []error
+	if !inUnit(th.PoolHold) || !inUnit(th.PoolWarn) || th.PoolHold > th.PoolWarn {
+		errs = append(errs, fmt.Errorf("thresholds: need 0 <= pool_hold <= pool_warn <= 1, got pool_hold=%g pool_warn=%g",
+			th.PoolHold, th.PoolWarn))
+	}
+	if !inUnit(th.ClockLow) {
+		errs = append(errs, fmt.Errorf("thresholds.clock_low must be within [0, 1], got %g", th.ClockLow))
+	}
+	return errors.Join(errs...)
 }
 
 // Action is a message for one node's agent: a *wire.ProbeRequest or a
