@@ -235,6 +235,15 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 		reqPrefix: strconv.FormatInt(start.UnixNano(), 36),
 		subs:      map[uint64]chan struct{}{},
 	}
+	f.restore(state, start)
+	f.refreshAll(start)
+	f.log.Info("fleet loaded", "workers", len(f.workers), "pins", len(f.pins), "decisions", len(f.decisions), "cached_measurements", len(state.Latest))
+	return f, nil
+}
+
+// restore takes what a store held, skipping (with a warning) what no
+// longer validates.
+func (f *Fleet) restore(state State, start time.Time) {
 	for id, w := range state.Pins {
 		if validWeight(w) {
 			f.pins[id] = w
@@ -249,7 +258,12 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 			f.log.Warn("ignoring stored decision", "worker", id, "decision", d)
 		}
 	}
-	for key, list := range state.History {
+	f.restoreMeasurements(state.Latest, state.History)
+	f.restoreWorkers(state.Workers, start)
+}
+
+func (f *Fleet) restoreMeasurements(latest map[string]wire.Measurement, history map[string][]wire.Measurement) {
+	for key, list := range history {
 		var ok []wire.Measurement
 		for _, m := range list {
 			if m.Validate() == nil && m.CapacityKey == key {
@@ -257,46 +271,46 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 			}
 		}
 		if len(ok) > 0 {
-			f.entry(key).setHistory(ok, cfg.HistoryLen)
+			f.entry(key).setHistory(ok, f.cfg.HistoryLen)
 		}
 	}
-	for key, m := range state.Latest {
+	for key, m := range latest {
 		if m.Validate() != nil || m.CapacityKey != key {
 			f.log.Warn("ignoring stored measurement", "capacity_key", key)
 			continue
 		}
-		m := m
 		f.entry(key).latest = &m
 	}
+}
+
+// restoreWorkers brings back the workers seen within ForgetAfter, as if
+// their agents had disconnected at start.
+func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time) {
 	// One endpoint may have several records (it was restarted with other
 	// launch arguments); only the one seen last is still there.
 	latestAt := map[[2]string]WorkerRecord{}
-	for _, r := range state.Workers {
+	for _, r := range records {
 		k := [2]string{r.Node, r.URL}
 		if old, ok := latestAt[k]; !ok || r.LastSeen.After(old.LastSeen) || (r.LastSeen.Equal(old.LastSeen) && r.ID > old.ID) {
 			latestAt[k] = r
 		}
 	}
-	for id, r := range state.Workers {
+	for id, r := range records {
 		if id == "" || r.ID != id || wire.CheckRanks(r.Ranks) != nil || r.Node == "" {
 			f.log.Warn("ignoring stored worker", "worker", id)
 			continue
 		}
-		if start.Sub(r.LastSeen) >= cfg.ForgetAfter || latestAt[[2]string{r.Node, r.URL}].ID != id {
+		if start.Sub(r.LastSeen) >= f.cfg.ForgetAfter || latestAt[[2]string{r.Node, r.URL}].ID != id {
 			continue
 		}
 		n := f.nodeFor(r.Node)
 		n.since = start
-		w := &worker{
+		f.add(&worker{
 			id: id, node: r.Node, firstSeen: r.FirstSeen, lastSeen: r.LastSeen, saved: r, savedAt: start,
 			eng: wire.Engine{Kind: r.Engine, URL: r.URL, Model: r.Model, Version: r.EngineVersion, Ready: true,
 				CapacityKey: id, LaunchArgs: r.LaunchArgs, Ranks: r.Ranks},
-		}
-		f.add(w)
+		})
 	}
-	f.refreshAll(start)
-	f.log.Info("fleet loaded", "workers", len(f.workers), "pins", len(f.pins), "decisions", len(f.decisions), "cached_measurements", len(state.Latest))
-	return f, nil
 }
 
 func (f *Fleet) entry(key string) *cached {
