@@ -148,8 +148,52 @@ type pinBody struct {
 	Weight *float64 `json:"weight"`
 }
 
-// workerAction serves the admin routes POST .../{id}/pin|probe|admit|hold
-// and DELETE .../{id}/pin.
+// adminRoute is a method and the last segment of an admin route on a
+// worker, /api/v1/workers/{id}/{action}.
+type adminRoute struct{ method, action string }
+
+// adminAction is what one admin route does.
+type adminAction struct {
+	// decode reads the body into the action's argument; nil means the body
+	// carries nothing and is drained. A non-zero status refuses the
+	// request before the worker is looked up.
+	decode func(s *Server, body io.Reader) (arg float64, status int, msg string)
+	// run applies the action to a worker that exists.
+	run func(s *Server, wk view.Worker, arg float64) error
+}
+
+var adminActions = map[adminRoute]adminAction{
+	{http.MethodPost, "pin"}: {
+		decode: func(s *Server, body io.Reader) (float64, int, string) {
+			return decodePin(body, s.opts.PinMin, s.opts.PinMax)
+		},
+		run: func(s *Server, wk view.Worker, weight float64) error { return s.fleet.Pin(wk.ID, weight) },
+	},
+	{http.MethodDelete, "pin"}: {run: func(s *Server, wk view.Worker, _ float64) error { return s.fleet.Unpin(wk.ID) }},
+	{http.MethodPost, "admit"}: {run: func(s *Server, wk view.Worker, _ float64) error { return s.fleet.Admit(wk.ID) }},
+	{http.MethodPost, "hold"}:  {run: func(s *Server, wk view.Worker, _ float64) error { return s.fleet.Hold(wk.ID) }},
+	{http.MethodPost, "probe"}: {run: (*Server).probe},
+}
+
+// httpError is an action's refusal with its own status and message.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+// probe asks the worker's agent for an on-demand measurement.
+func (s *Server) probe(wk view.Worker, _ float64) error {
+	if !s.hub.connected(wk.Node) {
+		return &httpError{http.StatusConflict, fmt.Sprintf("the agent of node %q is not connected; probe once it is back", wk.Node)}
+	}
+	actions, err := s.fleet.Probe(wk.ID)
+	s.hub.route(actions)
+	return err
+}
+
+// workerAction serves the admin routes in adminActions.
 func (s *Server) workerAction(w http.ResponseWriter, r *http.Request) {
 	rest := r.PathValue("rest")
 	cut := strings.LastIndexByte(rest, '/')
@@ -158,65 +202,35 @@ func (s *Server) workerAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id, action := rest[:cut], rest[cut+1:]
-	switch {
-	case r.Method == http.MethodDelete && action == "pin":
-	case r.Method == http.MethodPost && (action == "pin" || action == "probe" || action == "admit" || action == "hold"):
-	default:
+	act, ok := adminActions[adminRoute{r.Method, action}]
+	if !ok {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s .../%s: use POST .../{id}/pin|probe|admit|hold or DELETE .../{id}/pin", r.Method, action))
 		return
 	}
-
-	var weight float64
-	if r.Method == http.MethodPost && action == "pin" {
-		v, status, msg := decodePin(r.Body, s.opts.PinMin, s.opts.PinMax)
-		if status != 0 {
-			writeError(w, status, msg)
-			return
-		}
-		weight = v
-	} else if status, msg := drainBody(r.Body); status != 0 {
+	var arg float64
+	var status int
+	var msg string
+	if act.decode != nil {
+		arg, status, msg = act.decode(s, r.Body)
+	} else {
+		status, msg = drainBody(r.Body)
+	}
+	if status != 0 {
 		writeError(w, status, msg)
 		return
 	}
-
 	wk, ok := s.fleet.Worker(id)
 	if !ok {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no worker %q", id))
 		return
 	}
-	var err error
-	switch {
-	case r.Method == http.MethodDelete:
-		err = s.fleet.Unpin(id)
-	case action == "pin":
-		err = s.fleet.Pin(id, weight)
-	case action == "admit":
-		err = s.fleet.Admit(id)
-	case action == "hold":
-		err = s.fleet.Hold(id)
-	case action == "probe":
-		if !s.hub.connected(wk.Node) {
-			writeError(w, http.StatusConflict, fmt.Sprintf("the agent of node %q is not connected; probe once it is back", wk.Node))
-			return
+	if err := act.run(s, wk, arg); err != nil {
+		status := actionStatus(err)
+		if status == http.StatusInternalServerError {
+			s.log.Error("admin action failed", "action", action, "worker", id, "error", err)
+			err = fmt.Errorf("%s %s: %w", action, id, err)
 		}
-		var actions []fleet.Action
-		actions, err = s.fleet.Probe(id)
-		s.hub.route(actions)
-	}
-	switch {
-	case err == nil:
-	case errors.Is(err, fleet.ErrNotFound):
-		writeError(w, http.StatusNotFound, err.Error())
-		return
-	case errors.Is(err, fleet.ErrNotConnected):
-		writeError(w, http.StatusConflict, err.Error())
-		return
-	case errors.Is(err, fleet.ErrInvalid):
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	default:
-		s.log.Error("admin action failed", "action", action, "worker", id, "error", err)
-		writeError(w, http.StatusInternalServerError, fmt.Sprintf("%s %s: %v", action, id, err))
+		writeError(w, status, err.Error())
 		return
 	}
 	s.log.Info("admin action", "action", r.Method+" "+action, "worker", id, "source", sourceIP(r))
@@ -225,6 +239,23 @@ func (s *Server) workerAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, wk)
+}
+
+// actionStatus is the HTTP status for an admin action's error.
+func actionStatus(err error) int {
+	var he *httpError
+	switch {
+	case errors.As(err, &he):
+		return he.status
+	case errors.Is(err, fleet.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, fleet.ErrNotConnected):
+		return http.StatusConflict
+	case errors.Is(err, fleet.ErrInvalid):
+		return http.StatusBadRequest
+	default:
+		return http.StatusInternalServerError
+	}
 }
 
 // decodePin reads {"weight": number} with the number within [lo, hi], the

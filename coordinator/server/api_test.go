@@ -255,6 +255,7 @@ func TestAdminActions(t *testing.T) {
 		{"unknown field", "POST", "/api/v1/workers/gpu-a/e0/pin", `{"weight":1,"wieght":2}`, 400, "wieght"},
 		{"trailing", "POST", "/api/v1/workers/gpu-a/e0/pin", `{"weight":1} {}`, 400, "trailing data"},
 		{"fleet refuses", "POST", "/api/v1/workers/gpu-a/e0/pin", `{"weight":7.5}`, 400, "the fake fleet refuses 7.5"},
+		{"fleet fails", "POST", "/api/v1/workers/gpu-a/e0/pin", `{"weight":6.25}`, 500, "pin gpu-a/e0: the fake store is full"},
 		{"out of range", "POST", "/api/v1/workers/gpu-a/e0/pin", `{"weight":100}`, 400, "outside [0.25, 8] (weight_min, weight_max)"},
 		{"unknown action", "POST", "/api/v1/workers/gpu-a/e0/explode", "", 404, "pin|probe|admit|hold"},
 		{"delete hold", "DELETE", "/api/v1/workers/gpu-a/e0/hold", "", 404, "DELETE .../{id}/pin"},

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -130,8 +131,11 @@ func (f *fakeFleet) Pin(id string, weight float64) error {
 	if !ok {
 		return fmt.Errorf("%w: %s", fleet.ErrNotFound, id)
 	}
-	if weight == 7.5 { // lets tests see how a refusal is answered
+	switch weight { // lets tests see how a refusal and a failure are answered
+	case 7.5:
 		return fmt.Errorf("%w: the fake fleet refuses 7.5", fleet.ErrInvalid)
+	case 6.25:
+		return errors.New("the fake store is full")
 	}
 	w.PinnedWeight, w.Weight = &weight, &weight
 	f.notify()
