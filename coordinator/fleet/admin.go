@@ -6,37 +6,48 @@ import (
 	"heft/shared/wire"
 )
 
+// Admin actions write to the store before they change memory, so what the
+// API shows survives a crash, and when the write fails the fleet is as it
+// was. The write syncs to disk, so it is made outside f.mu (agents' reports
+// and API reads go on meanwhile); adminMu keeps admin actions in order
+// among themselves, so a decision made on what f.mu showed still holds when
+// it is applied. Only admin actions change pins and decisions.
+
 // Pin replaces a worker's computed weight with weight, which must be a
-// finite number above zero, until Unpin. The pin is stored first: when
-// the store fails, the fleet is unchanged.
+// finite number above zero, until Unpin.
 func (f *Fleet) Pin(id string, weight float64) error {
 	if !validWeight(weight) {
 		return fmt.Errorf("%w: pinned weight %v must be a finite number above zero", ErrInvalid, weight)
 	}
+	f.adminMu.Lock()
+	defer f.adminMu.Unlock()
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	w, err := f.keyed(id)
+	_, err := f.keyed(id)
+	f.mu.Unlock()
 	if err != nil {
 		return err
 	}
 	if err := f.st.SavePin(id, weight); err != nil {
 		return fmt.Errorf("fleet: pin %q: %w", id, err)
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.pins[id] = weight
-	f.dirty[w.eng.Model] = true
 	f.log.Info("weight pinned", "worker", id, "weight", weight)
-	f.changed(w)
+	f.changedAdmin(id)
 	return nil
 }
 
 // Unpin clears a pin. Clearing a worker that has none is not an error; a
 // pin may be cleared even after its worker was forgotten.
 func (f *Fleet) Unpin(id string) error {
+	f.adminMu.Lock()
+	defer f.adminMu.Unlock()
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	_, pinned := f.pins[id]
-	w := f.workers[id]
-	if w == nil && !pinned {
+	known := f.workers[id] != nil
+	f.mu.Unlock()
+	if !known && !pinned {
 		return fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
 	if !pinned {
@@ -45,12 +56,11 @@ func (f *Fleet) Unpin(id string) error {
 	if err := f.st.DeletePin(id); err != nil {
 		return fmt.Errorf("fleet: unpin %q: %w", id, err)
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	delete(f.pins, id)
-	if w != nil {
-		f.dirty[w.eng.Model] = true
-	}
 	f.log.Info("pin cleared", "worker", id)
-	f.changed(w)
+	f.changedAdmin(id)
 	return nil
 }
 
@@ -58,49 +68,65 @@ func (f *Fleet) Unpin(id string) error {
 // table. For a worker the rules would admit anyway it clears any decision,
 // returning it to the automatic rules (this is how a Hold is undone).
 func (f *Fleet) Admit(id string) error {
+	f.adminMu.Lock()
+	defer f.adminMu.Unlock()
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	w, err := f.keyed(id)
-	if err != nil {
+	var holds, decided bool
+	if err == nil {
+		holds = f.poolHolds(w)
+		_, decided = f.decisions[id]
+	}
+	f.mu.Unlock()
+	switch {
+	case err != nil:
 		return err
-	}
-	if f.poolHolds(w) {
-		return f.decide(w, DecisionAdmit)
-	}
-	if _, ok := f.decisions[id]; !ok {
+	case holds:
+		return f.decide(id, DecisionAdmit)
+	case !decided:
 		return nil
 	}
 	if err := f.st.DeleteDecision(id); err != nil {
 		return fmt.Errorf("fleet: admit %q: %w", id, err)
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	delete(f.decisions, id)
 	f.log.Info("admin decision cleared", "worker", id)
-	f.changed(w)
+	f.changedAdmin(id)
 	return nil
 }
 
 // Hold keeps a worker out of the weight table whatever its facts, until
 // Admit.
 func (f *Fleet) Hold(id string) error {
+	f.adminMu.Lock()
+	defer f.adminMu.Unlock()
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	w, err := f.keyed(id)
+	_, err := f.keyed(id)
+	f.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	return f.decide(w, DecisionHold)
+	return f.decide(id, DecisionHold)
 }
 
-func (f *Fleet) decide(w *worker, d string) error {
-	if f.decisions[w.id] == d {
+// decide stores and applies a decision; the caller holds adminMu, not mu.
+func (f *Fleet) decide(id, d string) error {
+	f.mu.Lock()
+	same := f.decisions[id] == d
+	f.mu.Unlock()
+	if same {
 		return nil
 	}
-	if err := f.st.SaveDecision(w.id, d); err != nil {
-		return fmt.Errorf("fleet: %s %q: %w", d, w.id, err)
+	if err := f.st.SaveDecision(id, d); err != nil {
+		return fmt.Errorf("fleet: %s %q: %w", d, id, err)
 	}
-	f.decisions[w.id] = d
-	f.log.Info("admin decision", "worker", w.id, "decision", d)
-	f.changed(w)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.decisions[id] = d
+	f.log.Info("admin decision", "worker", id, "decision", d)
+	f.changedAdmin(id)
 	return nil
 }
 
@@ -144,4 +170,15 @@ func (f *Fleet) changed(w *worker) {
 		f.refresh(f.now(), w)
 	}
 	f.notify()
+}
+
+// changedAdmin marks the model of the worker a pin or decision was written
+// for (it may have been forgotten during the write) for re-weighing, and
+// re-derives it.
+func (f *Fleet) changedAdmin(id string) {
+	w := f.workers[id]
+	if w != nil {
+		f.dirty[w.eng.Model] = true
+	}
+	f.changed(w)
 }

@@ -89,7 +89,9 @@
 // hold it; otherwise it clears any decision, returning the worker to the
 // automatic rules. Decisions and pins are written to the Store before
 // memory changes: when the write fails the call returns the error and the
-// fleet is as it was. Worker records are written when their facts change
+// fleet is as it was. The write waits for the disk outside the fleet's
+// lock, so agents' reports and API reads go on meanwhile; admin actions
+// are applied one at a time, in the order of their writes. Worker records are written when their facts change
 // (and at least every few minutes while seen); a failed record write is
 // logged and retried, since the agent resends those facts anyway.
 //

@@ -131,6 +131,10 @@ type Fleet struct {
 	now func() time.Time
 	log hclog.Logger
 
+	// adminMu orders admin actions (pins, decisions) among themselves; it
+	// is taken before mu and held across their store writes. See admin.go.
+	adminMu sync.Mutex
+
 	mu        sync.Mutex
 	workers   map[string]*worker
 	byModel   map[string]map[string]*worker

@@ -14,12 +14,15 @@ import (
 	"heft/shared/wire"
 )
 
-// memStore is an in-memory Store. Setting fail makes every write fail.
+// memStore is an in-memory Store. Setting fail makes every write fail;
+// setting adminGate holds every pin or decision write in it, as a slow
+// disk would.
 type memStore struct {
 	mu           sync.Mutex
 	st           State
 	fail         error
 	workerWrites int
+	adminGate    func()
 }
 
 func newMemStore() *memStore {
@@ -54,14 +57,29 @@ func (s *memStore) setFail(err error) {
 	s.mu.Unlock()
 }
 
+func (s *memStore) gate() {
+	s.mu.Lock()
+	g := s.adminGate
+	s.mu.Unlock()
+	if g != nil {
+		g()
+	}
+}
+
 func (s *memStore) SavePin(id string, w float64) error {
+	s.gate()
 	return s.write(func() { s.st.Pins[id] = w })
 }
-func (s *memStore) DeletePin(id string) error { return s.write(func() { delete(s.st.Pins, id) }) }
+func (s *memStore) DeletePin(id string) error {
+	s.gate()
+	return s.write(func() { delete(s.st.Pins, id) })
+}
 func (s *memStore) SaveDecision(id, d string) error {
+	s.gate()
 	return s.write(func() { s.st.Decisions[id] = d })
 }
 func (s *memStore) DeleteDecision(id string) error {
+	s.gate()
 	return s.write(func() { delete(s.st.Decisions, id) })
 }
 func (s *memStore) SaveMeasurement(m wire.Measurement, n int) error {
