@@ -233,6 +233,7 @@ func (f *Fleet) probeIfDue(w *worker, now time.Time) []Action {
 
 func (f *Fleet) sendProbe(w *worker, reason string, now time.Time) Action {
 	f.reqSeq++
+	f.probeRequests[reason]++
 	id := f.reqPrefix + "-" + strconv.FormatUint(f.reqSeq, 10)
 	w.probe.reqID, w.probe.reason, w.probe.outstanding, w.probe.sentAt = id, reason, true, now
 	w.probe.status, w.probe.retryAt = "", time.Time{}

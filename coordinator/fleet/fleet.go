@@ -144,9 +144,12 @@ type Fleet struct {
 	decisions map[string]string
 	connSeq   uint64
 	reqSeq    uint64
-	reqPrefix string
-	nextDue   time.Time
-	dirty     map[string]bool // models to re-weigh at the next refresh
+	// probeRequests counts the requests made, by reason: each asks an
+	// agent for a burst on its engine.
+	probeRequests map[string]int
+	reqPrefix     string
+	nextDue       time.Time
+	dirty         map[string]bool // models to re-weigh at the next refresh
 	// records are worker records waiting to be written once the lock is
 	// released: a disk sync under the lock would stall every agent.
 	records []WorkerRecord
@@ -236,8 +239,9 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 		cfg: cfg, st: st, now: now, log: logger.Named("fleet"),
 		workers: map[string]*worker{}, byModel: map[string]map[string]*worker{}, nodes: map[string]*node{},
 		cache: map[string]*cached{}, pins: map[string]float64{}, decisions: map[string]string{}, dirty: map[string]bool{},
-		reqPrefix: strconv.FormatInt(start.UnixNano(), 36),
-		subs:      map[uint64]chan struct{}{},
+		probeRequests: map[string]int{},
+		reqPrefix:     strconv.FormatInt(start.UnixNano(), 36),
+		subs:          map[uint64]chan struct{}{},
 	}
 	f.restore(state, start)
 	f.refreshAll(start)

@@ -102,7 +102,8 @@ type Stats struct {
 	WorkersByState  map[string]int // every state, zeros included
 	WarningsByCode  map[string]int // workers carrying each code, every known code included
 	ConnectedAgents int
-	Workers         []WorkerStats // sorted by ID
+	Workers         []WorkerStats  // sorted by ID
+	ProbeRequests   map[string]int // requests made since the fleet was built, by reason, every reason included
 }
 
 // WorkerStats is one worker's numbers.
@@ -117,6 +118,9 @@ var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire
 	wire.CodeForeignGPUProcess, wire.CodeProbeIncompleteOutput, wire.CodeProbeFailed,
 	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped}
 
+// ProbeReasons lists every reason a probe is requested for.
+var ProbeReasons = []string{wire.ReasonRegistration, wire.ReasonScheduled, wire.ReasonOnDemand}
+
 // States lists every worker state.
 var States = []string{view.StatePending, view.StateMeasuring, view.StateAdmitted, view.StateHeld, view.StateOffline}
 
@@ -125,7 +129,11 @@ var States = []string{view.StatePending, view.StateMeasuring, view.StateAdmitted
 func (f *Fleet) Stats() Stats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	s := Stats{WorkersByState: map[string]int{}, WarningsByCode: map[string]int{}, Workers: make([]WorkerStats, 0, len(f.workers))}
+	s := Stats{WorkersByState: map[string]int{}, WarningsByCode: map[string]int{}, Workers: make([]WorkerStats, 0, len(f.workers)),
+		ProbeRequests: map[string]int{}}
+	for _, r := range ProbeReasons {
+		s.ProbeRequests[r] = f.probeRequests[r]
+	}
 	for _, st := range States {
 		s.WorkersByState[st] = 0
 	}

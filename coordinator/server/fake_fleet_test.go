@@ -257,7 +257,13 @@ func (f *fakeFleet) currentConn(node string) (uint64, bool) {
 }
 
 func (f *fakeFleet) Stats() fleet.Stats {
-	st := fleet.Stats{WorkersByState: map[string]int{}, WarningsByCode: map[string]int{}}
+	st := fleet.Stats{WorkersByState: map[string]int{}, WarningsByCode: map[string]int{}, ProbeRequests: map[string]int{}}
+	for _, r := range fleet.ProbeReasons {
+		st.ProbeRequests[r] = 0
+	}
+	f.mu.Lock()
+	st.ProbeRequests[wire.ReasonOnDemand] = f.probeSeq
+	f.mu.Unlock()
 	for _, s := range fleet.States {
 		st.WorkersByState[s] = 0
 	}

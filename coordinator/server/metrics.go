@@ -77,6 +77,7 @@ type fleetCollector struct {
 	throughput *prometheus.Desc
 	workers    *prometheus.Desc
 	warnings   *prometheus.Desc
+	probes     *prometheus.Desc
 }
 
 func newFleetCollector(f fleetAPI) *fleetCollector {
@@ -87,6 +88,8 @@ func newFleetCollector(f fleetAPI) *fleetCollector {
 		throughput: prometheus.NewDesc("heft_worker_throughput_tps", "Measured throughput of a worker in output tokens per second.", worker, nil),
 		workers:    prometheus.NewDesc("heft_workers", "Workers by state.", []string{"state"}, nil),
 		warnings:   prometheus.NewDesc("heft_warnings", "Workers carrying each health warning, by code.", []string{"code"}, nil),
+		probes: prometheus.NewDesc("heft_probe_requests_total",
+			"Probe requests the fleet made since the coordinator started, by reason; each asks an agent for a burst.", []string{"reason"}, nil),
 	}
 }
 
@@ -95,6 +98,7 @@ func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.throughput
 	ch <- c.workers
 	ch <- c.warnings
+	ch <- c.probes
 }
 
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -112,5 +116,8 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for code, n := range st.WarningsByCode {
 		ch <- prometheus.MustNewConstMetric(c.warnings, prometheus.GaugeValue, float64(n), code)
+	}
+	for reason, n := range st.ProbeRequests {
+		ch <- prometheus.MustNewConstMetric(c.probes, prometheus.CounterValue, float64(n), reason)
 	}
 }
