@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/common/expfmt"
+	prommodel "github.com/prometheus/common/model"
 
 	"heft/agent/cli"
 	coord "heft/coordinator"
@@ -146,6 +148,46 @@ func (c *coordinator) waitFor(t *testing.T, what string, limit time.Duration, ok
 	})
 	done = true
 	return ws
+}
+
+// probeRequests is the number of probe requests the coordinator has made
+// since it started (heft_probe_requests_total, every reason), read with
+// the Prometheus text parser.
+func (c *coordinator) probeRequests(t *testing.T) float64 {
+	t.Helper()
+	resp, err := c.client.Get(c.url() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(prommodel.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	mf := mfs["heft_probe_requests_total"]
+	if mf == nil {
+		t.Fatal("no heft_probe_requests_total on /metrics")
+	}
+	n := 0.0
+	for _, m := range mf.GetMetric() {
+		n += m.GetCounter().GetValue()
+	}
+	return n
+}
+
+// waitSeenAfter waits until the coordinator has handled a snapshot taken
+// after t0 from each node's agent.
+func (c *coordinator) waitSeenAfter(t *testing.T, t0 time.Time, nodes ...string) {
+	t.Helper()
+	c.waitFor(t, fmt.Sprintf("a snapshot from %v after %s", nodes, t0.Format(time.TimeOnly)), 60*time.Second, func(ws []view.Worker) bool {
+		for _, n := range nodes {
+			if w, ok := byNode(ws, n); !ok || w.LastSeen == nil || !w.LastSeen.After(t0) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // startSim starts a simulated engine on addr and stops it with the test.
@@ -350,6 +392,7 @@ func TestFleet(t *testing.T) {
 	before := map[string]float64{"fast": generated(t, fast), "slow": generated(t, slow), "uneven": generated(t, uneven)}
 	addr := c.addr
 	c.stop()
+	restarted := time.Now()
 	c = startCoordinator(t, filepath.Join(dir, "state"), addr)
 	ws = c.waitFor(t, "agents back after the restart", 60*time.Second, func(ws []view.Worker) bool {
 		n := 0
@@ -367,8 +410,14 @@ func TestFleet(t *testing.T) {
 		}
 	})
 	t.Run("a coordinator restart costs no burst", func(t *testing.T) {
-		// Give a wrongly scheduled probe time to start.
-		time.Sleep(3 * time.Second)
+		// The fleet decides whether to probe a worker when it handles the
+		// worker's first snapshot on a connection, and counts a request
+		// as it decides, so once each has been seen since the restart the
+		// count is final.
+		c.waitSeenAfter(t, restarted, "gpu-fast", "gpu-slow", "gpu-uneven")
+		if n := c.probeRequests(t); n != 0 {
+			t.Errorf("the restarted coordinator made %v probe requests", n)
+		}
 		for name, s := range map[string]*sim.Server{"fast": fast, "slow": slow, "uneven": uneven} {
 			if got := generated(t, s); got != before[name] {
 				t.Errorf("%s generated %v tokens after the restart (before: %v): it was measured again", name, got-before[name], before[name])
@@ -378,15 +427,27 @@ func TestFleet(t *testing.T) {
 
 	t.Run("an engine restarted with the same arguments costs no burst", func(t *testing.T) {
 		oldID := sw.ID
+		port := strings.TrimPrefix(slow.URL(), "http://")
 		slow.Close()
-		slow = startSim(t, sim.Config{Flavor: "vllm", Model: model, SingleTPS: 100, Batch16TPS: 800, LogPath: slowLog}, strings.TrimPrefix(slow.URL(), "http://"))
-		time.Sleep(3 * time.Second)
+		c.waitFor(t, "the agent to report its engine down", 30*time.Second, func(ws []view.Worker) bool {
+			w, ok := byNode(ws, "gpu-slow")
+			return ok && w.State == view.StatePending
+		})
+		slow = startSim(t, sim.Config{Flavor: "vllm", Model: model, SingleTPS: 100, Batch16TPS: 800, LogPath: slowLog}, port)
+		// Back to admitted: the fleet has handled the snapshot that shows
+		// the engine ready again, which is when it would ask for a probe.
+		back := c.waitFor(t, "the agent to report its engine back", 30*time.Second, func(ws []view.Worker) bool {
+			w, ok := byNode(ws, "gpu-slow")
+			return ok && w.State == view.StateAdmitted
+		})
+		if n := c.probeRequests(t); n != 0 {
+			t.Errorf("the coordinator made %v probe requests for the restarted engine", n)
+		}
 		if got := generated(t, slow); got != 0 {
 			t.Errorf("the restarted engine generated %v tokens: it was measured again", got)
 		}
-		w, ok := byNode(c.workers(t), "gpu-slow")
-		if !ok || w.ID != oldID || w.State != view.StateAdmitted {
-			t.Errorf("worker after a same-args restart: id %s (was %s) state %s", w.ID, oldID, w.State)
+		if w, _ := byNode(back, "gpu-slow"); w.ID != oldID {
+			t.Errorf("worker after a same-args restart: id %s (was %s)", w.ID, oldID)
 		}
 	})
 

@@ -24,6 +24,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/coordinator/view"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -149,7 +150,7 @@ func TestModelAndWorkerRoutesWithSlashes(t *testing.T) {
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("Qwen/Qwen3-8B", "e0")
 	a.send(&wire.ProbeResult{Measurement: wire.Measurement{CapacityKey: "gpu-a/e0", ThroughputTPS: 992, OutputTokens: 2048}})
-	waitFor(t, "the measurement", func() bool { w, _ := ts.fleet.Worker("gpu-a/e0"); return w.Throughput != nil })
+	testutil.Eventually(t, "the measurement", 10*time.Second, func() bool { w, _ := ts.fleet.Worker("gpu-a/e0"); return w.Throughput != nil })
 
 	for _, path := range []string{"/api/v1/models/Qwen/Qwen3-8B/weights", "/api/v1/models/Qwen%2FQwen3-8B/weights"} {
 		t.Run(path, func(t *testing.T) {
@@ -207,7 +208,7 @@ func TestAdminActions(t *testing.T) {
 	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0")
-	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
+	testutil.Eventually(t, "the worker", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
 
 	for _, tok := range []string{"", agentToken, "wrong"} {
 		status, body, _ := ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/pin", tok, strings.NewReader(`{"weight":1.5}`))
@@ -241,6 +242,9 @@ func TestAdminActions(t *testing.T) {
 	if env := a.read(); env.Type != wire.TypeProbeRequest || env.ProbeRequest.Reason != wire.ReasonOnDemand {
 		t.Fatalf("agent got %+v", env)
 	}
+	if n := ts.counter(t, "heft_probe_requests_total", map[string]string{"reason": wire.ReasonOnDemand}); n != 1 {
+		t.Errorf("heft_probe_requests_total{reason=on_demand} = %g, want 1", n)
+	}
 
 	for _, tc := range []struct {
 		name, method, path, body string
@@ -270,7 +274,7 @@ func TestAdminActions(t *testing.T) {
 
 	// Probing a worker whose agent is gone is a conflict, not a silent drop.
 	_ = a.c.Close(websocket.StatusNormalClosure, "")
-	waitFor(t, "the agent to leave", func() bool { return !ts.hub.connected("gpu-a") })
+	testutil.Eventually(t, "the agent to leave", 10*time.Second, func() bool { return !ts.hub.connected("gpu-a") })
 	status, body, _ = ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/probe", adminToken, nil)
 	if status != http.StatusConflict || !strings.Contains(errorMessage(t, body), "not connected") {
 		t.Errorf("probe of a disconnected worker: %d %s", status, body)
@@ -285,7 +289,7 @@ func TestPinRange(t *testing.T) {
 	ts := startServer(t, opts, nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0")
-	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
+	testutil.Eventually(t, "the worker", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
 	for body, want := range map[string]int{`{"weight":0.4}`: 400, `{"weight":3}`: 400, `{"weight":0.5}`: 200, `{"weight":2}`: 200} {
 		status, resp, _ := ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/pin", adminToken, strings.NewReader(body))
 		if status != want || (want == 400 && !strings.Contains(errorMessage(t, resp), "outside [0.5, 2]")) {
@@ -308,7 +312,7 @@ func TestBodyLimit(t *testing.T) {
 	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0")
-	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
+	testutil.Eventually(t, "the worker", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
 	big := `{"weight":1.5,"pad":"` + strings.Repeat("x", 64<<10) + `"}`
 	for _, tc := range []struct {
 		name string
@@ -376,7 +380,7 @@ func TestHealthz(t *testing.T) {
 	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0", "e1")
-	waitFor(t, "workers", func() bool { return len(ts.fleet.Workers()) == 2 })
+	testutil.Eventually(t, "workers", 10*time.Second, func() bool { return len(ts.fleet.Workers()) == 2 })
 	status, body, _ := ts.do(t, "GET", "/healthz", "", nil)
 	var h health
 	if status != http.StatusOK || json.Unmarshal(body, &h) != nil || h.Status != "ok" || h.AgentsConnected != 1 || h.Workers != 2 {
@@ -389,7 +393,7 @@ func TestMetricsFamilies(t *testing.T) {
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0", "e1")
 	a.send(&wire.ProbeResult{Measurement: wire.Measurement{CapacityKey: "gpu-a/e0", ThroughputTPS: 453, OutputTokens: 2048}})
-	waitFor(t, "the measurement", func() bool { w, _ := ts.fleet.Worker("gpu-a/e0"); return w.Throughput != nil })
+	testutil.Eventually(t, "the measurement", 10*time.Second, func() bool { w, _ := ts.fleet.Worker("gpu-a/e0"); return w.Throughput != nil })
 	ts.fleet.mu.Lock()
 	ts.fleet.workers["gpu-a/e1"].Warnings = []view.Warning{{Code: wire.CodeDPPoolImbalance, Severity: wire.SeverityCritical}}
 	ts.fleet.workers["gpu-a/e1"].State = view.StateHeld
@@ -398,7 +402,7 @@ func TestMetricsFamilies(t *testing.T) {
 
 	mfs := ts.scrape(t, "")
 	for _, name := range []string{"heft_worker_weight", "heft_worker_throughput_tps", "heft_workers", "heft_warnings",
-		"heft_agents_connected", "heft_agent_messages_total", "heft_agent_disconnects_total", "heft_auth_failures_total",
+		"heft_agents_connected", "heft_agent_messages_total", "heft_probe_requests_total", "heft_agent_disconnects_total", "heft_auth_failures_total",
 		"heft_build_info", "go_goroutines"} {
 		if mfs[name] == nil {
 			t.Errorf("family %s missing", name)
@@ -417,6 +421,7 @@ func TestMetricsFamilies(t *testing.T) {
 		{"heft_warnings", map[string]string{"code": "dp_pool_imbalance"}, 1},
 		{"heft_warnings", map[string]string{"code": "gpu_clock_low"}, 0},
 		{"heft_agents_connected", nil, 1},
+		{"heft_probe_requests_total", map[string]string{"reason": "registration"}, 0},
 	}
 	for _, c := range checks {
 		if v, ok := metricValue(mfs, c.name, c.labels); !ok || v != c.want {

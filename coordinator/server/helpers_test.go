@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -26,6 +27,8 @@ const (
 	adminToken  = "admin-token-for-tests"
 	viewerToken = "viewer-token-for-tests"
 )
+
+func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
 
 func testOptions() Options {
 	return Options{Tokens: Tokens{Agent: agentToken, Admin: adminToken}}
@@ -180,17 +183,6 @@ func closeOf(t *testing.T, c *websocket.Conn) websocket.CloseError {
 			t.Fatalf("connection ended without a close frame: %v", err)
 		}
 		return ce
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

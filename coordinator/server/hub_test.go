@@ -14,6 +14,7 @@ import (
 
 	"heft/coordinator/fleet"
 	"heft/coordinator/view"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -47,7 +48,7 @@ func TestAgentAuth(t *testing.T) {
 	}
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0")
-	waitFor(t, "the snapshot to reach the fleet", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
+	testutil.Eventually(t, "the snapshot to reach the fleet", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
 }
 
 func TestAuthFailuresAreRateLimited(t *testing.T) {
@@ -147,7 +148,7 @@ func TestBadMessagesCloseOnlyThatConnection(t *testing.T) {
 			ts := startServer(t, testOptions(), nil)
 			good := connectAgent(t, ts, "gpu-a")
 			good.snapshot("m", "e0")
-			waitFor(t, "the good worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
+			testutil.Eventually(t, "the good worker", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
 			before, _ := ts.fleet.Worker("gpu-a/e0")
 
 			var bad *agent
@@ -173,7 +174,7 @@ func TestBadMessagesCloseOnlyThatConnection(t *testing.T) {
 
 			// The good agent is still connected and still heard.
 			good.snapshot("m", "e0", "e1")
-			waitFor(t, "the good agent's second snapshot", func() bool { _, ok := ts.fleet.Worker("gpu-a/e1"); return ok })
+			testutil.Eventually(t, "the good agent's second snapshot", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e1"); return ok })
 			after, _ := ts.fleet.Worker("gpu-a/e0")
 			if after.State != before.State || !after.AgentConnected || after.Node != "gpu-a" {
 				t.Errorf("good worker changed: before %+v after %+v", before, after)
@@ -183,7 +184,7 @@ func TestBadMessagesCloseOnlyThatConnection(t *testing.T) {
 				t.Errorf("%d rejected probe results reached the fleet", n)
 			}
 			ts.fleet.mu.Unlock()
-			waitFor(t, "the disconnect metric", func() bool {
+			testutil.Eventually(t, "the disconnect metric", 10*time.Second, func() bool {
 				return ts.counter(t, "heft_agent_disconnects_total", map[string]string{"reason": tc.metricDrop}) == 1
 			})
 			if n := ts.AgentsConnected(); n != 1 {
@@ -218,7 +219,7 @@ func TestMessageRateLimit(t *testing.T) {
 	if ce.Code != websocket.StatusPolicyViolation || ce.Reason != "message rate exceeded" {
 		t.Fatalf("closed with %d %q", ce.Code, ce.Reason)
 	}
-	waitFor(t, "the metric", func() bool {
+	testutil.Eventually(t, "the metric", 10*time.Second, func() bool {
 		return ts.counter(t, "heft_agent_disconnects_total", map[string]string{"reason": dropRate}) == 1
 	})
 }
@@ -227,7 +228,7 @@ func TestNewerConnectionWins(t *testing.T) {
 	ts := startServer(t, testOptions(), nil)
 	old := connectAgent(t, ts, "gpu-a")
 	old.snapshot("m", "e0")
-	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
+	testutil.Eventually(t, "the worker", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
 	oldID, _ := ts.fleet.currentConn("gpu-a")
 
 	newer := connectAgent(t, ts, "gpu-a")
@@ -235,7 +236,7 @@ func TestNewerConnectionWins(t *testing.T) {
 	if ce.Code != CloseSuperseded || ce.Reason != "superseded by a newer connection from this node" {
 		t.Fatalf("older connection closed with %d %q", ce.Code, ce.Reason)
 	}
-	waitFor(t, "the old connection's disconnect", func() bool {
+	testutil.Eventually(t, "the old connection's disconnect", 10*time.Second, func() bool {
 		return slices.Contains(ts.fleet.callLog(), fmt.Sprintf("disconnect gpu-a %d", oldID))
 	})
 	newID, ok := ts.fleet.currentConn("gpu-a")
@@ -247,7 +248,7 @@ func TestNewerConnectionWins(t *testing.T) {
 	}
 	// The newer connection works, and actions reach it.
 	newer.snapshot("m", "e0", "e1")
-	waitFor(t, "the new snapshot", func() bool { _, ok := ts.fleet.Worker("gpu-a/e1"); return ok })
+	testutil.Eventually(t, "the new snapshot", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e1"); return ok })
 	if status, body, _ := ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/probe", adminToken, nil); status != http.StatusOK {
 		t.Fatalf("probe: %d %s", status, body)
 	}
@@ -271,7 +272,7 @@ func TestReportsReachTheFleet(t *testing.T) {
 	// A result the fleet refuses is logged, not a reason to hang up.
 	a.send(&wire.ProbeResult{Measurement: wire.Measurement{CapacityKey: "gpu-b/elsewhere", ThroughputTPS: 1}})
 	a.snapshot("m", "e0", "e1")
-	waitFor(t, "every report", func() bool { _, ok := ts.fleet.Worker("gpu-a/e1"); return ok })
+	testutil.Eventually(t, "every report", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e1"); return ok })
 	log := ts.fleet.callLog()
 	for _, want := range []string{"probe_status gpu-a gpu-a/e0 running", "probe_result gpu-a gpu-a/e0", "probe_result gpu-a gpu-b/elsewhere"} {
 		if !slices.Contains(log, want) {
@@ -334,12 +335,12 @@ func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
 				stuck.snapshot("m", "e0")
 				// The good agent and the API answer while the stuck one is flooded.
 				good.snapshot("m", fmt.Sprintf("e%d", i))
-				waitFor(t, "the good agent's snapshot", func() bool { _, ok := ts.fleet.Worker(fmt.Sprintf("gpu-a/e%d", i)); return ok })
+				testutil.Eventually(t, "the good agent's snapshot", 10*time.Second, func() bool { _, ok := ts.fleet.Worker(fmt.Sprintf("gpu-a/e%d", i)); return ok })
 				if status, _, _ := ts.do(t, "GET", "/api/v1/workers", "", nil); status != http.StatusOK {
 					t.Fatalf("workers: %d", status)
 				}
 			}
-			waitFor(t, "the stuck agent to be dropped", func() bool {
+			testutil.Eventually(t, "the stuck agent to be dropped", 10*time.Second, func() bool {
 				return ts.counter(t, "heft_agent_disconnects_total", map[string]string{"reason": tc.drop}) == 1 &&
 					!ts.hub.connected("stuck")
 			})
@@ -361,7 +362,7 @@ func TestGracefulShutdown(t *testing.T) {
 	ts := startServer(t, testOptions(), nil)
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("m", "e0")
-	waitFor(t, "the worker", func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
+	testutil.Eventually(t, "the worker", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
 
 	req, _ := http.NewRequestWithContext(testCtx(t), "GET", ts.base+"/api/v1/events", nil)
 	resp, err := http.DefaultClient.Do(req)
@@ -426,7 +427,7 @@ func TestPingDropsSilentPeer(t *testing.T) {
 		readErr <- err
 	}()
 	connectAgent(t, ts, "silent") // reads its welcome, then never again
-	waitFor(t, "the silent agent to be dropped", func() bool {
+	testutil.Eventually(t, "the silent agent to be dropped", 10*time.Second, func() bool {
 		return ts.counter(t, "heft_agent_disconnects_total", map[string]string{"reason": dropPingTimeout}) == 1
 	})
 	if ts.hub.connected("silent") || !ts.hub.connected("gpu-a") {
