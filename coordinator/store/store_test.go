@@ -22,6 +22,8 @@ import (
 	"heft/shared/wire"
 )
 
+func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
+
 func testLogger(t *testing.T) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug})
 }
@@ -410,9 +412,37 @@ func TestEmptyFileIsInitialised(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := open(t, dir)
-	defer b.Close()
 	if err := b.SavePin("k", 1); err != nil {
 		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// What was written is there for the next start: the schema version
+	// and the pin.
+	db, err := bolt.Open(filepath.Join(dir, FileName), 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema string
+	err = db.View(func(tx *bolt.Tx) error {
+		if meta := tx.Bucket(bucketMeta); meta != nil {
+			schema = string(meta.Get(keySchema))
+		}
+		return nil
+	})
+	db.Close()
+	if err != nil || schema != fmt.Sprint(SchemaVersion) {
+		t.Errorf("schema version %q (%v), want %d", schema, err, SchemaVersion)
+	}
+	b = open(t, dir)
+	defer b.Close()
+	st, err := b.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Pins) != 1 || st.Pins["k"] != 1 {
+		t.Errorf("pins after reopening: %v", st.Pins)
 	}
 }
 
