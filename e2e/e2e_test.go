@@ -38,6 +38,7 @@ const (
 // binary assembles it.
 type coordinator struct {
 	t      *testing.T
+	co     *coord.Coordinator
 	addr   string
 	dir    string
 	cancel context.CancelFunc
@@ -78,7 +79,7 @@ func startCoordinatorWith(t *testing.T, dir, addr string, adjust func(*config.Co
 		return err == nil
 	})
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &coordinator{t: t, addr: ln.Addr().String(), dir: dir, cancel: cancel, done: make(chan struct{}),
+	c := &coordinator{t: t, co: co, addr: ln.Addr().String(), dir: dir, cancel: cancel, done: make(chan struct{}),
 		scheme: "http", client: http.DefaultClient}
 	go func() {
 		defer close(c.done)
@@ -174,6 +175,15 @@ func (c *coordinator) probeRequests(t *testing.T) float64 {
 		n += m.GetCounter().GetValue()
 	}
 	return n
+}
+
+// noProbeDue runs a fleet tick now, as the coordinator does every second,
+// and fails the test if it asks for a probe.
+func (c *coordinator) noProbeDue(t *testing.T) {
+	t.Helper()
+	if acts := c.co.Fleet().Tick(); len(acts) != 0 {
+		t.Errorf("a fleet tick asks for %d probes: %+v", len(acts), acts[0].Message)
+	}
 }
 
 // waitSeenAfter waits until the coordinator has handled a snapshot taken
@@ -418,6 +428,7 @@ func TestFleet(t *testing.T) {
 		if n := c.probeRequests(t); n != 0 {
 			t.Errorf("the restarted coordinator made %v probe requests", n)
 		}
+		c.noProbeDue(t)
 		for name, s := range map[string]*sim.Server{"fast": fast, "slow": slow, "uneven": uneven} {
 			if got := generated(t, s); got != before[name] {
 				t.Errorf("%s generated %v tokens after the restart (before: %v): it was measured again", name, got-before[name], before[name])
@@ -443,6 +454,7 @@ func TestFleet(t *testing.T) {
 		if n := c.probeRequests(t); n != 0 {
 			t.Errorf("the coordinator made %v probe requests for the restarted engine", n)
 		}
+		c.noProbeDue(t)
 		if got := generated(t, slow); got != 0 {
 			t.Errorf("the restarted engine generated %v tokens: it was measured again", got)
 		}

@@ -19,18 +19,19 @@ import (
 // just-closed one lingers.
 func simOn(t *testing.T, cfg sim.Config, addr string) *sim.Server {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s, err := sim.Start(cfg, addr)
-		if err == nil {
-			t.Cleanup(func() { s.Close() })
-			return s
+	var s *sim.Server
+	var err error
+	defer func() {
+		if s == nil {
+			t.Logf("start sim on %s: %v", addr, err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("start sim on %s: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	}()
+	testutil.Eventually(t, "a sim on "+addr, 10*time.Second, func() bool {
+		s, err = sim.Start(cfg, addr)
+		return err == nil
+	})
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 // An engine restarted with the same launch arguments is the same worker:

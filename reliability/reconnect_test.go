@@ -90,15 +90,20 @@ func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
 		}
 		return true
 	})
-	// Nothing may ask for a burst now, nor over the next fleet ticks.
-	quiet := time.Now().Add(2500 * time.Millisecond)
-	for time.Now().Before(quiet) {
-		for _, a := range agents {
-			if got := a.probes.Load(); got != 1 {
-				t.Fatalf("%s was probed %d times in all, want 1: the restart re-ran its burst", a.node, got)
-			}
+	// Every agent got its cached measurement, so the fleet has decided on
+	// every worker: nothing may have asked for a burst, nor may a tick now.
+	for reason, n := range c2.Fleet().Stats().ProbeRequests {
+		if n != 0 {
+			t.Errorf("the restarted coordinator made %d %s probe requests", n, reason)
 		}
-		time.Sleep(100 * time.Millisecond)
+	}
+	if acts := c2.Fleet().Tick(); len(acts) != 0 {
+		t.Errorf("a fleet tick after the restart asks for %d probes", len(acts))
+	}
+	for _, a := range agents {
+		if got := a.probes.Load(); got != 1 {
+			t.Fatalf("%s was probed %d times in all, want 1: the restart re-ran its burst", a.node, got)
+		}
 	}
 	ws := c2.Fleet().Workers()
 	if len(ws) != n {
