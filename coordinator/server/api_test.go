@@ -394,10 +394,10 @@ func TestMetricsFamilies(t *testing.T) {
 	a.snapshot("m", "e0", "e1")
 	a.send(&wire.ProbeResult{Measurement: wire.Measurement{CapacityKey: "gpu-a/e0", ThroughputTPS: 453, OutputTokens: 2048}})
 	testutil.Eventually(t, "the measurement", 10*time.Second, func() bool { w, _ := ts.fleet.Worker("gpu-a/e0"); return w.Throughput != nil })
-	ts.fleet.mu.Lock()
-	ts.fleet.workers["gpu-a/e1"].Warnings = []view.Warning{{Code: wire.CodeDPPoolImbalance, Severity: wire.SeverityCritical}}
-	ts.fleet.workers["gpu-a/e1"].State = view.StateHeld
-	ts.fleet.mu.Unlock()
+	ts.fleet.update("gpu-a/e1", func(w *view.Worker) {
+		w.Warnings = []view.Warning{{Code: wire.CodeDPPoolImbalance, Severity: wire.SeverityCritical}}
+		w.State = view.StateHeld
+	})
 	ts.do(t, "GET", "/api/v1/workers", "", nil)
 
 	mfs := ts.scrape(t, "")

@@ -243,6 +243,33 @@ func (f *fakeFleet) Changes() (<-chan struct{}, func()) {
 	}
 }
 
+// update changes a worker as the real fleet's rules might (a warning, a
+// state), for tests of how the server shows it; an unknown id fails.
+func (f *fakeFleet) update(id string, change func(w *view.Worker)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[id]
+	if !ok {
+		panic("fakeFleet.update: no worker " + id)
+	}
+	change(w)
+	f.notify()
+}
+
+// setOnSnapshot makes Snapshot return what hook returns.
+func (f *fakeFleet) setOnSnapshot(hook func(node string, s wire.Snapshot) []fleet.Action) {
+	f.mu.Lock()
+	f.onSnap = hook
+	f.mu.Unlock()
+}
+
+// probeResults returns the probe results the fleet accepted.
+func (f *fakeFleet) probeResults() []wire.ProbeResult {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.results)
+}
+
 func (f *fakeFleet) callLog() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

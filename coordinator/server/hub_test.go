@@ -179,11 +179,9 @@ func TestBadMessagesCloseOnlyThatConnection(t *testing.T) {
 			if after.State != before.State || !after.AgentConnected || after.Node != "gpu-a" {
 				t.Errorf("good worker changed: before %+v after %+v", before, after)
 			}
-			ts.fleet.mu.Lock()
-			if n := len(ts.fleet.results); n != 0 {
+			if n := len(ts.fleet.probeResults()); n != 0 {
 				t.Errorf("%d rejected probe results reached the fleet", n)
 			}
-			ts.fleet.mu.Unlock()
 			testutil.Eventually(t, "the disconnect metric", 10*time.Second, func() bool {
 				return ts.counter(t, "heft_agent_disconnects_total", map[string]string{"reason": tc.metricDrop}) == 1
 			})
@@ -315,8 +313,7 @@ func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
 			for range wire.MaxProblemCount {
 				problems = append(problems, problem)
 			}
-			ts.fleet.mu.Lock()
-			ts.fleet.onSnap = func(node string, s wire.Snapshot) []fleet.Action {
+			ts.fleet.setOnSnapshot(func(node string, s wire.Snapshot) []fleet.Action {
 				if node != "stuck" {
 					return nil
 				}
@@ -326,8 +323,7 @@ func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
 						Measurement: wire.Measurement{CapacityKey: "stuck/e0", Problems: problems}}})
 				}
 				return out
-			}
-			ts.fleet.mu.Unlock()
+			})
 
 			stuck := connectAgent(t, ts, "stuck") // reads its welcome, then never again
 			good := connectAgent(t, ts, "gpu-a")
