@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,9 +14,6 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/hashicorp/go-hclog"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"heft/coordinator/config"
 	"heft/shared/testutil"
@@ -127,42 +125,15 @@ func (r *running) do(t *testing.T, method, path, token, body string) (int, []byt
 	return resp.StatusCode, data
 }
 
-// metric is the value of name's sample whose labels include all of want,
-// read with the Prometheus text parser; ok is false if there is none.
-func (r *running) metric(t *testing.T, name string, want map[string]string) (v float64, ok bool) {
+// exposes reports whether /metrics holds line, exactly as the text
+// exposition writes it (labels sorted by name).
+func (r *running) exposes(t *testing.T, line string) bool {
 	t.Helper()
 	status, body := r.do(t, "GET", "/metrics", "", "")
 	if status != http.StatusOK {
 		t.Fatalf("/metrics: %d %s", status, body)
 	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	return sampleValue(mfs[name], want)
-}
-
-func sampleValue(mf *dto.MetricFamily, want map[string]string) (float64, bool) {
-next:
-	for _, m := range mf.GetMetric() {
-		labels := map[string]string{}
-		for _, lp := range m.GetLabel() {
-			labels[lp.GetName()] = lp.GetValue()
-		}
-		for k, v := range want {
-			if labels[k] != v {
-				continue next
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			return m.GetCounter().GetValue(), true
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue(), true
-		}
-	}
-	return 0, false
+	return slices.Contains(strings.Split(string(body), "\n"), line)
 }
 
 // agent is a scripted agent on a real websocket that has said hello.
