@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -132,23 +133,42 @@ func (c *coordinator) do(t *testing.T, method, path, token string, body any, out
 	return resp.StatusCode
 }
 
-// waitFor polls the coordinator's workers until ok says yes.
+// waitFor follows the coordinator's event stream (the dashboard's: the
+// whole fleet on connect and after every change) until ok accepts the
+// workers. Polling the API instead would load the machine while the sims'
+// bursts are being timed.
 func (c *coordinator) waitFor(t *testing.T, what string, limit time.Duration, ok func([]view.Worker) bool) []view.Worker {
 	t.Helper()
-	var ws []view.Worker
-	done := false
-	defer func() {
-		if !done { // Eventually gave up: show what the fleet looked like
-			data, _ := json.MarshalIndent(ws, "", "  ")
-			t.Logf("workers at the end of the wait for %s:\n%s", what, data)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url()+"/api/v1/events", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		t.Fatalf("event stream: %v", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 64<<20)
+	var ws view.Workers
+	for sc.Scan() {
+		data, isData := strings.CutPrefix(sc.Text(), "data: ")
+		if !isData {
+			continue
 		}
-	}()
-	testutil.Eventually(t, what, limit, func() bool {
-		ws = c.workers(t)
-		return ok(ws)
-	})
-	done = true
-	return ws
+		ws = view.Workers{}
+		if err := json.Unmarshal([]byte(data), &ws); err != nil {
+			t.Fatalf("event stream: %v", err)
+		}
+		if ok(ws.Workers) {
+			return ws.Workers
+		}
+	}
+	data, _ := json.MarshalIndent(ws.Workers, "", "  ")
+	t.Fatalf("waiting for %s: the event stream ended (%v) after %s; workers:\n%s", what, sc.Err(), limit, data)
+	return nil
 }
 
 // probeRequests is the number of probe requests the coordinator has made
