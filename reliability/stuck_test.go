@@ -139,9 +139,11 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 		m.Problems = notes
 		send(first, &wire.ProbeResult{Measurement: m})
 	}
+	// Waits read the fleet in process: polling GET /api/v1/workers (166 KiB
+	// here) every few milliseconds would load the machine the test times.
 	testutil.Eventually(t, "the deaf agent's 32 measurements stored", 20*time.Second, func() bool {
 		n := 0
-		for _, w := range mustWorkers(t, api) {
+		for _, w := range c.Fleet().Workers() {
 			if w.Node == deafNode && w.Throughput != nil {
 				n++
 			}
@@ -175,7 +177,8 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 		slowest = max(slowest, time.Since(start))
 	}
 	testutil.Eventually(t, "the healthy agent measured and admitted", 20*time.Second, func() bool {
-		return mustWorkers(t, api)[good.key].State == "admitted"
+		w, _ := c.Fleet().Worker(good.key)
+		return w.State == "admitted"
 	})
 	workersBytes := 0
 	for _, path := range []string{"/api/v1/workers", "/healthz", "/metrics", "/api/v1/models/" + strings.ReplaceAll(testModel, "/", "%2F") + "/weights"} {
@@ -201,7 +204,8 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 		})
 	}
 	testutil.Eventually(t, "the on-demand measurement", 20*time.Second, func() bool {
-		return good.probes.Load() == 2 && len(mustWorkers(t, api)[good.key].History) == 2
+		w, _ := c.Fleet().Worker(good.key)
+		return good.probes.Load() == 2 && len(w.History) == 2
 	})
 	if n := c.Server().AgentsConnected(); n != 3 {
 		t.Fatalf("%d agents connected, want the 2 stuck ones and the healthy one", n)
@@ -213,7 +217,7 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 	// waited 10 s; the others stay.
 	dropped := time.Now()
 	testutil.Eventually(t, "the deaf agent dropped", 30*time.Second, func() bool {
-		w := mustWorkers(t, api)[deafNode+"|e0"]
+		w, _ := c.Fleet().Worker(deafNode + "|e0")
 		return !w.AgentConnected && c.Server().AgentsConnected() == 2
 	})
 	if w := mustWorkers(t, api)[good.key]; !w.AgentConnected || w.State != "admitted" {
