@@ -171,6 +171,26 @@ func (c *coordinator) waitFor(t *testing.T, what string, limit time.Duration, ok
 	return nil
 }
 
+// remeasure asks for an on-demand probe of each worker, as an admin
+// would, and waits until each has a new admitted measurement.
+func (c *coordinator) remeasure(t *testing.T, workers ...view.Worker) []view.Worker {
+	t.Helper()
+	for _, w := range workers {
+		if code := c.do(t, http.MethodPost, "/api/v1/workers/"+w.ID+"/probe", adminToken, nil, nil); code != http.StatusOK {
+			t.Fatalf("probe %s: HTTP %d", w.ID, code)
+		}
+	}
+	return c.waitFor(t, "the new measurements", 60*time.Second, func(ws []view.Worker) bool {
+		for _, old := range workers {
+			w, ok := byNode(ws, old.Node)
+			if !ok || w.State != view.StateAdmitted || len(w.History) <= len(old.History) || w.Weight == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // probeRequests is the number of probe requests the coordinator has made
 // since it started (heft_probe_requests_total, every reason), read with
 // the Prometheus text parser.
@@ -363,14 +383,24 @@ func TestFleet(t *testing.T) {
 		if fw.State != view.StateAdmitted || sw.State != view.StateAdmitted {
 			t.Fatalf("states: fast %s, slow %s", fw.State, sw.State)
 		}
+		// The sims were calibrated 2:1; the measurement must see it. On a
+		// loaded machine one reading can be off, so a reading outside 10 %
+		// is taken again (an admin's on-demand probe of both), at most
+		// three readings in all.
 		measured := *fw.Throughput / *sw.Throughput
+		for reading := 1; math.Abs(measured/2-1) > 0.1 && reading < 3; reading++ {
+			t.Logf("reading %d: measured ratio %.3f, want about 2; measuring both again", reading, measured)
+			ws := c.remeasure(t, fw, sw)
+			fw, _ = byNode(ws, "gpu-fast")
+			sw, _ = byNode(ws, "gpu-slow")
+			measured = *fw.Throughput / *sw.Throughput
+		}
+		if math.Abs(measured/2-1) > 0.1 {
+			t.Errorf("measured ratio %.3f, want about 2", measured)
+		}
 		weights := *fw.Weight / *sw.Weight
 		if math.Abs(weights/measured-1) > 0.001 {
 			t.Errorf("weight ratio %.4f, measured throughput ratio %.4f", weights, measured)
-		}
-		// The sims were calibrated 2:1; the measurement must see it.
-		if math.Abs(measured/2-1) > 0.1 {
-			t.Errorf("measured ratio %.3f, want about 2", measured)
 		}
 		var table view.Weights
 		if code := c.do(t, http.MethodGet, "/api/v1/models/"+model+"/weights", "", nil, &table); code != http.StatusOK {
