@@ -61,10 +61,25 @@ func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the count walks every worker; no need to spin
 		return admitted() == n
 	})
+	// On a loaded machine a session can end before the restart (a ping
+	// not answered in time); its agent reconnects and, when its result had
+	// not landed yet, is rightly asked again. An agent with one session
+	// must have been probed exactly once, any other at most once a session.
+	probed := map[string]int64{}       // by capacity key
+	cachedBefore := map[string]int64{} // a reconnect may already have brought one
+	reconnected := 0
 	for _, a := range agents {
-		if got := a.probes.Load(); got != 1 {
-			t.Fatalf("%s was probed %d times before the restart, want 1", a.node, got)
+		got, sessions := a.probes.Load(), int64(len(a.sessionsSince(time.Time{})))
+		if got < 1 || got > sessions || (sessions == 1 && got != 1) {
+			t.Fatalf("%s was probed %d times in %d sessions before the restart, want 1 (at most one a session)", a.node, got, sessions)
 		}
+		if sessions > 1 {
+			reconnected++
+		}
+		probed[a.key], cachedBefore[a.key] = got, a.cached.Load()
+	}
+	if reconnected > 0 {
+		t.Logf("%d agents reconnected before the restart", reconnected)
 	}
 
 	// Restart: a clean shutdown tells every agent at the same instant.
@@ -84,7 +99,7 @@ func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
 	back := time.Now()
 	testutil.Eventually(t, "every agent's cached measurement", 10*time.Second, func() bool {
 		for _, a := range agents {
-			if a.cached.Load() < 1 {
+			if a.cached.Load() <= cachedBefore[a.key] {
 				return false
 			}
 		}
@@ -101,8 +116,8 @@ func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
 		t.Errorf("a fleet tick after the restart asks for %d probes", len(acts))
 	}
 	for _, a := range agents {
-		if got := a.probes.Load(); got != 1 {
-			t.Fatalf("%s was probed %d times in all, want 1: the restart re-ran its burst", a.node, got)
+		if got := a.probes.Load(); got != probed[a.key] {
+			t.Fatalf("%s was probed %d times in all, %d before the restart: the restart re-ran its burst", a.node, got, probed[a.key])
 		}
 	}
 	ws := c2.Fleet().Workers()
@@ -110,7 +125,7 @@ func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
 		t.Fatalf("%d workers after the restart, want %d", len(ws), n)
 	}
 	for _, w := range ws {
-		if w.State != view.StateAdmitted || !w.AgentConnected || w.Throughput == nil || len(w.History) != 1 {
+		if w.State != view.StateAdmitted || !w.AgentConnected || w.Throughput == nil || len(w.History) < 1 || int64(len(w.History)) > probed[w.ID] {
 			t.Fatalf("worker %s after the restart: state %s, connected %t, throughput %v, %d measurements",
 				w.ID, w.State, w.AgentConnected, w.Throughput, len(w.History))
 		}
