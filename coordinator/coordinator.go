@@ -7,7 +7,6 @@ package coordinator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -110,7 +109,8 @@ func serverOptions(cfg config.Config) (server.Options, error) {
 }
 
 // Run serves on ln until ctx ends, then shuts the server down and closes
-// the state. A cancelled ctx is a clean stop (nil).
+// the state. A cancelled ctx is a clean stop (nil). An error closing the
+// state is logged; Close returns it again.
 func (c *Coordinator) Run(ctx context.Context, ln net.Listener) error {
 	if !c.cfg.TLS() && !loopback(ln.Addr()) {
 		c.log.Warn("listening without TLS on a non-loopback address: tokens and fleet data cross the network in clear text; "+
@@ -119,7 +119,7 @@ func (c *Coordinator) Run(ctx context.Context, ln net.Listener) error {
 	c.log.Info("listening", "address", ln.Addr().String(), "tls", c.cfg.TLS(), "state_dir", c.cfg.StateDir, "version", version.Version)
 	err := c.srv.Run(ctx, ln)
 	if cerr := c.Close(); cerr != nil {
-		err = errors.Join(err, cerr)
+		c.log.Error("close state", "error", cerr)
 	}
 	if err == nil {
 		c.log.Info("stopped")
@@ -128,7 +128,8 @@ func (c *Coordinator) Run(ctx context.Context, ln net.Listener) error {
 }
 
 // Close closes the state; Run does so when it returns, so only a
-// coordinator that is never run needs it. It is safe to call again.
+// coordinator that is never run needs it. It is safe to call again, and
+// returns the first call's error.
 func (c *Coordinator) Close() error {
 	c.closeOnce.Do(func() {
 		if err := c.st.Close(); err != nil {
@@ -143,9 +144,6 @@ func (c *Coordinator) Fleet() *fleet.Fleet { return c.fleet }
 
 // Server is the coordinator's network face.
 func (c *Coordinator) Server() *server.Server { return c.srv }
-
-// TLS reports whether the coordinator serves HTTPS.
-func (c *Coordinator) TLS() bool { return c.cfg.TLS() }
 
 func loopback(addr net.Addr) bool {
 	tcp, ok := addr.(*net.TCPAddr)

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -90,7 +91,7 @@ func start(t *testing.T, cfg config.Config, opts ...Option) *running {
 	r.stop = func() error {
 		once.Do(func() {
 			cancel()
-			runErr = <-done
+			runErr = errors.Join(<-done, c.Close())
 		})
 		return runErr
 	}

@@ -88,6 +88,9 @@ func (c *coord) stop() {
 		case <-time.After(60 * time.Second):
 			c.t.Error("coordinator did not stop within 60s")
 		}
+		if err := c.Close(); err != nil { // Run closed it; this is its error
+			c.t.Errorf("close state: %v", err)
+		}
 	})
 }
 
