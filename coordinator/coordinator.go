@@ -18,6 +18,7 @@ import (
 	"heft/coordinator/fleet"
 	"heft/coordinator/server"
 	"heft/coordinator/store"
+	"heft/shared/address"
 	"heft/shared/version"
 )
 
@@ -112,7 +113,7 @@ func serverOptions(cfg config.Config) (server.Options, error) {
 // the state. A cancelled ctx is a clean stop (nil). An error closing the
 // state is logged; Close returns it again.
 func (c *Coordinator) Run(ctx context.Context, ln net.Listener) error {
-	if !c.cfg.TLS() && !loopback(ln.Addr()) {
+	if host, _, _ := net.SplitHostPort(c.cfg.Listen); !c.cfg.TLS() && !address.IsLoopback(host) {
 		c.log.Warn("listening without TLS on a non-loopback address: tokens and fleet data cross the network in clear text; "+
 			"set tls_cert_file and tls_key_file, or put a TLS proxy in front", "listen", ln.Addr().String())
 	}
@@ -144,8 +145,3 @@ func (c *Coordinator) Fleet() *fleet.Fleet { return c.fleet }
 
 // Server is the coordinator's network face.
 func (c *Coordinator) Server() *server.Server { return c.srv }
-
-func loopback(addr net.Addr) bool {
-	tcp, ok := addr.(*net.TCPAddr)
-	return ok && tcp.IP.IsLoopback()
-}

@@ -3,7 +3,6 @@ package coordinator
 import (
 	"bytes"
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -183,24 +182,6 @@ func TestNewRefuses(t *testing.T) {
 	}
 	if after, _ := os.ReadFile(filepath.Join(corrupt, store.FileName)); !bytes.Equal(after, garbage) {
 		t.Error("the refused state file was changed")
-	}
-}
-
-func TestLoopback(t *testing.T) {
-	for _, tc := range []struct {
-		addr net.Addr
-		want bool
-	}{
-		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}, true},
-		{&net.TCPAddr{IP: net.IPv6loopback}, true},
-		{&net.TCPAddr{IP: net.IPv4zero}, false},
-		{&net.TCPAddr{IP: net.IPv6unspecified}, false},
-		{&net.TCPAddr{IP: net.ParseIP("10.0.0.1")}, false},
-		{&net.UnixAddr{Name: "/tmp/x"}, false},
-	} {
-		if got := loopback(tc.addr); got != tc.want {
-			t.Errorf("loopback(%v) = %t", tc.addr, got)
-		}
 	}
 }
 
