@@ -21,6 +21,7 @@ import (
 	"heft/agent/gpu"
 	"heft/agent/host"
 	"heft/agent/logfollow"
+	"heft/shared/backoff"
 	"heft/shared/wire"
 )
 
@@ -167,7 +168,9 @@ func (c *Collector) Wait() { c.wg.Wait() }
 // ends.
 func (c *Collector) follow(ctx context.Context, st *engineState) {
 	logger := c.logger.With("url", st.client.URL(), "log", st.spec.Log)
-	backoff := time.Second
+	// Retries never reset: a log that keeps failing is retried at most
+	// every 30 s, and a follower that worked for a while failed for a reason.
+	b := &backoff.Backoff{Min: time.Second, Max: 30 * time.Second}
 	for {
 		err := logfollow.Follow(ctx, st.spec.Log, logfollow.Options{OnReset: func(reason string) {
 			logger.Info("engine log replaced or truncated; facts kept until the next start-up", "reason", reason)
@@ -186,12 +189,9 @@ func (c *Collector) follow(ctx context.Context, st *engineState) {
 		if first {
 			logger.Warn("cannot follow engine log; retrying", "error", err)
 		}
-		select {
-		case <-ctx.Done():
+		if !b.Wait(ctx) {
 			return
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 30*time.Second)
 	}
 }
 

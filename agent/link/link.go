@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/hashicorp/go-hclog"
 
+	"heft/shared/backoff"
 	"heft/shared/wire"
 )
 
@@ -188,7 +189,7 @@ func newLink(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) (*
 func (l *link) run() error {
 	defer l.client.CloseIdleConnections()
 	defer l.probes.Wait()
-	attempt := 0
+	b := &backoff.Backoff{Min: l.cfg.MinBackoff, Max: l.cfg.MaxBackoff, Jitter: true, RandN: l.randN}
 	for {
 		if l.ctx.Err() != nil {
 			return nil // never dial once stopped
@@ -199,10 +200,9 @@ func (l *link) run() error {
 			return nil
 		}
 		if time.Since(start) > stableSession {
-			attempt = 0
+			b.Reset()
 		}
-		wait := backoff(attempt, l.cfg.MinBackoff, l.cfg.MaxBackoff, l.randN)
-		attempt++
+		wait := b.Next()
 		switch websocket.CloseStatus(err) {
 		case wire.CloseProtocolVersion, wire.CloseSuperseded:
 			// Reconnecting soon cannot help: another agent holds this node
@@ -214,12 +214,8 @@ func (l *link) run() error {
 		} else {
 			l.log.Warn("link to coordinator down", "url", l.cfg.URL, "error", err, "retry_in", wait.String())
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-l.ctx.Done():
-			t.Stop()
+		if !b.Sleep(l.ctx, wait) {
 			return nil
-		case <-t.C:
 		}
 	}
 }

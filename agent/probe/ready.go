@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"heft/shared/backoff"
 )
 
 // errNoModel is returned when the engine is up but serves no model.
@@ -20,7 +22,7 @@ var errNoModel = errors.New("engine lists no models in /v1/models")
 // the last reason the engine was not ready.
 func waitReady(ctx context.Context, client *http.Client, base, want string, timeout time.Duration, onWait func()) (string, error) {
 	deadline := time.Now().Add(timeout)
-	backoff := 50 * time.Millisecond
+	b := &backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
 		model, err := checkReady(ctx, client, base, want, time.Until(deadline))
 		if err == nil {
@@ -36,14 +38,9 @@ func waitReady(ctx context.Context, client *http.Client, base, want string, time
 		if left <= 0 {
 			return "", fmt.Errorf("engine at %s did not become ready within %v: %w", base, timeout, err)
 		}
-		t := time.NewTimer(min(backoff, left))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !b.Sleep(ctx, min(b.Next(), left)) {
 			return "", ctx.Err()
-		case <-t.C:
 		}
-		backoff = min(backoff*2, time.Second)
 	}
 }
 
