@@ -33,7 +33,7 @@ type inspectTarget struct {
 // Tests replace it.
 var inspectDefaultTargets = func() []inspectTarget {
 	var out []inspectTarget
-	for _, p := range engine.DefaultPorts {
+	for _, p := range engine.DefaultPorts() {
 		out = append(out, inspectTarget{URL: fmt.Sprintf("http://127.0.0.1:%d", p.Port), Kinds: strings.Join(p.Kinds, "/")})
 	}
 	return out

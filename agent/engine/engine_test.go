@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/agent/engine/launch"
 	"heft/agent/enginelog"
 	"heft/shared/wire"
 )
@@ -41,7 +42,7 @@ func checkWire(t *testing.T, e wire.Engine) {
 	}
 }
 
-func readLog(t *testing.T, kind, rel string) *LogFacts {
+func readLog(t *testing.T, kind, rel string) *enginelog.Facts {
 	t.Helper()
 	lf, err := enginelog.Read(kind, bytes.NewReader(fixture(t, rel)))
 	if err != nil {
@@ -71,7 +72,7 @@ func TestFactsVLLM(t *testing.T) {
 	if len(e.Ranks) != 0 || e.RanksSource != "" {
 		t.Errorf("vLLM pools must come from the log only, got %+v from %q", e.Ranks, e.RanksSource)
 	}
-	if e.CapacityKey != CapacityKey("gpu-a", "vllm", "Qwen/Qwen3-8B", nil) {
+	if e.CapacityKey != launch.CapacityKey("gpu-a", "vllm", "Qwen/Qwen3-8B", nil) {
 		t.Errorf("capacity key %q", e.CapacityKey)
 	}
 
@@ -87,7 +88,7 @@ func TestFactsVLLM(t *testing.T) {
 	if e.LaunchArgsSource != SourceLog || !hasArg(e.LaunchArgs, "data_parallel_size=2") || hasArg(e.LaunchArgs, "host=0.0.0.0") {
 		t.Errorf("launch args %q from %q", e.LaunchArgs, e.LaunchArgsSource)
 	}
-	if e.CapacityKey != CapacityKey("gpu-a", "vllm", "Qwen/Qwen3-8B", e.LaunchArgs) {
+	if e.CapacityKey != launch.CapacityKey("gpu-a", "vllm", "Qwen/Qwen3-8B", e.LaunchArgs) {
 		t.Errorf("capacity key %q does not cover the launch args", e.CapacityKey)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"sort"
 	"strconv"
 
@@ -43,35 +42,14 @@ type MetricsFacts struct {
 	Families int
 }
 
-// metricNames says which series carry what, per engine kind. The first
-// name found wins, so a newer name comes before its deprecated one.
+// metricNames says which series of a kind's /metrics carry what (each
+// kind's descriptor has its own). The first name found wins, so a newer name comes before its deprecated one.
 type metricNames struct {
 	rankLabel string
 	running   []string
 	waiting   []string
 	kvUsage   []string // a 0..1 fraction
 	pool      []string // per-rank KV pool in tokens (truthful only)
-}
-
-var metricsByKind = map[string]metricNames{
-	wire.EngineVLLM: {
-		rankLabel: "engine",
-		running:   []string{"vllm:num_requests_running"},
-		waiting:   []string{"vllm:num_requests_waiting"},
-		kvUsage:   []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
-	},
-	wire.EngineSGLang: {
-		rankLabel: "dp_rank",
-		running:   []string{"sglang:num_running_reqs"},
-		waiting:   []string{"sglang:num_queue_reqs"},
-		kvUsage:   []string{"sglang:token_usage"},
-		pool:      []string{"sglang:max_total_num_tokens"},
-	},
-	wire.EngineLlamaCpp: {
-		running: []string{"llamacpp:requests_processing"},
-		waiting: []string{"llamacpp:requests_deferred"},
-		kvUsage: []string{"llamacpp:kv_cache_usage_ratio"},
-	},
 }
 
 // ErrNoMetrics is returned for an engine kind that has no /metrics
@@ -83,13 +61,14 @@ var ErrNoMetrics = errors.New("this engine kind has no /metrics endpoint")
 // holds none of the kind's series gives facts with Load.Known false.
 // Values that are not finite, negative, or absurdly large are ignored.
 func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
-	names, ok := metricsByKind[kind]
+	d, ok := lookup(kind)
 	if !ok {
-		if slices.Contains(wire.EngineKinds, kind) {
-			return MetricsFacts{}, fmt.Errorf("%s: %w", kind, ErrNoMetrics)
-		}
 		return MetricsFacts{}, fmt.Errorf("unknown engine kind %q", kind)
 	}
+	if d.metrics == nil {
+		return MetricsFacts{}, fmt.Errorf("%s: %w", kind, ErrNoMetrics)
+	}
+	names := *d.metrics
 	body, err := readBounded(r, MaxBodyBytes)
 	if err != nil {
 		return MetricsFacts{}, err

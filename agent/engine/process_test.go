@@ -1,79 +1,16 @@
 package engine
 
 import (
-	"errors"
 	"fmt"
-	"net"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
+	"heft/agent/engine/launch"
+	"heft/agent/engine/proc"
 	"heft/shared/wire"
 )
-
-func TestFindListenerInAnotherProcess(t *testing.T) {
-	argv := []string{"vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2", "--enforce-eager"}
-	ch := startChild(t, "serve:vllm", argv)
-	pid, err := FindListener(t.Context(), ch.port)
-	if err != nil {
-		t.Fatalf("FindListener: %v", err)
-	}
-	if pid != ch.cmd.Process.Pid {
-		t.Fatalf("pid %d, want the child's %d", pid, ch.cmd.Process.Pid)
-	}
-	got, err := cmdline(t.Context(), pid)
-	if err != nil || !reflect.DeepEqual(got, argv) {
-		t.Fatalf("cmdline %q, %v; want %q", got, err, argv)
-	}
-}
-
-func TestFindListenerSkipsOwnProcess(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	if _, err := FindListener(t.Context(), ln.Addr().(*net.TCPAddr).Port); !errors.Is(err, ErrNoListener) {
-		t.Errorf("own listener: err %v, want ErrNoListener", err)
-	}
-	if _, err := FindListener(t.Context(), 0); err == nil {
-		t.Error("port 0 accepted")
-	}
-}
-
-func TestProcessTreeAndEngineRoot(t *testing.T) {
-	// The parent is "vllm serve ..."; its child listens under a bare
-	// process title, as vLLM's spawned API servers do.
-	argv := []string{"vllm", "serve", "Qwen/Qwen3-8B", "--data-parallel-size", "2"}
-	ch := startChild(t, "parent:vllm", argv)
-	parent := ch.cmd.Process.Pid
-	listener, err := FindListener(t.Context(), ch.port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if listener == parent {
-		t.Fatal("the listener should be the grandchild")
-	}
-	root, got, err := engineProcess(t.Context(), listener)
-	if err != nil || root != parent || !reflect.DeepEqual(got, argv) {
-		t.Fatalf("engineProcess = %d %q %v; want %d %q", root, got, err, parent, argv)
-	}
-	tree, err := ProcessTree(t.Context(), root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tree[0] != parent || !slices.Contains(tree, listener) {
-		t.Errorf("tree %v, want %d first and %d in it", tree, parent, listener)
-	}
-	if slices.Contains(tree, os.Getpid()) {
-		t.Error("the tree climbed above its root")
-	}
-	if _, err := ProcessTree(t.Context(), 1<<30); err == nil {
-		t.Error("tree of a pid that does not exist")
-	}
-}
 
 // TestFactsFindsEngineProcess runs a fake SGLang-free vLLM in another
 // process with a real command line and checks everything that depends on
@@ -83,7 +20,7 @@ func TestFactsFindsEngineProcess(t *testing.T) {
 	argv := []string{"vllm", "serve", "Qwen/Qwen3-8B", "--data-parallel-size", "2", "--api-key", "sk-secret", "--port", "8001"}
 	ch := startChild(t, "parent:vllm", argv)
 	engineRoot := ch.cmd.Process.Pid
-	listener, err := FindListener(t.Context(), ch.port)
+	listener, err := proc.FindListener(t.Context(), ch.port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +44,7 @@ func TestFactsFindsEngineProcess(t *testing.T) {
 	if e.LaunchArgsSource != SourceCmdline || !reflect.DeepEqual(e.LaunchArgs, wantArgs) {
 		t.Errorf("launch args %q from %q, want %q from the command line", e.LaunchArgs, e.LaunchArgsSource, wantArgs)
 	}
-	if e.CapacityKey != CapacityKey("gpu-a", "vllm", "Qwen/Qwen3-8B", wantArgs) {
+	if e.CapacityKey != launch.CapacityKey("gpu-a", "vllm", "Qwen/Qwen3-8B", wantArgs) {
 		t.Errorf("capacity key %q", e.CapacityKey)
 	}
 	if !reflect.DeepEqual(e.GPUUUIDs, []string{"GPU-aaaa"}) {
@@ -155,39 +92,5 @@ func TestFactsIgnoresForwarderCmdline(t *testing.T) {
 	}
 	if e.LaunchArgsSource != SourceLog || slices.ContainsFunc(e.LaunchArgs, func(a string) bool { return strings.Contains(a, "container") }) {
 		t.Errorf("launch args %q from %q, want the log's", e.LaunchArgs, e.LaunchArgsSource)
-	}
-}
-
-func TestIsLocalHost(t *testing.T) {
-	for host, want := range map[string]bool{
-		"localhost": true, "127.0.0.1": true, "[::1]": true, "0.0.0.0": true, "127.0.0.2": true,
-		"203.0.113.7": false, "example.invalid": false,
-	} {
-		if got := isLocalHost(host); got != want {
-			t.Errorf("isLocalHost(%q) = %v", host, got)
-		}
-	}
-	if h, err := os.Hostname(); err == nil && !isLocalHost(h) {
-		t.Errorf("own host name %q not local", h)
-	}
-}
-
-func BenchmarkProcessTree(b *testing.B) {
-	for b.Loop() {
-		if _, err := ProcessTree(b.Context(), os.Getpid()); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-func BenchmarkFindListener(b *testing.B) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	port := ln.Addr().(*net.TCPAddr).Port
-	for b.Loop() {
-		_, _ = FindListener(b.Context(), port)
 	}
 }

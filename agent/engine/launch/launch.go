@@ -1,4 +1,7 @@
-package engine
+// Package launch reads an engine's launch arguments from its command
+// line, normalises them, and derives the capacity key from them: the
+// rules that decide when a restarted engine is "the same worker".
+package launch
 
 import (
 	"crypto/sha256"
@@ -69,9 +72,9 @@ var noiseArgs = map[string]bool{
 	"enable_metrics_for_all_schedulers": true, "slots": true, "no_slots": true, "props": true,
 }
 
-// IsSecretArg reports whether a normalised key names a secret that must
+// IsSecret reports whether a normalised key names a secret that must
 // never leave the host.
-func IsSecretArg(key string) bool {
+func IsSecret(key string) bool {
 	switch key {
 	case "api_key", "hf_token", "token", "admin_api_key", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs":
 		return true
@@ -124,11 +127,11 @@ func normalizeValue(v string) (string, bool) {
 	return v, true
 }
 
-// NormalizeArgs turns launch arguments into sorted "key=value" strings by
+// Normalize turns launch arguments into sorted "key=value" strings by
 // the rules above. When aliases collide, the value of the key that sorts
 // first among the originals wins, so the result does not depend on map
 // order.
-func NormalizeArgs(args map[string]string) []string {
+func Normalize(args map[string]string) []string {
 	origs := make([]string, 0, len(args))
 	for k := range args {
 		origs = append(origs, k)
@@ -137,7 +140,7 @@ func NormalizeArgs(args map[string]string) []string {
 	out := map[string]string{}
 	for _, orig := range origs {
 		k := NormalizeKey(orig)
-		if k == "" || noiseArgs[k] || IsSecretArg(k) {
+		if k == "" || noiseArgs[k] || IsSecret(k) {
 			continue
 		}
 		v, ok := normalizeValue(args[orig])
@@ -199,20 +202,12 @@ func isBoolFlag(key string) bool {
 
 var pythonRE = regexp.MustCompile(`^python[0-9.]*$`)
 
-// engineWords name the programs and modules that launch an engine;
-// heft-sim is heft's own simulated engine.
-var engineWords = []string{"vllm", "sglang", "llama-server", "llama_server", "mlx_lm", "ollama", "heft-sim"}
-
-// LooksLikeEngine reports whether a command line launches one of the
-// engines heft knows (directly, or through python -m / a script).
-func LooksLikeEngine(argv []string) bool {
+// Program returns what a command line launches: the program's base name,
+// or for a Python interpreter the module (-m) or script it runs.
+// "python3 -u -m sglang.launch_server --dp 2" gives "sglang.launch_server".
+func Program(argv []string) string {
 	prog, _ := splitProgram(argv)
-	for _, w := range engineWords {
-		if strings.Contains(prog, w) {
-			return true
-		}
-	}
-	return false
+	return prog
 }
 
 // splitProgram finds what is launched and where its own arguments start:
@@ -249,7 +244,7 @@ func splitProgram(argv []string) (prog string, rest int) {
 	return prog, i
 }
 
-// ArgsFromCmdline reads launch arguments from a process command line:
+// FromCmdline reads launch arguments from a process command line:
 // "vllm serve MODEL --tensor-parallel-size 2 --enforce-eager",
 // "python -m sglang.launch_server --model-path M --dp 2",
 // "llama-server -m model.gguf -c 8192 -np 4", "mlx_lm.server --model M".
@@ -257,10 +252,10 @@ func splitProgram(argv []string) (prog string, rest int) {
 // argument is the model, --key=value and --key value both work, a flag
 // without a value is "true", and extra words after a value extend it
 // (nargs="+" flags). Keys are returned as written, without dashes; pass
-// the map to NormalizeArgs. A command line with nothing to read (a
+// the map to Normalize. A command line with nothing to read (a
 // process title set by setproctitle, multiprocessing's spawn) gives an
 // empty map.
-func ArgsFromCmdline(argv []string) map[string]string {
+func FromCmdline(argv []string) map[string]string {
 	out := map[string]string{}
 	if len(argv) == 1 && strings.ContainsAny(argv[0], " \t") {
 		// setproctitle and some launchers put the whole line in argv[0].

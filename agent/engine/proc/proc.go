@@ -1,4 +1,9 @@
-package engine
+// Package proc finds an engine's processes on this host from the TCP port
+// it listens on: the listener, the engine's root process and its command
+// line, and the whole process tree (every process of which may hold GPU
+// memory). Finding a port's owner walks every process's file descriptors,
+// so a Finder keeps what it found while that process lives.
+package proc
 
 import (
 	"context"
@@ -67,10 +72,10 @@ func stillListens(ctx context.Context, pid, port int) bool {
 	return false
 }
 
-// ProcessTree returns root and all its descendants, root first. Engines
+// Tree returns root and all its descendants, root first. Engines
 // spread over processes (vLLM's EngineCore_DPk and workers, SGLang's
 // schedulers), and every one of them may hold GPU memory.
-func ProcessTree(ctx context.Context, root int) ([]int, error) {
+func Tree(ctx context.Context, root int) ([]int, error) {
 	if root <= 0 {
 		return nil, fmt.Errorf("pid %d out of range", root)
 	}
@@ -106,8 +111,8 @@ func ProcessTree(ctx context.Context, root int) ([]int, error) {
 	return tree, nil
 }
 
-// cmdline reads a process's argv.
-func cmdline(ctx context.Context, pid int) ([]string, error) {
+// Cmdline reads a process's argv.
+func Cmdline(ctx context.Context, pid int) ([]string, error) {
 	p := &process.Process{Pid: int32(pid)}
 	argv, err := p.CmdlineSliceWithContext(ctx)
 	if err != nil {
@@ -125,19 +130,19 @@ func parentOf(ctx context.Context, pid int) int {
 	return int(ppid)
 }
 
-// engineProcess finds the engine's root process from its listener: the
-// listener itself when its command line launches an engine, or else (a
-// multiprocessing-spawned API server, a process title) the nearest
-// ancestor whose command line does. It returns that pid and its argv; when
-// no such process is found, the listener and its argv (which may be a
-// port forwarder's, such as docker-proxy: callers check LooksLikeEngine
-// before reading launch arguments from it).
-func engineProcess(ctx context.Context, listener int) (int, []string, error) {
-	argv, err := cmdline(ctx, listener)
+// EngineRoot finds the engine's root process from its listener: the
+// listener itself when isEngine accepts its command line, or else (a
+// multiprocessing-spawned API server, a process title) the nearest of its
+// four closest ancestors that isEngine accepts. It returns that pid and
+// its argv; when there is none, the listener and its argv (which may be a
+// port forwarder's, such as docker-proxy: callers check the argv before
+// reading launch arguments from it).
+func EngineRoot(ctx context.Context, listener int, isEngine func(argv []string) bool) (int, []string, error) {
+	argv, err := Cmdline(ctx, listener)
 	if err != nil {
 		return listener, nil, err
 	}
-	if LooksLikeEngine(argv) && len(ArgsFromCmdline(argv)) > 0 {
+	if isEngine(argv) {
 		return listener, argv, nil
 	}
 	pid := listener
@@ -146,11 +151,11 @@ func engineProcess(ctx context.Context, listener int) (int, []string, error) {
 		if parent <= 1 {
 			break
 		}
-		pargv, err := cmdline(ctx, parent)
+		pargv, err := Cmdline(ctx, parent)
 		if err != nil {
 			break
 		}
-		if LooksLikeEngine(pargv) && len(ArgsFromCmdline(pargv)) > 0 {
+		if isEngine(pargv) {
 			return parent, pargv, nil
 		}
 		pid = parent
@@ -158,11 +163,11 @@ func engineProcess(ctx context.Context, listener int) (int, []string, error) {
 	return listener, argv, nil
 }
 
-// isLocalHost reports whether host names this machine, so that the
+// IsLocalHost reports whether host names this machine, so that the
 // process listening on the URL's port here is the engine. A remote URL
 // must never be matched against a local process that happens to use the
 // same port.
-func isLocalHost(host string) bool {
+func IsLocalHost(host string) bool {
 	host = strings.Trim(host, "[]")
 	if strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
 		return true

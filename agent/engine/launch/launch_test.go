@@ -1,4 +1,4 @@
-package engine
+package launch
 
 import (
 	"reflect"
@@ -66,7 +66,7 @@ func TestArgsFromCmdline(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := ArgsFromCmdline(tt.argv)
+			got := FromCmdline(tt.argv)
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got  %v\nwant %v", got, tt.want)
 			}
@@ -108,7 +108,7 @@ func TestNormalizeArgs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := NormalizeArgs(tt.in)
+			got := Normalize(tt.in)
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got  %q\nwant %q", got, tt.want)
 			}
@@ -119,9 +119,9 @@ func TestNormalizeArgs(t *testing.T) {
 // The same launch read from the command line and from vLLM's
 // "non-default args" log line normalises to the same arguments.
 func TestNormalizeArgsSourcesAgree(t *testing.T) {
-	fromCmd := NormalizeArgs(ArgsFromCmdline([]string{"vllm", "serve", "Qwen/Qwen3-8B", "--max-model-len", "40960",
+	fromCmd := Normalize(FromCmdline([]string{"vllm", "serve", "Qwen/Qwen3-8B", "--max-model-len", "40960",
 		"--gpu-memory-utilization", "0.9", "--data-parallel-size", "2", "--host", "0.0.0.0"}))
-	fromLog := NormalizeArgs(map[string]string{"model_tag": "Qwen/Qwen3-8B", "host": "0.0.0.0", "model": "Qwen/Qwen3-8B",
+	fromLog := Normalize(map[string]string{"model_tag": "Qwen/Qwen3-8B", "host": "0.0.0.0", "model": "Qwen/Qwen3-8B",
 		"max_model_len": "40960", "gpu_memory_utilization": "0.9", "data_parallel_size": "2"})
 	if !reflect.DeepEqual(fromCmd, fromLog) {
 		t.Errorf("cmdline %q\nlog     %q", fromCmd, fromLog)
@@ -167,25 +167,24 @@ func TestCapacityKeyGolden(t *testing.T) {
 	}
 }
 
-func TestLooksLikeEngine(t *testing.T) {
+func TestProgram(t *testing.T) {
 	for _, tt := range []struct {
 		argv []string
-		want bool
+		want string
 	}{
-		{[]string{"vllm", "serve", "M"}, true},
-		{[]string{"/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "M"}, true},
-		{[]string{"python3.11", "-u", "-m", "sglang.launch_server", "--model-path", "M"}, true},
-		{[]string{"/opt/llama.cpp/bin/llama-server", "-m", "x.gguf"}, true},
-		{[]string{"/Users/me/.venv/bin/python3", "/Users/me/.venv/bin/mlx_lm.server", "--model", "M"}, true},
-		{[]string{"/usr/local/bin/ollama", "serve"}, true},
-		{[]string{"heft-sim", "--flavor", "vllm"}, true},
-		{[]string{"docker-proxy", "-proto", "tcp", "-host-port", "8000"}, false},
-		{[]string{"python3", "serve.py", "--model", "M"}, false},
-		{[]string{"nginx: worker process"}, false},
-		{nil, false},
+		{[]string{"vllm", "serve", "M"}, "vllm"},
+		{[]string{"/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "M"}, "vllm.entrypoints.openai.api_server"},
+		{[]string{"python3.11", "-u", "-m", "sglang.launch_server", "--model-path", "M"}, "sglang.launch_server"},
+		{[]string{"python3", "-msglang.launch_server"}, "sglang.launch_server"},
+		{[]string{"/opt/llama.cpp/bin/llama-server", "-m", "x.gguf"}, "llama-server"},
+		{[]string{"/Users/me/.venv/bin/python3", "/Users/me/.venv/bin/mlx_lm.server", "--model", "M"}, "mlx_lm.server"},
+		{[]string{"python3", "-X", "dev", "serve.py"}, "serve.py"},
+		{[]string{"python3", "-c", "print(1)"}, "-c"},
+		{[]string{"nginx: worker process"}, "nginx: worker process"},
+		{nil, ""},
 	} {
-		if got := LooksLikeEngine(tt.argv); got != tt.want {
-			t.Errorf("LooksLikeEngine(%q) = %v", tt.argv, got)
+		if got := Program(tt.argv); got != tt.want {
+			t.Errorf("Program(%q) = %q, want %q", tt.argv, got, tt.want)
 		}
 	}
 }

@@ -1,0 +1,189 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"heft/agent/engine/launch"
+	"heft/agent/engine/proc"
+	"heft/agent/enginelog"
+	"heft/shared/wire"
+)
+
+// Facts reads everything the agent reports about the engine. It never
+// fails: problems go in Engine.Error. gpus are this host's GPUs (their
+// processes decide GPUUUIDs and ForeignProcesses); logFacts, when not
+// nil, are what the engine's start-up log said.
+func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog.Facts) wire.Engine {
+	e := wire.Engine{Kind: c.kind.name, URL: c.url}
+	r := c.read(ctx)
+
+	// The engine's processes, when it runs on this host.
+	var tree []int
+	var cmdArgs map[string]string
+	if r.down && c.procs != nil {
+		c.procs.Forget()
+	}
+	if c.local {
+		p, err := c.findProcess(ctx)
+		switch {
+		case err == nil:
+			e.PID, tree = p.Root, p.Tree
+			if looksLikeEngine(p.Argv) {
+				cmdArgs = launch.FromCmdline(p.Argv)
+			}
+		case errors.Is(err, proc.ErrNoListener):
+			c.logger.Debug("engine process not found", "port", c.port)
+		default:
+			c.warnOnce(err.Error(), "cannot find the engine's process", "error", err)
+		}
+	}
+
+	// Launch arguments: command line, then the log, then what the engine serves.
+	var args []string
+	switch {
+	case len(cmdArgs) > 0:
+		args, e.LaunchArgsSource = launch.Normalize(cmdArgs), SourceCmdline
+	case logFacts != nil && len(logFacts.LaunchArgs) > 0:
+		args, e.LaunchArgsSource = launch.Normalize(logFacts.LaunchArgs), SourceLog
+	case len(r.args) > 0:
+		args, e.LaunchArgsSource = launch.Normalize(r.args), r.argsSrc
+	}
+	args, e.LaunchArgsSource = c.stickyArgs(args, e.LaunchArgsSource, r.down)
+
+	e.Models = r.models
+	e.Ready = r.ready && !r.down
+	e.Version = r.version
+	if e.Version == "" && logFacts != nil {
+		e.Version = bound(logFacts.Version)
+	}
+	e.Load = r.load
+	e.Model = c.pickModel(r, cmdArgs, logFacts, args)
+	e.Ranks, e.RanksSource = c.pickRanks(r, logFacts)
+	if len(e.Ranks) > 0 {
+		e.RanksAt = time.Now().UTC()
+	}
+	if e.Model != "" {
+		e.CapacityKey = launch.CapacityKey(c.cfg.Node, c.kind.name, e.Model, args)
+	}
+	e.LaunchArgs = boundList(args)
+	e.GPUUUIDs, e.ForeignProcesses = gpuUse(gpus, tree)
+	if len(r.problems) > 0 {
+		e.Error = bound(strings.Join(r.problems, "; "))
+	}
+	return e
+}
+
+// pickModel chooses the served model: the configured override, then what
+// the engine says it has loaded (for mlx-lm, its --model argument), then
+// its model list, then the log, then the launch arguments.
+func (c *Client) pickModel(r *reading, cmdArgs map[string]string, lf *enginelog.Facts, args []string) string {
+	candidates := []string{c.cfg.Model, r.served}
+	if c.kind.modelFromCmdline {
+		candidates = append(candidates, cmdArgs["model"])
+	}
+	if len(r.models) > 0 {
+		candidates = append(candidates, r.models[0])
+	}
+	if lf != nil {
+		candidates = append(candidates, lf.Model)
+	}
+	for _, key := range []string{"served_model_name", "model"} {
+		for _, a := range args {
+			if v, ok := strings.CutPrefix(a, key+"="); ok {
+				candidates = append(candidates, v)
+			}
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	candidates = append(candidates, c.lastModel)
+	for _, m := range candidates {
+		if m = strings.TrimSpace(m); m != "" {
+			c.lastModel = bound(m)
+			return c.lastModel
+		}
+	}
+	return ""
+}
+
+// pickRanks chooses the KV pools per rank: the start-up log's, the most
+// truthful source, then what the kind's endpoints said (each kind's
+// adapter picks among its own endpoints).
+func (c *Client) pickRanks(r *reading, lf *enginelog.Facts) ([]wire.Rank, string) {
+	if lf != nil && len(lf.Ranks) > 0 && wire.CheckRanks(lf.Ranks) == nil {
+		ranks := slices.Clone(lf.Ranks)
+		slices.SortFunc(ranks, func(a, b wire.Rank) int { return a.DPRank - b.DPRank })
+		src := c.cfg.Log
+		if src == "" {
+			src = SourceLog
+		}
+		return ranks, bound(src)
+	}
+	return r.pools, r.poolsSrc
+}
+
+// stickyArgs keeps the command-line arguments of the last read while the
+// engine is down and its process gone: the log or /server_info would give
+// another set, and so another capacity key, for the same engine during a
+// short outage.
+func (c *Client) stickyArgs(args []string, src string, down bool) ([]string, string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if down && src != SourceCmdline && c.lastSrc == SourceCmdline {
+		return c.lastArgs, c.lastSrc
+	}
+	if src != "" {
+		c.lastArgs, c.lastSrc = args, src
+	}
+	return args, src
+}
+
+// gpuUse returns the GPUs on which a process of tree holds memory, and
+// the processes on those GPUs that are outside tree.
+func gpuUse(gpus []wire.GPU, tree []int) ([]string, []wire.GPUProcess) {
+	if len(tree) == 0 {
+		return nil, nil
+	}
+	in := make(map[int]bool, len(tree))
+	for _, pid := range tree {
+		in[pid] = true
+	}
+	var uuids []string
+	var foreign []wire.GPUProcess
+	for _, g := range gpus {
+		mine := slices.ContainsFunc(g.Processes, func(p wire.GPUProcess) bool { return in[p.PID] })
+		if !mine || g.UUID == "" {
+			continue
+		}
+		if len(uuids) < wire.MaxListItems {
+			uuids = append(uuids, g.UUID)
+		}
+		for _, p := range g.Processes {
+			if !in[p.PID] && len(foreign) < wire.MaxProcesses {
+				p.Foreign = true
+				foreign = append(foreign, p)
+			}
+		}
+	}
+	return uuids, foreign
+}
+
+// boundList cuts a list to what the wire accepts. The capacity key is
+// computed over the whole list before this.
+func boundList(list []string) []string {
+	if len(list) > wire.MaxListItems {
+		list = list[:wire.MaxListItems]
+	}
+	out := make([]string, 0, len(list))
+	for _, s := range list {
+		out = append(out, bound(s))
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}

@@ -1,0 +1,29 @@
+package engine
+
+import (
+	"context"
+
+	"heft/shared/wire"
+)
+
+// mlx-lm's server (reference/engines.md §3): /v1/models lists the whole
+// Hugging Face cache, so the served model is its --model argument; no
+// /metrics, no load, no KV pool (allocated per request), and no length
+// control beyond a cap. Nothing it serves is its own, so Detect knows it
+// only as the last resort.
+var mlx = descriptor{
+	name:             wire.EngineMLX,
+	port:             8080,
+	programs:         []string{"mlx_lm"},
+	health:           "/health",
+	output:           OutputForm{Exact: false},
+	detect:           detection{fallback: true},
+	modelFromCmdline: true,
+	adapter:          mlxAdapter{},
+}
+
+type mlxAdapter struct{}
+
+func (mlxAdapter) read(context.Context, *Client, *reading) {}
+
+func (mlxAdapter) load(context.Context, *Client) (wire.Load, error) { return wire.Load{}, nil }

@@ -1,0 +1,302 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"heft/shared/wire"
+)
+
+// SGLang (reference/engines.md §2): /server_info for its launch
+// arguments, version and per-rank KV pools; /metrics with
+// --enable-metrics (label dp_rank="k"), else /v1/loads (newest), else
+// /get_load for the load. It takes min_tokens and ignore_eos like vLLM.
+var sglang = descriptor{
+	name:     wire.EngineSGLang,
+	port:     30000,
+	programs: []string{"sglang"},
+	health:   "/health",
+	metrics: &metricNames{
+		rankLabel: "dp_rank",
+		running:   []string{"sglang:num_running_reqs"},
+		waiting:   []string{"sglang:num_queue_reqs"},
+		kvUsage:   []string{"sglang:token_usage"},
+		pool:      []string{"sglang:max_total_num_tokens"},
+	},
+	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
+		return map[string]any{"min_tokens": n, "ignore_eos": true}
+	}},
+	detect: detection{ownedBy: "sglang", probes: []probe{
+		{"/server_info", []string{"tp_size", "model_path"}},
+		{"/get_server_info", []string{"tp_size", "model_path"}},
+	}},
+	adapter: sglangAdapter{},
+}
+
+type sglangAdapter struct{}
+
+// read takes the KV pools from the most truthful source that has them:
+// per-rank metrics or /v1/loads, then /server_info's per-rank states
+// (only where they cannot mislabel ranks), then its DP0 total for a
+// single rank.
+func (a sglangAdapter) read(ctx context.Context, c *Client, r *reading) {
+	info, err := c.sglangServerInfo(ctx)
+	r.note(err)
+	if err == nil {
+		r.version = info.Version
+		r.args, r.argsSrc = info.Args, SourceServerInfo
+	}
+	if !r.down {
+		a.readLoad(ctx, c, r)
+	}
+	if len(r.pools) > 0 || err != nil {
+		return
+	}
+	if caps := info.Capacities; len(caps) > 0 && (info.Ranked || allEqual(caps)) {
+		r.pools, r.poolsSrc = caps, SourceServerInfo
+	} else if info.DPSize <= 1 && info.MaxTotalNumTokens > 0 {
+		r.pools, r.poolsSrc = []wire.Rank{{DPRank: 0, KVTokens: info.MaxTotalNumTokens}}, SourceServerInfo
+	}
+}
+
+// readLoad reads the load and per-rank pools: /metrics, and /v1/loads or
+// /get_load for what the metrics lack.
+func (sglangAdapter) readLoad(ctx context.Context, c *Client, r *reading) {
+	mf, err := c.scrape(ctx)
+	r.note(err)
+	r.load = mf.Load
+	if len(mf.Ranks) > 0 {
+		r.pools, r.poolsSrc = mf.Ranks, SourceMetrics
+	}
+	if r.down || (mf.Load.Known && len(mf.Ranks) > 0) {
+		return
+	}
+	l, pools, err := c.sglangLoads(ctx)
+	r.note(err)
+	if err == nil {
+		if !r.load.Known {
+			r.load = l
+		}
+		if len(r.pools) == 0 && len(pools) > 0 {
+			r.pools, r.poolsSrc = pools, SourceLoads
+		}
+	} else if errors.Is(err, errNotServed) && !r.load.Known {
+		l, err := c.sglangGetLoad(ctx)
+		r.note(err)
+		if err == nil {
+			r.load = l
+		}
+	}
+}
+
+// load reads /metrics, else /v1/loads, else /get_load.
+func (sglangAdapter) load(ctx context.Context, c *Client) (wire.Load, error) {
+	mf, err := c.scrape(ctx)
+	if err == nil && mf.Load.Known {
+		return mf.Load, nil
+	}
+	if err != nil && !errors.Is(err, errNotServed) {
+		return wire.Load{}, err
+	}
+	l, _, lerr := c.sglangLoads(ctx)
+	if lerr == nil {
+		return l, nil
+	}
+	if !errors.Is(lerr, errNotServed) {
+		return wire.Load{}, lerr
+	}
+	return c.sglangGetLoad(ctx)
+}
+
+func allEqual(ranks []wire.Rank) bool {
+	for _, r := range ranks[1:] {
+		if r.KVTokens != ranks[0].KVTokens {
+			return false
+		}
+	}
+	return true
+}
+
+// serverInfo is the part of SGLang's /server_info heft reads. Args holds
+// every top-level field that is a server argument.
+type serverInfo struct {
+	Version           string
+	DPSize            int
+	MaxTotalNumTokens int64 // DP0 only
+	Args              map[string]string
+	// Capacities are internal_states[i].memory_usage.token_capacity, one
+	// per rank, in reply-arrival order; Ranked is true when every state
+	// also names its dp_rank.
+	Capacities []wire.Rank
+	Ranked     bool
+}
+
+// serverInfoSkip are /server_info fields that are scheduler state, not
+// launch arguments.
+var serverInfoSkip = map[string]bool{
+	"version": true, "internal_states": true, "max_total_num_tokens": true, "max_req_input_len": true,
+	"status": true, "scheduler_info": true, "last_gen_throughput": true, "memory_usage": true,
+	"effective_max_running_requests_per_dp": true, "load": true,
+}
+
+// sglangServerInfo reads /server_info, falling back to the deprecated
+// /get_server_info of older versions.
+func (c *Client) sglangServerInfo(ctx context.Context) (serverInfo, error) {
+	body, _, err := c.get(ctx, "/server_info", "application/json")
+	if errors.Is(err, errNotServed) {
+		body, _, err = c.get(ctx, "/get_server_info", "application/json")
+	}
+	if err != nil {
+		return serverInfo{}, err
+	}
+	var raw map[string]json.RawMessage
+	if err := decodeJSON("/server_info", body, &raw); err != nil {
+		return serverInfo{}, err
+	}
+	info := serverInfo{Args: map[string]string{}}
+	_ = json.Unmarshal(raw["version"], &info.Version)
+	info.Version = bound(info.Version)
+	var n float64
+	if json.Unmarshal(raw["max_total_num_tokens"], &n) == nil {
+		info.MaxTotalNumTokens = tokens(n)
+	}
+	if json.Unmarshal(raw["dp_size"], &n) == nil && n >= 0 && n < wire.MaxRanks {
+		info.DPSize = int(n)
+	}
+	for k, v := range raw {
+		if serverInfoSkip[k] {
+			continue
+		}
+		if s, ok := jsonScalar(v); ok {
+			info.Args[k] = s
+		}
+	}
+	var states []struct {
+		DPRank      *int `json:"dp_rank"`
+		MemoryUsage struct {
+			TokenCapacity float64 `json:"token_capacity"`
+		} `json:"memory_usage"`
+	}
+	if json.Unmarshal(raw["internal_states"], &states) == nil && len(states) <= wire.MaxRanks {
+		info.Ranked = len(states) > 0
+		seen := map[int]bool{}
+		for i, s := range states {
+			k := i
+			if s.DPRank != nil && *s.DPRank >= 0 && *s.DPRank < wire.MaxRanks && !seen[*s.DPRank] {
+				k = *s.DPRank
+			} else {
+				info.Ranked = false
+			}
+			seen[k] = true
+			if t := tokens(s.MemoryUsage.TokenCapacity); t > 0 {
+				info.Capacities = append(info.Capacities, wire.Rank{DPRank: k, KVTokens: t})
+			}
+		}
+		if !info.Ranked {
+			// Reply-arrival order: rank numbers would be guesses.
+			for i := range info.Capacities {
+				info.Capacities[i].DPRank = i
+			}
+		}
+		sort.Slice(info.Capacities, func(i, j int) bool { return info.Capacities[i].DPRank < info.Capacities[j].DPRank })
+	}
+	return info, nil
+}
+
+// jsonScalar renders a JSON scalar as a launch-argument value; lists and
+// objects render as compact JSON, null is dropped.
+func jsonScalar(v json.RawMessage) (string, bool) {
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 || string(v) == "null" {
+		return "", false
+	}
+	var s string
+	if v[0] == '"' {
+		if json.Unmarshal(v, &s) != nil {
+			return "", false
+		}
+		return s, true
+	}
+	if string(v) == "[]" || string(v) == "{}" {
+		return "", false
+	}
+	return string(v), true
+}
+
+// sglangLoads reads /v1/loads (newest SGLang): per-rank load and pools.
+func (c *Client) sglangLoads(ctx context.Context) (wire.Load, []wire.Rank, error) {
+	body, _, err := c.get(ctx, "/v1/loads?include=core,memory", "application/json")
+	if err != nil {
+		return wire.Load{}, nil, err
+	}
+	type entry struct {
+		DPRank            int     `json:"dp_rank"`
+		NumRunningReqs    float64 `json:"num_running_reqs"`
+		NumWaitingReqs    float64 `json:"num_waiting_reqs"`
+		MaxTotalNumTokens float64 `json:"max_total_num_tokens"`
+		TokenUsage        float64 `json:"token_usage"`
+	}
+	var entries []entry
+	if looksLikeHTML(body) {
+		return wire.Load{}, nil, errors.New("GET /v1/loads answered HTML, not JSON")
+	}
+	// The answer is {"loads":[...]} or, in some builds, the bare list.
+	var wrapped struct {
+		Loads []entry `json:"loads"`
+	}
+	if err := json.Unmarshal(body, &wrapped); err == nil && wrapped.Loads != nil {
+		entries = wrapped.Loads
+	} else if err := json.Unmarshal(body, &entries); err != nil {
+		return wire.Load{}, nil, fmt.Errorf("GET /v1/loads answered something that is not the expected JSON: %v", err)
+	}
+	var ranks []wire.RankLoad
+	var pools []wire.Rank
+	seen := map[int]bool{}
+	for _, e := range entries {
+		if e.DPRank < 0 || e.DPRank >= wire.MaxRanks || seen[e.DPRank] {
+			continue
+		}
+		seen[e.DPRank] = true
+		ranks = append(ranks, wire.RankLoad{DPRank: e.DPRank, Running: count(e.NumRunningReqs),
+			Waiting: count(e.NumWaitingReqs), KVUsage: fraction(e.TokenUsage)})
+		if t := tokens(e.MaxTotalNumTokens); t > 0 {
+			pools = append(pools, wire.Rank{DPRank: e.DPRank, KVTokens: t})
+		}
+	}
+	sort.Slice(ranks, func(i, j int) bool { return ranks[i].DPRank < ranks[j].DPRank })
+	sort.Slice(pools, func(i, j int) bool { return pools[i].DPRank < pools[j].DPRank })
+	return sumLoad(ranks), pools, nil
+}
+
+// sglangGetLoad reads the older /get_load list. num_reqs counts running
+// and waiting requests together in the versions that have both fields.
+func (c *Client) sglangGetLoad(ctx context.Context) (wire.Load, error) {
+	var entries []struct {
+		DPRank         int     `json:"dp_rank"`
+		NumReqs        float64 `json:"num_reqs"`
+		NumWaitingReqs float64 `json:"num_waiting_reqs"`
+	}
+	if err := c.getJSON(ctx, "/get_load", &entries); err != nil {
+		return wire.Load{}, err
+	}
+	var ranks []wire.RankLoad
+	seen := map[int]bool{}
+	for _, e := range entries {
+		if e.DPRank < 0 || e.DPRank >= wire.MaxRanks || seen[e.DPRank] {
+			continue
+		}
+		seen[e.DPRank] = true
+		total, waiting := count(e.NumReqs), count(e.NumWaitingReqs)
+		running := total - waiting
+		if running < 0 {
+			running = total
+		}
+		ranks = append(ranks, wire.RankLoad{DPRank: e.DPRank, Running: running, Waiting: waiting})
+	}
+	sort.Slice(ranks, func(i, j int) bool { return ranks[i].DPRank < ranks[j].DPRank })
+	return sumLoad(ranks), nil
+}

@@ -1,0 +1,51 @@
+package engine
+
+import (
+	"context"
+
+	"heft/shared/wire"
+)
+
+// vLLM (reference/engines.md §1): its own /version, and load per
+// data-parallel rank in /metrics (label engine="k"). Its KV pools are
+// only in the start-up log: cache_config_info's num_gpu_blocks is the sum
+// over DP ranks.
+var vllm = descriptor{
+	name:     wire.EngineVLLM,
+	port:     8000,
+	programs: []string{"vllm"},
+	health:   "/health",
+	metrics: &metricNames{
+		rankLabel: "engine",
+		running:   []string{"vllm:num_requests_running"},
+		waiting:   []string{"vllm:num_requests_waiting"},
+		kvUsage:   []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+	},
+	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
+		return map[string]any{"min_tokens": n, "ignore_eos": true}
+	}},
+	detect:  detection{ownedBy: "vllm", probes: []probe{{"/version", []string{"version"}}}},
+	adapter: vllmAdapter{},
+}
+
+type vllmAdapter struct{}
+
+func (vllmAdapter) read(ctx context.Context, c *Client, r *reading) {
+	v, err := c.version(ctx, "/version")
+	r.note(err)
+	r.version = v
+	if r.down {
+		return
+	}
+	mf, err := c.scrape(ctx)
+	r.note(err)
+	r.load = mf.Load
+}
+
+func (vllmAdapter) load(ctx context.Context, c *Client) (wire.Load, error) {
+	mf, err := c.scrape(ctx)
+	if err != nil {
+		return wire.Load{}, err
+	}
+	return mf.Load, nil
+}
