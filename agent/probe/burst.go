@@ -16,53 +16,24 @@ import (
 	"sync/atomic"
 	"time"
 
-	"heft/shared/wire"
+	"heft/agent/engine"
 )
 
-// exactKind reports whether an engine kind can be told an exact output
-// length. An empty kind is treated as able: the probe sends every field.
-func exactKind(kind string) bool {
-	return kind != wire.EngineMLX && kind != wire.EngineOllama
-}
-
-type chatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-}
-
-type chatRequest struct {
-	Model         string        `json:"model"`
-	Messages      []chatMessage `json:"messages"`
-	Stream        bool          `json:"stream"`
-	StreamOptions struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-	MaxTokens int  `json:"max_tokens,omitempty"`
-	MinTokens int  `json:"min_tokens,omitempty"`
-	NPredict  int  `json:"n_predict,omitempty"`
-	IgnoreEOS bool `json:"ignore_eos,omitempty"`
-}
-
-// requestBody builds the chat request every request of a burst sends, with
-// the length fields each engine kind honours (reference/engines.md §1.7,
-// §2.8, §4): vLLM and SGLang max_tokens = min_tokens plus ignore_eos,
-// llama.cpp n_predict plus ignore_eos, mlx-lm and Ollama only a cap.
-func requestBody(kind, model, prompt string, tokens int) ([]byte, error) {
-	req := chatRequest{
-		Model:    model,
-		Messages: []chatMessage{{Role: "user", Content: prompt}},
-		Stream:   true,
+// requestBody builds the chat request every request of a burst sends:
+// max_tokens = tokens plus the fields with which the engine's kind is told
+// an exact length (engine.OutputFor; reference/engines.md §6).
+func requestBody(form engine.OutputForm, model, prompt string, tokens int) ([]byte, error) {
+	req := map[string]any{
+		"model":          model,
+		"messages":       []map[string]string{{"role": "user", "content": prompt}},
+		"stream":         true,
+		"stream_options": map[string]bool{"include_usage": true},
+		"max_tokens":     tokens,
 	}
-	req.StreamOptions.IncludeUsage = true
-	req.MaxTokens = tokens
-	switch kind {
-	case wire.EngineVLLM, wire.EngineSGLang:
-		req.MinTokens, req.IgnoreEOS = tokens, true
-	case wire.EngineLlamaCpp:
-		req.NPredict, req.IgnoreEOS = tokens, true
-	case wire.EngineMLX, wire.EngineOllama:
-	default:
-		req.MinTokens, req.NPredict, req.IgnoreEOS = tokens, tokens, true
+	if form.Fields != nil {
+		for k, v := range form.Fields(tokens) {
+			req[k] = v
+		}
 	}
 	return json.Marshal(req)
 }

@@ -15,11 +15,11 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"heft/agent/engine"
 	"heft/shared/wire"
 )
 
@@ -99,9 +99,6 @@ func (c *Config) normalize() error {
 	}
 	// Accept an OpenAI base URL too: health and models live at the root.
 	c.URL = strings.TrimSuffix(strings.TrimSuffix(u.String(), "/"), "/v1")
-	if c.Kind != "" && !slices.Contains(wire.EngineKinds, c.Kind) {
-		return fmt.Errorf("probe: engine kind %q is not one of %s", c.Kind, strings.Join(wire.EngineKinds, ", "))
-	}
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
@@ -147,6 +144,10 @@ func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
 	if err := cfg.normalize(); err != nil {
 		return wire.Measurement{}, err
 	}
+	form, err := engine.OutputFor(cfg.Kind)
+	if err != nil {
+		return wire.Measurement{}, fmt.Errorf("probe: %w", err)
+	}
 	client := cfg.HTTPClient
 	if client == nil {
 		tr, ok := http.DefaultTransport.(*http.Transport)
@@ -160,7 +161,7 @@ func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
 		client = &http.Client{Transport: tr}
 		defer tr.CloseIdleConnections()
 	}
-	p := &prober{cfg: cfg, client: client}
+	p := &prober{cfg: cfg, form: form, client: client}
 	m := wire.Measurement{
 		CapacityKey:    cfg.CapacityKey,
 		Node:           cfg.Node,
@@ -175,7 +176,7 @@ func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
 		Trigger:        cfg.Trigger,
 		StartedAt:      time.Now().UTC(),
 	}
-	err := p.run(ctx, &m)
+	err = p.run(ctx, &m)
 	m.FinishedAt = time.Now().UTC()
 	if err == nil {
 		p.report(Progress{Phase: PhaseDone, Done: m.Requests, Total: m.Requests, Tokens: m.OutputTokens,
@@ -196,14 +197,16 @@ const maxProblemBytes = 1024
 
 type prober struct {
 	cfg    Config
+	form   engine.OutputForm // how the engine's kind is asked for an exact length
 	client *http.Client
 }
 
+// run waits for the engine, checks that it is idle, sends the two bursts
+// and judges the second.
 func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
-	cfg := p.cfg
 	p.report(Progress{Phase: PhaseWaitingReady})
 	waitStart := time.Now()
-	model, err := waitReady(ctx, p.client, cfg.URL, cfg.Model, cfg.ReadyTimeout, func() {
+	model, err := waitReady(ctx, p.client, p.cfg.URL, p.cfg.Model, p.cfg.ReadyTimeout, func() {
 		p.report(Progress{Phase: PhaseWaitingReady, Elapsed: time.Since(waitStart)})
 	})
 	if err != nil {
@@ -213,43 +216,63 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 		return fail(m, wire.CodeEngineUnreachable, err.Error())
 	}
 	m.Model = model
+	if err := p.checkIdle(ctx, m); err != nil {
+		return err
+	}
+	meas, measured, err := p.measure(ctx, m)
+	if err != nil || !measured {
+		return err
+	}
+	return p.verdict(m, meas)
+}
 
-	if cfg.Load != nil {
-		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		load, err := cfg.Load(lctx)
-		cancel()
-		switch {
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case err != nil:
-			m.Problems = append(m.Problems, fmt.Sprintf("engine load unknown: %v", err))
-		case load.Validate() != nil:
-			m.Problems = append(m.Problems, fmt.Sprintf("engine load unusable: %v", load.Validate()))
-		case !load.Known:
-			m.LoadBefore = load
-			if cfg.RequireIdle {
-				m.Problems = append(m.Problems, "engine does not report its load; idle not verified")
+// checkIdle reads the engine's load just before the probe. A busy engine
+// ends a probe that requires an idle one with ErrBusy, and marks any
+// other Busy; a load that cannot be read is noted, not fatal.
+func (p *prober) checkIdle(ctx context.Context, m *wire.Measurement) error {
+	if p.cfg.Load == nil {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	load, err := p.cfg.Load(lctx)
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		m.Problems = append(m.Problems, fmt.Sprintf("engine load unknown: %v", err))
+	case load.Validate() != nil:
+		m.Problems = append(m.Problems, fmt.Sprintf("engine load unusable: %v", load.Validate()))
+	case !load.Known:
+		m.LoadBefore = load
+		if p.cfg.RequireIdle {
+			m.Problems = append(m.Problems, "engine does not report its load; idle not verified")
+		}
+	default:
+		m.LoadBefore = load
+		if load.Running+load.Waiting > 0 {
+			if p.cfg.RequireIdle {
+				return ErrBusy
 			}
-		default:
-			m.LoadBefore = load
-			if load.Running+load.Waiting > 0 {
-				if cfg.RequireIdle {
-					return ErrBusy
-				}
-				m.Busy = true
-			}
+			m.Busy = true
 		}
 	}
+	return nil
+}
 
-	body, err := requestBody(cfg.Kind, model, cfg.Prompt, cfg.Tokens)
+// measure sends the warm-up burst and then, unless every warm-up request
+// failed (measured false, m then holds the failure), the measured burst
+// with the GPUs' clocks sampled through it.
+func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSummary, measured bool, err error) {
+	body, err := requestBody(p.form, m.Model, p.cfg.Prompt, p.cfg.Tokens)
 	if err != nil {
-		return fmt.Errorf("probe: build request: %w", err)
+		return burstSummary{}, false, fmt.Errorf("probe: build request: %w", err)
 	}
-	chatURL := cfg.URL + "/v1/chat/completions"
+	chatURL := p.cfg.URL + "/v1/chat/completions"
 
 	warm, err := p.burst(ctx, PhaseWarmup, chatURL, body)
 	if err != nil {
-		return err
+		return burstSummary{}, false, err
 	}
 	m.WarmupTPS = warm.TPS
 	for _, line := range append(warm.Errors, warm.Shortfalls...) {
@@ -257,31 +280,39 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 	}
 	if warm.Failed == warm.Requests {
 		// Nothing came back; a second burst would only wait as long again.
-		return fail(m, wire.CodeProbeFailed, "every warm-up request failed; the measured burst was not sent")
+		return burstSummary{}, false, fail(m, wire.CodeProbeFailed, "every warm-up request failed; the measured burst was not sent")
 	}
 
 	var sampler *gpuSampler
-	if cfg.GPUs != nil {
-		sampler = startGPUSampler(ctx, cfg.GPUs, cfg.GPUUUIDs)
+	if p.cfg.GPUs != nil {
+		sampler = startGPUSampler(ctx, p.cfg.GPUs, p.cfg.GPUUUIDs)
 	}
-	meas, err := p.burst(ctx, PhaseMeasure, chatURL, body)
+	meas, err = p.burst(ctx, PhaseMeasure, chatURL, body)
 	if sampler != nil {
-		g := sampler.stop()
-		m.SMClockMinMHz, m.SMClockMedianMHz, m.SMClockMaxMHz = g.MinMHz, g.MedianMHz, g.MaxMHz
-		m.ClockEventReasons = g.Reasons
-		if len(m.ClockEventReasons) > 32 {
-			m.ClockEventReasons = m.ClockEventReasons[:32]
-		}
-		if g.Samples == 0 && g.Err != nil {
-			m.Problems = append(m.Problems, fmt.Sprintf("gpu clocks not sampled: %v", g.Err))
-		}
-		if g.Samples == 0 && g.Idle > 0 {
-			m.Problems = append(m.Problems, "the GPUs sampled stayed idle through the measured burst: the engine may not run on them (no clock figures)")
-		}
+		p.recordClocks(m, sampler.stop())
 	}
-	if err != nil {
-		return err
+	return meas, err == nil, err
+}
+
+// recordClocks puts what the GPU clocks did during the measured burst in m.
+func (p *prober) recordClocks(m *wire.Measurement, g gpuSummary) {
+	m.SMClockMinMHz, m.SMClockMedianMHz, m.SMClockMaxMHz = g.MinMHz, g.MedianMHz, g.MaxMHz
+	m.ClockEventReasons = g.Reasons
+	if len(m.ClockEventReasons) > 32 {
+		m.ClockEventReasons = m.ClockEventReasons[:32]
 	}
+	if g.Samples == 0 && g.Err != nil {
+		m.Problems = append(m.Problems, fmt.Sprintf("gpu clocks not sampled: %v", g.Err))
+	}
+	if g.Samples == 0 && g.Idle > 0 {
+		m.Problems = append(m.Problems, "the GPUs sampled stayed idle through the measured burst: the engine may not run on them (no clock figures)")
+	}
+}
+
+// verdict records the measured burst in m and judges it: a throughput
+// only for a burst in which every request came back as asked.
+func (p *prober) verdict(m *wire.Measurement, meas burstSummary) error {
+	exact := p.form.Exact
 	m.OutputTokens = meas.Tokens
 	m.WallSeconds = meas.Wall.Seconds()
 	m.DecodeTPSP50, m.DecodeTPSP95 = percentile(meas.Decode, 0.5), percentile(meas.Decode, 0.95)
@@ -290,20 +321,20 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 	m.Problems = append(m.Problems, meas.Shortfalls...)
 	// An engine that cannot be told a length never ran the standard burst,
 	// even when it happened to stop at the right count.
-	m.Complete = !meas.Short && meas.Failed == 0 && exactKind(cfg.Kind)
+	m.Complete = !meas.Short && meas.Failed == 0 && exact
 
 	switch {
 	case meas.Failed > 0:
 		return fail(m, wire.CodeProbeFailed, fmt.Sprintf("%d of %d measured requests failed; raw %.1f tok/s over %d tokens not used",
 			meas.Failed, meas.Requests, meas.TPS, meas.Tokens))
-	case meas.Short && exactKind(cfg.Kind):
+	case meas.Short && exact:
 		return fail(m, wire.CodeProbeIncompleteOutput, fmt.Sprintf("the engine did not return exactly %d tokens per request as asked; raw %.1f tok/s over %d of %d tokens not used",
-			cfg.Tokens, meas.TPS, meas.Tokens, m.ExpectedTokens))
+			p.cfg.Tokens, meas.TPS, meas.Tokens, m.ExpectedTokens))
 	case meas.Tokens == 0 || meas.TPS <= 0:
 		return fail(m, wire.CodeProbeFailed, "the measured burst returned no tokens")
-	case !exactKind(cfg.Kind):
+	case !exact:
 		m.Problems = append(m.Problems, fmt.Sprintf("%s cannot be told an exact output length; throughput counts the %d of %d tokens that came back",
-			cfg.Kind, meas.Tokens, m.ExpectedTokens))
+			p.cfg.Kind, meas.Tokens, m.ExpectedTokens))
 	}
 	m.ThroughputTPS = meas.TPS
 	return nil
