@@ -73,7 +73,7 @@ func runPools(args []string, stdio IO) int {
 		return fail(2, "--engine and --log are both required")
 	}
 	kind := strings.ToLower(strings.TrimSpace(*engine))
-	if kind != wire.EngineVLLM && kind != wire.EngineSGLang {
+	if _, err := enginelog.NewTracker(kind); err != nil {
 		return fail(2, "unknown engine %q: pools reads vllm and sglang start-up logs (the other engines print no per-rank KV pool)", *engine)
 	}
 
