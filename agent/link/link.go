@@ -52,8 +52,9 @@ type Handler interface {
 	// Snapshot returns the current facts. It is called every PollEvery and
 	// should return quickly (the collector keeps its facts ready).
 	Snapshot(ctx context.Context) wire.Snapshot
-	// Probe measures the engine with req's capacity key. An error wrapping
-	// probe.ErrBusy means the probe was deferred because the engine was busy.
+	// Probe measures the engine with req's capacity key. An error with a
+	// Busy() bool method that returns true (probe.ErrBusy) means the
+	// probe was deferred because the engine was busy.
 	Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measurement, error)
 	// Cached receives the coordinator's fresh measurement for a capacity
 	// key. It is called from the read loop and must not block.

@@ -11,7 +11,6 @@ import (
 
 	"github.com/coder/websocket"
 
-	"heft/agent/probe"
 	"heft/shared/wire"
 )
 
@@ -149,7 +148,7 @@ func TestProbeOutcomes(t *testing.T) {
 		message string
 	}{
 		{"busy", func(context.Context, wire.ProbeRequest) (wire.Measurement, error) {
-			return wire.Measurement{}, fmt.Errorf("engine has 3 running: %w", probe.ErrBusy)
+			return wire.Measurement{}, fmt.Errorf("engine has 3 running: %w", busyError{})
 		}, wire.ProbeDeferredBusy, "3 running"},
 		{"failed", func(context.Context, wire.ProbeRequest) (wire.Measurement, error) {
 			return wire.Measurement{}, errors.New("no engine with capacity key k1")
@@ -449,3 +448,10 @@ func TestSupersededOrWrongVersionBacksOffFully(t *testing.T) {
 		})
 	}
 }
+
+// busyError is what the agent's probe returns for a busy engine: the
+// link knows it by its Busy method alone.
+type busyError struct{}
+
+func (busyError) Error() string { return "engine is busy; probe deferred" }
+func (busyError) Busy() bool    { return true }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/coder/websocket"
 
-	"heft/agent/probe"
 	"heft/shared/wire"
 )
 
@@ -25,7 +24,13 @@ type badMessageError struct{ err error }
 func (e *badMessageError) Error() string { return "bad message from coordinator: " + e.err.Error() }
 func (e *badMessageError) Unwrap() error { return e.err }
 
-func isBusy(err error) bool { return errors.Is(err, probe.ErrBusy) }
+// isBusy reports whether a Handler's Probe error says the engine was busy
+// and the probe deferred: an error in its chain with a Busy method that
+// returns true (probe.ErrBusy has one), as net.Error has Timeout.
+func isBusy(err error) bool {
+	var b interface{ Busy() bool }
+	return errors.As(err, &b) && b.Busy()
+}
 
 // session is one websocket connection.
 type session struct {

@@ -47,8 +47,16 @@ const (
 )
 
 // ErrBusy is returned by a probe with RequireIdle when the engine has
-// requests running or waiting; the caller should try again later.
-var ErrBusy = errors.New("engine is busy; probe deferred")
+// requests running or waiting; the caller should try again later. Its
+// Busy method says so to packages that do not import probe (the link).
+var ErrBusy error = busyError{}
+
+type busyError struct{}
+
+func (busyError) Error() string { return "engine is busy; probe deferred" }
+
+// Busy reports that the probe was deferred because the engine was busy.
+func (busyError) Busy() bool { return true }
 
 // Config says what to probe and how.
 type Config struct {

@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"slices"
@@ -637,5 +638,21 @@ func TestIdleGPUClocksAreLeftOut(t *testing.T) {
 	sum = s.stop()
 	if sum.Samples != 0 || sum.MedianMHz != 0 || sum.Idle == 0 {
 		t.Errorf("all idle: %+v", sum)
+	}
+}
+
+// The link tells a deferred probe by the error's Busy method, without
+// importing probe.
+func TestErrBusySaysBusy(t *testing.T) {
+	err := fmt.Errorf("scheduled probe: %w", ErrBusy)
+	var b interface{ Busy() bool }
+	if !errors.As(err, &b) || !b.Busy() {
+		t.Error("a wrapped ErrBusy has no Busy method that says true")
+	}
+	if !errors.Is(err, ErrBusy) {
+		t.Error("errors.Is does not find ErrBusy")
+	}
+	if errors.As(errors.New("engine down"), &b) {
+		t.Error("any error says busy")
 	}
 }
