@@ -84,7 +84,7 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 		return MetricsFacts{}, fmt.Errorf("metrics do not parse: %w", err)
 	}
 
-	facts := MetricsFacts{Families: len(families)}
+	page := metricsPage{families: families, rankLabel: names.rankLabel, models: map[string]bool{}}
 	ranks := map[int]*wire.RankLoad{}
 	rank := func(k int) *wire.RankLoad {
 		if ranks[k] == nil {
@@ -92,70 +92,29 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 		}
 		return ranks[k]
 	}
-	models := map[string]bool{}
-	known := false
-
-	// each calls fn once per usable sample of the first family in list
-	// that the page holds. Several samples for one rank (TP ranks with
-	// --enable-metrics-for-all-schedulers) keep the largest value.
-	each := func(list []string, fn func(rank int, v float64)) bool {
-		for _, name := range list {
-			mf, ok := families[name]
-			if !ok {
-				continue
-			}
-			seen := map[int]float64{}
-			for _, m := range mf.GetMetric() {
-				v, ok := sampleValue(m)
-				if !ok {
-					continue
-				}
-				k, ok := rankOf(m, names.rankLabel)
-				if !ok {
-					continue
-				}
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == "model_name" && lp.GetValue() != "" && len(models) < wire.MaxListItems {
-						models[lp.GetValue()] = true
-					}
-				}
-				if old, dup := seen[k]; dup && old >= v {
-					continue
-				}
-				seen[k] = v
-			}
-			for k, v := range seen {
-				fn(k, v)
-			}
-			return true
-		}
-		return false
-	}
-
-	if each(names.running, func(k int, v float64) {
+	known := page.each(names.running, func(k int, v float64) {
 		if v <= maxCount {
 			rank(k).Running = int(v)
 		}
-	}) {
-		known = true
-	}
-	if each(names.waiting, func(k int, v float64) {
+	})
+	if page.each(names.waiting, func(k int, v float64) {
 		if v <= maxCount {
 			rank(k).Waiting = int(v)
 		}
 	}) {
 		known = true
 	}
-	each(names.kvUsage, func(k int, v float64) {
+	page.each(names.kvUsage, func(k int, v float64) {
 		rank(k).KVUsage = min(v, 1)
 	})
 	pools := map[int]int64{}
-	each(names.pool, func(k int, v float64) {
+	page.each(names.pool, func(k int, v float64) {
 		if v <= maxKVTokens {
 			pools[k] = int64(v)
 		}
 	})
 
+	facts := MetricsFacts{Families: len(families)}
 	if known || len(ranks) > 0 {
 		facts.Load.Known = known
 		for _, k := range sortedKeys(ranks) {
@@ -169,11 +128,56 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 	for _, k := range sortedKeys(pools) {
 		facts.Ranks = append(facts.Ranks, wire.Rank{DPRank: k, KVTokens: pools[k]})
 	}
-	for m := range models {
+	for m := range page.models {
 		facts.Models = append(facts.Models, m)
 	}
 	sort.Strings(facts.Models)
 	return facts, nil
+}
+
+// metricsPage is one parsed /metrics page, read family by family.
+type metricsPage struct {
+	families  map[string]*dto.MetricFamily
+	rankLabel string
+	models    map[string]bool // model_name label values seen
+}
+
+// each calls fn once per usable sample of the first family in list that
+// the page holds, and reports whether there was one. Several samples for
+// one rank (TP ranks with --enable-metrics-for-all-schedulers) keep the
+// largest value.
+func (p *metricsPage) each(list []string, fn func(rank int, v float64)) bool {
+	for _, name := range list {
+		mf, ok := p.families[name]
+		if !ok {
+			continue
+		}
+		seen := map[int]float64{}
+		for _, m := range mf.GetMetric() {
+			v, ok := sampleValue(m)
+			if !ok {
+				continue
+			}
+			k, ok := rankOf(m, p.rankLabel)
+			if !ok {
+				continue
+			}
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "model_name" && lp.GetValue() != "" && len(p.models) < wire.MaxListItems {
+					p.models[lp.GetValue()] = true
+				}
+			}
+			if old, dup := seen[k]; dup && old >= v {
+				continue
+			}
+			seen[k] = v
+		}
+		for k, v := range seen {
+			fn(k, v)
+		}
+		return true
+	}
+	return false
 }
 
 // sampleValue returns a gauge, counter or untyped value when it is finite
