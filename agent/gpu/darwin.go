@@ -28,6 +28,7 @@ func Open(logger hclog.Logger) (Source, error) {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
+	logger = logger.Named("gpu")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	h, err := host.Collect(ctx)

@@ -30,7 +30,10 @@ const (
 // Open loads NVML. Without it, the Source reports no devices and the error
 // says why (no library, no driver, no permission, version mismatch).
 func Open(logger hclog.Logger) (Source, error) {
-	return openLibrary(libraryName, logger)
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return openLibrary(libraryName, logger.Named("gpu"))
 }
 
 // openLibrary is Open with the library's path, so tests can load another.

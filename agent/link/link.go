@@ -173,6 +173,7 @@ func newLink(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) (*
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
+	logger = logger.Named("link")
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = cfg.TLS
 	return &link{
