@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"heft/agent/collect"
+	"heft/agent/config"
 	"heft/coordinator/view"
 	"heft/shared/testutil"
 	"heft/sim"
@@ -47,7 +47,7 @@ func TestEngineRestart(t *testing.T) {
 	base := sim.Config{Flavor: sim.FlavorVLLM, SingleTPS: 800, Batch16TPS: 8000, LogPath: logPath}
 	s := simOn(t, base, "127.0.0.1:0")
 	addr := strings.TrimPrefix(s.URL(), "http://")
-	a := startSimAgent(t, c.agentURL(), "sim-node", []collect.EngineSpec{{Kind: "vllm", URL: s.URL(), Log: logPath}})
+	a := startSimAgent(t, c.agentURL(), "sim-node", []config.Engine{{Kind: "vllm", URL: s.URL(), Log: logPath}})
 
 	// admittedOtherThan waits for one admitted worker whose ID is not in
 	// old, and returns it.

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/agent/collect"
+	"heft/agent/engine"
 	"heft/shared/wire"
 	"heft/sim"
 )
@@ -65,7 +66,7 @@ func TestPoolsFollowReplacedLog(t *testing.T) {
 	}
 	original := string(data)
 
-	col, err := collect.New(collect.Config{Node: "log-node", Engines: []collect.EngineSpec{{Kind: "vllm", URL: s.URL(), Log: logPath}}},
+	col, err := collect.New(collect.Config{Node: "log-node", Engines: []engine.Config{{Kind: "vllm", URL: s.URL(), Log: logPath}}},
 		noGPUs{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)

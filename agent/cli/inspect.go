@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/agent"
 	"heft/agent/collect"
 	"heft/agent/config"
 	"heft/agent/engine"
@@ -29,35 +30,32 @@ type inspectTarget struct {
 	Kinds string // for messages: "vllm", "llamacpp/mlx"
 }
 
-// inspectDefaultTargets lists the engines' default ports on this host.
-// Tests replace it.
-var inspectDefaultTargets = func() []inspectTarget {
-	var out []inspectTarget
-	for _, p := range engine.DefaultPorts() {
-		out = append(out, inspectTarget{URL: fmt.Sprintf("http://127.0.0.1:%d", p.Port), Kinds: strings.Join(p.Kinds, "/")})
-	}
-	return out
+// inspectDeps is what inspect reads of the world besides its flags and
+// the engines: tests pass their own.
+type inspectDeps struct {
+	// targets are the engine addresses tried when none is named.
+	targets func() []inspectTarget
+	// openGPUs opens the GPU source (gpu.Open).
+	openGPUs func(hclog.Logger) (gpu.Source, error)
 }
 
-// inspectOpenGPUs opens the GPU source. Tests replace it.
-var inspectOpenGPUs = gpu.Open
-
-// inspectLoadConfig reads the agent config file for --config: node name
-// and engines. Neither coordinator nor token is needed to inspect, so the
-// config is not validated as a whole.
-var inspectLoadConfig = func(path string) (node string, engines []collect.EngineSpec, err error) {
-	cfg, err := config.Read(path, nil, os.Getenv)
-	if err != nil {
-		return "", nil, err
+// hostInspectDeps are the real ones: the engines' default ports on this
+// host, and its GPUs.
+func hostInspectDeps() inspectDeps {
+	return inspectDeps{
+		targets: func() []inspectTarget {
+			var out []inspectTarget
+			for _, p := range engine.DefaultPorts() {
+				out = append(out, inspectTarget{URL: fmt.Sprintf("http://127.0.0.1:%d", p.Port), Kinds: strings.Join(p.Kinds, "/")})
+			}
+			return out
+		},
+		openGPUs: gpu.Open,
 	}
-	for _, e := range cfg.Engines {
-		engines = append(engines, collect.EngineSpec{Kind: e.Kind, URL: e.URL, Log: e.Log, Model: e.Model})
-	}
-	return cfg.Node.Name, engines, nil
 }
 
 // inspectEngineFlags collects repeated --engine KIND=URL[,log=PATH][,model=NAME].
-type inspectEngineFlags []collect.EngineSpec
+type inspectEngineFlags []engine.Config
 
 func (f *inspectEngineFlags) String() string { return "" }
 
@@ -66,12 +64,21 @@ func (f *inspectEngineFlags) Set(v string) error {
 	if err != nil {
 		return err
 	}
-	spec := collect.EngineSpec{Kind: strings.ToLower(e.Kind), URL: e.URL, Log: e.Log, Model: e.Model}
-	if _, err := engine.New(engine.Config{Kind: spec.Kind, URL: spec.URL}, nil); err != nil {
+	ec := engine.Config{Kind: strings.ToLower(e.Kind), URL: e.URL, Log: e.Log, Model: e.Model}
+	if _, err := engine.New(ec, nil); err != nil {
 		return err
 	}
-	*f = append(*f, spec)
+	*f = append(*f, ec)
 	return nil
+}
+
+// inspectArgs are inspect's parsed flags.
+type inspectArgs struct {
+	json       bool
+	configPath string
+	node       string
+	timeout    time.Duration
+	engines    []engine.Config
 }
 
 // inspectReport is inspect's JSON output.
@@ -83,6 +90,9 @@ type inspectReport struct {
 	Warnings []inspectWarning `json:"warnings"`
 	// Notes say what inspect looked for and did not find.
 	Notes []string `json:"notes"`
+
+	node     string                      // the snapshot's node, for the text report
+	findings map[string][]health.Finding // per engine URL, for the text report
 }
 
 type inspectWarning struct {
@@ -96,104 +106,132 @@ type inspectWarning struct {
 // and exits 0 even when an engine cannot be read; bad flags exit 2, an
 // unreadable config file 1.
 func runInspect(args []string, stdio IO) int {
+	return inspect(args, stdio, hostInspectDeps())
+}
+
+func inspect(args []string, stdio IO, deps inspectDeps) int {
+	a, code, ok := parseInspect(args, stdio)
+	if !ok {
+		return code
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, code, err := a.run(ctx, stdio, deps)
+	if err != nil {
+		fmt.Fprintf(stdio.Err, "heft-agent inspect: %v\n", err)
+		return code
+	}
+	if a.json {
+		enc := json.NewEncoder(stdio.Out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			fmt.Fprintf(stdio.Err, "heft-agent inspect: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	inspectPrint(stdio.Out, rep)
+	return 0
+}
+
+// parseInspect reads inspect's flags; ok is false, with the exit code,
+// when inspect should stop (help, or bad flags: settings.ParseFlags).
+func parseInspect(args []string, stdio IO) (a inspectArgs, code int, ok bool) {
 	fs := flag.NewFlagSet("heft-agent inspect", flag.ContinueOnError)
+	var ports []string
+	for _, p := range engine.DefaultPorts() {
+		ports = append(ports, fmt.Sprintf("%s %d", strings.Join(p.Kinds, "/"), p.Port))
+	}
 	usage := func(w io.Writer) {
 		fmt.Fprintln(w, "usage: heft-agent inspect [--json] [--config FILE] [--engine KIND=URL[,log=PATH][,model=NAME]]... [--node NAME] [--timeout 5s]")
 		fmt.Fprintln(w, "\nShows this host's GPUs and engines: models, load, KV pools per data-parallel rank, launch")
 		fmt.Fprintln(w, "arguments, capacity keys, foreign GPU processes and warnings. Without --engine or --config it")
-		fmt.Fprintln(w, "looks for engines on their default ports on 127.0.0.1 (vllm 8000, sglang 30000,")
-		fmt.Fprintln(w, "llamacpp/mlx 8080, ollama 11434). KIND is one of "+strings.Join(wire.EngineKinds, ", ")+".")
+		fmt.Fprintln(w, "looks for engines on their default ports on 127.0.0.1 ("+strings.Join(ports[:min(2, len(ports))], ", ")+",")
+		fmt.Fprintln(w, strings.Join(ports[min(2, len(ports)):], ", ")+"). KIND is one of "+strings.Join(wire.EngineKinds, ", ")+".")
 		fmt.Fprintln(w)
 		settings.PrintFlags(w, fs)
 	}
-	jsonOut := fs.Bool("json", false, "print JSON instead of text")
-	configPath := fs.String("config", "", "agent config `file`: its [node] name and [[engine]] entries")
-	node := fs.String("node", "", "node `name` used in capacity keys (default: the config's, else the host name)")
-	timeout := fs.Duration("timeout", engine.DefaultTimeout, "limit for each request to an engine")
+	fs.BoolVar(&a.json, "json", false, "print JSON instead of text")
+	fs.StringVar(&a.configPath, "config", "", "agent config `file`: its [node] name and [[engine]] entries")
+	fs.StringVar(&a.node, "node", "", "node `name` used in capacity keys (default: the config's, else the host name)")
+	fs.DurationVar(&a.timeout, "timeout", engine.DefaultTimeout, "limit for each request to an engine")
 	var engines inspectEngineFlags
 	fs.Var(&engines, "engine", "an engine to read, `KIND=URL[,log=PATH][,model=NAME]`; repeatable")
 	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
-		return code
+		return a, code, false
 	}
-	if *timeout <= 0 {
+	if a.timeout <= 0 {
 		fmt.Fprintln(stdio.Err, "heft-agent inspect: --timeout must be positive")
-		return 2
+		return a, 2, false
 	}
+	a.engines = engines
+	return a, 0, true
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
+// run reads the engines (named, from the config, or found on the default
+// ports) and the GPUs once, and judges each engine. An error comes with
+// the exit code it deserves.
+func (a inspectArgs) run(ctx context.Context, stdio IO, deps inspectDeps) (inspectReport, int, error) {
 	logger := hclog.New(&hclog.LoggerOptions{Name: "inspect", Level: hclog.Warn, Output: stdio.Err})
-
-	specs := []collect.EngineSpec(engines)
-	nodeName := *node
-	if *configPath != "" {
-		cfgNode, cfgEngines, err := inspectLoadConfig(*configPath)
+	engines, nodeName := a.engines, a.node
+	if a.configPath != "" {
+		// Neither coordinator nor token is needed to inspect, so the
+		// config is not validated as a whole.
+		cfg, err := config.Read(a.configPath, nil, os.Getenv)
 		if err != nil {
-			fmt.Fprintf(stdio.Err, "heft-agent inspect: %v\n", err)
-			return 1
+			return inspectReport{}, 1, err
 		}
 		if nodeName == "" {
-			nodeName = cfgNode
+			nodeName = cfg.Node.Name
 		}
-		specs = inspectMerge(specs, cfgEngines)
+		engines = inspectMerge(engines, agent.Engines(cfg))
 	}
 	var notes []string
-	if len(specs) == 0 {
-		specs, notes = inspectDiscover(ctx, *timeout)
+	if len(engines) == 0 {
+		engines, notes = inspectDiscover(ctx, deps.targets(), a.timeout)
+	}
+	for i := range engines {
+		engines[i].Timeout = a.timeout
 	}
 
-	src, gpuErr := inspectOpenGPUs(logger)
+	src, gpuErr := deps.openGPUs(logger)
 	if src == nil {
-		fmt.Fprintf(stdio.Err, "heft-agent inspect: no gpu source: %v\n", gpuErr)
-		return 1
+		return inspectReport{}, 1, fmt.Errorf("no gpu source: %v", gpuErr)
 	}
 	defer src.Close()
-	cfg := collect.Config{Node: nodeName, Engines: specs, Timeout: *timeout}
+	cfg := collect.Config{Node: nodeName, Engines: engines}
 	if gpuErr != nil {
 		cfg.GPUError = gpuErr.Error()
 	}
 	col, err := collect.New(cfg, src, logger)
 	if err != nil {
-		fmt.Fprintf(stdio.Err, "heft-agent inspect: %v\n", err)
-		return 2
+		return inspectReport{}, 2, err
 	}
 	if err := col.ReadLogsOnce(ctx); err != nil {
 		notes = append(notes, err.Error())
 	}
 	snap := col.Snapshot(ctx)
 
-	report := inspectReport{Host: snap.Host, GPUs: snap.GPUs, GPUError: snap.GPUError, Engines: snap.Engines,
-		Warnings: []inspectWarning{}, Notes: notes}
-	if report.Notes == nil {
-		report.Notes = []string{}
+	rep := inspectReport{Host: snap.Host, GPUs: snap.GPUs, GPUError: snap.GPUError, Engines: snap.Engines,
+		Warnings: []inspectWarning{}, Notes: notes, node: snap.Node, findings: map[string][]health.Finding{}}
+	if rep.Notes == nil {
+		rep.Notes = []string{}
 	}
-	warnings := map[string][]health.Finding{}
 	for _, e := range snap.Engines {
 		fs := health.Engine(e, snap.GPUs, health.DefaultThresholds())
 		health.Sort(fs)
-		warnings[e.URL] = fs
+		rep.findings[e.URL] = fs
 		for _, f := range fs {
-			report.Warnings = append(report.Warnings, inspectWarning{Engine: e.URL, Code: f.Code, Severity: f.Severity, Message: f.Message})
+			rep.Warnings = append(rep.Warnings, inspectWarning{Engine: e.URL, Code: f.Code, Severity: f.Severity, Message: f.Message})
 		}
 	}
-
-	if *jsonOut {
-		enc := json.NewEncoder(stdio.Out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(report); err != nil {
-			fmt.Fprintf(stdio.Err, "heft-agent inspect: %v\n", err)
-			return 1
-		}
-		return 0
-	}
-	inspectPrint(stdio.Out, snap, warnings, notes)
-	return 0
+	return rep, 0, nil
 }
 
 // inspectMerge adds the config's engines to those named by flags; a flag
 // wins over a config entry for the same URL.
-func inspectMerge(flags, fromConfig []collect.EngineSpec) []collect.EngineSpec {
-	out := append([]collect.EngineSpec(nil), flags...)
+func inspectMerge(flags, fromConfig []engine.Config) []engine.Config {
+	out := append([]engine.Config(nil), flags...)
 	for _, c := range fromConfig {
 		dup := false
 		for _, f := range flags {
@@ -208,11 +246,11 @@ func inspectMerge(flags, fromConfig []collect.EngineSpec) []collect.EngineSpec {
 	return out
 }
 
-// inspectDiscover looks for engines on the default ports of this host.
-func inspectDiscover(ctx context.Context, timeout time.Duration) ([]collect.EngineSpec, []string) {
-	var specs []collect.EngineSpec
+// inspectDiscover looks for engines at the default addresses.
+func inspectDiscover(ctx context.Context, targets []inspectTarget, timeout time.Duration) ([]engine.Config, []string) {
+	var engines []engine.Config
 	var notes, tried []string
-	for _, t := range inspectDefaultTargets() {
+	for _, t := range targets {
 		tried = append(tried, fmt.Sprintf("%s %s", t.Kinds, strings.TrimPrefix(t.URL, "http://")))
 		if !engine.PortOpen(ctx, t.URL, min(timeout, time.Second)) {
 			continue
@@ -222,17 +260,17 @@ func inspectDiscover(ctx context.Context, timeout time.Duration) ([]collect.Engi
 			notes = append(notes, fmt.Sprintf("something listens at %s but was not recognised: %v", t.URL, err))
 			continue
 		}
-		specs = append(specs, collect.EngineSpec{Kind: kind, URL: t.URL})
+		engines = append(engines, engine.Config{Kind: kind, URL: t.URL})
 	}
-	if len(specs) == 0 {
+	if len(engines) == 0 {
 		notes = append(notes, fmt.Sprintf("no engine found on the default ports (%s); pass --engine or --config", strings.Join(tried, ", ")))
 	}
-	return specs, notes
+	return engines, notes
 }
 
 // inspectPrint writes the human report.
-func inspectPrint(w io.Writer, snap wire.Snapshot, warnings map[string][]health.Finding, notes []string) {
-	h := snap.Host
+func inspectPrint(w io.Writer, rep inspectReport) {
+	h := rep.Host
 	hostLine := []string{h.Hostname, h.OS + "/" + h.Arch}
 	if h.Platform != "" {
 		hostLine = append(hostLine, strings.TrimSpace(h.Platform+" "+h.PlatformVersion))
@@ -246,31 +284,31 @@ func inspectPrint(w io.Writer, snap wire.Snapshot, warnings map[string][]health.
 	if h.UnifiedMemory {
 		hostLine = append(hostLine, "unified memory")
 	}
-	fmt.Fprintf(w, "node  %s\nhost  %s\n\n", snap.Node, strings.Join(hostLine, "  "))
+	fmt.Fprintf(w, "node  %s\nhost  %s\n\n", rep.node, strings.Join(hostLine, "  "))
 
-	if len(snap.GPUs) == 0 {
-		reason := snap.GPUError
+	if len(rep.GPUs) == 0 {
+		reason := rep.GPUError
 		if reason == "" {
 			reason = "none reported"
 		}
 		fmt.Fprintf(w, "no GPUs found (%s)\n", reason)
 	} else {
 		fmt.Fprintln(w, "GPUs")
-		if snap.GPUError != "" {
-			fmt.Fprintf(w, "  note: %s\n", snap.GPUError)
+		if rep.GPUError != "" {
+			fmt.Fprintf(w, "  note: %s\n", rep.GPUError)
 		}
-		for _, g := range snap.GPUs {
+		for _, g := range rep.GPUs {
 			inspectPrintGPU(w, g)
 		}
 	}
 
-	for _, e := range snap.Engines {
+	for _, e := range rep.Engines {
 		fmt.Fprintln(w)
-		inspectPrintEngine(w, e, warnings[e.URL])
+		inspectPrintEngine(w, e, rep.findings[e.URL])
 	}
-	if len(notes) > 0 {
+	if len(rep.Notes) > 0 {
 		fmt.Fprintln(w)
-		for _, n := range notes {
+		for _, n := range rep.Notes {
 			fmt.Fprintln(w, n)
 		}
 	}

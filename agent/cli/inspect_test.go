@@ -28,12 +28,12 @@ func (f inspectFakeGPUs) Close() error                                { return n
 // addresses replaced, and returns exit code, stdout and stderr.
 func inspectWith(t *testing.T, gpus []wire.GPU, gpuErr error, targets []inspectTarget, args ...string) (int, string, string) {
 	t.Helper()
-	oldGPUs, oldTargets := inspectOpenGPUs, inspectDefaultTargets
-	t.Cleanup(func() { inspectOpenGPUs, inspectDefaultTargets = oldGPUs, oldTargets })
-	inspectOpenGPUs = func(hclog.Logger) (gpu.Source, error) { return inspectFakeGPUs{gpus: gpus}, gpuErr }
-	inspectDefaultTargets = func() []inspectTarget { return targets }
+	deps := inspectDeps{
+		targets:  func() []inspectTarget { return targets },
+		openGPUs: func(hclog.Logger) (gpu.Source, error) { return inspectFakeGPUs{gpus: gpus}, gpuErr },
+	}
 	var out, errb bytes.Buffer
-	code := Main(append([]string{"inspect"}, args...), strings.NewReader(""), &out, &errb)
+	code := inspect(args, IO{In: strings.NewReader(""), Out: &out, Err: &errb}, deps)
 	return code, out.String(), errb.String()
 }
 
@@ -212,11 +212,10 @@ func TestInspectBadFlags(t *testing.T) {
 // On the real host: whatever GPUs (or none) and engines are here, inspect
 // reports and exits 0.
 func TestInspectRealHost(t *testing.T) {
-	oldTargets := inspectDefaultTargets
-	t.Cleanup(func() { inspectDefaultTargets = oldTargets })
-	inspectDefaultTargets = func() []inspectTarget { return nil }
+	deps := hostInspectDeps()
+	deps.targets = func() []inspectTarget { return nil }
 	var out, errb bytes.Buffer
-	code := Main([]string{"inspect", "--json"}, strings.NewReader(""), &out, &errb)
+	code := inspect([]string{"--json"}, IO{In: strings.NewReader(""), Out: &out, Err: &errb}, deps)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %s", code, errb.String())
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/agent/engine"
 	"heft/agent/gpu"
 	"heft/sim"
 )
@@ -21,7 +22,7 @@ func BenchmarkSnapshotAgainstSim(b *testing.B) {
 	}
 	defer s.Close()
 	src, _ := gpu.Open(hclog.NewNullLogger())
-	c, err := New(Config{Node: "n", Engines: []EngineSpec{{Kind: "vllm", URL: s.URL(), Log: logPath}}}, src, hclog.NewNullLogger())
+	c, err := New(Config{Node: "n", Engines: []engine.Config{{Kind: "vllm", URL: s.URL(), Log: logPath}}}, src, hclog.NewNullLogger())
 	if err != nil {
 		b.Fatal(err)
 	}

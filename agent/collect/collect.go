@@ -25,27 +25,15 @@ import (
 	"heft/shared/wire"
 )
 
-// EngineSpec names one engine to watch.
-type EngineSpec struct {
-	Kind, URL, Log string
-	// Model overrides the served model (Ollama serves many).
-	Model string
-}
-
 // Config is what the collector watches.
 type Config struct {
 	// Node names this host in capacity keys; the host name when empty.
+	// It is every engine's Node.
 	Node    string
-	Engines []EngineSpec
-	// Interval is how often the caller takes snapshots; the collector
-	// itself does not loop, it is kept here for callers that share Config.
-	Interval time.Duration
+	Engines []engine.Config
 	// GPUError is why GPUs cannot be read (gpu.Open's error), reported in
 	// every snapshot.
 	GPUError string
-	// Timeout bounds each request to an engine; engine.DefaultTimeout
-	// when zero.
-	Timeout time.Duration
 }
 
 // Collector builds snapshots. It is safe for concurrent use.
@@ -69,7 +57,7 @@ const hostEvery = 30 * time.Second
 
 // engineState is one engine and what its log has said.
 type engineState struct {
-	spec    EngineSpec
+	spec    engine.Config
 	client  *engine.Client
 	tracker *enginelog.Tracker // nil: no log, or a kind enginelog cannot read
 
@@ -113,8 +101,8 @@ func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
 	c := &Collector{cfg: cfg, gpus: gpus, logger: logger, byKey: map[string]*engine.Client{}}
 	seen := map[string]bool{}
 	for _, spec := range cfg.Engines {
-		client, err := engine.New(engine.Config{Kind: spec.Kind, URL: spec.URL, Log: spec.Log, Model: spec.Model,
-			Node: cfg.Node, Timeout: cfg.Timeout}, logger)
+		spec.Node = cfg.Node
+		client, err := engine.New(spec, logger)
 		if err != nil {
 			return nil, fmt.Errorf("collect: %w", err)
 		}

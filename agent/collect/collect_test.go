@@ -87,7 +87,7 @@ func TestSnapshot(t *testing.T) {
 		{Index: 0, UUID: "GPU-0", Name: "NVIDIA L4", MemoryTotal: 24 << 30, Processes: []wire.GPUProcess{{PID: 4242, Name: "python3", UsedMemory: 18 << 30}}},
 		{Index: 1, UUID: "GPU-1", Name: "NVIDIA L4", MemoryTotal: 24 << 30},
 	}, err: errors.New("device 2: unknown error")}
-	c, err := New(Config{Node: "gpu-a", GPUError: "nvml: partial", Engines: []EngineSpec{
+	c, err := New(Config{Node: "gpu-a", GPUError: "nvml: partial", Engines: []engine.Config{
 		{Kind: "vllm", URL: vllm.URL}, {Kind: "sglang", URL: sglang.URL + "/"},
 	}}, gpus, testLogger(t))
 	if err != nil {
@@ -134,7 +134,7 @@ func TestSnapshotUnreachableEngine(t *testing.T) {
 	srv := startEngine(t, "vllm")
 	url := srv.URL
 	srv.Close()
-	c, err := New(Config{Node: "n", Engines: []EngineSpec{{Kind: "vllm", URL: url}}}, &fakeGPUs{}, testLogger(t))
+	c, err := New(Config{Node: "n", Engines: []engine.Config{{Kind: "vllm", URL: url}}}, &fakeGPUs{}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestStartFollowsLog(t *testing.T) {
 	if err := os.WriteFile(logPath, []byte(full[:cut]), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(Config{Node: "n", Engines: []EngineSpec{{Kind: "vllm", URL: srv.URL, Log: logPath}}}, &fakeGPUs{}, testLogger(t))
+	c, err := New(Config{Node: "n", Engines: []engine.Config{{Kind: "vllm", URL: srv.URL, Log: logPath}}}, &fakeGPUs{}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func TestStartFollowsLog(t *testing.T) {
 func TestFollowMissingLogRetries(t *testing.T) {
 	srv := startEngine(t, "sglang")
 	logPath := filepath.Join(t.TempDir(), "later.log")
-	c, err := New(Config{Node: "n", Engines: []EngineSpec{{Kind: "sglang", URL: srv.URL, Log: logPath}}}, &fakeGPUs{}, testLogger(t))
+	c, err := New(Config{Node: "n", Engines: []engine.Config{{Kind: "sglang", URL: srv.URL, Log: logPath}}}, &fakeGPUs{}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestReadLogsOnce(t *testing.T) {
 	}
 	srv2 := startEngine(t, "vllm")
 	srv3 := startEngine(t, "vllm")
-	c, err := New(Config{Node: "n", Engines: []EngineSpec{
+	c, err := New(Config{Node: "n", Engines: []engine.Config{
 		{Kind: "vllm", URL: srv.URL, Log: logPath},
 		{Kind: "vllm", URL: srv2.URL, Log: noPools},
 		{Kind: "vllm", URL: srv3.URL, Log: filepath.Join(dir, "missing.log")},
@@ -286,17 +286,17 @@ func TestReadLogsOnce(t *testing.T) {
 }
 
 func TestNewRejects(t *testing.T) {
-	many := make([]EngineSpec, wire.MaxEngines+1)
+	many := make([]engine.Config, wire.MaxEngines+1)
 	for i := range many {
-		many[i] = EngineSpec{Kind: "vllm", URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+i)}
+		many[i] = engine.Config{Kind: "vllm", URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+i)}
 	}
 	for name, tt := range map[string]struct {
 		cfg  Config
 		want string
 	}{
-		"bad kind": {Config{Engines: []EngineSpec{{Kind: "tgi", URL: "http://127.0.0.1:1"}}}, "not one of"},
-		"bad url":  {Config{Engines: []EngineSpec{{Kind: "vllm", URL: "127.0.0.1:1"}}}, "scheme"},
-		"twice":    {Config{Engines: []EngineSpec{{Kind: "vllm", URL: "http://127.0.0.1:1"}, {Kind: "sglang", URL: "http://127.0.0.1:1/"}}}, "twice"},
+		"bad kind": {Config{Engines: []engine.Config{{Kind: "tgi", URL: "http://127.0.0.1:1"}}}, "not one of"},
+		"bad url":  {Config{Engines: []engine.Config{{Kind: "vllm", URL: "127.0.0.1:1"}}}, "scheme"},
+		"twice":    {Config{Engines: []engine.Config{{Kind: "vllm", URL: "http://127.0.0.1:1"}, {Kind: "sglang", URL: "http://127.0.0.1:1/"}}}, "twice"},
 		"too many": {Config{Engines: many}, "at most"},
 	} {
 		if _, err := New(tt.cfg, &fakeGPUs{}, nil); err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -307,7 +307,7 @@ func TestNewRejects(t *testing.T) {
 		t.Error("nil gpu source accepted")
 	}
 	// A log of a kind enginelog cannot read is ignored, not an error.
-	c, err := New(Config{Engines: []EngineSpec{{Kind: "llamacpp", URL: "http://127.0.0.1:1", Log: "/var/log/llama.log"}}}, &fakeGPUs{}, nil)
+	c, err := New(Config{Engines: []engine.Config{{Kind: "llamacpp", URL: "http://127.0.0.1:1", Log: "/var/log/llama.log"}}}, &fakeGPUs{}, nil)
 	if err != nil || c.cfg.Node == "" {
 		t.Errorf("llamacpp with a log: %v (node %q)", err, c.cfg.Node)
 	}

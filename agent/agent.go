@@ -1,0 +1,122 @@
+// Package agent assembles heft-agent's service from its parts: the GPU
+// source, the collector that follows the engines' logs and builds
+// snapshots, the host facts, and the link to the coordinator, whose probe
+// requests the Handler answers through the probe package. Run is what
+// `heft-agent run` runs; tests and benchmarks run the same assembly, with
+// Options for what they must replace.
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/agent/collect"
+	"heft/agent/config"
+	"heft/agent/engine"
+	"heft/agent/gpu"
+	"heft/agent/host"
+	"heft/agent/link"
+	"heft/shared/version"
+	"heft/shared/wire"
+)
+
+// Option changes what Run assembles.
+type Option func(*options)
+
+type options struct {
+	gpus    gpu.Source
+	onProbe func(wire.ProbeRequest)
+}
+
+// WithGPUs reads GPU facts from src instead of opening this host's GPUs
+// (gpu.Open). Run does not close src.
+func WithGPUs(src gpu.Source) Option {
+	return func(o *options) { o.gpus = src }
+}
+
+// WithProbeHook calls fn with every probe request the coordinator sends,
+// before the probe runs (or is refused), from the probe's goroutine.
+func WithProbeHook(fn func(wire.ProbeRequest)) Option {
+	return func(o *options) { o.onProbe = fn }
+}
+
+// Run runs the agent until ctx ends, and returns nil then. It returns an
+// error, before starting anything, for a configuration it cannot use.
+// logger is the root logger; each part names itself under it.
+func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Option) error {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("the configuration has problems: %w", err)
+	}
+	token, err := cfg.Token()
+	if err != nil {
+		return err
+	}
+	tlsCfg, err := cfg.TLSConfig()
+	if err != nil {
+		return err
+	}
+	if cfg.PlainTextWarning() != "" {
+		logger.Warn("agent token sent in plain text", "url", cfg.Coordinator.URL)
+	}
+	logger.Info("starting", "version", version.Version, "node", cfg.Node.Name, "coordinator", cfg.Coordinator.URL,
+		"engines", len(cfg.Engines), "config", cfg.Path)
+
+	gpus, gpuError := o.gpus, ""
+	if gpus == nil {
+		src, err := gpu.Open(logger)
+		if err != nil {
+			gpuError = err.Error()
+			logger.Warn("GPU facts unavailable; carrying on without them", "error", err)
+		}
+		defer src.Close()
+		gpus = src
+	}
+
+	col, err := collect.New(collect.Config{Node: cfg.Node.Name, Engines: Engines(cfg), GPUError: gpuError}, gpus, logger)
+	if err != nil {
+		return err
+	}
+	col.Start(ctx)
+	defer col.Wait()
+
+	h, err := host.Collect(ctx)
+	if err != nil {
+		logger.Warn("host facts incomplete", "error", err)
+	}
+	if h.Hostname == "" {
+		h.Hostname = cfg.Node.Name
+	}
+
+	handler := NewHandler(cfg, col, gpus, logger)
+	handler.onProbe = o.onProbe
+	err = link.Run(ctx, link.Config{
+		URL: cfg.Coordinator.URL, Token: token, TLS: tlsCfg,
+		Node: cfg.Node.Name, AgentVersion: version.Version, Host: h,
+		SnapshotEvery: cfg.SnapshotInterval, PollEvery: cfg.PollInterval,
+		Significant: collect.Significant,
+	}, handler, logger)
+	if err != nil {
+		return fmt.Errorf("cannot run the link to the coordinator: %w", err)
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// Engines returns the configured engines as the engine package takes
+// them; each one's Node is the config's node name.
+func Engines(cfg config.Config) []engine.Config {
+	out := make([]engine.Config, len(cfg.Engines))
+	for i, e := range cfg.Engines {
+		out[i] = engine.Config{Kind: e.Kind, URL: e.URL, Log: e.Log, Model: e.Model, Node: cfg.Node.Name}
+	}
+	return out
+}
