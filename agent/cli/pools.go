@@ -45,14 +45,49 @@ type poolsReport struct {
 	Source   *logsource.Status `json:"source,omitempty"`
 }
 
+// poolsArgs are the pools command's parsed flags.
+type poolsArgs struct {
+	kind, log string
+	json      bool
+}
+
 // runPools reads an engine's start-up log and prints each data-parallel
 // rank's KV pool. Exit codes: 0 pools found, 1 no pool line or the log
 // cannot be read, 2 bad usage.
 func runPools(args []string, stdio IO) int {
+	a, code, ok := parsePools(args, stdio)
+	if !ok {
+		return code
+	}
+	report, facts, code, err := a.read()
+	if err != nil {
+		fmt.Fprintf(stdio.Err, "heft-agent pools: %v\n", err)
+		if errors.Is(err, enginelog.ErrNoPools) && (facts.Version != "" || facts.Model != "" || len(facts.LaunchArgs) > 0) {
+			fmt.Fprintf(stdio.Err, "heft-agent pools: the log shows a start-up%s but no pool line: it may have failed before sizing its KV cache, or not got that far yet\n",
+				poolsDescribe(facts))
+		}
+		return code
+	}
+	if a.json {
+		enc := json.NewEncoder(stdio.Out)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(report); err != nil {
+			fmt.Fprintf(stdio.Err, "heft-agent pools: write: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	poolsTable(stdio.Out, report)
+	return 0
+}
+
+// parsePools reads the pools command's flags; ok is false, with the exit
+// code, when the command should stop (help, or bad flags).
+func parsePools(args []string, stdio IO) (a poolsArgs, code int, ok bool) {
 	fs := flag.NewFlagSet("heft-agent pools", flag.ContinueOnError)
 	engine := fs.String("engine", "", "the engine that wrote the log: vllm or sglang")
-	logPath := fs.String("log", "", "where the engine's start-up log is (`SOURCE`): "+logsource.Usage)
-	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	fs.StringVar(&a.log, "log", "", "where the engine's start-up log is (`SOURCE`): "+logsource.Usage)
+	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
 	usage := func(w io.Writer) {
 		fmt.Fprintln(w, "usage: heft-agent pools --engine vllm|sglang --log FILE [--json]")
 		fmt.Fprintln(w)
@@ -62,45 +97,39 @@ func runPools(args []string, stdio IO) int {
 		settings.PrintFlags(w, fs)
 	}
 	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
-		return code
+		return a, code, false
 	}
-	fail := func(code int, format string, a ...any) int {
-		fmt.Fprintf(stdio.Err, "heft-agent pools: "+format+"\n", a...)
-		return code
-	}
-	if *engine == "" || *logPath == "" {
+	if *engine == "" || a.log == "" {
 		usage(stdio.Err)
-		return fail(2, "--engine and --log are both required")
+		fmt.Fprintln(stdio.Err, "heft-agent pools: --engine and --log are both required")
+		return a, 2, false
 	}
-	kind := strings.ToLower(strings.TrimSpace(*engine))
-	if _, err := enginelog.NewTracker(kind); err != nil {
-		return fail(2, "unknown engine %q: pools reads vllm and sglang start-up logs (the other engines print no per-rank KV pool)", *engine)
+	a.kind = strings.ToLower(strings.TrimSpace(*engine))
+	if _, err := enginelog.NewTracker(a.kind); err != nil {
+		fmt.Fprintf(stdio.Err, "heft-agent pools: unknown engine %q: pools reads vllm and sglang start-up logs (the other engines print no per-rank KV pool)\n", *engine)
+		return a, 2, false
 	}
+	return a, 0, true
+}
 
-	src, err := logsource.Open(*logPath, logsource.Options{}, nil)
+// read reads the log and judges its pools. An error comes with its exit
+// code; with ErrNoPools, facts say what else the log held.
+func (a poolsArgs) read() (poolsReport, enginelog.Facts, int, error) {
+	src, err := logsource.Open(a.log, logsource.Options{}, nil)
 	if err != nil {
-		return fail(2, "%v", err)
+		return poolsReport{}, enginelog.Facts{}, 2, err
 	}
 	var readErr error
-	facts, err := enginelog.ReadEach(kind, func(yield func(string)) error {
+	facts, err := enginelog.ReadEach(a.kind, func(yield func(string)) error {
 		readErr = src.ReadAll(context.Background(), logsource.Handler{Line: yield})
 		return readErr
 	})
 	if readErr != nil {
-		return fail(1, "cannot read the log: %v", readErr)
-	}
-	if errors.Is(err, enginelog.ErrNoPools) {
-		code := fail(1, "%s: %v", *logPath, err)
-		if facts.Version != "" || facts.Model != "" || len(facts.LaunchArgs) > 0 {
-			fmt.Fprintf(stdio.Err, "heft-agent pools: the log shows a start-up%s but no pool line: it may have failed before sizing its KV cache, or not got that far yet\n",
-				poolsDescribe(facts))
-		}
-		return code
+		return poolsReport{}, facts, 1, fmt.Errorf("cannot read the log: %w", readErr)
 	}
 	if err != nil {
-		return fail(1, "%s: %v", *logPath, err)
+		return poolsReport{}, facts, 1, fmt.Errorf("%s: %w", a.log, err)
 	}
-
 	report := poolsReport{
 		Engine:     facts.Engine,
 		Ranks:      facts.Ranks,
@@ -121,16 +150,7 @@ func runPools(args []string, stdio IO) int {
 	}
 	status := src.Status()
 	report.Source = &status
-	if *asJSON {
-		enc := json.NewEncoder(stdio.Out)
-		enc.SetEscapeHTML(false)
-		if err := enc.Encode(report); err != nil {
-			return fail(1, "write: %v", err)
-		}
-		return 0
-	}
-	poolsTable(stdio.Out, report)
-	return 0
+	return report, facts, 0, nil
 }
 
 // poolsMinOverMax is smallest/largest pool rounded to 4 decimals: 1 with

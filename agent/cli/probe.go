@@ -10,12 +10,12 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/agent/engine"
 	"heft/agent/gpu"
 	"heft/agent/probe"
 	"heft/shared/logging"
@@ -23,20 +23,47 @@ import (
 	"heft/shared/wire"
 )
 
+// probeArgs are the probe command's parsed flags.
+type probeArgs struct {
+	url, model, kind, prompt string
+	concurrency, tokens      int
+	json                     bool
+	timeout                  time.Duration
+}
+
 // runProbe warms an engine and measures it with the standard burst.
 // Exit 0: a valid measurement; 1: the engine could not be measured; 2: bad flags.
 func runProbe(args []string, stdio IO) int {
+	a, code, ok := parseProbe(args, stdio)
+	if !ok {
+		return code
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	m, err := a.run(ctx, stdio)
+	if err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(stdio.Err, "heft-agent probe: interrupted; no measurement")
+			return 1
+		}
+		fmt.Fprintf(stdio.Err, "heft-agent probe: %v\n", err)
+		return 2
+	}
+	return a.render(stdio, m)
+}
+
+// parseProbe reads the probe command's flags; ok is false, with the exit
+// code, when the command should stop (help, or bad flags).
+func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 	fs := flag.NewFlagSet("heft-agent probe", flag.ContinueOnError)
-	var (
-		engineURL   = fs.String("url", "", "engine base URL, e.g. http://127.0.0.1:8000 (required)")
-		model       = fs.String("model", "", "model to request (default: the first one in /v1/models)")
-		kind        = fs.String("engine", "", "engine kind: "+strings.Join(wire.EngineKinds, "|")+" (default: send every length field)")
-		concurrency = fs.Int("concurrency", probe.DefaultConcurrency, "concurrent requests per burst")
-		tokens      = fs.Int("tokens", probe.DefaultTokens, "output tokens per request")
-		prompt      = fs.String("prompt", probe.DefaultPrompt, "the prompt every request sends")
-		asJSON      = fs.Bool("json", false, "print the measurement as JSON")
-		timeout     = fs.Duration("timeout", probe.DefaultBurstTimeout, "how long to wait for the engine to be ready, and for each burst")
-	)
+	fs.StringVar(&a.url, "url", "", "engine base URL, e.g. http://127.0.0.1:8000 (required)")
+	fs.StringVar(&a.model, "model", "", "model to request (default: the first one in /v1/models)")
+	fs.StringVar(&a.kind, "engine", "", "engine kind: "+strings.Join(wire.EngineKinds, "|")+" (default: send every length field)")
+	fs.IntVar(&a.concurrency, "concurrency", probe.DefaultConcurrency, "concurrent requests per burst")
+	fs.IntVar(&a.tokens, "tokens", probe.DefaultTokens, "output tokens per request")
+	fs.StringVar(&a.prompt, "prompt", probe.DefaultPrompt, "the prompt every request sends")
+	fs.BoolVar(&a.json, "json", false, "print the measurement as JSON")
+	fs.DurationVar(&a.timeout, "timeout", probe.DefaultBurstTimeout, "how long to wait for the engine to be ready, and for each burst")
 	usage := func(w io.Writer) {
 		fmt.Fprintln(w, "usage: heft-agent probe --url URL [--model M] [--engine KIND] [--concurrency 16] [--tokens 128] [--prompt P] [--json] [--timeout D]")
 		fmt.Fprintln(w, "\nSends the standard burst twice, keeps the second, and prints what the engine carries.")
@@ -44,55 +71,55 @@ func runProbe(args []string, stdio IO) int {
 		settings.PrintFlags(w, fs)
 	}
 	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
-		return code
+		return a, code, false
 	}
-	bad := func(format string, a ...any) int {
-		fmt.Fprintf(stdio.Err, "heft-agent probe: "+format+"\n", a...)
-		return 2
-	}
+	var problem string
 	switch {
-	case *engineURL == "":
-		return bad("--url is required, e.g. --url http://127.0.0.1:8000")
-	case *kind != "" && !slices.Contains(wire.EngineKinds, *kind):
-		return bad("--engine %q is not one of %s", *kind, strings.Join(wire.EngineKinds, ", "))
-	case *concurrency < 1 || *concurrency > probe.MaxConcurrency:
-		return bad("--concurrency must be 1..%d, got %d", probe.MaxConcurrency, *concurrency)
-	case *tokens < 1 || *tokens > probe.MaxTokens:
-		return bad("--tokens must be 1..%d, got %d", probe.MaxTokens, *tokens)
-	case *timeout <= 0:
-		return bad("--timeout must be positive, got %v", *timeout)
+	case a.url == "":
+		problem = "--url is required, e.g. --url http://127.0.0.1:8000"
+	case a.kind != "" && !engine.Known(a.kind):
+		problem = fmt.Sprintf("--engine %q is not one of %s", a.kind, strings.Join(wire.EngineKinds, ", "))
+	case a.concurrency < 1 || a.concurrency > probe.MaxConcurrency:
+		problem = fmt.Sprintf("--concurrency must be 1..%d, got %d", probe.MaxConcurrency, a.concurrency)
+	case a.tokens < 1 || a.tokens > probe.MaxTokens:
+		problem = fmt.Sprintf("--tokens must be 1..%d, got %d", probe.MaxTokens, a.tokens)
+	case a.timeout <= 0:
+		problem = fmt.Sprintf("--timeout must be positive, got %v", a.timeout)
+	default:
+		return a, 0, true
 	}
+	fmt.Fprintf(stdio.Err, "heft-agent probe: %s\n", problem)
+	return a, 2, false
+}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-
-	// Progress goes where a person is looking: stdout normally, stderr
-	// under --json (whose stdout is for scripts), and only live on a terminal.
-	view := &probeView{w: stdio.Out, live: logging.IsTerminal(stdio.Out), url: *engineURL}
-	if *asJSON {
+// run measures the engine, showing progress where a person is looking:
+// stdout normally, stderr under --json (whose stdout is for scripts), and
+// live only on a terminal.
+func (a probeArgs) run(ctx context.Context, stdio IO) (wire.Measurement, error) {
+	view := &probeView{w: stdio.Out, live: logging.IsTerminal(stdio.Out), url: a.url}
+	if a.json {
 		view = &probeView{w: stdio.Err, live: logging.IsTerminal(stdio.Err), quiet: !logging.IsTerminal(stdio.Err)}
 	}
 	cfg := probe.Config{
-		URL: *engineURL, Kind: *kind, Model: *model,
-		Concurrency: *concurrency, Tokens: *tokens, Prompt: *prompt,
-		CapacityKey: "cli:" + *engineURL, Trigger: "cli",
-		ReadyTimeout: *timeout, BurstTimeout: *timeout,
+		URL: a.url, Kind: a.kind, Model: a.model,
+		Concurrency: a.concurrency, Tokens: a.tokens, Prompt: a.prompt,
+		CapacityKey: "cli:" + a.url, Trigger: "cli",
+		ReadyTimeout: a.timeout, BurstTimeout: a.timeout,
 		Progress: view.update,
 	}
-	if src := probeLocalGPUs(*engineURL); src != nil {
+	if src := probeLocalGPUs(a.url); src != nil {
 		defer src.Close()
 		cfg.GPUs = src.Devices
 	}
 	m, err := probe.Run(ctx, cfg)
 	view.finish()
-	if err != nil {
-		if ctx.Err() != nil {
-			fmt.Fprintln(stdio.Err, "heft-agent probe: interrupted; no measurement")
-			return 1
-		}
-		return bad("%v", err)
-	}
-	if *asJSON {
+	return m, err
+}
+
+// render prints the measurement, and why the engine could not be
+// measured, and returns the exit code.
+func (a probeArgs) render(stdio IO, m wire.Measurement) int {
+	if a.json {
 		enc := json.NewEncoder(stdio.Out)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(m); err != nil {
@@ -102,18 +129,18 @@ func runProbe(args []string, stdio IO) int {
 	} else {
 		printProbeMeasurement(stdio.Out, m)
 	}
-	if !m.Valid() {
-		fmt.Fprintf(stdio.Err, "heft-agent probe: %s could not be measured (%s)", m.EngineURL, probeOrUnknown(m.Failure))
-		if len(m.Problems) > 0 {
-			fmt.Fprintf(stdio.Err, ": %s", m.Problems[0])
-		}
-		fmt.Fprintln(stdio.Err)
-		for _, p := range m.Problems[min(1, len(m.Problems)):] {
-			fmt.Fprintf(stdio.Err, "  - %s\n", p)
-		}
-		return 1
+	if m.Valid() {
+		return 0
 	}
-	return 0
+	fmt.Fprintf(stdio.Err, "heft-agent probe: %s could not be measured (%s)", m.EngineURL, probeOrUnknown(m.Failure))
+	if len(m.Problems) > 0 {
+		fmt.Fprintf(stdio.Err, ": %s", m.Problems[0])
+	}
+	fmt.Fprintln(stdio.Err)
+	for _, p := range m.Problems[min(1, len(m.Problems)):] {
+		fmt.Fprintf(stdio.Err, "  - %s\n", p)
+	}
+	return 1
 }
 
 func probeOrUnknown(s string) string {
