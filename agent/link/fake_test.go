@@ -2,11 +2,18 @@ package link
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,17 +26,21 @@ import (
 
 const testToken = "s3cret"
 
-// fakeCoord is a coordinator-like websocket server on 127.0.0.1.
+// fakeCoord is a coordinator-like websocket server, on 127.0.0.1 or in
+// memory (newPipeCoord, for tests in a testing/synctest bubble).
 type fakeCoord struct {
-	t     *testing.T
-	srv   *httptest.Server
-	conns chan *fakeConn
-	stop  chan struct{}
+	t      *testing.T
+	url    string       // ws:// URL of its agent endpoint
+	client *http.Client // dials it in memory; nil on 127.0.0.1
+	wait   time.Duration
+	conns  chan *fakeConn
+	stop   chan struct{}
 
 	mu      sync.Mutex
 	refuse  int  // when non-zero, answer dials with this HTTP status
-	stall   bool // never read accepted connections
+	stall   bool // accept connections and never answer (see serveStalled)
 	headers []http.Header
+	dials   []time.Time // when each dial arrived
 
 	refused atomic.Int64
 }
@@ -42,22 +53,86 @@ type fakeConn struct {
 	notify chan struct{}
 	seen   int // messages handed out by next
 	done   chan struct{}
-	err    error // why reading ended; valid after done
+	err    error         // why reading ended; valid after done
+	wait   time.Duration // how long next waits for a message
 }
 
+// newFakeCoord starts a fake coordinator on 127.0.0.1: real sockets.
 func newFakeCoord(t *testing.T) *fakeCoord {
-	f := &fakeCoord{t: t, conns: make(chan *fakeConn, 100), stop: make(chan struct{})}
-	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	f := &fakeCoord{t: t, wait: 10 * time.Second, conns: make(chan *fakeConn, 100), stop: make(chan struct{})}
+	srv := httptest.NewServer(http.HandlerFunc(f.serve))
+	f.url = "ws" + strings.TrimPrefix(srv.URL, "http") + "/api/v1/agent"
 	t.Cleanup(func() {
 		close(f.stop)
-		f.srv.Close()
+		srv.Close()
 	})
 	return f
 }
 
-func (f *fakeCoord) url() string {
-	return "ws" + strings.TrimPrefix(f.srv.URL, "http") + "/api/v1/agent"
+// newPipeCoord starts a fake coordinator whose connections are in-memory
+// pipes, for a test inside a testing/synctest bubble: there time only
+// moves while every goroutine waits on something of the bubble's, which a
+// real socket is not. Waits are long, as the bubble's clock makes them
+// free.
+func newPipeCoord(t *testing.T) *fakeCoord {
+	f := &fakeCoord{t: t, wait: 24 * time.Hour, conns: make(chan *fakeConn, 100), stop: make(chan struct{}),
+		url: "ws://coordinator.test/api/v1/agent"}
+	ln := &pipeListener{conns: make(chan net.Conn), closed: make(chan struct{})}
+	srv := &http.Server{Handler: http.HandlerFunc(f.serve)}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = srv.Serve(ln)
+	}()
+	f.client = &http.Client{Transport: &http.Transport{DialContext: ln.dial}}
+	t.Cleanup(func() {
+		close(f.stop)
+		_ = srv.Close()
+		<-served
+		f.client.CloseIdleConnections()
+	})
+	return f
 }
+
+// pipeListener accepts the in-memory connections its dial makes.
+type pipeListener struct {
+	conns  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	client, server := net.Pipe()
+	select {
+	case l.conns <- server:
+		return client, nil
+	case <-l.closed:
+		return nil, syscall.ECONNREFUSED
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "coordinator.test:80" }
 
 func (f *fakeCoord) set(fn func(f *fakeCoord)) {
 	f.mu.Lock()
@@ -68,6 +143,7 @@ func (f *fakeCoord) set(fn func(f *fakeCoord)) {
 func (f *fakeCoord) serve(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.headers = append(f.headers, r.Header.Clone())
+	f.dials = append(f.dials, time.Now())
 	refuse, stall := f.refuse, f.stall
 	f.mu.Unlock()
 	if refuse != 0 {
@@ -78,6 +154,10 @@ func (f *fakeCoord) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Authorization") != "Bearer "+testToken {
 		f.refused.Add(1)
 		http.Error(w, "bad agent token", http.StatusUnauthorized)
+		return
+	}
+	if stall && f.client != nil {
+		f.serveStalled(w, r)
 		return
 	}
 	c, err := websocket.Accept(w, r, nil)
@@ -116,13 +196,44 @@ func (f *fakeCoord) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// serveStalled completes the websocket handshake in memory and then reads
+// and drops every byte without answering, pings included: a coordinator
+// that hangs. (On 127.0.0.1 a stalled one just never reads, and the socket
+// buffers take what the agent writes; an in-memory pipe has no buffer.)
+func (f *fakeCoord) serveStalled(w http.ResponseWriter, r *http.Request) {
+	sum := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	conn, rw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		f.t.Errorf("hijack: %v", err)
+		return
+	}
+	defer conn.Close()
+	fmt.Fprintf(rw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+		base64.StdEncoding.EncodeToString(sum[:]))
+	if rw.Flush() != nil {
+		return
+	}
+	fc := &fakeConn{notify: make(chan struct{}, 1), done: make(chan struct{})}
+	f.conns <- fc
+	defer close(fc.done)
+	_, fc.err = io.Copy(io.Discard, conn)
+}
+
+// dialTimes returns when each dial so far arrived.
+func (f *fakeCoord) dialTimes() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.dials)
+}
+
 // accept waits for the next agent connection.
 func (f *fakeCoord) accept(t *testing.T) *fakeConn {
 	t.Helper()
 	select {
 	case fc := <-f.conns:
+		fc.wait = f.wait
 		return fc
-	case <-time.After(10 * time.Second):
+	case <-time.After(f.wait):
 		t.Fatal("agent did not connect")
 		return nil
 	}
@@ -131,7 +242,7 @@ func (f *fakeCoord) accept(t *testing.T) *fakeConn {
 // next returns the next message the agent sent on this connection.
 func (fc *fakeConn) next(t *testing.T) *wire.Envelope {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(fc.wait)
 	for {
 		fc.mu.Lock()
 		if fc.seen < len(fc.got) {
@@ -192,7 +303,7 @@ func (fc *fakeConn) closeStatus(t *testing.T) websocket.StatusCode {
 	select {
 	case <-fc.done:
 		return websocket.CloseStatus(fc.err)
-	case <-time.After(15 * time.Second):
+	case <-time.After(fc.wait + 5*time.Second):
 		t.Fatal("agent did not close the connection")
 		return 0
 	}
@@ -258,18 +369,7 @@ type syncBuffer struct{ testutil.SyncBuffer }
 // waitLog polls the log until it holds want.
 func (b *syncBuffer) waitLog(t *testing.T, want string) {
 	t.Helper()
-	eventually(t, "log line "+want, func() bool { return strings.Contains(b.String(), want) })
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testutil.Eventually(t, "log line "+want, 15*time.Second, func() bool { return strings.Contains(b.String(), want) })
 }
 
 // running is one link.Run under test.
@@ -281,7 +381,7 @@ type running struct {
 
 func testConfig(f *fakeCoord) Config {
 	return Config{
-		URL: f.url(), Token: testToken, Node: "gpu-a", AgentVersion: "test", Host: testHost,
+		URL: f.url, HTTPClient: f.client, Token: testToken, Node: "gpu-a", AgentVersion: "test", Host: testHost,
 		SnapshotEvery: time.Hour, PollEvery: 5 * time.Millisecond,
 		MinBackoff: 2 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 		PingEvery: time.Hour, WriteTimeout: 5 * time.Second,

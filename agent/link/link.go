@@ -69,6 +69,9 @@ type Config struct {
 	AgentVersion string
 	Host         wire.Host
 	TLS          *tls.Config // nil: system roots
+	// HTTPClient dials the coordinator; nil: one of its own with TLS.
+	// Tests pass one whose connections are in memory.
+	HTTPClient *http.Client
 
 	// SnapshotEvery is the heartbeat: a snapshot goes out at least this
 	// often. The coordinator's Welcome may ask for another interval.
@@ -174,14 +177,18 @@ func newLink(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) (*
 		logger = hclog.NewNullLogger()
 	}
 	logger = logger.Named("link")
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = cfg.TLS
+	client := cfg.HTTPClient
+	if client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = cfg.TLS
+		client = &http.Client{Transport: tr}
+	}
 	return &link{
 		ctx:     ctx,
 		cfg:     cfg,
 		h:       h,
 		log:     logger,
-		client:  &http.Client{Transport: tr},
+		client:  client,
 		randN:   rand.Int64N,
 		wake:    make(chan struct{}, 1),
 		probing: map[string]bool{},
