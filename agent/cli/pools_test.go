@@ -10,27 +10,9 @@ import (
 
 	"heft/agent/cli"
 	"heft/shared/health"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
-
-// poolsFixture is the path of a fixture under the repository's testdata.
-func poolsFixture(t *testing.T, rel string) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "testdata", rel)
-		}
-		if parent := filepath.Dir(dir); parent != dir {
-			dir = parent
-			continue
-		}
-		t.Fatal("go.mod not found")
-	}
-}
 
 func poolsRun(args ...string) (code int, stdout, stderr string) {
 	var out, errOut bytes.Buffer
@@ -39,7 +21,7 @@ func poolsRun(args ...string) (code int, stdout, stderr string) {
 }
 
 func TestPoolsJSONUneven(t *testing.T) {
-	code, out, errOut := poolsRun("--engine", "sglang", "--log", poolsFixture(t, "logs/sglang-dp2-uneven.log"), "--json")
+	code, out, errOut := poolsRun("--engine", "sglang", "--log", testutil.Testdata(t, "logs/sglang-dp2-uneven.log"), "--json")
 	if code != 0 || errOut != "" {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -69,7 +51,7 @@ func TestPoolsJSONUneven(t *testing.T) {
 }
 
 func TestPoolsJSONOneRank(t *testing.T) {
-	code, out, _ := poolsRun("-engine=vllm", "-log="+poolsFixture(t, "engines/vllm-single.log"), "-json")
+	code, out, _ := poolsRun("-engine=vllm", "-log="+testutil.Testdata(t, "engines/vllm-single.log"), "-json")
 	if code != 0 || !strings.HasPrefix(out, `{"engine":"vllm","ranks":[{"dp_rank":0,"kv_tokens":379088}],"min_over_max":1,`) {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
@@ -79,7 +61,7 @@ func TestPoolsJSONOneRank(t *testing.T) {
 }
 
 func TestPoolsTableUneven(t *testing.T) {
-	code, out, errOut := poolsRun("--engine", "sglang", "--log", poolsFixture(t, "logs/sglang-dp2-uneven.log"))
+	code, out, errOut := poolsRun("--engine", "sglang", "--log", testutil.Testdata(t, "logs/sglang-dp2-uneven.log"))
 	if code != 0 || errOut != "" {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -99,19 +81,19 @@ func TestPoolsTableUneven(t *testing.T) {
 }
 
 func TestPoolsTableEvenAndRestart(t *testing.T) {
-	code, out, _ := poolsRun("--engine", "vllm", "--log", poolsFixture(t, "engines/vllm-dp2.log"))
+	code, out, _ := poolsRun("--engine", "vllm", "--log", testutil.Testdata(t, "engines/vllm-dp2.log"))
 	if code != 0 || !strings.Contains(out, "373,696") || !strings.Contains(out, "373,552") ||
 		!strings.Contains(out, "the data-parallel pools are even") || strings.Contains(out, "dp_pool_imbalance") {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
-	code, out, _ = poolsRun("--engine", "sglang", "--log", poolsFixture(t, "logs/sglang-restart.log"))
+	code, out, _ = poolsRun("--engine", "sglang", "--log", testutil.Testdata(t, "logs/sglang-restart.log"))
 	if code != 0 || !strings.Contains(out, "2 in this log; the pools are the last one's") || !strings.Contains(out, "24,101") || strings.Contains(out, "2,925") {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }
 
 func TestPoolsErrors(t *testing.T) {
-	noPool := poolsFixture(t, "logs/vllm-no-pool.log")
+	noPool := testutil.Testdata(t, "logs/vllm-no-pool.log")
 	tests := []struct {
 		name   string
 		args   []string
@@ -121,7 +103,7 @@ func TestPoolsErrors(t *testing.T) {
 		{"no pool line", []string{"--engine", "vllm", "--log", noPool}, 1,
 			[]string{"no KV pool line found", `"GPU KV cache size: N tokens"`, `"# cuda blocks: N`, `"KV Cache is allocated. #tokens: N"`, `"max_total_num_tokens=N"`, "version 0.28.0"}},
 		{"no pool line, json", []string{"--engine", "vllm", "--log", noPool, "--json"}, 1, []string{"no KV pool line found"}},
-		{"wrong engine", []string{"--engine", "vllm", "--log", poolsFixture(t, "engines/sglang-dp2-even.log")}, 1, []string{`try engine "sglang"`}},
+		{"wrong engine", []string{"--engine", "vllm", "--log", testutil.Testdata(t, "engines/sglang-dp2-even.log")}, 1, []string{`try engine "sglang"`}},
 		{"unknown engine", []string{"--engine", "ollama", "--log", noPool}, 2, []string{`unknown engine "ollama"`}},
 		{"missing file", []string{"--engine", "sglang", "--log", filepath.Join(t.TempDir(), "absent.log")}, 1, []string{"cannot read the log", "absent.log"}},
 		{"a directory", []string{"--engine", "sglang", "--log", t.TempDir()}, 1, []string{"is a directory"}},
@@ -154,7 +136,7 @@ func TestPoolsErrors(t *testing.T) {
 
 // A CRI-wrapped log (a Kubernetes pod's) gives the raw log's pools.
 func TestPoolsWrappedLogs(t *testing.T) {
-	code, out, errOut := poolsRun("--engine", "sglang", "--log", poolsFixture(t, "wrapped/sglang-dp2-uneven.cri.log"), "--json")
+	code, out, errOut := poolsRun("--engine", "sglang", "--log", testutil.Testdata(t, "wrapped/sglang-dp2-uneven.cri.log"), "--json")
 	const contract = `{"engine":"sglang","ranks":[{"dp_rank":0,"kv_tokens":24094},{"dp_rank":1,"kv_tokens":2925}],"min_over_max":0.1214,"complete":true,"expected_ranks":2,`
 	if code != 0 || errOut != "" || !strings.HasPrefix(out, contract) {
 		t.Fatalf("exit %d, stderr %q:\n%s", code, errOut, out)
@@ -174,7 +156,7 @@ func TestPoolsWrappedLogs(t *testing.T) {
 	}
 
 	// The DP4 log with one starved rank reads as four ranks, not one.
-	code, out, _ = poolsRun("--engine", "vllm", "--log", poolsFixture(t, "wrapped/vllm-dp4-starved.cri.log"))
+	code, out, _ = poolsRun("--engine", "vllm", "--log", testutil.Testdata(t, "wrapped/vllm-dp4-starved.cri.log"))
 	for _, want := range []string{"      3     46,704       12.5%", "smallest/largest: 0.1250", "CRITICAL dp_pool_imbalance", "cri wrapper"} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("exit %d, output lacks %q:\n%s", code, want, out)
@@ -184,7 +166,7 @@ func TestPoolsWrappedLogs(t *testing.T) {
 
 // A set with a rank missing is never "even", and its min_over_max is 0.
 func TestPoolsIncomplete(t *testing.T) {
-	log := poolsFixture(t, "logs/vllm-dp4-starting.log")
+	log := testutil.Testdata(t, "logs/vllm-dp4-starting.log")
 	code, out, errOut := poolsRun("--engine", "vllm", "--log", log, "--json")
 	const contract = `{"engine":"vllm","ranks":[{"dp_rank":0,"kv_tokens":373696},{"dp_rank":1,"kv_tokens":373552},{"dp_rank":2,"kv_tokens":373600}],"min_over_max":0,"complete":false,"expected_ranks":4,"missing_ranks":[3],`
 	if code != 0 || errOut != "" || !strings.HasPrefix(out, contract) {
@@ -209,7 +191,7 @@ func TestPoolsIncomplete(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 	// Complete sets say so.
-	code, out, _ = poolsRun("--engine", "vllm", "--log", poolsFixture(t, "engines/vllm-dp2.log"), "--json")
+	code, out, _ = poolsRun("--engine", "vllm", "--log", testutil.Testdata(t, "engines/vllm-dp2.log"), "--json")
 	if code != 0 || !strings.Contains(out, `"min_over_max":0.9996,"complete":true,"expected_ranks":2,"format"`) {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
@@ -219,7 +201,7 @@ func TestPoolsIncomplete(t *testing.T) {
 // here fail with exit 1 and a message naming the source.
 func TestPoolsSourceSpecs(t *testing.T) {
 	dir := t.TempDir()
-	raw, err := os.ReadFile(poolsFixture(t, "logs/sglang-dp2-uneven.log"))
+	raw, err := os.ReadFile(testutil.Testdata(t, "logs/sglang-dp2-uneven.log"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,15 +38,6 @@ func (f *fakeGPUs) Devices(ctx context.Context) ([]wire.GPU, error) {
 
 func (f *fakeGPUs) Close() error { f.closed = true; return nil }
 
-func readFixture(t *testing.T, rel string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "testdata", rel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // startEngine serves a kind's fixture files on 127.0.0.1.
 func startEngine(t *testing.T, kind string) *httptest.Server {
 	t.Helper()
@@ -59,7 +50,7 @@ func startEngine(t *testing.T, kind string) *httptest.Server {
 	files := map[string][]byte{}
 	for path, file := range routes {
 		if file != "" {
-			files[path] = readFixture(t, file)
+			files[path] = testutil.ReadTestdata(t, file)
 		} else {
 			files[path] = nil
 		}
@@ -150,22 +141,10 @@ func TestSnapshotUnreachableEngine(t *testing.T) {
 	}
 }
 
-// poll calls check until it is true or the deadline passes.
-func poll(t *testing.T, what string, check func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !check() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestStartFollowsLog(t *testing.T) {
 	srv := startEngine(t, "vllm")
 	logPath := filepath.Join(t.TempDir(), "vllm.log")
-	full := string(readFixture(t, "engines/vllm-dp2.log"))
+	full := string(testutil.ReadTestdata(t, "engines/vllm-dp2.log"))
 	cut := strings.Index(full, "(EngineCore_DP0 pid=212) INFO 12-11 09:14:37 [kv_cache_utils.py")
 	if cut < 0 {
 		t.Fatal("fixture changed")
@@ -183,7 +162,7 @@ func TestStartFollowsLog(t *testing.T) {
 	c.Start(ctx) // a second Start starts no second follower
 
 	var e wire.Engine
-	poll(t, "launch args from the log", func() bool {
+	testutil.Eventually(t, "launch args from the log", 15*time.Second, func() bool {
 		e = c.Snapshot(ctx).Engines[0]
 		return e.LaunchArgsSource == "log"
 	})
@@ -199,7 +178,7 @@ func TestStartFollowsLog(t *testing.T) {
 	}
 	_ = f.Close()
 	want := []wire.Rank{{DPRank: 0, KVTokens: 373696}, {DPRank: 1, KVTokens: 373552}}
-	poll(t, "pools from the log", func() bool {
+	testutil.Eventually(t, "pools from the log", 15*time.Second, func() bool {
 		e = c.Snapshot(ctx).Engines[0]
 		return reflect.DeepEqual(e.Ranks, want)
 	})
@@ -209,10 +188,10 @@ func TestStartFollowsLog(t *testing.T) {
 	key := e.CapacityKey
 
 	// The engine restarts with other arguments and the log is rewritten.
-	if err := os.WriteFile(logPath, readFixture(t, "engines/vllm-single.log"), 0o644); err != nil {
+	if err := os.WriteFile(logPath, testutil.ReadTestdata(t, "engines/vllm-single.log"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "the new start-up's pool", func() bool {
+	testutil.Eventually(t, "the new start-up's pool", 15*time.Second, func() bool {
 		e = c.Snapshot(ctx).Engines[0]
 		return reflect.DeepEqual(e.Ranks, []wire.Rank{{DPRank: 0, KVTokens: 379088}})
 	})
@@ -242,10 +221,10 @@ func TestFollowMissingLogRetries(t *testing.T) {
 	if e := c.Snapshot(ctx).Engines[0]; e.RanksSource != engine.SourceMetrics {
 		t.Fatalf("before the log exists: ranks from %q", e.RanksSource)
 	}
-	if err := os.WriteFile(logPath, readFixture(t, "engines/sglang-dp2-even.log"), 0o644); err != nil {
+	if err := os.WriteFile(logPath, testutil.ReadTestdata(t, "engines/sglang-dp2-even.log"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "pools from the log once it appears", func() bool {
+	testutil.Eventually(t, "pools from the log once it appears", 15*time.Second, func() bool {
 		return c.Snapshot(ctx).Engines[0].RanksSource == logPath
 	})
 }
@@ -255,10 +234,10 @@ func TestReadLogsOnce(t *testing.T) {
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "vllm.log")
 	noPools := filepath.Join(dir, "args-only.log")
-	if err := os.WriteFile(logPath, readFixture(t, "engines/vllm-dp2.log"), 0o644); err != nil {
+	if err := os.WriteFile(logPath, testutil.ReadTestdata(t, "engines/vllm-dp2.log"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	full := string(readFixture(t, "engines/vllm-single.log"))
+	full := string(testutil.ReadTestdata(t, "engines/vllm-single.log"))
 	if err := os.WriteFile(noPools, []byte(strings.SplitAfterN(full, "\n", 3)[0]+strings.SplitAfterN(full, "\n", 3)[1]), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -18,6 +17,7 @@ import (
 
 	"heft/agent/engine/launch"
 	"heft/agent/enginelog"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -44,7 +44,7 @@ func checkWire(t *testing.T, e wire.Engine) {
 
 func readLog(t *testing.T, kind, rel string) *enginelog.Facts {
 	t.Helper()
-	lf, err := enginelog.Read(kind, bytes.NewReader(fixture(t, rel)))
+	lf, err := enginelog.Read(kind, bytes.NewReader(testutil.ReadTestdata(t, rel)))
 	if err != nil {
 		t.Fatalf("enginelog.Read: %v", err)
 	}
@@ -77,7 +77,7 @@ func TestFactsVLLM(t *testing.T) {
 	}
 
 	// With the start-up log: pools per rank and launch args from it.
-	logPath := filepath.Join(repoRoot(t), "testdata/engines/vllm-dp2.log")
+	logPath := testutil.Testdata(t, "engines", "vllm-dp2.log")
 	c = newClient(t, "vllm", srv.URL, func(cfg *Config) { cfg.Log = logPath })
 	e = c.Facts(t.Context(), nil, readLog(t, "vllm", "engines/vllm-dp2.log"))
 	checkWire(t, e)
@@ -177,7 +177,7 @@ func TestFactsLlamaCpp(t *testing.T) {
 
 	loading := startFake(t, "llamacpp", map[string]http.HandlerFunc{"/health": func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = w.Write(fixture(t, "http/llamacpp/health_loading.json"))
+		_, _ = w.Write(testutil.ReadTestdata(t, "http/llamacpp/health_loading.json"))
 	}})
 	e = newClient(t, "llamacpp", loading.URL, nil).Facts(t.Context(), nil, nil)
 	if e.Ready || e.Error != "" {
@@ -246,7 +246,7 @@ func deadURL(t *testing.T) string {
 }
 
 func TestFactsBadEngines(t *testing.T) {
-	html := fixture(t, "http/bad/login.html")
+	html := testutil.ReadTestdata(t, "http/bad/login.html")
 	tests := []struct {
 		name      string
 		kind      string
@@ -275,7 +275,7 @@ func TestFactsBadEngines(t *testing.T) {
 			name: "metrics do not parse", kind: "vllm",
 			url: func(t *testing.T) string {
 				return startFake(t, "vllm", map[string]http.HandlerFunc{"/metrics": func(w http.ResponseWriter, r *http.Request) {
-					_, _ = w.Write(fixture(t, "metrics/bad-truncated.txt"))
+					_, _ = w.Write(testutil.ReadTestdata(t, "metrics/bad-truncated.txt"))
 				}}).URL
 			},
 			wantErr: "metrics do not parse", wantReady: true,

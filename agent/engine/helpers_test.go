@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"heft/shared/testutil"
 )
 
 // Child-process modes of the test binary, chosen by environment:
@@ -33,7 +35,7 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(childEnv); mode != "" {
 		os.Exit(runChild(mode))
 	}
-	os.Exit(m.Run())
+	testutil.VerifyNoLeaks(m)
 }
 
 func runChild(mode string) int {
@@ -81,7 +83,7 @@ func startChild(t *testing.T, mode string, argv []string) *child {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := &exec.Cmd{Path: self, Args: argv, Env: append(os.Environ(), childEnv+"="+mode, "HEFT_REPO_ROOT="+repoRoot(t))}
+	cmd := &exec.Cmd{Path: self, Args: argv, Env: append(os.Environ(), childEnv+"="+mode)}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -132,53 +134,9 @@ func (c *child) stop() {
 	})
 }
 
-var (
-	rootOnce sync.Once
-	rootDir  string
-)
-
-// repoRoot walks up from the working directory to go.mod.
-func repoRoot(t testing.TB) string {
-	rootOnce.Do(func() {
-		if r := os.Getenv("HEFT_REPO_ROOT"); r != "" {
-			rootDir = r
-			return
-		}
-		dir, err := os.Getwd()
-		if err != nil {
-			return
-		}
-		for {
-			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				rootDir = dir
-				return
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				return
-			}
-			dir = parent
-		}
-	})
-	if rootDir == "" && t != nil {
-		t.Fatal("repository root (go.mod) not found")
-	}
-	return rootDir
-}
-
-func fixture(t testing.TB, rel string) []byte {
-	if t != nil {
-		t.Helper()
-	}
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "testdata", rel))
-	if err != nil {
-		if t != nil {
-			t.Fatal(err)
-		}
-		panic(err)
-	}
-	return b
-}
+// testdataDir is the repository's testdata/, from the package's folder,
+// where tests and the child processes they start run.
+var testdataDir = filepath.Join("..", "..", "testdata")
 
 // fixtureRoutes maps each kind's endpoints to fixture files under
 // testdata/; "" serves an empty 200.
@@ -243,14 +201,18 @@ func fakeEngine(kind string, override map[string]http.HandlerFunc) http.Handler 
 		default:
 			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		}
-		_, _ = w.Write(fixture(nil, file))
+		b, err := os.ReadFile(filepath.Join(testdataDir, file))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write(b)
 	})
 }
 
 // startFake runs a fake engine on 127.0.0.1 in this process.
 func startFake(t *testing.T, kind string, override map[string]http.HandlerFunc) *httptest.Server {
 	t.Helper()
-	repoRoot(t)
 	srv := httptest.NewServer(fakeEngine(kind, override))
 	t.Cleanup(srv.Close)
 	return srv

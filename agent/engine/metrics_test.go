@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -88,7 +89,7 @@ func TestParseMetrics(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := ParseMetrics(tt.kind, bytes.NewReader(fixture(t, tt.file)))
+			got, err := ParseMetrics(tt.kind, bytes.NewReader(testutil.ReadTestdata(t, tt.file)))
 			if err != nil {
 				t.Fatalf("ParseMetrics: %v", err)
 			}
@@ -114,10 +115,10 @@ func TestParseMetricsErrors(t *testing.T) {
 		body       []byte
 		want       string
 	}{
-		{"truncated line", "vllm", fixture(t, "metrics/bad-truncated.txt"), "metrics do not parse"},
-		{"type declared twice", "vllm", fixture(t, "metrics/bad-type-conflict.txt"), "metrics do not parse"},
-		{"json error page", "llamacpp", fixture(t, "metrics/bad-json.txt"), "metrics do not parse"},
-		{"html login page", "sglang", fixture(t, "http/bad/login.html"), "HTML"},
+		{"truncated line", "vllm", testutil.ReadTestdata(t, "metrics/bad-truncated.txt"), "metrics do not parse"},
+		{"type declared twice", "vllm", testutil.ReadTestdata(t, "metrics/bad-type-conflict.txt"), "metrics do not parse"},
+		{"json error page", "llamacpp", testutil.ReadTestdata(t, "metrics/bad-json.txt"), "metrics do not parse"},
+		{"html login page", "sglang", testutil.ReadTestdata(t, "http/bad/login.html"), "HTML"},
 		{"too large", "vllm", bytes.Repeat([]byte("# comment line\n"), MaxBodyBytes/15+2), "larger than 8 MiB"},
 		{"mlx has no metrics", "mlx", []byte(""), "no /metrics"},
 		{"unknown kind", "tgi", []byte(""), "unknown engine kind"},
@@ -140,7 +141,7 @@ func TestParseMetricsErrors(t *testing.T) {
 // plus the corpus in testdata/fuzz/FuzzParseMetrics.
 func FuzzParseMetrics(f *testing.F) {
 	for _, dir := range []string{"engines", "metrics"} {
-		files, _ := filepath.Glob(filepath.Join(repoRoot(f), "testdata", dir, "*.txt"))
+		files, _ := filepath.Glob(filepath.Join(testutil.Testdata(f, dir), "*.txt"))
 		for _, file := range files {
 			b, err := os.ReadFile(file)
 			if err != nil {
@@ -177,7 +178,7 @@ func FuzzParseMetrics(f *testing.F) {
 }
 
 func BenchmarkParseMetrics(b *testing.B) {
-	page := fixture(b, "engines/sglang-dp2-uneven-metrics.txt")
+	page := testutil.ReadTestdata(b, "engines/sglang-dp2-uneven-metrics.txt")
 	b.SetBytes(int64(len(page)))
 	for b.Loop() {
 		if _, err := ParseMetrics("sglang", bytes.NewReader(page)); err != nil {

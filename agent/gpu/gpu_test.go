@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -16,11 +15,6 @@ import (
 	"heft/shared/testutil"
 	"heft/shared/wire"
 )
-
-// repoTestdata is a path under testdata/ at the repository root.
-func repoTestdata(t testing.TB, parts ...string) string {
-	return filepath.Join(append([]string{testutil.RepoRoot(t), "testdata"}, parts...)...)
-}
 
 func testLogger(t testing.TB) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug})
@@ -63,7 +57,7 @@ func TestParsePowermetricsSamples(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
-			f, err := os.Open(repoTestdata(t, "powermetrics", tc.file))
+			f, err := os.Open(testutil.Testdata(t, "powermetrics", tc.file))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -83,7 +77,7 @@ func TestParsePowermetricsSamples(t *testing.T) {
 }
 
 func TestParsePowermetricsNoGPUSection(t *testing.T) {
-	f, err := os.Open(repoTestdata(t, "powermetrics", "no-gpu-section.txt"))
+	f, err := os.Open(testutil.Testdata(t, "powermetrics", "no-gpu-section.txt"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/hashicorp/go-hclog"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -96,7 +97,7 @@ func newSource(t testing.TB, srv *server.Server) *nvmlSource {
 	if err != nil {
 		t.Fatalf("newNVMLSource: %v", err)
 	}
-	s.procRoot = repoTestdata(t, "proc", "gpu-host")
+	s.procRoot = testutil.Testdata(t, "proc", "gpu-host")
 	t.Cleanup(func() { s.Close() })
 	return s
 }

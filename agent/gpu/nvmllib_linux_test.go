@@ -82,7 +82,7 @@ func openFake(t *testing.T, path string) *nvmlSource {
 		t.Fatalf("openLibrary: %v", err)
 	}
 	s := src.(*nvmlSource)
-	s.procRoot = repoTestdata(t, "proc", "gpu-host")
+	s.procRoot = testutil.Testdata(t, "proc", "gpu-host")
 	t.Cleanup(func() { s.Close() })
 	return s
 }

@@ -2,6 +2,7 @@ package logfollow
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"heft/shared/testutil"
 )
 
 // run follows path in a goroutine and records lines, resets ("RESET:why")
@@ -65,17 +68,15 @@ func (r *run) lines() []string {
 	return slices.Clone(r.got)
 }
 
-// waitFor polls until the recorded events equal want.
+// waitFor waits until the recorded events equal want.
 func (r *run) waitFor(want ...string) {
 	r.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if slices.Equal(r.lines(), want) {
-			return
+	defer func() {
+		if r.t.Failed() {
+			r.t.Logf("events = %q", r.lines())
 		}
-		time.Sleep(time.Millisecond)
-	}
-	r.t.Fatalf("events = %q, want %q", r.lines(), want)
+	}()
+	testutil.Eventually(r.t, fmt.Sprintf("events %q", want), 10*time.Second, func() bool { return slices.Equal(r.lines(), want) })
 }
 
 // settle waits until the follower has twice more found the end of the
@@ -85,17 +86,11 @@ func (r *run) settle() {
 	r.mu.Lock()
 	target := r.idles + 2
 	r.mu.Unlock()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testutil.Eventually(r.t, "the follower to go idle twice more", 10*time.Second, func() bool {
 		r.mu.Lock()
-		n := r.idles
-		r.mu.Unlock()
-		if n >= target {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-	r.t.Fatal("follower never went idle")
+		defer r.mu.Unlock()
+		return r.idles >= target
+	})
 }
 
 func (r *run) stop() error {

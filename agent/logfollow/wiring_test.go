@@ -2,6 +2,7 @@ package logfollow_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"heft/agent/enginelog"
 	"heft/agent/logfollow"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -44,15 +46,16 @@ func TestFollowFeedsTracker(t *testing.T) {
 	}()
 	waitFacts := func(want []wire.Rank, fromPrevious bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			if f, ok := tr.Facts(); ok && slices.Equal(f.Ranks, want) && f.FromPreviousFile == fromPrevious {
-				return
+		defer func() {
+			if t.Failed() {
+				f, _ := tr.Facts()
+				t.Logf("facts = %+v", f)
 			}
-			time.Sleep(time.Millisecond)
-		}
-		f, _ := tr.Facts()
-		t.Fatalf("facts = %+v, want ranks %v fromPrevious %v", f, want, fromPrevious)
+		}()
+		testutil.Eventually(t, fmt.Sprintf("ranks %v, fromPrevious %v", want, fromPrevious), 10*time.Second, func() bool {
+			f, ok := tr.Facts()
+			return ok && slices.Equal(f.Ranks, want) && f.FromPreviousFile == fromPrevious
+		})
 	}
 	waitFacts([]wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}, false)
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
@@ -615,16 +616,11 @@ func TestIdleGPUClocksAreLeftOut(t *testing.T) {
 	}
 	// Engine GPUs unknown: the idle one must not drag the median down.
 	waitSamples := func(s *gpuSampler) {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		testutil.Eventually(t, "a sample", 10*time.Second, func() bool {
 			s.mu.Lock()
-			n := s.reads + s.idle
-			s.mu.Unlock()
-			if n > 0 || time.Now().After(deadline) {
-				return
-			}
-			time.Sleep(time.Millisecond)
-		}
+			defer s.mu.Unlock()
+			return s.reads+s.idle > 0
+		})
 	}
 	s := startGPUSampler(t.Context(), read(false), nil)
 	waitSamples(s)

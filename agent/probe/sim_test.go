@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
 )
@@ -180,7 +181,7 @@ func TestSimBusyDefersScheduledProbe(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	waitFor(t, "the long request to run", func() bool { r, _ := s.InFlight(); return r > 0 })
+	testutil.Eventually(t, "the long request to run", 10*time.Second, func() bool { r, _ := s.InFlight(); return r > 0 })
 
 	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 16, CapacityKey: "k", Trigger: wire.ReasonScheduled,
 		RequireIdle: true, Load: simLoad(s), ReadyTimeout: 10 * time.Second}
@@ -199,22 +200,10 @@ func TestSimBusyDefersScheduledProbe(t *testing.T) {
 
 	// Once the engine is idle, the scheduled probe goes ahead.
 	cancel()
-	waitFor(t, "the engine to be idle", func() bool { r, w := s.InFlight(); return r+w == 0 })
+	testutil.Eventually(t, "the engine to be idle", 10*time.Second, func() bool { r, w := s.InFlight(); return r+w == 0 })
 	m = mustRun(t, cfg)
 	if !m.Valid() || m.Busy {
 		t.Fatalf("idle: valid %v busy %v problems %q", m.Valid(), m.Busy, m.Problems)
-	}
-}
-
-// waitFor polls cond until it holds or a generous deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -1,0 +1,9 @@
+package collect
+
+import (
+	"testing"
+
+	"heft/shared/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
