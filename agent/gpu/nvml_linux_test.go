@@ -333,18 +333,34 @@ func TestNVMLCloseAndCount(t *testing.T) {
 	})
 }
 
+// Concurrent reads of one source (the collector's poll and a probe's
+// clock sampler) each get the whole, right answer: the one a read alone gets.
 func TestNVMLConcurrentDevices(t *testing.T) {
 	s := newSource(t, fakeH100s(t))
-	done := make(chan error, 4)
-	for range 4 {
+	want := devices(t, s)
+	if len(want) != 8 {
+		t.Fatalf("a read alone found %d GPUs, want the mock's 8", len(want))
+	}
+	type result struct {
+		gpus []wire.GPU
+		err  error
+	}
+	const readers = 8
+	done := make(chan result, readers)
+	for range readers {
 		go func() {
-			_, err := s.Devices(context.Background())
-			done <- err
+			gpus, err := s.Devices(context.Background())
+			done <- result{gpus, err}
 		}()
 	}
-	for range 4 {
-		if err := <-done; err != nil {
-			t.Error(err)
+	for i := range readers {
+		r := <-done
+		if r.err != nil {
+			t.Errorf("reader %d: %v", i, r.err)
+			continue
+		}
+		if !reflect.DeepEqual(r.gpus, want) {
+			t.Errorf("reader %d got other GPUs than a read alone:\n got %+v\nwant %+v", i, r.gpus, want)
 		}
 	}
 }
