@@ -15,6 +15,7 @@ import (
 
 	"heft/agent/collect"
 	"heft/agent/engine"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
 )
@@ -80,19 +81,16 @@ func TestPoolsFollowReplacedLog(t *testing.T) {
 		t.Helper()
 		var got []wire.Rank
 		var e wire.Engine
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			snap := col.Snapshot(ctx)
-			e = snap.Engines[0]
+		defer func() {
+			if t.Failed() {
+				t.Logf("%s: pools in the last snapshot: %v", what, got)
+			}
+		}()
+		testutil.Eventually(t, fmt.Sprintf("%s: pools %v", what, want), 10*time.Second, func() bool {
+			e = col.Snapshot(ctx).Engines[0]
 			got = e.Ranks
-			if slices.EqualFunc(got, want, func(r wire.Rank, w int64) bool { return r.KVTokens == w }) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: pools in the snapshot are %v, want %v", what, got, want)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return slices.EqualFunc(got, want, func(r wire.Rank, w int64) bool { return r.KVTokens == w })
+		})
 		for i, r := range got {
 			if r.DPRank != i {
 				t.Fatalf("%s: ranks %v are not 0..%d in order", what, got, len(want)-1)
@@ -128,11 +126,22 @@ func TestPoolsFollowReplacedLog(t *testing.T) {
 			writeFile(t, logPath, content) // O_TRUNC, same inode
 		}},
 		{"deleted and re-created", []int64{30000, 15000}, func(t *testing.T, content string) {
+			// The engine still holds the file open when it is deleted, and
+			// writes on: a later start-up's pools. Seeing them in a snapshot
+			// shows the follower read on from the deleted file while its
+			// path was gone, before the new file appears there.
+			old, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer old.Close()
 			if err := os.Remove(logPath); err != nil {
 				t.Fatal(err)
 			}
-			// The follower must notice the file is gone and wait for the new one.
-			time.Sleep(300 * time.Millisecond)
+			if _, err := old.WriteString(stampRE.ReplaceAllString(withPools(t, original, 11111, 11111), "INFO 12-31 23:59:58 [")); err != nil {
+				t.Fatal(err)
+			}
+			expectPools(t, "lines written to the deleted log", 11111, 11111)
 			writeFile(t, logPath, content)
 		}},
 		// A file truncated and at once refilled beyond the offset already
