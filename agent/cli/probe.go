@@ -34,13 +34,19 @@ type probeArgs struct {
 // runProbe warms an engine and measures it with the standard burst.
 // Exit 0: a valid measurement; 1: the engine could not be measured; 2: bad flags.
 func runProbe(args []string, stdio IO) int {
+	return probeCmd(args, stdio, gpu.Open)
+}
+
+// probeCmd is runProbe with the GPU opener passed in (gpu.Open; tests
+// pass their own).
+func probeCmd(args []string, stdio IO, openGPUs func(hclog.Logger) (gpu.Source, error)) int {
 	a, code, ok := parseProbe(args, stdio)
 	if !ok {
 		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	m, err := a.run(ctx, stdio)
+	m, err := a.run(ctx, stdio, openGPUs)
 	if err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintln(stdio.Err, "heft-agent probe: interrupted; no measurement")
@@ -95,7 +101,7 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 // run measures the engine, showing progress where a person is looking:
 // stdout normally, stderr under --json (whose stdout is for scripts), and
 // live only on a terminal.
-func (a probeArgs) run(ctx context.Context, stdio IO) (wire.Measurement, error) {
+func (a probeArgs) run(ctx context.Context, stdio IO, openGPUs func(hclog.Logger) (gpu.Source, error)) (wire.Measurement, error) {
 	view := &probeView{w: stdio.Out, live: logging.IsTerminal(stdio.Out), url: a.url}
 	if a.json {
 		view = &probeView{w: stdio.Err, live: logging.IsTerminal(stdio.Err), quiet: !logging.IsTerminal(stdio.Err)}
@@ -107,7 +113,7 @@ func (a probeArgs) run(ctx context.Context, stdio IO) (wire.Measurement, error) 
 		ReadyTimeout: a.timeout, BurstTimeout: a.timeout,
 		Progress: view.update,
 	}
-	if src := probeLocalGPUs(a.url); src != nil {
+	if src := probeLocalGPUs(a.url, openGPUs); src != nil {
 		defer src.Close()
 		cfg.GPUs = src.Devices
 	}
@@ -153,7 +159,7 @@ func probeOrUnknown(s string) string {
 // probeLocalGPUs opens this host's GPUs when the engine runs on this host, so
 // the probe can record the clocks during the measured burst. It returns
 // nil when GPUs cannot be read or the engine is elsewhere.
-func probeLocalGPUs(engineURL string) gpu.Source {
+func probeLocalGPUs(engineURL string, openGPUs func(hclog.Logger) (gpu.Source, error)) gpu.Source {
 	u, err := url.Parse(engineURL)
 	if err != nil {
 		return nil
@@ -162,7 +168,7 @@ func probeLocalGPUs(engineURL string) gpu.Source {
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return nil
 	}
-	src, err := gpu.Open(hclog.NewNullLogger())
+	src, err := openGPUs(hclog.NewNullLogger())
 	if err != nil {
 		src.Close() // Open always returns a Source
 		return nil

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
+	"heft/agent/gpu"
 	"heft/agent/probe"
 	"heft/shared/logging"
 	"heft/sim"
@@ -23,9 +26,12 @@ func probeSim(t *testing.T, faults sim.Faults) *sim.Server {
 	return s
 }
 
+// probeMain runs the probe command on a host without GPUs, so that what
+// it prints does not depend on the machine the tests run on.
 func probeMain(args ...string) (code int, stdout, stderr string) {
 	var out, errb bytes.Buffer
-	code = Main(append([]string{"probe"}, args...), strings.NewReader(""), &out, &errb)
+	noGPUs := func(hclog.Logger) (gpu.Source, error) { return inspectFakeGPUs{}, gpu.ErrUnavailable }
+	code = probeCmd(args, IO{In: strings.NewReader(""), Out: &out, Err: &errb}, noGPUs)
 	return code, out.String(), errb.String()
 }
 
