@@ -202,9 +202,9 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 
 func TestRunRefusesABadConfig(t *testing.T) {
 	cfg := config.Default()
-	cfg.Engines = []config.Engine{{Kind: "tgi", URL: "http://127.0.0.1:1"}}
+	cfg.Engines = []config.Engine{{Kind: "no-such-engine", URL: "http://127.0.0.1:1"}}
 	err := Run(context.Background(), cfg, nil, WithGPUs(oneGPU{}))
-	if err == nil || !strings.Contains(err.Error(), "no coordinator URL") || !strings.Contains(err.Error(), `unknown kind "tgi"`) {
+	if err == nil || !strings.Contains(err.Error(), "no coordinator URL") || !strings.Contains(err.Error(), `unknown kind "no-such-engine"`) {
 		t.Errorf("Run = %v, want every problem named", err)
 	}
 }

@@ -191,7 +191,7 @@ func TestInspectConfig(t *testing.T) {
 func TestInspectBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--engine", "vllm"},
-		{"--engine", "tgi=http://127.0.0.1:8000"},
+		{"--engine", "no-such-engine=http://127.0.0.1:8000"},
 		{"--engine", "vllm=127.0.0.1:8000"},
 		{"--engine", "vllm=http://127.0.0.1:8000,lgo=/x"},
 		{"--timeout", "0s"},

@@ -127,7 +127,7 @@ func TestProbeBadFlags(t *testing.T) {
 		want string
 	}{
 		{"no url", nil, "--url is required"},
-		{"unknown engine", []string{"--url", "http://127.0.0.1:1", "--engine", "tgi"}, "not one of"},
+		{"unknown engine", []string{"--url", "http://127.0.0.1:1", "--engine", "no-such-engine"}, "not one of"},
 		{"zero concurrency", []string{"--url", "http://127.0.0.1:1", "--concurrency", "0"}, "--concurrency"},
 		{"negative tokens", []string{"--url", "http://127.0.0.1:1", "--tokens", "-3"}, "--tokens"},
 		{"bad timeout", []string{"--url", "http://127.0.0.1:1", "--timeout", "0s"}, "--timeout"},

@@ -39,8 +39,8 @@ func TestRunConfigErrors(t *testing.T) {
 		code int
 		want []string
 	}{
-		{"every problem listed", []string{"--node", " ", "--engine", "tgi=http://127.0.0.1:8000", "--log-level", "loud"}, 78,
-			[]string{"no coordinator URL", "no agent token", "no node name", `unknown kind "tgi"`, `log level "loud"`}},
+		{"every problem listed", []string{"--node", " ", "--engine", "no-such-engine=http://127.0.0.1:8000", "--log-level", "loud"}, 78,
+			[]string{"no coordinator URL", "no agent token", "no node name", `unknown kind "no-such-engine"`, `log level "loud"`}},
 		{"token file open to others", []string{"--coordinator", "ws://127.0.0.1:1/api/v1/agent",
 			"--token-file", runTokenFile(t, 0o644)}, 78, []string{"chmod 600"}},
 		{"unknown key in file", []string{"--config", writeRunConfig(t, "[coordinator]\nurl = \"ws://127.0.0.1:1\"\ntokn = \"x\"\n")}, 78,

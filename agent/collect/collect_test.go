@@ -273,7 +273,7 @@ func TestNewRejects(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		"bad kind": {Config{Engines: []engine.Config{{Kind: "tgi", URL: "http://127.0.0.1:1"}}}, "not one of"},
+		"bad kind": {Config{Engines: []engine.Config{{Kind: "no-such-engine", URL: "http://127.0.0.1:1"}}}, "not one of"},
 		"bad url":  {Config{Engines: []engine.Config{{Kind: "vllm", URL: "127.0.0.1:1"}}}, "scheme"},
 		"twice":    {Config{Engines: []engine.Config{{Kind: "vllm", URL: "http://127.0.0.1:1"}, {Kind: "sglang", URL: "http://127.0.0.1:1/"}}}, "twice"},
 		"too many": {Config{Engines: many}, "at most"},

@@ -364,7 +364,7 @@ func TestLoadAndReady(t *testing.T) {
 
 func TestNewValidates(t *testing.T) {
 	for _, tt := range []struct{ kind, url, want string }{
-		{"tgi", "http://127.0.0.1:8000", "not one of"},
+		{"no-such-engine", "http://127.0.0.1:8000", "not one of"},
 		{"vllm", "ftp://127.0.0.1:8000", "scheme"},
 		{"vllm", "http://", "no host"},
 		{"vllm", "http://127.0.0.1:8000/?x=1", "query"},

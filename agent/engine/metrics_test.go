@@ -121,7 +121,7 @@ func TestParseMetricsErrors(t *testing.T) {
 		{"html login page", "sglang", testutil.ReadTestdata(t, "http/bad/login.html"), "HTML"},
 		{"too large", "vllm", bytes.Repeat([]byte("# comment line\n"), MaxBodyBytes/15+2), "larger than 8 MiB"},
 		{"mlx has no metrics", "mlx", []byte(""), "no /metrics"},
-		{"unknown kind", "tgi", []byte(""), "unknown engine kind"},
+		{"unknown kind", "no-such-engine", []byte(""), "unknown engine kind"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

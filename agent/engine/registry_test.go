@@ -79,14 +79,27 @@ func TestOutputFor(t *testing.T) {
 }
 
 func TestDefaultPorts(t *testing.T) {
+	ports := DefaultPorts()
+	seen := map[string]int{}
+	for _, p := range ports {
+		for _, k := range p.Kinds {
+			seen[k] = p.Port
+		}
+	}
+	for _, d := range registry {
+		if seen[d.name] != d.port {
+			t.Errorf("%s on port %d, want %d", d.name, seen[d.name], d.port)
+		}
+	}
+	// The kinds heft began with, in the order inspect tries them.
 	want := []Port{
 		{8000, []string{"vllm"}},
 		{30000, []string{"sglang"}},
 		{8080, []string{"llamacpp", "mlx"}},
 		{11434, []string{"ollama"}},
 	}
-	if got := DefaultPorts(); !reflect.DeepEqual(got, want) {
-		t.Errorf("DefaultPorts = %v, want %v", got, want)
+	if len(ports) < len(want) || !reflect.DeepEqual(ports[:len(want)], want) {
+		t.Errorf("DefaultPorts = %v, want it to start with %v", ports, want)
 	}
 }
 

@@ -562,7 +562,7 @@ func TestConfigErrors(t *testing.T) {
 		{"no url", Config{}},
 		{"not http", Config{URL: "ftp://x"}},
 		{"no host", Config{URL: "http://"}},
-		{"unknown kind", Config{URL: "http://127.0.0.1:1", Kind: "tgi"}},
+		{"unknown kind", Config{URL: "http://127.0.0.1:1", Kind: "no-such-engine"}},
 		{"negative concurrency", Config{URL: "http://127.0.0.1:1", Concurrency: -1}},
 		{"too many requests", Config{URL: "http://127.0.0.1:1", Concurrency: MaxConcurrency + 1}},
 		{"negative tokens", Config{URL: "http://127.0.0.1:1", Tokens: -5}},
