@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +12,7 @@ import (
 
 	"heft/agent/config"
 	"heft/agent/engine"
+	"heft/agent/internal/fakecoord"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
@@ -22,88 +21,6 @@ import (
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
 
 const token = "s3cret"
-
-// fakeCoordinator accepts agents on 127.0.0.1 and hands the test each
-// connection's decoded messages.
-type fakeCoordinator struct {
-	url   string
-	conns chan *fakeConn
-}
-
-type fakeConn struct {
-	c    *websocket.Conn
-	msgs chan *wire.Envelope
-	done chan struct{}
-	err  error
-}
-
-func newFakeCoordinator(t *testing.T) *fakeCoordinator {
-	f := &fakeCoordinator{conns: make(chan *fakeConn, 10)}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer "+token {
-			http.Error(w, "no", http.StatusUnauthorized)
-			return
-		}
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		c.SetReadLimit(wire.MaxMessageBytes)
-		fc := &fakeConn{c: c, msgs: make(chan *wire.Envelope, 1000), done: make(chan struct{})}
-		f.conns <- fc
-		defer close(fc.done)
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				fc.err = err
-				return
-			}
-			env, err := wire.Decode(data)
-			if err != nil {
-				t.Errorf("agent sent an invalid message: %v", err)
-				fc.err = err
-				return
-			}
-			select {
-			case fc.msgs <- env:
-			default: // heartbeats nobody waits for
-			}
-		}
-	}))
-	t.Cleanup(srv.Close)
-	f.url = "ws" + strings.TrimPrefix(srv.URL, "http") + "/api/v1/agent"
-	return f
-}
-
-func (fc *fakeConn) next(t *testing.T, typ string) *wire.Envelope {
-	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case env := <-fc.msgs:
-			if env.Type == typ {
-				return env
-			}
-		case <-fc.done:
-			t.Fatalf("connection ended while waiting for %s: %v", typ, fc.err)
-		case <-deadline:
-			t.Fatalf("no %s from the agent", typ)
-		}
-	}
-}
-
-func (fc *fakeConn) send(t *testing.T, payload any) {
-	t.Helper()
-	data, err := wire.Encode(payload)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := fc.c.Write(ctx, websocket.MessageText, data); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // oneGPU is a host with one idle GPU.
 type oneGPU struct{}
@@ -123,10 +40,10 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	coord := newFakeCoordinator(t)
+	coord := fakecoord.Start(t, token)
 
 	cfg := config.Default()
-	cfg.Coordinator.URL, cfg.Coordinator.Token = coord.url, token
+	cfg.Coordinator.URL, cfg.Coordinator.Token = coord.URL, token
 	cfg.Node.Name = "gpu-test"
 	cfg.Engines = []config.Engine{{Kind: "vllm", URL: s.URL()}}
 	cfg.Probe.Concurrency, cfg.Probe.Tokens = 4, 16
@@ -151,9 +68,9 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 		}
 	}()
 
-	var fc *fakeConn
+	var fc *fakecoord.Conn
 	select {
-	case fc = <-coord.conns:
+	case fc = <-coord.Conns:
 	case err := <-done:
 		t.Fatalf("Run returned %v before connecting", err)
 	case <-time.After(30 * time.Second):
@@ -161,7 +78,7 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 	}
 	var snap *wire.Snapshot
 	for snap == nil || snap.Engines[0].CapacityKey == "" || !snap.Engines[0].Ready {
-		snap = fc.next(t, wire.TypeSnapshot).Snapshot
+		snap = fc.Next(t, wire.TypeSnapshot).Snapshot
 	}
 	if len(snap.GPUs) != 1 || snap.GPUs[0].UUID != "GPU-test" || snap.GPUError != "" {
 		t.Errorf("GPUs %+v (error %q), want the injected one", snap.GPUs, snap.GPUError)
@@ -169,8 +86,8 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 	key := snap.Engines[0].CapacityKey
 
 	req := wire.ProbeRequest{RequestID: "r1", CapacityKey: key, Reason: wire.ReasonOnDemand}
-	fc.send(t, &req)
-	res := fc.next(t, wire.TypeProbeResult).ProbeResult
+	fc.Send(t, &req)
+	res := fc.Next(t, wire.TypeProbeResult).ProbeResult
 	if m := res.Measurement; res.RequestID != "r1" || !m.Valid() || m.OutputTokens != 64 || m.Model != "test/model" || m.Node != "gpu-test" {
 		t.Errorf("result %+v", res)
 	}
@@ -189,8 +106,7 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return after cancel")
 	}
-	<-fc.done
-	if code := websocket.CloseStatus(fc.err); code != websocket.StatusGoingAway {
+	if code := fc.CloseStatus(t); code != websocket.StatusGoingAway {
 		t.Errorf("close code %v, want going away", code)
 	}
 	for _, name := range []string{"heft-agent.link:", "heft-agent.collect.engine:"} {

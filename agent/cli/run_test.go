@@ -3,8 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"heft/agent/internal/fakecoord"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
@@ -87,74 +86,6 @@ func writeRunConfig(t *testing.T, text string) string {
 	return p
 }
 
-// runFakeCoordinator accepts one agent at a time and hands its decoded
-// messages to the test.
-type runFakeCoordinator struct {
-	srv   *httptest.Server
-	conns chan *runFakeConn
-}
-
-type runFakeConn struct {
-	c    *websocket.Conn
-	msgs chan *wire.Envelope
-	done chan struct{}
-	err  error
-}
-
-func newRunFakeCoordinator(t *testing.T) *runFakeCoordinator {
-	f := &runFakeCoordinator{conns: make(chan *runFakeConn, 10)}
-	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/api/v1/agent" || r.Header.Get("Authorization") != "Bearer s3cret" {
-			http.Error(w, "no", http.StatusUnauthorized)
-			return
-		}
-		c, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		c.SetReadLimit(wire.MaxMessageBytes)
-		fc := &runFakeConn{c: c, msgs: make(chan *wire.Envelope, 1000), done: make(chan struct{})}
-		f.conns <- fc
-		defer close(fc.done)
-		for {
-			_, data, err := c.Read(context.Background())
-			if err != nil {
-				fc.err = err
-				return
-			}
-			env, err := wire.Decode(data)
-			if err != nil {
-				t.Errorf("agent sent an invalid message: %v", err)
-				fc.err = err
-				return
-			}
-			select {
-			case fc.msgs <- env:
-			default: // the test stopped listening; heartbeats may pile up
-			}
-		}
-	}))
-	t.Cleanup(f.srv.Close)
-	return f
-}
-
-func (fc *runFakeConn) next(t *testing.T, typ string) *wire.Envelope {
-	t.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case env := <-fc.msgs:
-			if env.Type == typ {
-				return env
-			}
-		case <-fc.done:
-			t.Fatalf("connection ended while waiting for %s: %v", typ, fc.err)
-		case <-deadline:
-			t.Fatalf("no %s from the agent", typ)
-		}
-	}
-}
-
 // TestRunAgainstFakeCoordinator runs the whole agent in-process against a
 // simulated vLLM engine and a fake coordinator: hello, snapshot, a probe on
 // request, and a clean stop.
@@ -164,7 +95,7 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { engine.Close() })
-	coord := newRunFakeCoordinator(t)
+	coord := fakecoord.Start(t, "s3cret")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -173,7 +104,7 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 	exit := make(chan int, 1)
 	go func() {
 		exit <- runAgent(ctx, []string{
-			"--coordinator", "ws" + strings.TrimPrefix(coord.srv.URL, "http") + "/api/v1/agent",
+			"--coordinator", coord.URL,
 			"--token-file", runTokenFile(t, 0o600),
 			"--node", "gpu-test",
 			"--engine", "vllm=" + engine.URL(),
@@ -188,22 +119,22 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 		}
 	}()
 
-	var fc *runFakeConn
+	var fc *fakecoord.Conn
 	select {
-	case fc = <-coord.conns:
+	case fc = <-coord.Conns:
 	case code := <-exit:
 		t.Fatalf("agent exited %d before connecting", code)
 	case <-time.After(30 * time.Second):
 		t.Fatal("agent did not connect")
 	}
-	hello := fc.next(t, wire.TypeHello).Hello
+	hello := fc.Next(t, wire.TypeHello).Hello
 	if hello.Node != "gpu-test" || hello.Host.OS == "" {
 		t.Errorf("hello = %+v", hello)
 	}
 	// Heartbeats come every 50ms; wait for one where the engine is known.
 	var eng wire.Engine
 	for eng.CapacityKey == "" || !eng.Ready {
-		snap := fc.next(t, wire.TypeSnapshot).Snapshot
+		snap := fc.Next(t, wire.TypeSnapshot).Snapshot
 		if snap.Node != "gpu-test" || len(snap.Engines) != 1 {
 			t.Fatalf("snapshot = %+v", snap)
 		}
@@ -213,11 +144,11 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 		t.Errorf("engine = %+v", eng)
 	}
 
-	runSend(t, fc, &wire.ProbeRequest{RequestID: "r1", CapacityKey: eng.CapacityKey, Reason: wire.ReasonOnDemand})
-	if st := fc.next(t, wire.TypeProbeStatus).ProbeStatus; st.State != wire.ProbeRunning || st.RequestID != "r1" {
+	fc.Send(t, &wire.ProbeRequest{RequestID: "r1", CapacityKey: eng.CapacityKey, Reason: wire.ReasonOnDemand})
+	if st := fc.Next(t, wire.TypeProbeStatus).ProbeStatus; st.State != wire.ProbeRunning || st.RequestID != "r1" {
 		t.Fatalf("status = %+v, want running", st)
 	}
-	res := fc.next(t, wire.TypeProbeResult).ProbeResult
+	res := fc.Next(t, wire.TypeProbeResult).ProbeResult
 	m := res.Measurement
 	if res.RequestID != "r1" || m.CapacityKey != eng.CapacityKey || !m.Valid() || m.Trigger != wire.ReasonOnDemand {
 		t.Fatalf("result = %+v", res)
@@ -227,9 +158,9 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 	}
 
 	// An unknown capacity key fails cleanly.
-	runSend(t, fc, &wire.ProbeRequest{RequestID: "r2", CapacityKey: "gpu-test/none", Reason: wire.ReasonScheduled})
+	fc.Send(t, &wire.ProbeRequest{RequestID: "r2", CapacityKey: "gpu-test/none", Reason: wire.ReasonScheduled})
 	for {
-		st := fc.next(t, wire.TypeProbeStatus).ProbeStatus
+		st := fc.Next(t, wire.TypeProbeStatus).ProbeStatus
 		if st.RequestID == "r2" && st.State == wire.ProbeFailed {
 			break
 		}
@@ -244,22 +175,8 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("agent did not stop")
 	}
-	<-fc.done
-	if code := websocket.CloseStatus(fc.err); code != websocket.StatusGoingAway {
+	if code := fc.CloseStatus(t); code != websocket.StatusGoingAway {
 		t.Errorf("close code %v, want going away", code)
-	}
-}
-
-func runSend(t *testing.T, fc *runFakeConn, payload any) {
-	t.Helper()
-	data, err := wire.Encode(payload)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := fc.c.Write(wctx, websocket.MessageText, data); err != nil {
-		t.Fatal(err)
 	}
 }
 

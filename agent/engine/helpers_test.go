@@ -1,137 +1,43 @@
 package engine
 
 import (
-	"bufio"
-	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
+	"heft/agent/internal/testchild"
 	"heft/shared/testutil"
 )
 
-// Child-process modes of the test binary, chosen by environment:
-//
-//	HEFT_ENGINE_TEST_CHILD=serve:KIND   listen on 127.0.0.1:0, serve KIND's
-//	                                    fixtures, print "PORT n", live until
-//	                                    stdin closes
-//	HEFT_ENGINE_TEST_CHILD=parent:KIND  start the test binary again as a
-//	                                    "serve" child whose argv is a bare
-//	                                    process title, then wait for it
-//
-// They let the tests find a real listener in another process by its port
-// and read its real command line.
+// childEnv chooses what the test binary does as a child process
+// (testchild): "serve:KIND" serves KIND's fixtures on a port it reports;
+// "parent:KIND" starts a "serve:KIND" child under a bare process title and
+// waits for it. They let the tests find a real engine in another process
+// by its port and read its real command line.
 const childEnv = "HEFT_ENGINE_TEST_CHILD"
 
 func TestMain(m *testing.M) {
-	if mode := os.Getenv(childEnv); mode != "" {
-		os.Exit(runChild(mode))
-	}
-	testutil.VerifyNoLeaks(m)
-}
-
-func runChild(mode string) int {
-	role, kind, _ := strings.Cut(mode, ":")
+	role, kind, _ := strings.Cut(os.Getenv(childEnv), ":")
 	switch role {
+	case "":
+		testutil.VerifyNoLeaks(m)
 	case "serve":
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		srv := &http.Server{Handler: fakeEngine(kind, nil), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		fmt.Printf("PORT %d\n", ln.Addr().(*net.TCPAddr).Port)
-		_, _ = io.Copy(io.Discard, os.Stdin) // until the test closes our stdin
-		return 0
+		os.Exit(testchild.Serve(fakeEngine(kind, nil)))
 	case "parent":
-		self, err := os.Executable()
-		if err != nil {
-			return 1
-		}
-		cmd := &exec.Cmd{Path: self, Args: []string{"VLLM::APIServer"}, Env: append(os.Environ(), childEnv+"=serve:"+kind),
-			Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}
-		if err := cmd.Run(); err != nil {
-			return 1
-		}
-		return 0
+		os.Exit(testchild.Parent("VLLM::APIServer", childEnv+"=serve:"+kind))
+	default:
+		os.Exit(2)
 	}
-	return 2
 }
 
-// child is a test-binary process started with a chosen argv.
-type child struct {
-	cmd   *exec.Cmd
-	port  int
-	stdin io.Closer
-	once  sync.Once
-}
-
-// startChild runs the test binary with argv as its command line in the
-// given mode and waits (with a deadline) for the port it listens on.
-func startChild(t *testing.T, mode string, argv []string) *child {
+// startChild runs the test binary as a child in mode with argv as its
+// command line.
+func startChild(t *testing.T, mode string, argv []string) *testchild.Child {
 	t.Helper()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := &exec.Cmd{Path: self, Args: argv, Env: append(os.Environ(), childEnv+"="+mode)}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, stdin: stdin}
-	t.Cleanup(c.stop)
-	portc := make(chan int, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			var p int
-			if _, err := fmt.Sscanf(sc.Text(), "PORT %d", &p); err == nil {
-				portc <- p
-				break
-			}
-		}
-		_, _ = io.Copy(io.Discard, stdout)
-	}()
-	select {
-	case c.port = <-portc:
-	case <-time.After(20 * time.Second):
-		t.Fatal("child did not report its port")
-	}
-	return c
-}
-
-// stop ends the child (closing its stdin ends it and its own child) and
-// waits for it.
-func (c *child) stop() {
-	c.once.Do(func() {
-		_ = c.stdin.Close()
-		done := make(chan struct{})
-		go func() { _ = c.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-done
-		}
-	})
+	return testchild.Start(t, argv, childEnv+"="+mode)
 }
 
 // testdataDir is the repository's testdata/, from the package's folder,

@@ -19,8 +19,8 @@ import (
 func TestFactsFindsEngineProcess(t *testing.T) {
 	argv := []string{"vllm", "serve", "Qwen/Qwen3-8B", "--data-parallel-size", "2", "--api-key", "sk-secret", "--port", "8001"}
 	ch := startChild(t, "parent:vllm", argv)
-	engineRoot := ch.cmd.Process.Pid
-	listener, err := proc.FindListener(t.Context(), ch.port)
+	engineRoot := ch.Cmd.Process.Pid
+	listener, err := proc.FindListener(t.Context(), ch.Port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestFactsFindsEngineProcess(t *testing.T) {
 		}},
 		{Index: 1, UUID: "GPU-bbbb", Processes: []wire.GPUProcess{{PID: 4_000_002, Name: "not-ours", UsedMemory: 1 << 30}}},
 	}
-	c := newClient(t, "vllm", fmt.Sprintf("http://127.0.0.1:%d", ch.port), nil)
+	c := newClient(t, "vllm", fmt.Sprintf("http://127.0.0.1:%d", ch.Port), nil)
 	e := c.Facts(t.Context(), gpus, nil)
 	checkWire(t, e)
 	if e.Error != "" {
@@ -65,7 +65,7 @@ func TestFactsFindsEngineProcess(t *testing.T) {
 
 	// The engine goes away. Its log still has launch args, but the key
 	// keeps the command line's through the outage.
-	ch.stop()
+	ch.Stop()
 	down := c.Facts(t.Context(), gpus, readLog(t, "vllm", "engines/vllm-dp2.log"))
 	checkWire(t, down)
 	if down.Ready || !strings.Contains(down.Error, "connection refused") || down.PID != 0 {
@@ -85,10 +85,10 @@ func TestFactsIgnoresForwarderCmdline(t *testing.T) {
 	ch := startChild(t, "serve:vllm", []string{"docker-proxy", "-proto", "tcp", "-host-ip", "0.0.0.0", "-host-port", "8000",
 		"-container-ip", "172.17.0.2", "-container-port", "8000"})
 	lf := readLog(t, "vllm", "engines/vllm-dp2.log")
-	e := newClient(t, "vllm", fmt.Sprintf("http://127.0.0.1:%d", ch.port), nil).Facts(t.Context(), nil, lf)
+	e := newClient(t, "vllm", fmt.Sprintf("http://127.0.0.1:%d", ch.Port), nil).Facts(t.Context(), nil, lf)
 	checkWire(t, e)
-	if e.PID != ch.cmd.Process.Pid {
-		t.Errorf("pid %d, want the listener %d", e.PID, ch.cmd.Process.Pid)
+	if e.PID != ch.Cmd.Process.Pid {
+		t.Errorf("pid %d, want the listener %d", e.PID, ch.Cmd.Process.Pid)
 	}
 	if e.LaunchArgsSource != SourceLog || slices.ContainsFunc(e.LaunchArgs, func(a string) bool { return strings.Contains(a, "container") }) {
 		t.Errorf("launch args %q from %q, want the log's", e.LaunchArgs, e.LaunchArgsSource)

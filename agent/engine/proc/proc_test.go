@@ -16,12 +16,12 @@ func launches(argv []string) bool { return len(argv) > 1 && argv[0] == "vllm" }
 func TestFindListenerInAnotherProcess(t *testing.T) {
 	argv := []string{"vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2", "--enforce-eager"}
 	ch := startChild(t, "listen", argv)
-	pid, err := FindListener(t.Context(), ch.port)
+	pid, err := FindListener(t.Context(), ch.Port)
 	if err != nil {
 		t.Fatalf("FindListener: %v", err)
 	}
-	if pid != ch.cmd.Process.Pid {
-		t.Fatalf("pid %d, want the child's %d", pid, ch.cmd.Process.Pid)
+	if pid != ch.Cmd.Process.Pid {
+		t.Fatalf("pid %d, want the child's %d", pid, ch.Cmd.Process.Pid)
 	}
 	got, err := Cmdline(t.Context(), pid)
 	if err != nil || !reflect.DeepEqual(got, argv) {
@@ -48,8 +48,8 @@ func TestTreeAndEngineRoot(t *testing.T) {
 	// process title, as vLLM's spawned API servers do.
 	argv := []string{"vllm", "serve", "Qwen/Qwen3-8B", "--data-parallel-size", "2"}
 	ch := startChild(t, "parent", argv)
-	parent := ch.cmd.Process.Pid
-	listener, err := FindListener(t.Context(), ch.port)
+	parent := ch.Cmd.Process.Pid
+	listener, err := FindListener(t.Context(), ch.Port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,10 +83,10 @@ func TestTreeAndEngineRoot(t *testing.T) {
 func TestFinderKeepsAndForgets(t *testing.T) {
 	argv := []string{"vllm", "serve", "M"}
 	ch := startChild(t, "parent", argv)
-	f := NewFinder(ch.port, launches)
+	f := NewFinder(ch.Port, launches)
 	p, err := f.Find(t.Context())
-	if err != nil || p.Root != ch.cmd.Process.Pid || !reflect.DeepEqual(p.Argv, argv) || len(p.Tree) < 2 {
-		t.Fatalf("Find = %+v, %v; want root %d with its child", p, err, ch.cmd.Process.Pid)
+	if err != nil || p.Root != ch.Cmd.Process.Pid || !reflect.DeepEqual(p.Argv, argv) || len(p.Tree) < 2 {
+		t.Fatalf("Find = %+v, %v; want root %d with its child", p, err, ch.Cmd.Process.Pid)
 	}
 	again, err := f.Find(t.Context())
 	if err != nil || !reflect.DeepEqual(again, p) {
@@ -94,7 +94,7 @@ func TestFinderKeepsAndForgets(t *testing.T) {
 	}
 
 	// The engine exits: its root is gone, so the lookup is not trusted.
-	ch.stop()
+	ch.Stop()
 	if p, err := f.Find(t.Context()); !errors.Is(err, ErrNoListener) {
 		t.Errorf("after exit: Find = %+v, %v; want ErrNoListener", p, err)
 	}
