@@ -156,8 +156,8 @@ func (c *Collector) Wait() { c.wg.Wait() }
 // ends.
 func (c *Collector) follow(ctx context.Context, st *engineState) {
 	logger := c.logger.With("url", st.client.URL(), "log", st.spec.Log)
-	// Retries never reset: a log that keeps failing is retried at most
-	// every 30 s, and a follower that worked for a while failed for a reason.
+	// Follow returns only for a lasting problem (no permission, a
+	// directory), so the waits grow to 30 s and stay there.
 	b := &backoff.Backoff{Min: time.Second, Max: 30 * time.Second}
 	for {
 		err := logfollow.Follow(ctx, st.spec.Log, logfollow.Options{OnReset: func(reason string) {
