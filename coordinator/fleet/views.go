@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"heft/coordinator/view"
 	"heft/shared/health"
@@ -15,18 +16,72 @@ import (
 // may keep the values; History is shared with other callers and must not
 // be modified.
 func (f *Fleet) Workers() []view.Worker {
+	ws, _ := f.Find(Query{})
+	return ws
+}
+
+// Query selects workers for Find. An empty field matches every worker.
+type Query struct {
+	Model, Node, State string
+	Warning            string // a warning code the worker carries now
+	// Limit > 0 asks for one page: at most Limit workers whose IDs sort
+	// after After, in ID order, the only order that stays stable while
+	// workers come and go. Limit 0 asks for every match, in Workers' order.
+	Limit int
+	After string
+}
+
+// Find returns the workers q selects and, for a page, whether more follow.
+// Only the selected workers are rendered, so a page or a node's workers
+// cost little however large the fleet is.
+func (f *Fleet) Find(q Query) (ws []view.Worker, more bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	ws := make([]*worker, 0, len(f.workers))
-	for _, w := range f.workers {
-		ws = append(ws, w)
+	var from map[string]*worker
+	switch {
+	case q.Node != "":
+		if n := f.nodes[q.Node]; n != nil {
+			from = n.workers
+		}
+	case q.Model != "":
+		from = f.byModel[q.Model]
+	default:
+		from = f.workers
 	}
-	sort.Slice(ws, func(i, j int) bool { return less(ws[i], ws[j]) })
-	out := make([]view.Worker, len(ws))
-	for i, w := range ws {
+	sel := make([]*worker, 0, len(from))
+	for _, w := range from {
+		if q.matches(w) && (q.Limit <= 0 || w.id > q.After) {
+			sel = append(sel, w)
+		}
+	}
+	if q.Limit > 0 {
+		sort.Slice(sel, func(i, j int) bool { return sel[i].id < sel[j].id })
+		if len(sel) > q.Limit {
+			sel, more = sel[:q.Limit], true
+		}
+	} else {
+		sort.Slice(sel, func(i, j int) bool { return less(sel[i], sel[j]) })
+	}
+	out := make([]view.Worker, len(sel))
+	for i, w := range sel {
 		out[i] = f.view(w)
 	}
-	return out
+	return out, more
+}
+
+func (q Query) matches(w *worker) bool {
+	if (q.Model != "" && w.eng.Model != q.Model) || (q.Node != "" && w.node != q.Node) || (q.State != "" && w.state != q.State) {
+		return false
+	}
+	if q.Warning == "" {
+		return true
+	}
+	for _, x := range w.findings {
+		if x.Code == q.Warning {
+			return true
+		}
+	}
+	return false
 }
 
 func less(a, b *worker) bool {
@@ -110,8 +165,16 @@ type Stats struct {
 type WorkerStats struct {
 	ID, Model, Node, State string
 	Weight                 *float64 // nil when not in the weight table
-	Throughput             *float64 // nil without a valid measurement
+	Throughput             *float64 // of the newest measurement; nil when it is not valid
+	// MeasuredAt is when the newest valid measurement finished; nil
+	// without one.
+	MeasuredAt *time.Time
+	Ranks      []wire.Rank    // KV pools as the agent last reported them
+	Warnings   []WarningStats // the warnings shown now, by code
 }
+
+// WarningStats is one warning a worker carries.
+type WarningStats struct{ Code, Severity string }
 
 // WarningCodes lists every code a worker can carry.
 var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire.CodeGPUThrottled,
@@ -150,10 +213,17 @@ func (f *Fleet) Stats() Stats {
 		for c := range w.since {
 			s.WarningsByCode[c]++
 		}
-		ws := WorkerStats{ID: w.id, Model: w.eng.Model, Node: w.node, State: w.state, Weight: clonePtr(w.weight)}
-		if m := f.newest(w.id); m != nil && m.Valid() && !w.placeholder {
-			tps := m.ThroughputTPS
-			ws.Throughput = &tps
+		ws := WorkerStats{ID: w.id, Model: w.eng.Model, Node: w.node, State: w.state, Weight: clonePtr(w.weight),
+			Ranks: slices.Clone(w.eng.Ranks), Warnings: make([]WarningStats, len(w.findings))}
+		for i, x := range w.findings {
+			ws.Warnings[i] = WarningStats{Code: x.Code, Severity: x.Severity}
+		}
+		if c := f.cache[w.id]; c != nil && !w.placeholder {
+			if m := c.latest; m != nil && m.Valid() {
+				tps := m.ThroughputTPS
+				ws.Throughput = &tps
+			}
+			ws.MeasuredAt = c.lastValidAt()
 		}
 		s.Workers = append(s.Workers, ws)
 	}
@@ -231,6 +301,26 @@ func (f *Fleet) view(w *worker) view.Worker {
 		}
 	}
 	return v
+}
+
+// lastValidAt is when the newest valid measurement finished, or nil.
+func (c *cached) lastValidAt() *time.Time {
+	var at time.Time
+	if m := c.latest; m != nil && m.Valid() {
+		at = m.FinishedAt
+	}
+	for i := len(c.points) - 1; i >= 0; i-- {
+		if p := c.points[i]; p.Valid {
+			if p.At.After(at) {
+				at = p.At
+			}
+			break
+		}
+	}
+	if at.IsZero() {
+		return nil
+	}
+	return &at
 }
 
 func clonePtr(p *float64) *float64 {
