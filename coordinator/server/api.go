@@ -1,13 +1,14 @@
 package server
 
 import (
-	"bytes"
+	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"math"
+	"maps"
 	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 
 	"heft/coordinator/fleet"
@@ -23,26 +24,67 @@ import (
 // EventSource which cannot set headers, as ?token=<token>. The dashboard's
 // static files are always served: they hold no data. Admin actions need the
 // admin token in the header; agents the agent token.
+//
+// Every route answers a method it does not serve with 405 and an Allow
+// header, and every API error is {"error": "..."}.
 func (s *Server) Handler() http.Handler {
 	s.handlerOnce.Do(func() {
 		mux := http.NewServeMux()
-		mux.HandleFunc("GET /api/v1/agent", s.hub.handleAgent)
-		mux.HandleFunc("GET /api/v1/workers", s.read(s.listWorkers))
-		mux.HandleFunc("GET /api/v1/workers/{rest...}", s.read(s.getWorker))
-		mux.HandleFunc("POST /api/v1/workers/{rest...}", s.admin(s.workerAction))
-		mux.HandleFunc("DELETE /api/v1/workers/{rest...}", s.admin(s.workerAction))
-		mux.HandleFunc("GET /api/v1/models", s.read(s.listModels))
-		mux.HandleFunc("GET /api/v1/models/{rest...}", s.read(s.modelWeights))
-		mux.HandleFunc("GET /api/v1/events", s.read(s.events))
-		mux.Handle("GET /metrics", s.read(s.metrics.handler.ServeHTTP))
-		mux.HandleFunc("GET /healthz", s.healthz)
+		mux.Handle("/api/v1/agent", get(s.hub.handleAgent))
+		mux.Handle("/api/v1/workers", get(s.read(s.listWorkers)))
+		mux.HandleFunc("/api/v1/workers/{rest...}", s.workerRoute)
+		mux.HandleFunc("/api/v1/nodes/{rest...}", s.nodeRoute)
+		mux.Handle("/api/v1/models", get(s.read(s.listModels)))
+		mux.Handle("/api/v1/models/{rest...}", get(s.read(s.modelWeights)))
+		mux.Handle("/api/v1/events", get(s.read(s.events)))
+		mux.Handle("/metrics", get(s.read(s.metrics.handler.ServeHTTP)))
+		mux.Handle("/healthz", get(s.healthz))
 		mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path))
 		})
-		mux.Handle("/", web.Handler())
+		mux.Handle("/", get(web.Handler().ServeHTTP))
 		s.handler = s.limitBody(mux)
 	})
 	return s.handler
+}
+
+// methods serves one route by request method. HEAD is served by the GET
+// handler (net/http drops the body); OPTIONS answers 204 with Allow; any
+// other method the route lacks is 405 with Allow.
+type methods map[string]http.HandlerFunc
+
+func get(h http.HandlerFunc) methods { return methods{http.MethodGet: h} }
+
+func (m methods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := m[r.Method]
+	if h == nil && r.Method == http.MethodHead {
+		h = m[http.MethodGet]
+	}
+	if h == nil {
+		methodNotAllowed(w, r, m.allowed())
+		return
+	}
+	h(w, r)
+}
+
+// allowed lists the route's methods in a fixed order, for Allow.
+func (m methods) allowed() []string {
+	var out []string
+	for _, method := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodDelete} {
+		if m[method] != nil || (method == http.MethodHead && m[http.MethodGet] != nil) {
+			out = append(out, method)
+		}
+	}
+	return out
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow []string) {
+	w.Header().Set("Allow", strings.Join(allow, ", "))
+	if r.Method == http.MethodOptions {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s is not allowed on %s: use %s", r.Method, r.URL.Path, strings.Join(allow, " or ")))
 }
 
 // limitBody caps request bodies; the websocket has its own read limit.
@@ -89,8 +131,99 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, view.Error{Error: msg})
 }
 
+// Pages of GET /api/v1/workers. At about 2 KB a worker (bench area 5:
+// 20 MB for 10,000), the largest page is about 2 MB.
+const (
+	defaultPageLimit = 100
+	maxPageLimit     = 1000
+)
+
+// listWorkers is GET /api/v1/workers. Without parameters it answers every
+// worker, as it always has. model, node, state and warning (a code) keep
+// the workers that match all of them; limit or cursor ask for one page, in
+// ID order, with next_cursor when more follow.
 func (s *Server) listWorkers(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, s.workers())
+	q, err := workersQuery(r.URL.Query())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	ws, more := s.fleet.Find(q)
+	out := view.Workers{Workers: ws}
+	if out.Workers == nil {
+		out.Workers = []view.Worker{}
+	}
+	if more {
+		out.NextCursor = encodeCursor(ws[len(ws)-1].ID)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// workersQuery reads GET /api/v1/workers' parameters; an unknown, empty
+// or repeated one is an error that says what to write instead.
+func workersQuery(v url.Values) (fleet.Query, error) {
+	var q fleet.Query
+	params := map[string]*string{"model": &q.Model, "node": &q.Node, "state": &q.State, "warning": &q.Warning}
+	var limit, cursor string
+	params["limit"], params["cursor"] = &limit, &cursor
+	for _, key := range slices.Sorted(maps.Keys(v)) {
+		vals := v[key]
+		if key == "token" { // the viewer token, for browsers
+			continue
+		}
+		dst, ok := params[key]
+		switch {
+		case !ok:
+			return q, fmt.Errorf("unknown parameter %q: /api/v1/workers takes model, node, state, warning, limit and cursor", key)
+		case len(vals) != 1:
+			return q, fmt.Errorf("parameter %q is given %d times: give it once", key, len(vals))
+		case vals[0] == "":
+			return q, fmt.Errorf("parameter %q is empty: give a value or leave it out", key)
+		}
+		*dst = vals[0]
+	}
+	if q.State != "" && !slices.Contains(fleet.States, q.State) {
+		return q, fmt.Errorf("state %q is not a worker state: use one of %s", q.State, strings.Join(fleet.States, ", "))
+	}
+	if q.Warning != "" && !slices.Contains(fleet.WarningCodes, q.Warning) {
+		return q, fmt.Errorf("warning %q is not a warning code: use one of %s", q.Warning, strings.Join(fleet.WarningCodes, ", "))
+	}
+	if limit == "" && cursor == "" {
+		return q, nil
+	}
+	q.Limit = defaultPageLimit
+	if limit != "" {
+		n, err := strconv.Atoi(limit)
+		if err != nil || n < 1 || n > maxPageLimit {
+			return q, fmt.Errorf("limit %q must be a whole number from 1 to %d", limit, maxPageLimit)
+		}
+		q.Limit = n
+	}
+	if cursor != "" {
+		after, ok := decodeCursor(cursor)
+		if !ok {
+			return q, fmt.Errorf("cursor %q is not one this API gave: pass next_cursor from the previous page as it is, or start again without cursor", cursor)
+		}
+		q.After = after
+	}
+	return q, nil
+}
+
+// A cursor is the last ID of a page, encoded so that clients treat it as
+// opaque and the format can change.
+const cursorPrefix = "w1:"
+
+func encodeCursor(lastID string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(cursorPrefix + lastID))
+}
+
+func decodeCursor(c string) (string, bool) {
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return "", false
+	}
+	id, ok := strings.CutPrefix(string(b), cursorPrefix)
+	return id, ok && id != ""
 }
 
 func (s *Server) workers() view.Workers {
@@ -143,171 +276,13 @@ func (s *Server) modelWeights(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, wt)
 }
 
-// pinBody is the body of POST /api/v1/workers/{id}/pin.
-type pinBody struct {
-	Weight *float64 `json:"weight"`
-}
-
-// adminRoute is a method and the last segment of an admin route on a
-// worker, /api/v1/workers/{id}/{action}.
-type adminRoute struct{ method, action string }
-
-// adminAction is what one admin route does.
-type adminAction struct {
-	// decode reads the body into the action's argument; nil means the body
-	// carries nothing and is drained. A non-zero status refuses the
-	// request before the worker is looked up.
-	decode func(s *Server, body io.Reader) (arg float64, status int, msg string)
-	// run applies the action to a worker that exists.
-	run func(s *Server, wk view.Worker, arg float64) error
-}
-
-var adminActions = map[adminRoute]adminAction{
-	{http.MethodPost, "pin"}: {
-		decode: func(s *Server, body io.Reader) (float64, int, string) {
-			return decodePin(body, s.opts.PinMin, s.opts.PinMax)
-		},
-		run: func(s *Server, wk view.Worker, weight float64) error { return s.fleet.Pin(wk.ID, weight) },
-	},
-	{http.MethodDelete, "pin"}: {run: func(s *Server, wk view.Worker, _ float64) error { return s.fleet.Unpin(wk.ID) }},
-	{http.MethodPost, "admit"}: {run: func(s *Server, wk view.Worker, _ float64) error { return s.fleet.Admit(wk.ID) }},
-	{http.MethodPost, "hold"}:  {run: func(s *Server, wk view.Worker, _ float64) error { return s.fleet.Hold(wk.ID) }},
-	{http.MethodPost, "probe"}: {run: (*Server).probe},
-}
-
-// httpError is an action's refusal with its own status and message.
-type httpError struct {
-	status int
-	msg    string
-}
-
-func (e *httpError) Error() string { return e.msg }
-
-// probe asks the worker's agent for an on-demand measurement.
-func (s *Server) probe(wk view.Worker, _ float64) error {
-	if !s.hub.connected(wk.Node) {
-		return &httpError{http.StatusConflict, fmt.Sprintf("the agent of node %q is not connected; probe once it is back", wk.Node)}
-	}
-	actions, err := s.fleet.Probe(wk.ID)
-	s.hub.route(actions)
-	return err
-}
-
-// workerAction serves the admin routes in adminActions.
-func (s *Server) workerAction(w http.ResponseWriter, r *http.Request) {
-	rest := r.PathValue("rest")
-	cut := strings.LastIndexByte(rest, '/')
-	if cut <= 0 {
-		writeError(w, http.StatusNotFound, "no such route: use /api/v1/workers/{id}/pin|probe|admit|hold")
-		return
-	}
-	id, action := rest[:cut], rest[cut+1:]
-	act, ok := adminActions[adminRoute{r.Method, action}]
-	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no route %s .../%s: use POST .../{id}/pin|probe|admit|hold or DELETE .../{id}/pin", r.Method, action))
-		return
-	}
-	var arg float64
-	var status int
-	var msg string
-	if act.decode != nil {
-		arg, status, msg = act.decode(s, r.Body)
-	} else {
-		status, msg = drainBody(r.Body)
-	}
-	if status != 0 {
-		writeError(w, status, msg)
-		return
-	}
-	wk, ok := s.fleet.Worker(id)
-	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no worker %q", id))
-		return
-	}
-	if err := act.run(s, wk, arg); err != nil {
-		status := actionStatus(err)
-		if status == http.StatusInternalServerError {
-			s.log.Error("admin action failed", "action", action, "worker", id, "error", err)
-			err = fmt.Errorf("%s %s: %w", action, id, err)
-		}
-		writeError(w, status, err.Error())
-		return
-	}
-	s.log.Info("admin action", "action", r.Method+" "+action, "worker", id, "source", sourceIP(r))
-	if wk, ok = s.fleet.Worker(id); !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no worker %q", id))
-		return
-	}
-	writeJSON(w, http.StatusOK, wk)
-}
-
-// actionStatus is the HTTP status for an admin action's error.
-func actionStatus(err error) int {
-	var he *httpError
-	switch {
-	case errors.As(err, &he):
-		return he.status
-	case errors.Is(err, fleet.ErrNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, fleet.ErrNotConnected):
-		return http.StatusConflict
-	case errors.Is(err, fleet.ErrInvalid):
-		return http.StatusBadRequest
-	default:
-		return http.StatusInternalServerError
-	}
-}
-
-// decodePin reads {"weight": number} with the number within [lo, hi], the
-// range computed weights are clamped to. A non-zero status is the error.
-func decodePin(body io.Reader, lo, hi float64) (float64, int, string) {
-	data, err := io.ReadAll(body)
-	if err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return 0, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", mbe.Limit)
-		}
-		return 0, http.StatusBadRequest, "read body: " + err.Error()
-	}
-	const want = `body must be {"weight": <positive number>}`
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var p pinBody
-	if err := dec.Decode(&p); err != nil {
-		return 0, http.StatusBadRequest, fmt.Sprintf("%s: %v", want, err)
-	}
-	if err := dec.Decode(new(json.RawMessage)); err != io.EOF {
-		return 0, http.StatusBadRequest, want + ": trailing data after the object"
-	}
-	if p.Weight == nil {
-		return 0, http.StatusBadRequest, want + ": weight is missing"
-	}
-	if v := *p.Weight; math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
-		return 0, http.StatusBadRequest, fmt.Sprintf("%s: got %g", want, v)
-	}
-	if v := *p.Weight; v < lo || v > hi {
-		return 0, http.StatusBadRequest, fmt.Sprintf("weight %g is outside [%g, %g] (weight_min, weight_max)", v, lo, hi)
-	}
-	return *p.Weight, 0, ""
-}
-
-// drainBody reads and ignores a body, answering 413 for an oversized one.
-func drainBody(body io.Reader) (int, string) {
-	if _, err := io.Copy(io.Discard, body); err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", mbe.Limit)
-		}
-		return http.StatusBadRequest, "read body: " + err.Error()
-	}
-	return 0, ""
-}
-
-// health is the body of GET /healthz.
-type health struct {
+// healthStatus is the body of GET /healthz.
+type healthStatus struct {
 	Status          string `json:"status"`
 	AgentsConnected int    `json:"agents_connected"`
 	Workers         int    `json:"workers"`
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, health{Status: "ok", AgentsConnected: s.hub.count(), Workers: len(s.fleet.Workers())})
+	writeJSON(w, http.StatusOK, healthStatus{Status: "ok", AgentsConnected: s.hub.count(), Workers: len(s.fleet.Workers())})
 }

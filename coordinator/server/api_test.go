@@ -261,13 +261,18 @@ func TestAdminActions(t *testing.T) {
 		{"fleet refuses", "POST", "/api/v1/workers/gpu-a/e0/pin", `{"weight":7.5}`, 400, "the fake fleet refuses 7.5"},
 		{"fleet fails", "POST", "/api/v1/workers/gpu-a/e0/pin", `{"weight":6.25}`, 500, "pin gpu-a/e0: the fake store is full"},
 		{"out of range", "POST", "/api/v1/workers/gpu-a/e0/pin", `{"weight":100}`, 400, "outside [0.25, 8] (weight_min, weight_max)"},
-		{"unknown action", "POST", "/api/v1/workers/gpu-a/e0/explode", "", 404, "pin|probe|admit|hold"},
-		{"delete hold", "DELETE", "/api/v1/workers/gpu-a/e0/hold", "", 404, "DELETE .../{id}/pin"},
+		{"unknown action", "POST", "/api/v1/workers/gpu-a/e0/explode", "", 405, "action one of pin, probe, admit, hold"},
+		{"delete hold", "DELETE", "/api/v1/workers/gpu-a/e0/hold", "", 405, "use POST"},
+		{"get pin", "GET", "/api/v1/workers/gpu-a/e0/pin", "", 405, "use POST or DELETE"},
+		{"query on an ID route", "POST", "/api/v1/workers/gpu-a/e0/pin?weight=2", `{"weight":1}`, 400, "pin's weight goes in the body"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			status, body, _ := ts.do(t, tc.method, tc.path, adminToken, strings.NewReader(tc.body))
+			status, body, hdr := ts.do(t, tc.method, tc.path, adminToken, strings.NewReader(tc.body))
 			if status != tc.status || !strings.Contains(errorMessage(t, body), tc.want) {
 				t.Errorf("got %d %s, want %d with %q", status, body, tc.status, tc.want)
+			}
+			if status == http.StatusMethodNotAllowed && hdr.Get("Allow") == "" {
+				t.Error("405 without Allow")
 			}
 		})
 	}
@@ -382,7 +387,7 @@ func TestHealthz(t *testing.T) {
 	a.snapshot("m", "e0", "e1")
 	testutil.Eventually(t, "workers", 10*time.Second, func() bool { return len(ts.fleet.Workers()) == 2 })
 	status, body, _ := ts.do(t, "GET", "/healthz", "", nil)
-	var h health
+	var h healthStatus
 	if status != http.StatusOK || json.Unmarshal(body, &h) != nil || h.Status != "ok" || h.AgentsConnected != 1 || h.Workers != 2 {
 		t.Errorf("%d %s", status, body)
 	}

@@ -191,6 +191,23 @@ func (f *fakeFleet) Workers() []view.Worker {
 	return out
 }
 
+// Find filters and pages as the real fleet documents it (fleet.Query).
+func (f *fakeFleet) Find(q fleet.Query) ([]view.Worker, bool) {
+	var out []view.Worker
+	for _, w := range f.Workers() { // in ID order
+		if (q.Model != "" && w.Model != q.Model) || (q.Node != "" && w.Node != q.Node) || (q.State != "" && w.State != q.State) ||
+			(q.Warning != "" && !slices.ContainsFunc(w.Warnings, func(x view.Warning) bool { return x.Code == q.Warning })) ||
+			(q.Limit > 0 && w.ID <= q.After) {
+			continue
+		}
+		out = append(out, w)
+	}
+	if q.Limit > 0 && len(out) > q.Limit {
+		return out[:q.Limit], true
+	}
+	return out, false
+}
+
 func (f *fakeFleet) Worker(id string) (view.Worker, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -36,6 +36,7 @@ type fleetAPI interface {
 	Hold(id string) error
 	Probe(id string) ([]fleet.Action, error)
 	Workers() []view.Worker
+	Find(q fleet.Query) ([]view.Worker, bool)
 	Worker(id string) (view.Worker, bool)
 	Weights(model string) (view.Weights, bool)
 	Models() []string

@@ -74,6 +74,9 @@ type Worker struct {
 // Workers is the body of GET /api/v1/workers.
 type Workers struct {
 	Workers []Worker `json:"workers"`
+	// NextCursor, on a page that is not the last, asks for the next one
+	// (?cursor=); it is absent on the last page and on an unpaged answer.
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // WeightEntry is one admitted worker in a model's weight table.
