@@ -3,12 +3,23 @@ package coordinator
 import (
 	"bufio"
 	"bytes"
+	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"gopkg.in/yaml.v3"
 
 	"heft/coordinator/fleet"
 	"heft/shared/testutil"
@@ -16,17 +27,16 @@ import (
 	"heft/shared/wire"
 )
 
-// The coordinator's own lines on /metrics (heft_*) for a fixed fleet,
-// byte for byte: two admitted workers (one pinned), one held for uneven
-// pools, one measuring, one pending and one offline on another model.
-// Run go test with -update after an intended change and review the diff.
-func TestMetricsGolden(t *testing.T) {
-	clk := newClock()
+// metricsFleet builds a fixed fleet on clk: two admitted workers (one
+// pinned), one held for uneven pools, one measuring, one pending and one
+// offline on another model.
+func metricsFleet(t *testing.T, clk *clock) *Coordinator {
+	t.Helper()
 	c, err := New(testConfig(t), WithLogger(testLogger(t)), WithClock(clk.now))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { _ = c.Close() })
 	f := c.Fleet()
 	answer := func(node string, acts []fleet.Action, tps map[string]float64) {
 		t.Helper()
@@ -45,8 +55,10 @@ func TestMetricsGolden(t *testing.T) {
 
 	uneven := engine("gpu-a|uneven", 8002)
 	uneven.Ranks = []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}
+	fast := engine("gpu-a|fast", 8000)
+	fast.Ranks = []wire.Rank{{DPRank: 0, KVTokens: 500000}}
 	f.Connect("gpu-a", 1, wire.Hello{Node: "gpu-a"})
-	answer("gpu-a", f.Snapshot("gpu-a", snapshot("gpu-a", clk.now(), engine("gpu-a|fast", 8000), engine("gpu-a|slow", 8001), uneven)),
+	answer("gpu-a", f.Snapshot("gpu-a", snapshot("gpu-a", clk.now(), fast, engine("gpu-a|slow", 8001), uneven)),
 		map[string]float64{"gpu-a|fast": 1200, "gpu-a|slow": 600, "gpu-a|uneven": 1000})
 	if err := f.Pin("gpu-a|slow", 0.75); err != nil {
 		t.Fatal(err)
@@ -59,18 +71,32 @@ func TestMetricsGolden(t *testing.T) {
 
 	other := engine("gpu-c|llama", 8000)
 	other.Model = "meta-llama/Llama-3.1-8B"
+	other.Ranks = []wire.Rank{{DPRank: 0, KVTokens: 1000}, {DPRank: 1, KVTokens: 100}}
 	f.Connect("gpu-c", 3, wire.Hello{Node: "gpu-c"})
 	answer("gpu-c", f.Snapshot("gpu-c", snapshot("gpu-c", clk.now(), other)), map[string]float64{"gpu-c|llama": 800})
 	f.Disconnect("gpu-c", 3)
 	clk.add(time.Minute) // past the offline grace
 	f.Tick()
+	return c
+}
 
+// scrape answers the coordinator's /metrics in the text exposition.
+func scrape(t *testing.T, c *Coordinator) []byte {
+	t.Helper()
 	rec := httptest.NewRecorder()
 	c.Server().Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusOK {
 		t.Fatalf("/metrics: %d %s", rec.Code, rec.Body)
 	}
-	testutil.Golden(t, filepath.Join("testdata", "golden", "metrics.txt"), heftLines(rec.Body.Bytes()))
+	return rec.Body.Bytes()
+}
+
+// The coordinator's own lines on /metrics (heft_*) for metricsFleet,
+// byte for byte. Run go test with -update after an intended change and
+// review the diff.
+func TestMetricsGolden(t *testing.T) {
+	c := metricsFleet(t, newClock())
+	testutil.Golden(t, filepath.Join("testdata", "golden", "metrics.txt"), heftLines(scrape(t, c)))
 }
 
 // heftLines keeps the lines of a text exposition that belong to heft's
@@ -88,4 +114,232 @@ func heftLines(exposition []byte) []byte {
 		}
 	}
 	return out.Bytes()
+}
+
+// families parses a text exposition with the Prometheus parser.
+func families(t *testing.T, exposition []byte) map[string]*dto.MetricFamily {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(bytes.NewReader(exposition))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	return mfs
+}
+
+// agreedMetric is one entry of packaging/prometheus/metrics.yml, the list
+// the alert rules and the Grafana dashboard are written against.
+type agreedMetric struct {
+	Name   string   `yaml:"name"`
+	Type   string   `yaml:"type"`
+	Labels []string `yaml:"labels"`
+	Status string   `yaml:"status"`
+}
+
+// What the coordinator exports is what metrics.yml lists for it, family
+// for family: the name, the type and the label names of every sample; and
+// every heft_* family it exports is listed.
+func TestMetricsMatchTheAgreedList(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "packaging/prometheus/metrics.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var agreed struct {
+		Coordinator []agreedMetric `yaml:"coordinator"`
+	}
+	if err := yaml.Unmarshal(data, &agreed); err != nil {
+		t.Fatal(err)
+	}
+	mfs := families(t, scrape(t, metricsFleet(t, newClock())))
+	listed := map[string]bool{}
+	for _, m := range agreed.Coordinator {
+		listed[m.Name] = true
+		mf := mfs[m.Name]
+		if m.Status != "exists" {
+			if mf != nil {
+				t.Errorf("%s is exported but metrics.yml says %s", m.Name, m.Status)
+			}
+			continue
+		}
+		if mf == nil {
+			t.Errorf("metrics.yml says %s exists; the coordinator does not export it", m.Name)
+			continue
+		}
+		if got := strings.ToLower(mf.GetType().String()); got != m.Type {
+			t.Errorf("%s is a %s, metrics.yml says %s", m.Name, got, m.Type)
+		}
+		if mf.GetHelp() == "" {
+			t.Errorf("%s has no HELP", m.Name)
+		}
+		for _, s := range mf.GetMetric() {
+			var names []string
+			for _, lp := range s.GetLabel() {
+				names = append(names, lp.GetName())
+			}
+			if !sameSet(names, m.Labels) {
+				t.Errorf("%s sample has labels %v, metrics.yml says %v", m.Name, names, m.Labels)
+				break
+			}
+		}
+	}
+	for name := range mfs {
+		if strings.HasPrefix(name, "heft_") && !listed[name] {
+			t.Errorf("the coordinator exports %s, which metrics.yml does not list", name)
+		}
+	}
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b))
+	return slices.Equal(a, b)
+}
+
+// The example alert rules (packaging/prometheus/heft-rules.yml) fire on
+// what the coordinator really exports: promtool evaluates them over a
+// scrape of metricsFleet, replayed every minute for 9 hours. The fleet's
+// clock starts an hour after the Unix epoch so that promtool's time(),
+// which starts at 0, can age the measurements past the 7 h of
+// HeftNoMeasurement.
+func TestAlertRulesOnAScrape(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool is missing (Debian's prometheus package ships it)")
+		}
+		t.Skip("promtool not installed")
+	}
+	clk := &clock{t: time.Unix(3600, 0).UTC()}
+	mfs := families(t, scrape(t, metricsFleet(t, clk)))
+	type series struct {
+		Series string `yaml:"series"`
+		Values string `yaml:"values"`
+	}
+	var input []series
+	for _, name := range slices.Sorted(maps.Keys(mfs)) {
+		if !strings.HasPrefix(name, "heft_") {
+			continue
+		}
+		for _, m := range mfs[name].GetMetric() {
+			labels := []string{`job="heft-coordinator"`}
+			for _, lp := range m.GetLabel() {
+				labels = append(labels, lp.GetName()+"="+strconv.Quote(lp.GetValue()))
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			input = append(input, series{Series: name + "{" + strings.Join(labels, ", ") + "}",
+				Values: strconv.FormatFloat(v, 'g', -1, 64) + "x600"})
+		}
+	}
+	worker := func(id, model, node string) string {
+		return fmt.Sprintf(`id=%q, job="heft-coordinator", model=%q, node=%q`, id, model, node)
+	}
+	qwen, llama := testModel, "meta-llama/Llama-3.1-8B"
+	want := []string{
+		`alertname="HeftWorkerOffline", ` + worker("gpu-c|llama", llama, "gpu-c") + `, severity="warning", state="offline"`,
+		`alertname="HeftPoolImbalance", ` + worker("gpu-a|uneven", qwen, "gpu-a") + `, severity="warning"`,
+		`alertname="HeftPoolImbalanceCritical", ` + worker("gpu-a|uneven", qwen, "gpu-a") + `, severity="critical"`,
+		`alertname="HeftWorkerCriticalWarning", code="agent_offline", ` + worker("gpu-c|llama", llama, "gpu-c") + `, severity="critical"`,
+		`alertname="HeftWorkerCriticalWarning", code="dp_pool_imbalance", ` + worker("gpu-a|uneven", qwen, "gpu-a") + `, severity="critical"`,
+		`alertname="HeftWorkerCriticalWarning", code="dp_pool_imbalance", ` + worker("gpu-c|llama", llama, "gpu-c") + `, severity="critical"`,
+		`alertname="HeftWorkerCriticalWarning", code="engine_unreachable", ` + worker("gpu-b|down", qwen, "gpu-b") + `, severity="critical"`,
+		// Measured at 1 h, so 8 h old at 9 h; gpu-c is offline, which HeftWorkerOffline covers.
+		`alertname="HeftNoMeasurement", ` + worker("gpu-a|fast", qwen, "gpu-a") + `, severity="warning"`,
+		`alertname="HeftNoMeasurement", ` + worker("gpu-a|slow", qwen, "gpu-a") + `, severity="warning"`,
+		`alertname="HeftNoMeasurement", ` + worker("gpu-a|uneven", qwen, "gpu-a") + `, severity="warning"`,
+	}
+	type sample struct {
+		Labels string  `yaml:"labels"`
+		Value  float64 `yaml:"value"`
+	}
+	var exp []sample
+	for _, l := range want {
+		exp = append(exp, sample{Labels: `ALERTS{alertstate="firing", ` + l + `}`, Value: 1})
+	}
+	test := map[string]any{
+		"rule_files":          []string{filepath.Join(testutil.RepoRoot(t), "packaging/prometheus/heft-rules.yml")},
+		"evaluation_interval": "1m",
+		"tests": []any{map[string]any{
+			"interval":     "1m",
+			"input_series": input,
+			"promql_expr_test": []any{map[string]any{
+				"expr": `ALERTS{alertstate="firing"}`, "eval_time": "9h", "exp_samples": exp,
+			}},
+		}},
+	}
+	doc, err := yaml.Marshal(test)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "scrape.test.yml")
+	if err := os.WriteFile(path, doc, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
+		t.Errorf("promtool test rules over a real scrape: %v\n%s", err, out)
+	}
+}
+
+// A worker's series follow it: an offline worker says so in
+// heft_worker_state and exports no throughput or pools at the next scrape
+// after the grace, and a forgotten one exports nothing.
+func TestMetricsFollowTheWorker(t *testing.T) {
+	clk := newClock()
+	c, err := New(testConfig(t), WithLogger(testLogger(t)), WithClock(clk.now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f := c.Fleet()
+	e := engine("gpu-a|w", 8000)
+	e.Ranks = []wire.Rank{{DPRank: 0, KVTokens: 900}, {DPRank: 1, KVTokens: 1000}}
+	f.Connect("gpu-a", 1, wire.Hello{Node: "gpu-a"})
+	for _, a := range f.Snapshot("gpu-a", snapshot("gpu-a", clk.now(), e)) {
+		if req, ok := a.Message.(*wire.ProbeRequest); ok {
+			if _, err := f.ProbeResult("gpu-a", wire.ProbeResult{RequestID: req.RequestID, Measurement: measured("gpu-a|w", "gpu-a", 900, clk.now())}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	labels := `id="gpu-a|w",model="` + testModel + `",node="gpu-a"`
+	has := func(prefix string) bool {
+		for _, line := range strings.Split(string(scrape(t, c)), "\n") {
+			if strings.HasPrefix(line, prefix) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, line := range []string{
+		`heft_worker_state{` + labels + `,state="admitted"} 1`, `heft_worker_state{` + labels + `,state="offline"} 0`,
+		`heft_worker_throughput_tokens_per_second{` + labels + `} 900`, `heft_worker_weight{` + labels + `} 1`,
+		`heft_worker_kv_pool_tokens{dp_rank="1",` + labels + `} 1000`, `heft_worker_kv_pool_balance_ratio{` + labels + `} 0.9`,
+	} {
+		if !has(line) {
+			t.Errorf("connected: no %s", line)
+		}
+	}
+
+	f.Disconnect("gpu-a", 1)
+	clk.add(fleet.DefaultConfig().OfflineGrace)
+	f.Tick()
+	if !has(`heft_worker_state{`+labels+`,state="offline"} 1`) || !has(`heft_worker_state{`+labels+`,state="admitted"} 0`) {
+		t.Error("offline after the grace: heft_worker_state does not say so")
+	}
+	if !has(`heft_worker_warning_active{code="agent_offline",` + labels + `,severity="critical"} 1`) {
+		t.Error("offline: no agent_offline warning series")
+	}
+	for _, gone := range []string{"heft_worker_throughput_tokens_per_second{", "heft_worker_weight{", "heft_worker_kv_pool_tokens{",
+		"heft_worker_kv_pool_balance_ratio{"} {
+		if has(gone) {
+			t.Errorf("offline: %s is still exported", gone)
+		}
+	}
+	if !has(`heft_worker_last_measured_timestamp_seconds{` + labels + `}`) {
+		t.Error("offline: the last measurement's time is gone; it is still true")
+	}
+
+	clk.add(fleet.DefaultConfig().ForgetAfter)
+	f.Tick()
+	if has(`heft_worker_`) {
+		t.Errorf("forgotten: series remain:\n%s", heftLines(scrape(t, c)))
+	}
 }

@@ -406,7 +406,7 @@ func TestMetricsFamilies(t *testing.T) {
 	ts.do(t, "GET", "/api/v1/workers", "", nil)
 
 	mfs := ts.scrape(t, "")
-	for _, name := range []string{"heft_worker_weight", "heft_worker_throughput_tps", "heft_workers", "heft_warnings",
+	for _, name := range []string{"heft_worker_weight", "heft_worker_throughput_tokens_per_second", "heft_workers", "heft_warnings",
 		"heft_agents_connected", "heft_agent_messages_total", "heft_probe_requests_total", "heft_agent_disconnects_total", "heft_auth_failures_total",
 		"heft_build_info", "go_goroutines"} {
 		if mfs[name] == nil {
@@ -418,7 +418,7 @@ func TestMetricsFamilies(t *testing.T) {
 		labels map[string]string
 		want   float64
 	}{
-		{"heft_worker_throughput_tps", map[string]string{"id": "gpu-a/e0", "model": "m", "node": "gpu-a"}, 453},
+		{"heft_worker_throughput_tokens_per_second", map[string]string{"id": "gpu-a/e0", "model": "m", "node": "gpu-a"}, 453},
 		{"heft_worker_weight", map[string]string{"id": "gpu-a/e0"}, 1},
 		{"heft_workers", map[string]string{"state": "admitted"}, 1},
 		{"heft_workers", map[string]string{"state": "held"}, 1},

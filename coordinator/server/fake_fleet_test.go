@@ -323,8 +323,15 @@ func (f *fakeFleet) Stats() fleet.Stats {
 		if w.State == view.StateAdmitted {
 			weight = w.Weight
 		}
-		st.Workers = append(st.Workers, fleet.WorkerStats{ID: w.ID, Model: w.Model, Node: w.Node, State: w.State,
-			Weight: weight, Throughput: w.Throughput})
+		ws := fleet.WorkerStats{ID: w.ID, Model: w.Model, Node: w.Node, State: w.State,
+			Weight: weight, Throughput: w.Throughput, MeasuredAt: w.MeasuredAt}
+		for _, r := range w.Ranks {
+			ws.Ranks = append(ws.Ranks, wire.Rank{DPRank: r.DPRank, KVTokens: r.KVTokens})
+		}
+		for _, x := range w.Warnings {
+			ws.Warnings = append(ws.Warnings, fleet.WarningStats{Code: x.Code, Severity: x.Severity})
+		}
+		st.Workers = append(st.Workers, ws)
 	}
 	return st
 }

@@ -2,12 +2,17 @@ package server
 
 import (
 	"net/http"
+	"slices"
+	"strconv"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"heft/coordinator/fleet"
+	"heft/coordinator/view"
+	"heft/shared/health"
 	"heft/shared/version"
 	"heft/shared/wire"
 )
@@ -70,54 +75,123 @@ func newMetrics(s *Server) *metrics {
 	return m
 }
 
-// fleetCollector turns the fleet's workers into gauges at scrape time.
+// fleetCollector turns the fleet's workers into gauges at scrape time, so
+// a forgotten worker's series go with it and an offline one says so at the
+// next scrape. Per-worker series carry the labels id, model and node, as
+// GET /api/v1/workers shows them.
 type fleetCollector struct {
-	fleet      fleetAPI
-	weight     *prometheus.Desc
-	throughput *prometheus.Desc
-	workers    *prometheus.Desc
-	warnings   *prometheus.Desc
-	probes     *prometheus.Desc
+	fleet       fleetAPI
+	weight      *prometheus.Desc
+	state       *prometheus.Desc
+	throughput  *prometheus.Desc
+	measuredAt  *prometheus.Desc
+	pool        *prometheus.Desc
+	poolBalance *prometheus.Desc
+	warning     *prometheus.Desc
+	workers     *prometheus.Desc
+	warnings    *prometheus.Desc
+	probes      *prometheus.Desc
 }
 
 func newFleetCollector(f fleetAPI) *fleetCollector {
 	worker := []string{"id", "model", "node"}
+	with := func(extra ...string) []string { return append(slices.Clone(worker), extra...) }
 	return &fleetCollector{
-		fleet:      f,
-		weight:     prometheus.NewDesc("heft_worker_weight", "Routing weight of a worker in the weight table (the pinned one if pinned).", worker, nil),
-		throughput: prometheus.NewDesc("heft_worker_throughput_tps", "Measured throughput of a worker in output tokens per second.", worker, nil),
-		workers:    prometheus.NewDesc("heft_workers", "Workers by state.", []string{"state"}, nil),
-		warnings:   prometheus.NewDesc("heft_warnings", "Workers carrying each health warning, by code.", []string{"code"}, nil),
+		fleet: f,
+		weight: prometheus.NewDesc("heft_worker_weight",
+			"Routing weight of an admitted worker: its throughput over the median of its model's admitted workers, "+
+				"clamped to [weight_min, weight_max], or the pinned weight. Absent while the worker is not admitted.", worker, nil),
+		state: prometheus.NewDesc("heft_worker_state",
+			"1 for the worker's state and 0 for each other one (pending, measuring, admitted, held, offline). "+
+				"Offline as soon as the agent has been away for offline_grace; gone when the worker is forgotten.", with("state"), nil),
+		throughput: prometheus.NewDesc("heft_worker_throughput_tokens_per_second",
+			"Output tokens per second of the worker's newest measurement (the standard burst: 16 concurrent requests "+
+				"of 128 tokens, second pass). Absent when that measurement is not valid and while the worker is offline.", worker, nil),
+		measuredAt: prometheus.NewDesc("heft_worker_last_measured_timestamp_seconds",
+			"When the worker's newest valid measurement finished, in Unix seconds; time() minus it is the measurement's age. "+
+				"Absent until the worker has one.", worker, nil),
+		pool: prometheus.NewDesc("heft_worker_kv_pool_tokens",
+			"KV cache pool of each data-parallel rank in tokens, as the agent read it from the engine's start-up log. "+
+				"Absent while the worker is offline or its pools are unknown.", with("dp_rank"), nil),
+		poolBalance: prometheus.NewDesc("heft_worker_kv_pool_balance_ratio",
+			"Smallest data-parallel rank's KV pool over the largest's (1 = even, and 1 for a single rank). Below "+
+				"thresholds.pool_warn (0.9) heft warns, below thresholds.pool_hold (0.5) it holds the worker. "+
+				"Absent while the worker is offline or its pools are unknown.", worker, nil),
+		warning: prometheus.NewDesc("heft_worker_warning_active",
+			"1 for each warning the worker carries now, by code and severity, as GET /api/v1/workers shows them; "+
+				"the series goes when the warning clears.", with("code", "severity"), nil),
+		workers:  prometheus.NewDesc("heft_workers", "Workers in each state.", []string{"state"}, nil),
+		warnings: prometheus.NewDesc("heft_warnings", "Workers carrying each warning, by code.", []string{"code"}, nil),
 		probes: prometheus.NewDesc("heft_probe_requests_total",
 			"Probe requests the fleet made since the coordinator started, by reason; each asks an agent for a burst.", []string{"reason"}, nil),
 	}
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.weight
-	ch <- c.throughput
-	ch <- c.workers
-	ch <- c.warnings
-	ch <- c.probes
+	for _, d := range []*prometheus.Desc{c.weight, c.state, c.throughput, c.measuredAt, c.pool, c.poolBalance, c.warning,
+		c.workers, c.warnings, c.probes} {
+		ch <- d
+	}
 }
 
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
 	st := c.fleet.Stats()
 	for _, w := range st.Workers {
+		id := []string{w.ID, w.Model, w.Node}
+		with := func(extra ...string) []string { return append(slices.Clone(id), extra...) }
+		for _, s := range fleet.States {
+			gauge(c.state, boolValue(s == w.State), with(s)...)
+		}
 		if w.Weight != nil {
-			ch <- prometheus.MustNewConstMetric(c.weight, prometheus.GaugeValue, *w.Weight, w.ID, w.Model, w.Node)
+			gauge(c.weight, *w.Weight, id...)
+		}
+		if w.MeasuredAt != nil {
+			gauge(c.measuredAt, float64(w.MeasuredAt.UnixMilli())/1000, id...)
+		}
+		for _, x := range w.Warnings {
+			gauge(c.warning, 1, with(x.Code, x.Severity)...)
+		}
+		// An offline worker's numbers are what it was, not what it is.
+		if w.State == view.StateOffline {
+			continue
 		}
 		if w.Throughput != nil {
-			ch <- prometheus.MustNewConstMetric(c.throughput, prometheus.GaugeValue, *w.Throughput, w.ID, w.Model, w.Node)
+			gauge(c.throughput, *w.Throughput, id...)
+		}
+		for _, r := range w.Ranks {
+			gauge(c.pool, float64(r.KVTokens), with(strconv.Itoa(r.DPRank))...)
+		}
+		if ratio, ok := poolBalance(w.Ranks); ok {
+			gauge(c.poolBalance, ratio, id...)
 		}
 	}
 	for state, n := range st.WorkersByState {
-		ch <- prometheus.MustNewConstMetric(c.workers, prometheus.GaugeValue, float64(n), state)
+		gauge(c.workers, float64(n), state)
 	}
 	for code, n := range st.WarningsByCode {
-		ch <- prometheus.MustNewConstMetric(c.warnings, prometheus.GaugeValue, float64(n), code)
+		gauge(c.warnings, float64(n), code)
 	}
 	for reason, n := range st.ProbeRequests {
 		ch <- prometheus.MustNewConstMetric(c.probes, prometheus.CounterValue, float64(n), reason)
 	}
+}
+
+// poolBalance is smallest over largest pool: health.PoolRatio, and 1 for
+// a single rank whose pool is known.
+func poolBalance(ranks []wire.Rank) (float64, bool) {
+	if len(ranks) == 1 {
+		return 1, ranks[0].KVTokens > 0
+	}
+	ratio, _, _, ok := health.PoolRatio(ranks)
+	return ratio, ok
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
