@@ -128,6 +128,35 @@ func (c *Coordinator) Run(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
+// Reload reads the token files and the TLS certificate and key again and
+// puts them in force without dropping a connection (SIGHUP does this).
+// Tokens set in the configuration itself, not in a file, stay as they
+// are. When a file is unreadable or its value is refused, nothing changes:
+// the error is logged and returned, and the old tokens and certificate
+// keep working.
+func (c *Coordinator) Reload() error {
+	tokens, err := c.cfg.ReadTokens()
+	if err == nil {
+		err = c.srv.Reload(server.Tokens(tokens))
+	}
+	if err != nil {
+		c.log.Error("reload failed: the tokens and TLS certificate in force stay", "error", err)
+		return err
+	}
+	var files []string
+	for _, f := range []string{c.cfg.AgentTokenFile, c.cfg.AdminTokenFile, c.cfg.ViewerTokenFile, c.cfg.TLSCertFile, c.cfg.TLSKeyFile} {
+		if f != "" {
+			files = append(files, f)
+		}
+	}
+	if len(files) == 0 {
+		c.log.Info("reload: no token or certificate files are configured, so nothing changed")
+		return nil
+	}
+	c.log.Info("reloaded tokens and TLS certificate", "files", files)
+	return nil
+}
+
 // Close closes the state; Run does so when it returns, so only a
 // coordinator that is never run needs it. It is safe to call again, and
 // returns the first call's error.

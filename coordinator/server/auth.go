@@ -62,7 +62,7 @@ func (s *Server) checkToken(w http.ResponseWriter, r *http.Request, kind string,
 	s.log.Debug("authentication failed", "kind", kind, "source", ip, "path", r.URL.Path)
 	w.Header().Set("WWW-Authenticate", `Bearer realm="heft"`)
 	msg := fmt.Sprintf("missing or wrong %s token: send Authorization: Bearer <token>", kind)
-	if kind == authAdmin && s.opts.Tokens.Admin == "" {
+	if kind == authAdmin && s.tokens().Admin == "" {
 		msg = "admin actions are disabled: the coordinator has no admin_token configured"
 	}
 	writeError(w, http.StatusUnauthorized, msg)
@@ -70,20 +70,21 @@ func (s *Server) checkToken(w http.ResponseWriter, r *http.Request, kind string,
 }
 
 func (s *Server) agentAuth(w http.ResponseWriter, r *http.Request) bool {
-	return s.checkToken(w, r, authAgent, false, s.opts.Tokens.Agent)
+	return s.checkToken(w, r, authAgent, false, s.tokens().Agent)
 }
 
 func (s *Server) adminAuth(w http.ResponseWriter, r *http.Request) bool {
-	return s.checkToken(w, r, authAdmin, false, s.opts.Tokens.Admin)
+	return s.checkToken(w, r, authAdmin, false, s.tokens().Admin)
 }
 
 // readAuth guards reads: open unless a viewer token is configured, then the
 // viewer or the admin token, in the header or as ?token=.
 func (s *Server) readAuth(w http.ResponseWriter, r *http.Request) bool {
-	if s.opts.Tokens.Viewer == "" {
+	t := s.tokens()
+	if t.Viewer == "" {
 		return true
 	}
-	return s.checkToken(w, r, authViewer, true, s.opts.Tokens.Viewer, s.opts.Tokens.Admin)
+	return s.checkToken(w, r, authViewer, true, t.Viewer, t.Admin)
 }
 
 // sourceIP is the peer's address. Forwarding headers are not trusted: a

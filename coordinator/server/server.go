@@ -47,8 +47,10 @@ type fleetAPI interface {
 // Options are what the server needs of the coordinator's configuration;
 // package coordinator maps config.Config onto them.
 type Options struct {
+	// Tokens are the tokens at start; Reload replaces them.
 	Tokens Tokens
 	// TLSCertFile and TLSKeyFile, both set, make the server speak HTTPS.
+	// They are read at start and again by Reload.
 	TLSCertFile, TLSKeyFile string
 	// PingInterval and PingTimeout bound how long a silently stalled agent
 	// connection lingers; zero means DefaultPingInterval and
@@ -69,6 +71,18 @@ type Tokens struct {
 
 // TLS reports whether the server serves HTTPS.
 func (o Options) TLS() bool { return o.TLSCertFile != "" && o.TLSKeyFile != "" }
+
+// check refuses tokens that would lock the agents out or let an agent act
+// as an admin.
+func (t Tokens) check() error {
+	switch {
+	case t.Agent == "":
+		return errors.New("no agent token configured")
+	case t.Admin != "" && t.Admin == t.Agent:
+		return errors.New("the admin token must differ from the agent token, or every agent could act as an admin")
+	}
+	return nil
+}
 
 // Agent connection liveness defaults.
 const (
@@ -123,6 +137,11 @@ type Server struct {
 	auth    *authLimiter
 	hub     *hub
 
+	// The secrets in force; Reload swaps them whole, so a request sees
+	// either the old set or the new one. cert is nil without TLS.
+	tok  atomic.Pointer[Tokens]
+	cert atomic.Pointer[tls.Certificate]
+
 	// base outlives requests: agent connections hang off it.
 	base       context.Context
 	cancelBase context.CancelFunc
@@ -142,8 +161,8 @@ func New(opts Options, f *fleet.Fleet, logger hclog.Logger) (*Server, error) {
 }
 
 func newServer(opts Options, f fleetAPI, logger hclog.Logger) (*Server, error) {
-	if opts.Tokens.Agent == "" {
-		return nil, errors.New("server: no agent token configured")
+	if err := opts.Tokens.check(); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
 	}
 	if logger == nil {
 		logger = hclog.NewNullLogger()
@@ -165,6 +184,16 @@ func newServer(opts Options, f fleetAPI, logger hclog.Logger) (*Server, error) {
 	if opts.PingTimeout > 0 {
 		s.lim.pingTimeout = opts.PingTimeout
 	}
+	tokens := opts.Tokens
+	s.tok.Store(&tokens)
+	s.opts.Tokens = Tokens{} // s.tokens() is the one in force
+	if opts.TLS() {
+		cert, err := loadCert(opts)
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		s.cert.Store(cert)
+	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.auth = newAuthLimiter(time.Now)
 	s.hub = newHub(s)
@@ -173,6 +202,41 @@ func newServer(opts Options, f fleetAPI, logger hclog.Logger) (*Server, error) {
 		s.log.Warn("no admin token configured: admin actions (pin, probe, admit, hold) are refused")
 	}
 	return s, nil
+}
+
+// tokens are the tokens in force.
+func (s *Server) tokens() Tokens { return *s.tok.Load() }
+
+// loadCert reads the certificate and key named in opts.
+func loadCert(opts Options) (*tls.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(opts.TLSCertFile, opts.TLSKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS certificate %s and key %s: %w", opts.TLSCertFile, opts.TLSKeyFile, err)
+	}
+	return &cert, nil
+}
+
+// Reload puts tokens and the TLS certificate and key, read again from
+// their files, in force. Connections already open stay open; new requests
+// and TLS handshakes use the new values. When anything is wrong (a
+// certificate that does not load, tokens that fail check) nothing
+// changes and the error says why, so a bad file never locks anyone out.
+func (s *Server) Reload(tokens Tokens) error {
+	if err := tokens.check(); err != nil {
+		return fmt.Errorf("reload: %w", err)
+	}
+	var cert *tls.Certificate
+	if s.opts.TLS() {
+		var err error
+		if cert, err = loadCert(s.opts); err != nil {
+			return fmt.Errorf("reload: %w", err)
+		}
+	}
+	s.tok.Store(&tokens)
+	if cert != nil {
+		s.cert.Store(cert)
+	}
+	return nil
 }
 
 // Run serves on ln until ctx ends, then shuts down: agents are told the
@@ -190,13 +254,18 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		IdleTimeout: 2 * time.Minute,
 		ErrorLog:    s.log.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug}),
 		BaseContext: func(net.Listener) context.Context { return s.base },
-		TLSConfig:   &tls.Config{MinVersion: tls.VersionTLS12},
+		TLSConfig: &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			// Each handshake takes the certificate in force, so Reload
+			// swaps it without a restart.
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.cert.Load(), nil },
+		},
 	}
 	served := make(chan error, 1)
 	go func() {
 		var err error
 		if s.opts.TLS() {
-			err = srv.ServeTLS(ln, s.opts.TLSCertFile, s.opts.TLSKeyFile)
+			err = srv.ServeTLS(ln, "", "")
 		} else {
 			err = srv.Serve(ln)
 		}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"heft/coordinator"
@@ -22,14 +23,18 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, hup)
+	signal.Stop(hup)
 	stop()
 	os.Exit(code)
 }
 
 // run is the whole program; it returns the exit code: 0 done, 1 failed,
-// 2 bad usage, 78 bad configuration (settings.ExitConfig).
-func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+// 2 bad usage, 78 bad configuration (settings.ExitConfig). Each value on
+// reload (SIGHUP) reloads the tokens and the TLS certificate.
+func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer, reload <-chan os.Signal) int {
 	cfg, err := config.Load("", args, env)
 	switch {
 	case err != nil:
@@ -52,6 +57,22 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 		fmt.Fprintf(stderr, "heft-coordinator: %v\n", err)
 		return 1
 	}
+	runCtx, stopReloads := context.WithCancel(ctx)
+	var reloads sync.WaitGroup
+	reloads.Go(func() {
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-reload:
+				_ = c.Reload() // it logs what it did or why it kept the old values
+			}
+		}
+	})
+	defer func() {
+		stopReloads()
+		reloads.Wait()
+	}()
 	url := baseURL(ln.Addr(), cfg.TLS())
 	fmt.Fprintf(stdout, "heft-coordinator listening on %s (dashboard: %s/)\n", url, url)
 	if err := c.Run(ctx, ln); err != nil {

@@ -38,7 +38,9 @@ func TestRunServesAndStops(t *testing.T) {
 	defer cancel()
 	var stdout, stderr testutil.SyncBuffer
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"--config", cfg, "--state-dir", stateDir}, noEnv, &stdout, &stderr) }()
+	go func() {
+		done <- run(ctx, []string{"--config", cfg, "--state-dir", stateDir}, noEnv, &stdout, &stderr, nil)
+	}()
 
 	re := regexp.MustCompile(`heft-coordinator listening on (http://127\.0\.0\.1:\d+) \(dashboard: (http://127\.0\.0\.1:\d+/)\)`)
 	var base string
@@ -115,7 +117,7 @@ func TestRunRefusesBadState(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr testutil.SyncBuffer
-	code := run(context.Background(), []string{"--config", writeConfig(t, stateDir, "")}, noEnv, &stdout, &stderr)
+	code := run(context.Background(), []string{"--config", writeConfig(t, stateDir, "")}, noEnv, &stdout, &stderr, nil)
 	if code != 1 || !strings.Contains(stderr.String(), filepath.Join(stateDir, store.FileName)) {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
 	}
@@ -151,7 +153,7 @@ func TestRunUsageErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr testutil.SyncBuffer
-			code := run(context.Background(), tc.args, noEnv, &stdout, &stderr)
+			code := run(context.Background(), tc.args, noEnv, &stdout, &stderr, nil)
 			got := stdout.String()
 			if tc.code != 0 {
 				got = stderr.String()
@@ -171,7 +173,7 @@ func TestListenBusy(t *testing.T) {
 	defer ln.Close()
 	var stdout, stderr testutil.SyncBuffer
 	code := run(context.Background(), []string{"--config", writeConfig(t, t.TempDir(), ""), "--listen", ln.Addr().String()},
-		noEnv, &stdout, &stderr)
+		noEnv, &stdout, &stderr, nil)
 	if code != 1 || !strings.Contains(stderr.String(), "address already in use") {
 		t.Errorf("exit %d, stderr %q", code, stderr.String())
 	}
