@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -215,4 +217,18 @@ func measured(key, node string, tps float64, at time.Time) wire.Measurement {
 		Requests: 16, Concurrency: 16, TokensPerReq: 128, Complete: true, Trigger: wire.ReasonRegistration,
 		StartedAt: at.Add(-3 * time.Second), FinishedAt: at,
 	}
+}
+
+// needTool returns the path of a program a test runs; without it the test
+// is skipped, or fails under CI, which installs it.
+func needTool(t *testing.T, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s is missing", name)
+		}
+		t.Skipf("%s not installed", name)
+	}
+	return p
 }

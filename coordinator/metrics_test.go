@@ -201,13 +201,7 @@ func sameSet(a, b []string) bool {
 // which starts at 0, can age the measurements past the 7 h of
 // HeftNoMeasurement.
 func TestAlertRulesOnAScrape(t *testing.T) {
-	promtool, err := exec.LookPath("promtool")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("promtool is missing (Debian's prometheus package ships it)")
-		}
-		t.Skip("promtool not installed")
-	}
+	promtool := needTool(t, "promtool") // Debian's prometheus package ships it
 	clk := &clock{t: time.Unix(3600, 0).UTC()}
 	mfs := families(t, scrape(t, metricsFleet(t, clk)))
 	type series struct {
