@@ -102,3 +102,25 @@ func BenchmarkReevaluate10k(b *testing.B) {
 		f.Reevaluate()
 	}
 }
+
+// A page of 100 workers, or one node's workers, renders only those: the
+// cost a script or gateway pays instead of the whole fleet's.
+func BenchmarkFindPage10k(b *testing.B) {
+	f, _ := bigFleet(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if ws, more := f.Find(Query{Limit: 100, After: "node-0500"}); len(ws) != 100 || !more {
+			b.Fatal("short page")
+		}
+	}
+}
+
+func BenchmarkFindNode10k(b *testing.B) {
+	f, _ := bigFleet(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if ws, _ := f.Find(Query{Node: "node-0500"}); len(ws) != 10 {
+			b.Fatal("lost workers")
+		}
+	}
+}
