@@ -195,16 +195,3 @@ func TestExpectedRanksAcrossRestarts(t *testing.T) {
 		t.Fatalf("third start-up: %+v", f)
 	}
 }
-
-func TestRankList(t *testing.T) {
-	for _, tc := range []struct {
-		in   []int
-		want string
-	}{
-		{nil, ""}, {[]int{3}, "3"}, {[]int{1, 2}, "1, 2"}, {[]int{1, 2, 3, 7, 9, 10, 11, 12}, "1-3, 7, 9-12"},
-	} {
-		if got := rankList(tc.in); got != tc.want {
-			t.Errorf("rankList(%v) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}

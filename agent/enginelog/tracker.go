@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"heft/shared/health"
 	"heft/shared/wire"
 )
 
@@ -293,8 +294,7 @@ func IncompleteMessage(f Facts) string {
 	if f.Complete || len(f.Ranks) == 0 {
 		return ""
 	}
-	return fmt.Sprintf("expected %d data-parallel ranks (%s) but %d printed a KV pool; none from DP %s (still starting, failed before sizing its KV cache, or on another node)",
-		f.ExpectedRanks, f.ExpectedFrom, len(f.Ranks), rankList(f.MissingRanks))
+	return health.IncompleteMessage(len(f.Ranks), f.ExpectedRanks, f.ExpectedFrom, f.MissingRanks)
 }
 
 // expectedRanks is how many DP ranks the start-up has, and what says so.
@@ -335,27 +335,6 @@ func missingRanks(ranks []wire.Rank, expected int) []int {
 		}
 	}
 	return out
-}
-
-// rankList writes ranks as "1, 3" or "2-5", shortening runs.
-func rankList(ranks []int) string {
-	var parts []string
-	for i := 0; i < len(ranks); {
-		j := i
-		for j+1 < len(ranks) && ranks[j+1] == ranks[j]+1 {
-			j++
-		}
-		switch {
-		case j == i:
-			parts = append(parts, strconv.Itoa(ranks[i]))
-		case j == i+1:
-			parts = append(parts, strconv.Itoa(ranks[i]), strconv.Itoa(ranks[j]))
-		default:
-			parts = append(parts, fmt.Sprintf("%d-%d", ranks[i], ranks[j]))
-		}
-		i = j + 1
-	}
-	return strings.Join(parts, ", ")
 }
 
 // defaultBlockSize is vLLM's block size on CUDA when none is given.

@@ -47,50 +47,6 @@ func Sort(fs []Finding) {
 	})
 }
 
-// PoolRatio returns smallest/largest pool and the ranks holding them.
-// ok is false with fewer than two ranks or an empty largest pool.
-func PoolRatio(ranks []wire.Rank) (ratio float64, smallest, largest wire.Rank, ok bool) {
-	if len(ranks) < 2 {
-		return 0, wire.Rank{}, wire.Rank{}, false
-	}
-	smallest, largest = ranks[0], ranks[0]
-	for _, r := range ranks[1:] {
-		if r.KVTokens < smallest.KVTokens {
-			smallest = r
-		}
-		if r.KVTokens > largest.KVTokens {
-			largest = r
-		}
-	}
-	if largest.KVTokens <= 0 {
-		return 0, smallest, largest, false
-	}
-	return float64(smallest.KVTokens) / float64(largest.KVTokens), smallest, largest, true
-}
-
-// Pools warns when data-parallel pools are uneven. A critical finding means
-// the worker must be held out of the weight table.
-func Pools(ranks []wire.Rank, th Thresholds) *Finding {
-	ratio, small, large, ok := PoolRatio(ranks)
-	if !ok || ratio >= th.PoolWarn {
-		return nil
-	}
-	sev := wire.SeverityWarning
-	verdict := "It is admitted, but watch it."
-	if ratio < th.PoolHold {
-		sev = wire.SeverityCritical
-		verdict = "It is held out of the weight table until the pools are even or an admin admits it."
-	}
-	msg := fmt.Sprintf(
-		"data-parallel pools are uneven: rank %d holds %s KV tokens, rank %d only %s (%.0f%% of the largest). "+
-			"Requests are dealt to ranks in turn, so every %s request lands on the small pool, where few fit and the rest queue while the other ranks sit idle. "+
-			"%s Fix: give each rank whole, empty GPUs (find the foreign process on rank %d's GPU, it started with less free memory), "+
-			"or run the ranks as separate servers behind heft's weights.",
-		large.DPRank, Thousands(large.KVTokens), small.DPRank, Thousands(small.KVTokens), ratio*100,
-		ordinal(len(ranks)), verdict, small.DPRank)
-	return &Finding{Code: wire.CodeDPPoolImbalance, Severity: sev, Message: msg}
-}
-
 // ForeignProcesses warns about memory held on the engine's GPUs by
 // processes outside the engine's process tree.
 func ForeignProcesses(e wire.Engine, gpus []wire.GPU, th Thresholds) *Finding {
@@ -175,9 +131,7 @@ func Engine(e wire.Engine, gpus []wire.GPU, th Thresholds) []Finding {
 	if e.Error != "" {
 		out = append(out, Finding{Code: wire.CodeEngineUnreachable, Severity: wire.SeverityCritical, Message: "the engine at " + e.URL + " cannot be read: " + e.Error})
 	}
-	if f := Pools(e.Ranks, th); f != nil {
-		out = append(out, *f)
-	}
+	out = append(out, PoolFindings(e, th)...)
 	if f := ForeignProcesses(e, gpus, th); f != nil {
 		out = append(out, *f)
 	}
@@ -204,19 +158,6 @@ func problems(m wire.Measurement) string {
 
 func gib(b uint64) string {
 	return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
-}
-
-func ordinal(n int) string {
-	switch n {
-	case 2:
-		return "second"
-	case 3:
-		return "third"
-	case 4:
-		return "fourth"
-	default:
-		return fmt.Sprintf("%dth", n)
-	}
 }
 
 // Thousands formats 24094 as "24,094", as warnings print pool sizes.

@@ -261,7 +261,75 @@ func (e *Engine) Validate() error {
 	if err := e.Load.Validate(); err != nil {
 		return err
 	}
-	return CheckRanks(e.Ranks)
+	if err := CheckRanks(e.Ranks); err != nil {
+		return err
+	}
+	if err := e.checkCompleteness(); err != nil {
+		return err
+	}
+	if p := e.PoolCheck; p != nil {
+		if err := checkString("engine.pool_check.source", p.Source); err != nil {
+			return err
+		}
+		if err := CheckRanks(p.Ranks); err != nil {
+			return fmt.Errorf("engine.pool_check: %w", err)
+		}
+	}
+	if l := e.LogSource; l != nil {
+		for name, s := range map[string]string{"engine.log_source.spec": l.Spec, "engine.log_source.resolved": l.Resolved,
+			"engine.log_source.via": l.Via, "engine.log_source.wrapper": l.Wrapper, "engine.log_source.error": l.Error} {
+			if err := checkString(name, s); err != nil {
+				return err
+			}
+		}
+		if l.Lines < 0 || l.Skipped < 0 {
+			return invalid("engine.log_source counts are negative")
+		}
+	}
+	return nil
+}
+
+// checkCompleteness checks that ExpectedRanks, MissingRanks and Complete
+// agree with each other and with Ranks.
+func (e *Engine) checkCompleteness() error {
+	n := e.ExpectedRanks
+	if n < 0 || n > MaxRanks {
+		return invalid("engine.expected_ranks %d is not within 0..%d", n, MaxRanks)
+	}
+	if len(e.MissingRanks) > MaxRanks {
+		return invalid("engine.missing_ranks has %d items, at most %d", len(e.MissingRanks), MaxRanks)
+	}
+	have := make(map[int]bool, len(e.Ranks))
+	present := 0
+	for _, r := range e.Ranks {
+		have[r.DPRank] = true
+		if r.DPRank < n {
+			present++
+		}
+	}
+	for i, m := range e.MissingRanks {
+		switch {
+		case m < 0 || m >= n:
+			return invalid("engine.missing_ranks holds %d, not a rank below expected_ranks %d", m, n)
+		case i > 0 && m <= e.MissingRanks[i-1]:
+			return invalid("engine.missing_ranks is not ascending without repeats")
+		case have[m]:
+			return invalid("engine.missing_ranks holds %d, which has a pool", m)
+		}
+	}
+	if e.Complete == nil {
+		return nil
+	}
+	if *e.Complete {
+		if len(e.Ranks) == 0 || len(e.MissingRanks) > 0 || present < n {
+			return invalid("engine.complete is true but %d of %d expected ranks have a pool", present, n)
+		}
+		return nil
+	}
+	if n == 0 || present == n {
+		return invalid("engine.complete is false but no expected rank lacks a pool (expected_ranks %d)", n)
+	}
+	return nil
 }
 
 // CheckRanks validates a list of KV pools: bounded, non-negative, unique ranks.

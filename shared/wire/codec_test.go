@@ -127,3 +127,73 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// A pool set's completeness is checked against its ranks in the decoder,
+// so the coordinator never reads "complete" for a set with a gap, nor
+// "incomplete" for one that has every rank; an older agent that says
+// nothing about it still decodes.
+func TestPoolCompleteness(t *testing.T) {
+	two := []Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}
+	for _, tc := range []struct {
+		name     string
+		ranks    []Rank
+		expected int
+		complete *bool
+		missing  []int
+		says     string // "" when valid
+	}{
+		{"older agent", two, 0, nil, nil, ""},
+		{"whole", two, 2, new(true), nil, ""},
+		{"whole without a count", two, 0, new(true), nil, ""},
+		{"one of four", two[:1], 4, new(false), []int{1, 2, 3}, ""},
+		{"none yet", nil, 2, new(false), []int{0, 1}, ""},
+		{"a gap", []Rank{{DPRank: 0, KVTokens: 1}, {DPRank: 2, KVTokens: 1}}, 3, new(false), []int{1}, ""},
+		{"complete with a gap", two[:1], 2, new(true), nil, "complete is true"},
+		{"complete and missing", two, 3, new(true), []int{2}, "complete is true"},
+		{"complete without ranks", nil, 0, new(true), nil, "complete is true"},
+		{"incomplete without a count", two, 0, new(false), nil, "complete is false"},
+		{"incomplete but whole", two, 2, new(false), nil, "complete is false"},
+		{"missing beyond the count", two, 2, new(false), []int{2}, "not a rank below"},
+		{"missing that has a pool", two, 3, new(false), []int{1, 2}, "which has a pool"},
+		{"missing twice", two, 4, new(false), []int{2, 2, 3}, "ascending"},
+		{"missing out of order", two, 4, new(false), []int{3, 2}, "ascending"},
+		{"negative count", two, -1, nil, nil, "expected_ranks"},
+		{"count beyond the limit", two, MaxRanks + 1, nil, nil, "expected_ranks"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := validSnapshot()
+			e := &s.Engines[0]
+			e.Ranks, e.ExpectedRanks, e.Complete, e.MissingRanks = tc.ranks, tc.expected, tc.complete, tc.missing
+			data, _ := json.Marshal(Envelope{Type: TypeSnapshot, Version: ProtocolVersion, Snapshot: s})
+			_, err := Decode(data)
+			switch {
+			case tc.says == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.says != "" && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.says)):
+				t.Fatalf("err = %v, want one saying %q", err, tc.says)
+			}
+		})
+	}
+}
+
+func TestPoolCheckAndLogSourceChecked(t *testing.T) {
+	for name, change := range map[string]func(e *Engine){
+		"pool check rank twice": func(e *Engine) {
+			e.PoolCheck = &PoolCheck{Source: "metrics", Ranks: []Rank{{DPRank: 1, KVTokens: 1}, {DPRank: 1, KVTokens: 2}}}
+		},
+		"pool check negative": func(e *Engine) { e.PoolCheck = &PoolCheck{Source: "metrics", Ranks: []Rank{{DPRank: 0, KVTokens: -1}}} },
+		"log source huge error": func(e *Engine) {
+			e.LogSource = &LogSource{Spec: "docker:vllm", Error: strings.Repeat("x", MaxStringBytes+1)}
+		},
+		"log source negative lines": func(e *Engine) { e.LogSource = &LogSource{Spec: "docker:vllm", Lines: -1} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := validSnapshot()
+			change(&s.Engines[0])
+			data, _ := json.Marshal(Envelope{Type: TypeSnapshot, Version: ProtocolVersion, Snapshot: s})
+			if _, err := Decode(data); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want ErrInvalid", err)
+			}
+		})
+	}
+}

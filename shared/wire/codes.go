@@ -17,6 +17,7 @@ const (
 	CodeWeightClamped          = "weight_clamped"
 	CodePoolsIncomplete        = "pools_incomplete"
 	CodePoolsUnknown           = "pools_unknown"
+	CodePoolsDisagree          = "pools_disagree"
 	CodeNotRoutable            = "not_routable"
 	CodeContextExceedsPool     = "context_exceeds_pool"
 	CodeImplausibleMeasurement = "implausible_measurement"

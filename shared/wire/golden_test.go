@@ -41,7 +41,11 @@ func fullMessages() map[string]any {
 				Models: []string{"Qwen/Qwen3-8B"}, Version: "0.5.4", Ready: true, Error: "metrics: timeout",
 				CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", LaunchArgs: []string{"--dp-size=2"}, LaunchArgsSource: "cmdline",
 				PID: 4242, GPUUUIDs: []string{"GPU-5f1c"}, ForeignProcesses: []GPUProcess{proc}, Load: load,
-				Ranks: []Rank{{DPRank: 1, KVTokens: 2925}}, RanksSource: "/var/log/sglang.log", RanksAt: at}}},
+				Ranks: []Rank{{DPRank: 1, KVTokens: 2925}}, RanksSource: "k8s:inference/sglang-0/sglang", RanksAt: at,
+				ExpectedRanks: 2, Complete: new(false), MissingRanks: []int{0},
+				PoolCheck: &PoolCheck{Source: "metrics", Ranks: []Rank{{DPRank: 1, KVTokens: 2925}}},
+				LogSource: &LogSource{Spec: "k8s:inference/sglang-0/sglang", Resolved: "/var/log/pods/inference_sglang-0_5f1c/sglang/0.log",
+					Via: "pod log", Wrapper: "cri", Lines: 34, Skipped: 1, Error: "rank 0 still starting"}}}},
 		TypeProbeResult:  &ProbeResult{RequestID: "r-17", Measurement: measurement},
 		TypeProbeStatus:  &ProbeStatus{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", State: ProbeDeferredBusy, Message: "3 requests running"},
 		TypeWelcome:      &Welcome{CoordinatorVersion: "0.2.0", SnapshotSeconds: 15},
@@ -127,9 +131,16 @@ func zeroFields(v reflect.Value, path string) []string {
 			zero = append(zero, zeroFields(v.Field(i), path+"."+v.Type().Field(i).Name)...)
 		}
 		return zero
+	case reflect.Pointer:
+		if !v.IsNil() && v.Elem().Kind() == reflect.Struct {
+			return zeroFields(v.Elem(), path)
+		}
 	case reflect.Slice:
 		if v.Len() == 0 {
 			return []string{path}
+		}
+		if k := v.Type().Elem().Kind(); k != reflect.Struct && k != reflect.Pointer {
+			return nil // elements without JSON names of their own: 0 is a fine value
 		}
 		var zero []string
 		for i := range v.Len() {

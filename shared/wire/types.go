@@ -152,6 +152,47 @@ type Engine struct {
 	Ranks       []Rank    `json:"ranks,omitempty"`
 	RanksSource string    `json:"ranks_source,omitempty"` // log path, "metrics", "server_info"
 	RanksAt     time.Time `json:"ranks_at,omitzero"`
+	// ExpectedRanks is how many data-parallel ranks the engine runs, as its
+	// launch arguments or its log's rank markers say; 0 when unknown.
+	ExpectedRanks int `json:"expected_ranks,omitempty"`
+	// Complete says whether Ranks holds a pool for every expected rank:
+	// false while one has none (still starting, failed, or on another
+	// node), nil when the agent does not say (an older agent), which is
+	// read as before: the ranks sent are all there are.
+	Complete *bool `json:"complete,omitempty"`
+	// MissingRanks are the expected ranks without a pool, ascending.
+	MissingRanks []int `json:"missing_ranks,omitempty"`
+	// PoolCheck is a second reading of the pools from the engine's own
+	// endpoints, where they are truthful, sent when Ranks come from the
+	// log: a disagreement means one of the two is not this engine's now.
+	PoolCheck *PoolCheck `json:"pool_check,omitempty"`
+	// LogSource says where the engine's start-up log is read from and how
+	// that goes; nil when no log is configured.
+	LogSource *LogSource `json:"log_source,omitempty"`
+}
+
+// PoolCheck is the KV pools per rank as the engine's endpoints report them.
+type PoolCheck struct {
+	Source string `json:"source"` // "metrics", "v1_loads", "server_info"
+	Ranks  []Rank `json:"ranks"`
+}
+
+// LogSource is the state of one engine's log source.
+type LogSource struct {
+	// Spec is the configured source (a path, a glob, journald:UNIT,
+	// docker:CONTAINER, k8s:NAMESPACE/POD/CONTAINER).
+	Spec string `json:"spec"`
+	// Resolved is what is read now (a file, a unit's invocation, a
+	// container), Via how, Wrapper the wrapper found on its lines.
+	Resolved string `json:"resolved,omitempty"`
+	Via      string `json:"via,omitempty"`
+	Wrapper  string `json:"wrapper,omitempty"`
+	// Lines counts the engine lines read; Skipped the lines dropped as
+	// not the engine's (cut, untagged, binary).
+	Lines   int64 `json:"lines"`
+	Skipped int64 `json:"skipped,omitempty"`
+	// Error says why the source cannot be read now; "" once lines come.
+	Error string `json:"error,omitempty"`
 }
 
 // Load is how busy an engine is right now.
