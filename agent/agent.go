@@ -18,6 +18,7 @@ import (
 	"heft/agent/gpu"
 	"heft/agent/host"
 	"heft/agent/link"
+	"heft/agent/logsource"
 	"heft/shared/version"
 	"heft/shared/wire"
 )
@@ -81,7 +82,7 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 		gpus = src
 	}
 
-	col, err := collect.New(collect.Config{Node: cfg.Node.Name, Engines: Engines(cfg), GPUError: gpuError}, gpus, logger)
+	col, err := collect.New(collect.Config{Node: cfg.Node.Name, Engines: Engines(cfg), GPUError: gpuError, LogOptions: LogOptions(cfg)}, gpus, logger)
 	if err != nil {
 		return err
 	}
@@ -109,6 +110,13 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// LogOptions returns where the config says this host keeps journals,
+// Docker's socket and data, and pod logs, as the log sources take them.
+func LogOptions(cfg config.Config) logsource.Options {
+	l := cfg.EngineLogs
+	return logsource.Options{JournalDirectory: l.JournalDirectory, DockerSocket: l.DockerSocket, DockerRoot: l.DockerRoot, PodsRoot: l.PodsRoot}
 }
 
 // Engines returns the configured engines as the engine package takes

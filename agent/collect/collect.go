@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -20,7 +21,7 @@ import (
 	"heft/agent/enginelog"
 	"heft/agent/gpu"
 	"heft/agent/host"
-	"heft/agent/logfollow"
+	"heft/agent/logsource"
 	"heft/shared/backoff"
 	"heft/shared/wire"
 )
@@ -34,6 +35,9 @@ type Config struct {
 	// GPUError is why GPUs cannot be read (gpu.Open's error), reported in
 	// every snapshot.
 	GPUError string
+	// LogOptions say where the host keeps journals, Docker's socket and
+	// data, and pod logs, for the engines' log sources.
+	LogOptions logsource.Options
 }
 
 // Collector builds snapshots. It is safe for concurrent use.
@@ -57,14 +61,22 @@ const hostEvery = 30 * time.Second
 
 // engineState is one engine and what its log has said.
 type engineState struct {
-	spec    engine.Config
-	client  *engine.Client
-	tracker *enginelog.Tracker // nil: no log, or a kind enginelog cannot read
+	spec   engine.Config
+	client *engine.Client
+	src    *logsource.Source // nil: no log configured
+	// ignored says why a configured log is not read ("" when it is).
+	ignored string
 
-	mu      sync.Mutex
-	once    *enginelog.Facts // from ReadLogsOnce
-	logErr  string
-	follows bool
+	mu sync.Mutex
+	// tracker holds what the log has said (nil: not read); pending is a
+	// fresh tracker a new Follow feeds after a failed one, until it has
+	// caught up (see adopt), and pendingAt when it was last fed.
+	tracker   *enginelog.Tracker
+	pending   *enginelog.Tracker
+	pendingAt time.Time
+	once      *enginelog.Facts // from ReadLogsOnce
+	logErr    string
+	follows   bool
 
 	// The last full read of the engine, reused between full reads while the
 	// engine stays ready and its log says nothing new (see facts).
@@ -112,8 +124,14 @@ func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
 		seen[client.URL()] = true
 		st := &engineState{spec: spec, client: client}
 		if spec.Log != "" {
+			src, err := logsource.Open(spec.Log, cfg.LogOptions, logger.Named("engine").With("url", client.URL()))
+			if err != nil {
+				return nil, fmt.Errorf("collect: engine %s: %w", client.URL(), err)
+			}
+			st.src = src
 			t, err := enginelog.NewTracker(client.Kind())
 			if err != nil {
+				st.ignored = fmt.Sprintf("not read: heft reads the start-up logs of vllm and sglang only, and this engine is %s", client.Kind())
 				logger.Warn("engine log ignored: heft reads start-up logs of vllm and sglang only",
 					"url", client.URL(), "log", spec.Log, "error", err)
 			} else {
@@ -151,19 +169,40 @@ func (c *Collector) Start(ctx context.Context) {
 // Wait blocks until every follower started by Start has ended.
 func (c *Collector) Wait() { c.wg.Wait() }
 
-// follow runs logfollow.Follow for one engine, again after a pause when it
-// fails (a log that does not exist yet, a permission problem), until ctx
-// ends.
+// follow follows one engine's log source, again after a pause when it
+// fails (no permission, no such unit, container or pod, a stream cut),
+// until ctx ends. Each Follow reads the engine's current run from its
+// start, so after a failed one the lines go to a fresh tracker, which
+// replaces the one in use only once it has caught up (adopt): feeding the
+// old one again would count the same start-up twice, and showing the
+// fresh one at once would show pools half read again.
 func (c *Collector) follow(ctx context.Context, st *engineState) {
 	logger := c.logger.With("url", st.client.URL(), "log", st.spec.Log)
-	// Follow returns only for a lasting problem (no permission, a
-	// directory), so the waits grow to 30 s and stay there.
+	// Follow returns only for a lasting problem (no permission, no such
+	// unit), so the waits grow to 30 s and stay there.
 	b := &backoff.Backoff{Min: time.Second, Max: 30 * time.Second}
-	for {
-		err := logfollow.Follow(ctx, st.spec.Log, logfollow.Options{OnReset: func(reason string) {
-			logger.Info("engine log replaced or truncated; facts kept until the next start-up", "reason", reason)
-			st.tracker.Reset()
-		}}, st.tracker.Feed)
+	for attempt := 0; ; attempt++ {
+		st.mu.Lock()
+		feed := st.tracker
+		if attempt > 0 {
+			feed, _ = enginelog.NewTracker(st.client.Kind())
+			st.pending, st.pendingAt = feed, time.Now()
+		}
+		st.mu.Unlock()
+		err := st.src.Follow(ctx, logsource.Handler{
+			Line: func(line string) {
+				feed.Feed(line)
+				if attempt > 0 {
+					st.mu.Lock()
+					st.pendingAt = time.Now()
+					st.mu.Unlock()
+				}
+			},
+			Reset: func(reason string) {
+				logger.Info("engine log moved on (rotated, truncated, restarted); facts kept until the next start-up", "reason", reason)
+				feed.Reset()
+			},
+		})
 		if ctx.Err() != nil {
 			return
 		}
@@ -196,7 +235,15 @@ func (c *Collector) ReadLogsOnce(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		f, err := readLog(st.client.Kind(), st.spec.Log)
+		var readErr error
+		f, err := enginelog.ReadEach(st.client.Kind(), func(yield func(string)) error {
+			readErr = st.src.ReadAll(ctx, logsource.Handler{Line: yield})
+			return readErr
+		})
+		if readErr != nil {
+			errs = append(errs, fmt.Errorf("engine log %s: %w", st.spec.Log, readErr))
+			continue
+		}
 		if err != nil && !errors.Is(err, enginelog.ErrNoPools) {
 			errs = append(errs, fmt.Errorf("engine log %s: %w", st.spec.Log, err))
 			continue
@@ -208,27 +255,77 @@ func (c *Collector) ReadLogsOnce(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func readLog(kind, path string) (enginelog.Facts, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return enginelog.Facts{}, err
-	}
-	defer f.Close()
-	return enginelog.Read(kind, f)
-}
+// caughtUp is how long a fresh tracker must go without a line before it
+// counts as having read the current run again, when its facts still
+// differ from the ones in use (the engine changed while the source could
+// not be read).
+const caughtUp = 2 * time.Second
 
-// logFacts returns what the engine's log has said so far, or nil.
+// logFacts returns what the engine's log has said so far, or nil. A fresh
+// tracker fed after a failed Follow replaces the one in use (adopt) once
+// it says the same, or once it has begun a start-up and read nothing for
+// caughtUp.
 func (st *engineState) logFacts() *enginelog.Facts {
 	st.mu.Lock()
-	once, follows := st.once, st.follows
-	st.mu.Unlock()
-	if follows && st.tracker != nil {
+	defer st.mu.Unlock()
+	if st.follows && st.pending != nil {
+		cur, _ := st.tracker.Facts()
+		next, _ := st.pending.Facts()
+		if next.Startups > 0 && (sameLog(cur, next) || time.Since(st.pendingAt) >= caughtUp) || cur.Startups == 0 && !hasFacts(cur) {
+			st.tracker, st.pending = st.pending, nil
+		}
+	}
+	if st.follows && st.tracker != nil {
 		f, _ := st.tracker.Facts()
-		if f.Startups > 0 || len(f.Ranks) > 0 || len(f.LaunchArgs) > 0 || f.Model != "" || f.Version != "" {
+		if hasFacts(f) {
 			return &f
 		}
 	}
-	return once
+	return st.once
+}
+
+func hasFacts(f enginelog.Facts) bool {
+	return f.Startups > 0 || len(f.Ranks) > 0 || len(f.LaunchArgs) > 0 || f.Model != "" || f.Version != ""
+}
+
+// sameLog reports whether two trackers' facts agree on what a snapshot
+// shows of them.
+func sameLog(a, b enginelog.Facts) bool {
+	return slices.Equal(a.Ranks, b.Ranks) && a.ExpectedRanks == b.ExpectedRanks && a.Ready == b.Ready &&
+		a.Model == b.Model && a.Version == b.Version && maps.Equal(a.LaunchArgs, b.LaunchArgs)
+}
+
+// logStatus is what the wire says of the engine's log source, nil when no
+// log is configured. Its error is the source's last one while no line has
+// been read since.
+func (st *engineState) logStatus() *wire.LogSource {
+	if st.src == nil {
+		return nil
+	}
+	s := st.src.Status()
+	out := &wire.LogSource{Spec: bound(s.Spec), Resolved: bound(s.Resolved), Via: bound(s.Via), Wrapper: bound(s.Wrapper), Lines: s.Lines}
+	for _, n := range s.Skipped {
+		out.Skipped += n
+	}
+	switch {
+	case st.ignored != "":
+		out.Error = st.ignored
+	case s.LastError != "" && !s.LastLineAt.After(s.LastErrorAt):
+		out.Error = bound(s.LastError)
+	}
+	return out
+}
+
+// LogStatus returns the full status of each engine's log source, by the
+// engine's URL, for heft-agent inspect; engines without a log are absent.
+func (c *Collector) LogStatus() map[string]logsource.Status {
+	out := map[string]logsource.Status{}
+	for _, st := range c.engines {
+		if st.src != nil {
+			out[st.client.URL()] = st.src.Status()
+		}
+	}
+	return out
 }
 
 // Snapshot reads the host, the GPUs and every engine now. It never fails:
@@ -287,10 +384,12 @@ func (st *engineState) facts(ctx context.Context, gpus []wire.GPU) wire.Engine {
 	st.mu.Unlock()
 	if !at.IsZero() && time.Since(at) < fullEvery && last.Ready && last.Error == "" && sig == lastLog {
 		if ok, err := st.client.Ready(ctx); ok && err == nil {
+			last.LogSource = st.logStatus()
 			return last
 		}
 	}
 	e := st.client.Facts(ctx, gpus, lf)
+	e.LogSource = st.logStatus()
 	if ctx.Err() != nil {
 		return e
 	}
@@ -305,7 +404,7 @@ func logSignature(f *enginelog.Facts) string {
 	if f == nil {
 		return ""
 	}
-	return fmt.Sprintf("%v|%d|%t|%s|%s|%d|%t", f.Ranks, f.Startups, f.Ready, f.Model, f.Version, len(f.LaunchArgs), f.FromPreviousFile)
+	return fmt.Sprintf("%v|%d|%d|%t|%s|%s|%d|%t", f.Ranks, f.ExpectedRanks, f.Startups, f.Ready, f.Model, f.Version, len(f.LaunchArgs), f.FromPreviousFile)
 }
 
 // hostFacts returns the host's facts, read again every hostEvery.

@@ -11,7 +11,9 @@ import (
 // Significant reports whether next differs from prev in something a
 // coordinator must hear about at once: an engine appearing, disappearing,
 // turning ready or not, failing or recovering, changing model, version,
-// capacity key, launch arguments, KV pools or GPUs; the set of GPUs; the
+// capacity key, launch arguments, KV pools (and whether they are whole,
+// and what the endpoints say of them) or GPUs, where its log is read from
+// and whether it can be; the set of GPUs; the
 // GPU error; or the set of foreign processes. Clocks, temperatures,
 // power, free memory and load are noise here: the periodic heartbeat
 // carries them.
@@ -47,7 +49,33 @@ func engineChanged(p, n wire.Engine) bool {
 		p.LaunchArgsSource != n.LaunchArgsSource || p.RanksSource != n.RanksSource ||
 		!slices.Equal(p.LaunchArgs, n.LaunchArgs) || !slices.Equal(p.Ranks, n.Ranks) ||
 		!slices.Equal(p.Models, n.Models) || !slices.Equal(p.GPUUUIDs, n.GPUUUIDs) ||
-		!slices.Equal(procPIDs(p.ForeignProcesses), procPIDs(n.ForeignProcesses))
+		!slices.Equal(procPIDs(p.ForeignProcesses), procPIDs(n.ForeignProcesses)) ||
+		p.ExpectedRanks != n.ExpectedRanks || !sameBool(p.Complete, n.Complete) || !slices.Equal(p.MissingRanks, n.MissingRanks) ||
+		!slices.Equal(checkRanks(p.PoolCheck), checkRanks(n.PoolCheck)) || logState(p.LogSource) != logState(n.LogSource)
+}
+
+func sameBool(a, b *bool) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func checkRanks(c *wire.PoolCheck) []wire.Rank {
+	if c == nil {
+		return nil
+	}
+	return c.Ranks
+}
+
+// logState is what of a log source's state matters at once: where it
+// reads and whether it can; its line counts grow all the time and ride
+// the heartbeat.
+func logState(l *wire.LogSource) string {
+	if l == nil {
+		return ""
+	}
+	return l.Spec + "\x00" + l.Resolved + "\x00" + l.Via + "\x00" + l.Wrapper + "\x00" + l.Error
 }
 
 // gpuIDs identifies the GPU set by UUID (index when a UUID is missing) and

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/agent/link"
+	"heft/agent/logsource"
 	"heft/agent/probe"
 	"heft/shared/address"
 	"heft/shared/logging"
@@ -53,6 +54,22 @@ type Engine struct {
 	Model string
 }
 
+// EngineLogs say where this host keeps what the engines' log sources read
+// (the [engine_logs] table): the defaults are a stock host's.
+type EngineLogs struct {
+	// JournalDirectory makes journald: sources read the journal files in
+	// this folder (journalctl --directory) instead of the system journal:
+	// a host's journal mounted into the agent's container.
+	JournalDirectory string
+	// DockerSocket is the Docker Engine API's unix socket, for docker:.
+	DockerSocket string
+	// DockerRoot is Docker's data root, whose json-file logs docker:
+	// reads directly when the socket cannot be used.
+	DockerRoot string
+	// PodsRoot holds the kubelet's pod logs, for k8s:.
+	PodsRoot string
+}
+
 // Probe shapes the measurement burst.
 type Probe struct {
 	Concurrency int
@@ -71,6 +88,7 @@ type Config struct {
 	Coordinator Coordinator
 	Node        Node
 	Engines     []Engine
+	EngineLogs  EngineLogs
 	Probe       Probe
 	Log         Log
 	// SnapshotInterval is the heartbeat: a snapshot is sent at least this often.
@@ -90,7 +108,9 @@ type Config struct {
 func Default() Config {
 	host, _ := os.Hostname()
 	return Config{
-		Node:             Node{Name: host},
+		Node: Node{Name: host},
+		EngineLogs: EngineLogs{DockerSocket: logsource.DefaultDockerSocket, DockerRoot: logsource.DefaultDockerRoot,
+			PodsRoot: logsource.DefaultPodsRoot},
 		Probe:            Probe{Concurrency: probe.DefaultConcurrency, Tokens: probe.DefaultTokens},
 		Log:              Log{Level: logging.DefaultLevel},
 		SnapshotInterval: link.DefaultSnapshotEvery,
@@ -100,7 +120,7 @@ func Default() Config {
 
 // EngineSyntax is how an engine is written on the command line and in
 // HEFT_ENGINES (entries separated by ';').
-const EngineSyntax = "KIND=URL[,log=PATH][,model=NAME]"
+const EngineSyntax = "KIND=URL[,log=SOURCE][,model=NAME]"
 
 // command is heft-agent run's command line and configuration, bound to c:
 // one row per setting. A new setting is a field above and a row here.
@@ -126,6 +146,12 @@ func (c *Config) command() settings.Command {
 			settings.String("node.name", &c.Node.Name, "node name (default: the host name)").Flag("node").Env("HEFT_NODE").Meta("NAME"),
 			settings.List("engine", &c.Engines, "an engine beside the agent, repeatable; replaces the file's engines",
 				settings.ListOf[Engine]{Fields: engineFields, Parse: ParseEngine}).Env("HEFT_ENGINES").Meta(EngineSyntax),
+			settings.String("engine_logs.journal_directory", &c.EngineLogs.JournalDirectory,
+				"journal files that journald: logs are read from (journalctl --directory); default: the system journal").Meta("DIR"),
+			settings.String("engine_logs.docker_socket", &c.EngineLogs.DockerSocket, "the Docker Engine API's socket, for docker: logs").Meta("PATH"),
+			settings.String("engine_logs.docker_root", &c.EngineLogs.DockerRoot,
+				"Docker's data root, whose json-file logs docker: reads when the socket cannot be used").Meta("DIR"),
+			settings.String("engine_logs.pods_root", &c.EngineLogs.PodsRoot, "the kubelet's pod logs, for k8s: logs").Meta("DIR"),
 			settings.Int("probe.concurrency", &c.Probe.Concurrency, "concurrent requests in a probe burst"),
 			settings.Int("probe.tokens", &c.Probe.Tokens, "output tokens per probe request"),
 			settings.String("probe.prompt", &c.Probe.Prompt, "probe prompt (default: the probe package's)"),
@@ -143,7 +169,7 @@ func engineFields(e *Engine) []settings.Setting {
 	return []settings.Setting{
 		settings.String("kind", &e.Kind, strings.Join(wire.EngineKinds, " | ")),
 		settings.String("url", &e.URL, "the engine's base URL"),
-		settings.String("log", &e.Log, "the engine's start-up log, optional"),
+		settings.String("log", &e.Log, "the engine's start-up log, optional: "+logsource.Usage),
 		settings.String("model", &e.Model, "the served model name, optional"),
 	}
 }
@@ -279,6 +305,11 @@ func (c Config) Validate() error {
 		}
 		if _, err := address.CheckURL("url", e.URL, "http", "https"); err != nil {
 			add("engine %d: %w", i+1, err)
+		}
+		if e.Log != "" {
+			if _, err := logsource.Parse(e.Log); err != nil {
+				add("engine %d: log: %w", i+1, err)
+			}
 		}
 	}
 	if c.Probe.Concurrency < 1 || c.Probe.Concurrency > probe.MaxConcurrency {

@@ -294,7 +294,8 @@ func TestValidateListsEveryProblem(t *testing.T) {
 	openFile := writeFile(t, "tok", "x", 0o644)
 	cfg := Default()
 	cfg.Node.Name = ""
-	cfg.Engines = []Engine{{Kind: "tgi", URL: "http://127.0.0.1:1"}, {Kind: "vllm", URL: "ftp://x"}}
+	cfg.Engines = []Engine{{Kind: "tgi", URL: "http://127.0.0.1:1"}, {Kind: "vllm", URL: "ftp://x"},
+		{Kind: "sglang", URL: "http://127.0.0.1:30000", Log: "journal:sglang"}}
 	cfg.Probe.Concurrency = 0
 	cfg.Log.Level = "loud"
 	cfg.PollInterval = 0
@@ -303,7 +304,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		t.Fatal("no error")
 	}
 	for _, want := range []string{"no coordinator URL", "no agent token", "no node name", `unknown kind "tgi"`,
-		"engine 2", "concurrency", `log level "loud"`, "poll_interval"} {
+		"engine 2", `engine 3: log: bad log source "journal:sglang": unknown kind "journal:"`, "concurrency", `log level "loud"`, "poll_interval"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %q:\n%v", want, err)
 		}
@@ -487,7 +488,7 @@ func TestHelp(t *testing.T) {
 	var buf bytes.Buffer
 	Usage(&buf)
 	for _, want := range []string{"usage: heft-agent run", "--coordinator URL", "HEFT_COORDINATOR_URL", "--token-file FILE",
-		"--engine KIND=URL[,log=PATH][,model=NAME]", "HEFT_ENGINES", "--probe-concurrency N", "HEFT_PROBE_CONCURRENCY; default 16",
+		"--engine KIND=URL[,log=SOURCE][,model=NAME]", "HEFT_ENGINES", "--engine-logs-pods-root DIR", "default /var/log/pods", "--probe-concurrency N", "HEFT_PROBE_CONCURRENCY; default 16",
 		"--log-json ", "--snapshot-interval DURATION", "default 15s", "-h, --help"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("help lacks %q:\n%s", want, buf.String())
@@ -497,9 +498,64 @@ func TestHelp(t *testing.T) {
 		t.Errorf("single-dash flag in help:\n%s", buf.String())
 	}
 	want := []string{"HEFT_CONFIG", "HEFT_COORDINATOR_URL", "HEFT_TOKEN", "HEFT_TOKEN_FILE", "HEFT_CA_FILE",
-		"HEFT_INSECURE_SKIP_VERIFY", "HEFT_NODE", "HEFT_ENGINES", "HEFT_PROBE_CONCURRENCY", "HEFT_PROBE_TOKENS",
+		"HEFT_INSECURE_SKIP_VERIFY", "HEFT_NODE", "HEFT_ENGINES", "HEFT_ENGINE_LOGS_JOURNAL_DIRECTORY", "HEFT_ENGINE_LOGS_DOCKER_SOCKET",
+		"HEFT_ENGINE_LOGS_DOCKER_ROOT", "HEFT_ENGINE_LOGS_PODS_ROOT", "HEFT_PROBE_CONCURRENCY", "HEFT_PROBE_TOKENS",
 		"HEFT_PROBE_PROMPT", "HEFT_LOG_LEVEL", "HEFT_LOG_JSON", "HEFT_SNAPSHOT_INTERVAL", "HEFT_POLL_INTERVAL"}
 	if got := EnvVars(); !slices.Equal(got, want) {
 		t.Errorf("EnvVars = %v\nwant       %v", got, want)
+	}
+}
+
+// Every log source form is accepted in [[engine]] log, the host's places
+// for them are settings with a stock host's defaults, and a log that is
+// no source at all is refused at load with the forms it could be.
+func TestEngineLogSources(t *testing.T) {
+	tok := writeFile(t, "tok", "s3cret\n", 0o600)
+	base := fmt.Sprintf("[coordinator]\nurl = \"ws://127.0.0.1:7070/api/v1/agent\"\ntoken_file = %q\n[node]\nname = \"gpu-a\"\n", tok)
+	for _, spec := range []string{"/var/log/vllm/server.log", "/var/log/vllm/*.log", "journald:vllm", "journald:vllm.service",
+		"docker:vllm", "k8s:inference/vllm-0/vllm", "k8s:inference/vllm-*/vllm", "file:/srv/a:b.log"} {
+		path := writeFile(t, "agent.toml", base+fmt.Sprintf("[[engine]]\nkind = \"vllm\"\nurl = \"http://127.0.0.1:8000\"\nlog = %q\n", spec), 0o600)
+		cfg, err := Load(path, nil, func(string) string { return "" })
+		if err != nil {
+			t.Errorf("log %q refused: %v", spec, err)
+			continue
+		}
+		if cfg.Engines[0].Log != spec {
+			t.Errorf("log %q read as %q", spec, cfg.Engines[0].Log)
+		}
+	}
+	for spec, says := range map[string]string{
+		"journal:vllm":        `unknown kind "journal:"`,
+		"k8s:inference/vllm":  "needs NAMESPACE/POD/CONTAINER",
+		"docker:":             "docker: needs a container",
+		"/var/*/vllm.log":     "only the file name may hold",
+		"journald:vllm serve": "not a systemd unit name",
+	} {
+		path := writeFile(t, "agent.toml", base+fmt.Sprintf("[[engine]]\nkind = \"vllm\"\nurl = \"http://127.0.0.1:8000\"\nlog = %q\n", spec), 0o600)
+		_, err := Load(path, nil, func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), "engine 1: log: bad log source") || !strings.Contains(err.Error(), says) {
+			t.Errorf("log %q: err = %v, want one saying %q", spec, err, says)
+		}
+	}
+
+	cfg := Default()
+	want := EngineLogs{DockerSocket: "/var/run/docker.sock", DockerRoot: "/var/lib/docker", PodsRoot: "/var/log/pods"}
+	if cfg.EngineLogs != want {
+		t.Errorf("defaults %+v, want %+v", cfg.EngineLogs, want)
+	}
+	path := writeFile(t, "agent.toml", base+"[engine_logs]\njournal_directory = \"/host/journal\"\ndocker_socket = \"/run/user/1000/docker.sock\"\n"+
+		"docker_root = \"/srv/docker\"\npods_root = \"/host/var/log/pods\"\n", 0o600)
+	cfg, err := Load(path, []string{"--engine-logs-pods-root", "/mnt/pods"}, func(k string) string {
+		if k == "HEFT_ENGINE_LOGS_DOCKER_ROOT" {
+			return "/env/docker"
+		}
+		return ""
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = EngineLogs{JournalDirectory: "/host/journal", DockerSocket: "/run/user/1000/docker.sock", DockerRoot: "/env/docker", PodsRoot: "/mnt/pods"}
+	if cfg.EngineLogs != want {
+		t.Errorf("read %+v, want %+v", cfg.EngineLogs, want)
 	}
 }

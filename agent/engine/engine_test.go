@@ -17,6 +17,7 @@ import (
 
 	"heft/agent/engine/launch"
 	"heft/agent/enginelog"
+	"heft/shared/health"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 )
@@ -72,6 +73,9 @@ func TestFactsVLLM(t *testing.T) {
 	if len(e.Ranks) != 0 || e.RanksSource != "" {
 		t.Errorf("vLLM pools must come from the log only, got %+v from %q", e.Ranks, e.RanksSource)
 	}
+	if e.ExpectedRanks != 0 || e.Complete != nil || e.PoolCheck != nil {
+		t.Errorf("nothing shows how many ranks it runs, yet expected %d complete %v check %+v", e.ExpectedRanks, e.Complete, e.PoolCheck)
+	}
 	if e.CapacityKey != launch.CapacityKey("gpu-a", "vllm", "Qwen/Qwen3-8B", nil) {
 		t.Errorf("capacity key %q", e.CapacityKey)
 	}
@@ -84,6 +88,10 @@ func TestFactsVLLM(t *testing.T) {
 	wantRanks := []wire.Rank{{DPRank: 0, KVTokens: 373696}, {DPRank: 1, KVTokens: 373552}}
 	if !reflect.DeepEqual(e.Ranks, wantRanks) || e.RanksSource != logPath || e.RanksAt.IsZero() {
 		t.Errorf("ranks %+v from %q at %v", e.Ranks, e.RanksSource, e.RanksAt)
+	}
+	if e.ExpectedRanks != 2 || e.Complete == nil || !*e.Complete || e.MissingRanks != nil || e.PoolCheck != nil {
+		t.Errorf("expected %d complete %v missing %v check %+v, want 2 of 2 and no check (vLLM's metrics sum the ranks)",
+			e.ExpectedRanks, e.Complete, e.MissingRanks, e.PoolCheck)
 	}
 	if e.LaunchArgsSource != SourceLog || !hasArg(e.LaunchArgs, "data_parallel_size=2") || hasArg(e.LaunchArgs, "host=0.0.0.0") {
 		t.Errorf("launch args %q from %q", e.LaunchArgs, e.LaunchArgsSource)
@@ -108,6 +116,9 @@ func TestFactsSGLang(t *testing.T) {
 		if e.Load.Running != 9 || e.Load.Waiting != 6 || len(e.Load.Ranks) != 2 {
 			t.Errorf("load %+v", e.Load)
 		}
+		if e.ExpectedRanks != 2 || e.Complete == nil || !*e.Complete || e.PoolCheck != nil {
+			t.Errorf("expected %d complete %v check %+v: the metrics' pools are the ranks, nothing to check them against", e.ExpectedRanks, e.Complete, e.PoolCheck)
+		}
 		if e.Version != "0.4.9.post2" || e.Model != "Qwen/Qwen3-8B" {
 			t.Errorf("version %q model %q", e.Version, e.Model)
 		}
@@ -131,6 +142,15 @@ func TestFactsSGLang(t *testing.T) {
 		if e.LaunchArgsSource != SourceLog {
 			t.Errorf("launch args from %q, want the log before /server_info", e.LaunchArgsSource)
 		}
+		// The fake's metrics are another run's (rank 1 at 2,925): they
+		// travel beside the log's pools, and the two disagree.
+		want := &wire.PoolCheck{Source: SourceMetrics, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}}
+		if !reflect.DeepEqual(e.PoolCheck, want) {
+			t.Errorf("pool check %+v, want %+v", e.PoolCheck, want)
+		}
+		if f := health.PoolsDisagree(e); f == nil || !strings.Contains(f.Message, "rank 1: 24,037 tokens in the log, 2,925 in /metrics") {
+			t.Errorf("disagreement: %+v", f)
+		}
 	})
 	t.Run("without metrics: /v1/loads", func(t *testing.T) {
 		srv := startFake(t, "sglang", map[string]http.HandlerFunc{"/metrics": nil})
@@ -153,6 +173,12 @@ func TestFactsSGLang(t *testing.T) {
 		}
 		if len(e.Ranks) != 0 {
 			t.Errorf("ranks %+v from %q: reply-order states must not name ranks, nor DP0's max_total_num_tokens stand for two ranks", e.Ranks, e.RanksSource)
+		}
+		if e.ExpectedRanks != 2 || e.Complete == nil || *e.Complete || !slices.Equal(e.MissingRanks, []int{0, 1}) {
+			t.Errorf("expected %d complete %v missing %v, want 2 ranks promised, none with a pool", e.ExpectedRanks, e.Complete, e.MissingRanks)
+		}
+		if f := health.PoolsUnknown(e); f == nil || !strings.Contains(f.Message, "runs 2 data-parallel ranks") {
+			t.Errorf("no pools_unknown: %+v", f)
 		}
 	})
 }

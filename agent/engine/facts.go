@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -66,6 +67,11 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog
 	if len(e.Ranks) > 0 {
 		e.RanksAt = time.Now().UTC()
 	}
+	if len(e.Ranks) > 0 && e.RanksSource != r.poolsSrc && len(r.pools) > 0 {
+		// The log's pools won; what the endpoints said checks them.
+		e.PoolCheck = &wire.PoolCheck{Source: r.poolsSrc, Ranks: slices.Clone(r.pools)}
+	}
+	completeness(&e, logFacts, args)
 	if e.Model != "" {
 		e.CapacityKey = launch.CapacityKey(c.cfg.Node, c.kind.name, e.Model, args)
 	}
@@ -124,6 +130,40 @@ func (c *Client) pickRanks(r *reading, lf *enginelog.Facts) ([]wire.Rank, string
 		return ranks, bound(src)
 	}
 	return r.pools, r.poolsSrc
+}
+
+// completeness sets how many data-parallel ranks the engine runs (the
+// most that its launch arguments, its log or its pools show) and which of
+// them have no pool. It says nothing when none of those shows a rank.
+func completeness(e *wire.Engine, lf *enginelog.Facts, args []string) {
+	expected := 0
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "data_parallel_size="); ok {
+			if n, err := strconv.Atoi(v); err == nil && n > 0 {
+				expected = n
+			}
+		}
+	}
+	if lf != nil {
+		expected = max(expected, lf.ExpectedRanks)
+	}
+	have := make(map[int]bool, len(e.Ranks))
+	for _, r := range e.Ranks {
+		have[r.DPRank] = true
+		expected = max(expected, r.DPRank+1)
+	}
+	expected = min(expected, wire.MaxRanks)
+	if expected == 0 {
+		return
+	}
+	var missing []int
+	for dp := range expected {
+		if !have[dp] {
+			missing = append(missing, dp)
+		}
+	}
+	complete := len(e.Ranks) > 0 && len(missing) == 0
+	e.ExpectedRanks, e.Complete, e.MissingRanks = expected, &complete, missing
 }
 
 // stickyArgs keeps the command-line arguments of the last read while the

@@ -231,6 +231,13 @@ type Options struct {
 
 const defaultRescan = 2 * time.Second
 
+// The host's usual places, which a zero Options reads.
+const (
+	DefaultDockerSocket = "/var/run/docker.sock"
+	DefaultDockerRoot   = "/var/lib/docker"
+	DefaultPodsRoot     = "/var/log/pods"
+)
+
 func (o Options) withDefaults() Options {
 	if o.Rescan <= 0 {
 		o.Rescan = defaultRescan
@@ -239,13 +246,13 @@ func (o Options) withDefaults() Options {
 		o.Journalctl = "journalctl"
 	}
 	if o.DockerSocket == "" {
-		o.DockerSocket = "/var/run/docker.sock"
+		o.DockerSocket = DefaultDockerSocket
 	}
 	if o.DockerRoot == "" {
-		o.DockerRoot = "/var/lib/docker"
+		o.DockerRoot = DefaultDockerRoot
 	}
 	if o.PodsRoot == "" {
-		o.PodsRoot = "/var/log/pods"
+		o.PodsRoot = DefaultPodsRoot
 	}
 	return o
 }
