@@ -143,6 +143,12 @@ type Faults struct {
 	PromptUsageExtra int  // added to every reported usage.prompt_tokens
 	PrefillCached    bool // serve every prompt as if cached: no prefill, an instant first token
 	RejectLong       int  // prompts above N tokens get the flavour's context-length error
+
+	// LogKVTokens, when set, are the pools the start-up log prints (one
+	// value for all ranks, or one per rank) instead of the ranks' real
+	// ones, which /metrics and the other endpoints keep serving: a log
+	// that is not this engine's current run (vllm and sglang).
+	LogKVTokens []int64
 }
 
 // stepModel is the cost model of one rank: a step that gives b sequences a
@@ -279,6 +285,19 @@ func (c Config) normalize() (Config, error) {
 	if f.UsageExtra < 0 || f.FailEvery < 0 || f.DropStreamAfter < 0 || f.NotReadyFor < 0 ||
 		f.TruncatePrompt < 0 || f.PromptUsageExtra < 0 || f.RejectLong < 0 {
 		bad("fault values must not be negative")
+	}
+	switch n := len(f.LogKVTokens); {
+	case n == 0:
+	case c.Flavor != FlavorVLLM && c.Flavor != FlavorSGLang:
+		bad("fault-log-kv-tokens: flavor %s prints no per-rank pool", c.Flavor)
+	case n != 1 && n != c.DP:
+		bad("fault-log-kv-tokens has %d values but dp is %d (give one value for all ranks or one per rank)", n, c.DP)
+	case slices.Min(f.LogKVTokens) <= 0:
+		bad("fault-log-kv-tokens must be positive")
+	case n == 1:
+		c.Faults.LogKVTokens = slices.Repeat(f.LogKVTokens, c.DP)
+	default:
+		c.Faults.LogKVTokens = slices.Clone(f.LogKVTokens)
 	}
 	if len(errs) > 0 {
 		return c, fmt.Errorf("sim config: %w", errors.Join(errs...))

@@ -32,6 +32,9 @@ func TestInvalidConfig(t *testing.T) {
 		{"prompt tokens", with(func(c *Config) { c.PromptTokens = -1 }), "prompt-tokens"},
 		{"max running", with(func(c *Config) { c.MaxRunning = -1 }), "max-running"},
 		{"faults", with(func(c *Config) { c.Faults.NotReadyFor = -time.Second }), "fault values"},
+		{"log pools count", with(func(c *Config) { c.DP = 3; c.Faults.LogKVTokens = []int64{1, 2} }), "fault-log-kv-tokens has 2 values but dp is 3"},
+		{"log pools zero", with(func(c *Config) { c.Faults.LogKVTokens = []int64{0} }), "fault-log-kv-tokens must be positive"},
+		{"log pools on llama.cpp", with(func(c *Config) { c.Flavor = FlavorLlamaCpp; c.Faults.LogKVTokens = []int64{5} }), "prints no per-rank pool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := Start(tc.cfg, "127.0.0.1:0")

@@ -73,6 +73,7 @@
 // Faults (Config.Faults) make it lie or break on purpose: ignore the
 // exact-length fields, over-report completion or prompt tokens, fail every
 // Nth request, cut or garble streams, stay unready after start, truncate
-// prompts silently, serve every prompt as if cached, or reject prompts
-// above a length with the flavour's context error.
+// prompts silently, serve every prompt as if cached, reject prompts
+// above a length with the flavour's context error, or print other pools
+// in the start-up log than the metrics serve.
 package sim

@@ -195,3 +195,30 @@ func TestFaultRejectLong(t *testing.T) {
 		})
 	}
 }
+
+// A start-up log that is not the engine's current run: the log prints
+// the fault's pools, /metrics and /v1/loads keep the ranks' real ones.
+func TestFaultLogKVTokens(t *testing.T) {
+	t.Parallel()
+	cfg := withFaults(FlavorSGLang, Faults{LogKVTokens: []int64{24094}})
+	cfg.DP, cfg.KVTokens = 2, []int64{24094, 2925}
+	s, lines := startWithLog(t, cfg)
+	var logged []string
+	for _, l := range lines {
+		if i := strings.Index(l, "max_total_num_tokens="); i >= 0 {
+			logged = append(logged, strings.SplitN(l[i:], ",", 2)[0])
+		}
+	}
+	if strings.Join(logged, " ") != "max_total_num_tokens=24094 max_total_num_tokens=24094" {
+		t.Errorf("the log says %v, want the fault's 24094 for both ranks", logged)
+	}
+	_, body := getBody(t, s.URL()+"/metrics")
+	if !strings.Contains(string(body), `dp_rank="1",`) || !strings.Contains(string(body), "2925") {
+		t.Errorf("metrics lost rank 1's real pool:\n%s", body)
+	}
+	for _, l := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(l, "sglang:max_total_num_tokens{") && strings.Contains(l, `dp_rank="1"`) && !strings.HasSuffix(l, " 2925.0") {
+			t.Errorf("rank 1's pool in /metrics: %s", l)
+		}
+	}
+}

@@ -37,6 +37,15 @@ func (s *Server) writeStartLog(now time.Time) error {
 	return f.Close()
 }
 
+// loggedPools are the pools the start-up log prints: the ranks' own, or
+// the fault's.
+func (s *Server) loggedPools() []int64 {
+	if len(s.cfg.Faults.LogKVTokens) > 0 {
+		return s.cfg.Faults.LogKVTokens
+	}
+	return s.cfg.KVTokens
+}
+
 func (s *Server) vllmLog(w *bufio.Writer, now time.Time) {
 	ts := now.Format("01-02 15:04:05")
 	api := fmt.Sprintf("(APIServer pid=%d) ", s.pid)
@@ -69,7 +78,7 @@ func (s *Server) vllmLog(w *bufio.Writer, now time.Time) {
 	for i := range c.DP {
 		info(core(i), "gpu_model_runner.py", 3549, "Model loading took %.2f GiB memory and %.6f seconds", 15.27, 7.084112)
 	}
-	for i, pool := range c.KVTokens {
+	for i, pool := range s.loggedPools() {
 		info(core(i), "gpu_worker.py", 359, "Available KV cache memory: %.2f GiB", kvGiB(pool))
 		info(core(i), "kv_cache_utils.py", 1286, "GPU KV cache size: %s tokens", thousands(pool))
 		info(core(i), "kv_cache_utils.py", 1291, "Maximum concurrency for %s tokens per request: %.2fx",
@@ -104,21 +113,21 @@ func (s *Server) sglangLog(w *bufio.Writer, now time.Time) {
 	for i := range c.DP {
 		line(i, "Init torch distributed begin.")
 	}
-	for i, pool := range c.KVTokens {
+	for i, pool := range s.loggedPools() {
 		pre, _ := sglangMem(pool)
 		line(i, "Load weight begin. avail mem=%.2f GB", pre)
 	}
-	for i, pool := range c.KVTokens {
+	for i, pool := range s.loggedPools() {
 		_, post := sglangMem(pool)
 		line(i, "Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB.", post, weightsGiB)
 	}
-	for i, pool := range c.KVTokens {
+	for i, pool := range s.loggedPools() {
 		_, post := sglangMem(pool)
 		kv := kvGiB(pool)
 		line(i, "KV Cache is allocated. #tokens: %d, K size: %.2f GB, V size: %.2f GB", pool, kv/2, kv/2)
 		line(i, "Memory pool end. avail mem=%.2f GB", post-kv)
 	}
-	for i, pool := range c.KVTokens {
+	for i, pool := range s.loggedPools() {
 		_, post := sglangMem(pool)
 		line(i, "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=16384, "+
 			"max_running_requests=%d, context_len=%d, available_gpu_mem=%.2f GB",

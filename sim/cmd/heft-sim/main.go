@@ -73,7 +73,7 @@ Flags:
 // with code: help and --version print on stdout (0), a mistake prints on
 // stderr with the usage (2), as on every heft binary.
 func parseFlags(args []string, stdout, stderr io.Writer) (cfg sim.Config, listen string, code int, ok bool) {
-	var kv string
+	var kv, logKV string
 	fs := flag.NewFlagSet("heft-sim", flag.ContinueOnError)
 	usage := func(w io.Writer) {
 		fmt.Fprint(w, usageHead)
@@ -109,18 +109,25 @@ func parseFlags(args []string, stdout, stderr io.Writer) (cfg sim.Config, listen
 	fs.IntVar(&cfg.Faults.PromptUsageExtra, "fault-prompt-usage-extra", 0, "fault: add this to every reported prompt_tokens")
 	fs.BoolVar(&cfg.Faults.PrefillCached, "fault-prefill-cached", false, "fault: serve every prompt as if cached (no prefill time)")
 	fs.IntVar(&cfg.Faults.RejectLong, "fault-reject-long", 0, "fault: reject prompts above N tokens with the flavour's context-length error")
+	fs.StringVar(&logKV, "fault-log-kv-tokens", "", "fault: the start-up log prints these pools (comma-separated, as --kv-tokens) while the metrics keep the real ones")
 	if code, ok := settings.ParseFlags(fs, args, usage, stdout, stderr); !ok {
 		return cfg, "", code, false
 	}
-	if kv != "" {
-		for _, f := range strings.Split(kv, ",") {
+	for _, list := range []struct {
+		flag, text string
+		into       *[]int64
+	}{{"kv-tokens", kv, &cfg.KVTokens}, {"fault-log-kv-tokens", logKV, &cfg.Faults.LogKVTokens}} {
+		if list.text == "" {
+			continue
+		}
+		for _, f := range strings.Split(list.text, ",") {
 			n, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
 			if err != nil {
-				fmt.Fprintf(stderr, "heft-sim: --kv-tokens: %q is not a whole number of tokens\n\n", f)
+				fmt.Fprintf(stderr, "heft-sim: --%s: %q is not a whole number of tokens\n\n", list.flag, f)
 				usage(stderr)
 				return cfg, "", settings.ExitUsage, false
 			}
-			cfg.KVTokens = append(cfg.KVTokens, n)
+			*list.into = append(*list.into, n)
 		}
 	}
 	return cfg, listen, 0, true

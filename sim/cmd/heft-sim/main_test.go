@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,13 +102,15 @@ func TestPrefillFlags(t *testing.T) {
 	var stderr testutil.SyncBuffer
 	cfg, _, _, ok := parseFlags([]string{"--single-tps", "60", "--batch16-tps", "600", "--prefill-tps", "9000",
 		"--max-batched-tokens", "4096", "--max-model-len", "32768", "--no-prefix-cache", "--report-cached-tokens",
-		"--fault-truncate-prompt", "100", "--fault-prompt-usage-extra", "3", "--fault-prefill-cached", "--fault-reject-long", "2000"}, io.Discard, &stderr)
+		"--fault-truncate-prompt", "100", "--fault-prompt-usage-extra", "3", "--fault-prefill-cached", "--fault-reject-long", "2000",
+		"--fault-log-kv-tokens", "24094, 2925"}, io.Discard, &stderr)
 	if !ok {
 		t.Fatal(stderr.String())
 	}
 	f := cfg.Faults
 	if cfg.PrefillTPS != 9000 || cfg.MaxBatchedTokens != 4096 || cfg.MaxModelLen != 32768 || !cfg.NoPrefixCache || !cfg.ReportCachedTokens ||
-		f.TruncatePrompt != 100 || f.PromptUsageExtra != 3 || !f.PrefillCached || f.RejectLong != 2000 {
+		f.TruncatePrompt != 100 || f.PromptUsageExtra != 3 || !f.PrefillCached || f.RejectLong != 2000 ||
+		!slices.Equal(f.LogKVTokens, []int64{24094, 2925}) {
 		t.Errorf("config %+v", cfg)
 	}
 	var stdout testutil.SyncBuffer
