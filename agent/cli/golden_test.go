@@ -97,6 +97,13 @@ func TestGoldenInspectJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	rep["host"] = "(this host)"
+	for _, l := range rep["logs"].([]any) {
+		l := l.(map[string]any)
+		if l["last_line_at"] == nil {
+			t.Errorf("log %v: no last_line_at", l["spec"])
+		}
+		l["last_line_at"] = "(when read)"
+	}
 	for _, e := range rep["engines"].([]any) {
 		e := e.(map[string]any)
 		if e["ranks_at"] != nil {

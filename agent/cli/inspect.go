@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"heft/agent/config"
 	"heft/agent/engine"
 	"heft/agent/gpu"
+	"heft/agent/logsource"
 	"heft/shared/health"
 	"heft/shared/settings"
 	"heft/shared/wire"
@@ -68,6 +71,11 @@ func (f *inspectEngineFlags) Set(v string) error {
 	if _, err := engine.New(ec, nil); err != nil {
 		return err
 	}
+	if ec.Log != "" {
+		if _, err := logsource.Parse(ec.Log); err != nil {
+			return err
+		}
+	}
 	*f = append(*f, ec)
 	return nil
 }
@@ -79,6 +87,8 @@ type inspectArgs struct {
 	node       string
 	timeout    time.Duration
 	engines    []engine.Config
+	// log is the one engine's log source (--log), "" when not given.
+	log string
 }
 
 // inspectReport is inspect's JSON output.
@@ -88,11 +98,22 @@ type inspectReport struct {
 	GPUError string           `json:"gpu_error"`
 	Engines  []wire.Engine    `json:"engines"`
 	Warnings []inspectWarning `json:"warnings"`
+	// Logs say, for each engine with a log source, where it read from and
+	// how: the file, unit or container, the wrapper, the lines read and
+	// skipped and why, the last error.
+	Logs []inspectLog `json:"logs"`
 	// Notes say what inspect looked for and did not find.
 	Notes []string `json:"notes"`
 
 	node     string                      // the snapshot's node, for the text report
 	findings map[string][]health.Finding // per engine URL, for the text report
+	logs     map[string]logsource.Status // per engine URL, for the text report
+}
+
+// inspectLog is one engine's log source in the JSON report.
+type inspectLog struct {
+	Engine string `json:"engine"`
+	logsource.Status
 }
 
 type inspectWarning struct {
@@ -143,11 +164,13 @@ func parseInspect(args []string, stdio IO) (a inspectArgs, code int, ok bool) {
 		ports = append(ports, fmt.Sprintf("%s %d", strings.Join(p.Kinds, "/"), p.Port))
 	}
 	usage := func(w io.Writer) {
-		fmt.Fprintln(w, "usage: heft-agent inspect [--json] [--config FILE] [--engine KIND=URL[,log=PATH][,model=NAME]]... [--node NAME] [--timeout 5s]")
+		fmt.Fprintln(w, "usage: heft-agent inspect [--json] [--config FILE] [--engine KIND=URL[,log=SOURCE][,model=NAME]]... [--log SOURCE]")
+		fmt.Fprintln(w, "                          [--node NAME] [--timeout 5s]")
 		fmt.Fprintln(w, "\nShows this host's GPUs and engines: models, load, KV pools per data-parallel rank, launch")
 		fmt.Fprintln(w, "arguments, capacity keys, foreign GPU processes and warnings. Without --engine or --config it")
 		fmt.Fprintln(w, "looks for engines on their default ports on 127.0.0.1 ("+strings.Join(ports[:min(2, len(ports))], ", ")+",")
 		fmt.Fprintln(w, strings.Join(ports[min(2, len(ports)):], ", ")+"). KIND is one of "+strings.Join(wire.EngineKinds, ", ")+".")
+		fmt.Fprintln(w, "SOURCE, the engine's start-up log, is "+logsource.Usage+".")
 		fmt.Fprintln(w)
 		settings.PrintFlags(w, fs)
 	}
@@ -156,13 +179,20 @@ func parseInspect(args []string, stdio IO) (a inspectArgs, code int, ok bool) {
 	fs.StringVar(&a.node, "node", "", "node `name` used in capacity keys (default: the config's, else the host name)")
 	fs.DurationVar(&a.timeout, "timeout", engine.DefaultTimeout, "limit for each request to an engine")
 	var engines inspectEngineFlags
-	fs.Var(&engines, "engine", "an engine to read, `KIND=URL[,log=PATH][,model=NAME]`; repeatable")
+	fs.Var(&engines, "engine", "an engine to read, `KIND=URL[,log=SOURCE][,model=NAME]`; repeatable")
+	fs.StringVar(&a.log, "log", "", "the start-up log (`SOURCE`) of the one engine inspected, as on pools")
 	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
 		return a, code, false
 	}
 	if a.timeout <= 0 {
 		fmt.Fprintln(stdio.Err, "heft-agent inspect: --timeout must be positive")
 		return a, 2, false
+	}
+	if a.log != "" {
+		if _, err := logsource.Parse(a.log); err != nil {
+			fmt.Fprintf(stdio.Err, "heft-agent inspect: --log: %v\n", err)
+			return a, 2, false
+		}
 	}
 	a.engines = engines
 	return a, 0, true
@@ -174,6 +204,7 @@ func parseInspect(args []string, stdio IO) (a inspectArgs, code int, ok bool) {
 func (a inspectArgs) run(ctx context.Context, stdio IO, deps inspectDeps) (inspectReport, int, error) {
 	logger := hclog.New(&hclog.LoggerOptions{Name: "inspect", Level: hclog.Warn, Output: stdio.Err})
 	engines, nodeName := a.engines, a.node
+	var logOpts logsource.Options
 	if a.configPath != "" {
 		// Neither coordinator nor token is needed to inspect, so the
 		// config is not validated as a whole.
@@ -185,10 +216,17 @@ func (a inspectArgs) run(ctx context.Context, stdio IO, deps inspectDeps) (inspe
 			nodeName = cfg.Node.Name
 		}
 		engines = inspectMerge(engines, agent.Engines(cfg))
+		logOpts = agent.LogOptions(cfg)
 	}
 	var notes []string
 	if len(engines) == 0 {
 		engines, notes = inspectDiscover(ctx, deps.targets(), a.timeout)
+	}
+	if a.log != "" {
+		if len(engines) != 1 {
+			return inspectReport{}, 2, fmt.Errorf("--log names the log of one engine, but %d are inspected: give each its own with --engine KIND=URL,log=SOURCE", len(engines))
+		}
+		engines[0].Log = a.log
 	}
 	for i := range engines {
 		engines[i].Timeout = a.timeout
@@ -199,7 +237,7 @@ func (a inspectArgs) run(ctx context.Context, stdio IO, deps inspectDeps) (inspe
 		return inspectReport{}, 1, fmt.Errorf("no gpu source: %v", gpuErr)
 	}
 	defer src.Close()
-	cfg := collect.Config{Node: nodeName, Engines: engines}
+	cfg := collect.Config{Node: nodeName, Engines: engines, LogOptions: logOpts}
 	if gpuErr != nil {
 		cfg.GPUError = gpuErr.Error()
 	}
@@ -213,7 +251,13 @@ func (a inspectArgs) run(ctx context.Context, stdio IO, deps inspectDeps) (inspe
 	snap := col.Snapshot(ctx)
 
 	rep := inspectReport{Host: snap.Host, GPUs: snap.GPUs, GPUError: snap.GPUError, Engines: snap.Engines,
-		Warnings: []inspectWarning{}, Notes: notes, node: snap.Node, findings: map[string][]health.Finding{}}
+		Warnings: []inspectWarning{}, Logs: []inspectLog{}, Notes: notes, node: snap.Node, findings: map[string][]health.Finding{},
+		logs: col.LogStatus()}
+	for _, e := range snap.Engines {
+		if st, ok := rep.logs[e.URL]; ok {
+			rep.Logs = append(rep.Logs, inspectLog{Engine: e.URL, Status: st})
+		}
+	}
 	if rep.Notes == nil {
 		rep.Notes = []string{}
 	}
@@ -304,7 +348,7 @@ func inspectPrint(w io.Writer, rep inspectReport) {
 
 	for _, e := range rep.Engines {
 		fmt.Fprintln(w)
-		inspectPrintEngine(w, e, rep.findings[e.URL])
+		inspectPrintEngine(w, e, rep.findings[e.URL], rep.logs)
 	}
 	if len(rep.Notes) > 0 {
 		fmt.Fprintln(w)
@@ -354,7 +398,7 @@ func inspectPrintGPU(w io.Writer, g wire.GPU) {
 	}
 }
 
-func inspectPrintEngine(w io.Writer, e wire.Engine, findings []health.Finding) {
+func inspectPrintEngine(w io.Writer, e wire.Engine, findings []health.Finding, logs map[string]logsource.Status) {
 	fmt.Fprintf(w, "engine %s at %s\n", e.Kind, e.URL)
 	row := func(label, format string, args ...any) {
 		fmt.Fprintf(w, "  %-13s%s\n", label, fmt.Sprintf(format, args...))
@@ -384,22 +428,11 @@ func inspectPrintEngine(w io.Writer, e wire.Engine, findings []health.Finding) {
 	} else {
 		row("load", "not exposed by this engine")
 	}
-	if len(e.Ranks) > 0 {
-		for i, r := range e.Ranks {
-			label := "KV pools"
-			if i > 0 {
-				label = ""
-			}
-			row(label, "rank %d: %s tokens", r.DPRank, health.Thousands(r.KVTokens))
-		}
-		src := inspectOr(e.RanksSource, "?")
-		if ratio, _, _, ok := health.PoolRatio(e.Ranks); ok {
-			more("smallest/largest %.2f (from %s)", ratio, src)
-		} else {
-			more("(from %s)", src)
-		}
-	} else {
-		row("KV pools", "unknown (pass the engine's start-up log: --engine KIND=URL,log=PATH)")
+	inspectPrintPools(e, row, more)
+	if st, ok := logs[e.URL]; ok {
+		inspectPrintLog(st, row, more)
+	} else if e.LogSource != nil && e.LogSource.Error != "" {
+		row("log", "%s: %s", e.LogSource.Spec, e.LogSource.Error)
 	}
 	if len(e.LaunchArgs) > 0 {
 		row("launch args", "%s", strings.Join(e.LaunchArgs, " "))
@@ -431,6 +464,98 @@ func inspectPrintEngine(w io.Writer, e wire.Engine, findings []health.Finding) {
 	fmt.Fprintln(w, "  warnings")
 	for _, f := range findings {
 		fmt.Fprintf(w, "    %s %s: %s\n", strings.ToUpper(f.Severity), f.Code, f.Message)
+	}
+}
+
+// inspectPrintPools writes the pools of each rank, a rank promised but
+// without a pool as such, and the ratio only for a whole set.
+func inspectPrintPools(e wire.Engine, row func(string, string, ...any), more func(string, ...any)) {
+	label := "KV pools"
+	next := func() string { l := label; label = ""; return l }
+	if len(e.Ranks) == 0 {
+		what := "unknown (give the engine's start-up log: --log SOURCE, or --engine KIND=URL,log=SOURCE)"
+		if e.LogSource != nil {
+			what = "none printed yet in the log"
+		}
+		if e.ExpectedRanks > 1 {
+			what += fmt.Sprintf("; %d data-parallel ranks expected", e.ExpectedRanks)
+		}
+		row(next(), "%s", what)
+		return
+	}
+	missing := map[int]bool{}
+	for _, m := range e.MissingRanks {
+		missing[m] = true
+	}
+	ranks := slices.Clone(e.Ranks)
+	for m := range missing {
+		ranks = append(ranks, wire.Rank{DPRank: m, KVTokens: -1})
+	}
+	slices.SortFunc(ranks, func(a, b wire.Rank) int { return a.DPRank - b.DPRank })
+	for _, r := range ranks {
+		if r.KVTokens < 0 {
+			row(next(), "rank %d: no pool (not printed yet)", r.DPRank)
+			continue
+		}
+		row(next(), "rank %d: %s tokens", r.DPRank, health.Thousands(r.KVTokens))
+	}
+	src := inspectOr(e.RanksSource, "?")
+	if ratio, ok := health.EnginePoolRatio(e); ok {
+		more("smallest/largest %.2f (from %s)", ratio, src)
+	} else if !health.Whole(e) {
+		more("smallest/largest unknown: %d of %d data-parallel ranks printed a pool (from %s)", len(e.Ranks), e.ExpectedRanks, src)
+	} else {
+		more("(from %s)", src)
+	}
+	if c := e.PoolCheck; c != nil {
+		verdict := "agree"
+		if health.PoolsDisagree(e) != nil {
+			verdict = "DISAGREE (see the warnings)"
+		}
+		var parts []string
+		for _, r := range c.Ranks {
+			parts = append(parts, fmt.Sprintf("rank %d: %s", r.DPRank, health.Thousands(r.KVTokens)))
+		}
+		more("checked against %s: %s; %s", c.Source, verdict, strings.Join(parts, ", "))
+	}
+}
+
+// inspectPrintLog writes where an engine's log is read from and how.
+func inspectPrintLog(st logsource.Status, row func(string, string, ...any), more func(string, ...any)) {
+	row("log", "%s", st.Spec)
+	if st.Resolved != "" {
+		how := []string{"via " + st.Via}
+		if st.Wrapper != "" {
+			how = append(how, st.Wrapper+" wrapper")
+		}
+		more("read %s (%s)", st.Resolved, strings.Join(how, ", "))
+	}
+	runs := ""
+	if st.Runs > 1 {
+		runs = fmt.Sprintf(" over %d runs of the engine", st.Runs)
+	}
+	more("%s engine lines read%s", health.Thousands(st.Lines), runs)
+	if len(st.Skipped) > 0 {
+		var total int64
+		var parts []string
+		for _, reason := range slices.Sorted(maps.Keys(st.Skipped)) {
+			total += st.Skipped[reason]
+			parts = append(parts, fmt.Sprintf("%s %s", health.Thousands(st.Skipped[reason]), reason))
+		}
+		more("skipped %s lines: %s", health.Thousands(total), strings.Join(parts, ", "))
+		if st.LastProblem != "" {
+			more("last skipped: %s", st.LastProblem)
+		}
+	}
+	if st.LastError != "" {
+		if st.LastLineAt.After(st.LastErrorAt) {
+			more("recovered from: %s", st.LastError)
+		} else {
+			more("ERROR: %s", st.LastError)
+		}
+	}
+	for _, n := range st.Notes {
+		more("note: %s", n)
 	}
 }
 

@@ -171,16 +171,21 @@ func poolsMinOverMax(f enginelog.Facts) float64 {
 	return math.Round(ratio*1e4) / 1e4
 }
 
-// poolsWarnings are the findings about the pools, most severe first: an
-// imbalance among the pools found, and pools missing from the set.
+// poolsWarnings are the findings about the pools, most severe first, by
+// the rules inspect and the coordinator use (health.PoolFindings): an
+// imbalance among the pools found, a warning only while the set is
+// incomplete, and the ranks missing from the set, with what promised them.
 func poolsWarnings(f enginelog.Facts) []health.Finding {
-	var out []health.Finding
-	if w := health.Pools(f.Ranks, health.DefaultThresholds()); w != nil {
-		out = append(out, *w)
+	if len(f.Ranks) == 0 {
+		return nil
 	}
-	if msg := enginelog.IncompleteMessage(f); msg != "" {
-		out = append(out, health.Finding{Code: wire.CodePoolsIncomplete, Severity: wire.SeverityWarning,
-			Message: msg + ". Until they do, the smallest pool is unknown and min_over_max is 0."})
+	complete := f.Complete
+	out := health.PoolFindings(wire.Engine{Ranks: f.Ranks, ExpectedRanks: f.ExpectedRanks, Complete: &complete, MissingRanks: f.MissingRanks},
+		health.DefaultThresholds())
+	for i := range out {
+		if out[i].Code == wire.CodePoolsIncomplete {
+			out[i] = health.Incomplete(len(f.Ranks), f.ExpectedRanks, f.ExpectedFrom, f.MissingRanks)
+		}
 	}
 	health.Sort(out)
 	return out

@@ -141,7 +141,7 @@ func IncompleteMessage(found, expected int, from string, missing []int) string {
 // Incomplete is the pools_incomplete warning: a warning, never a hold.
 func Incomplete(found, expected int, from string, missing []int) Finding {
 	return Finding{Code: wire.CodePoolsIncomplete, Severity: wire.SeverityWarning, Message: IncompleteMessage(found, expected, from, missing) +
-		". Until they do, the smallest pool is unknown: no smallest/largest ratio is given and the pools are not called even."}
+		". Until they do, the smallest pool is unknown: no smallest/largest ratio is given, and the set is not judged balanced."}
 }
 
 // ExpectedRanks is how many data-parallel ranks e runs: what the agent

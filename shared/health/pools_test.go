@@ -65,7 +65,7 @@ func TestPoolFindingsIncomplete(t *testing.T) {
 			t.Errorf("imbalance message lacks %q:\n%s", want, fs[0].Message)
 		}
 	}
-	for _, want := range []string{"expected 4 data-parallel ranks but 3 printed a KV pool; none from DP 3", "not called even"} {
+	for _, want := range []string{"expected 4 data-parallel ranks but 3 printed a KV pool; none from DP 3", "not judged balanced"} {
 		if !strings.Contains(fs[1].Message, want) {
 			t.Errorf("incomplete message lacks %q:\n%s", want, fs[1].Message)
 		}
