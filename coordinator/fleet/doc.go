@@ -46,9 +46,38 @@
 //
 // Warnings from the agent's facts (foreign_gpu_process, gpu_clock_low,
 // gpu_throttled, a warning-level probe_incomplete_output from an engine that
-// cannot be told an exact length) do not hold a worker. Every warning
-// carries Since, the first time its code was seen on the worker without a
-// break; it is stable across snapshots.
+// cannot be told an exact length, and the pool warnings below) do not hold
+// a worker. Every warning carries Since, the first time its code was seen
+// on the worker without a break; it is stable across snapshots.
+//
+// # Pools
+//
+// The pool rules are shared/health's (PoolFindings), the same as
+// heft-agent inspect's. A set of pools is judged only when it is whole:
+//
+//   - The agent says how many data-parallel ranks the engine runs
+//     (Engine.ExpectedRanks: the most its launch arguments, its log's rank
+//     markers or its pools show) and whether each has a pool
+//     (Engine.Complete). An agent that does not say (Complete absent) is
+//     believed: its ranks are all there are, as before.
+//   - Complete false with some pools (pools_incomplete, warning): a rank
+//     has printed none yet, failed before sizing its KV cache, or runs on
+//     another node, where it is real. The worker is not held for it and
+//     gets no pool_min_over_max (null); an imbalance already visible among
+//     the ranks found is dp_pool_imbalance at warning severity, naming the
+//     rank, since the missing ranks can only make it more uneven. Once the
+//     set is whole the hold rule above applies.
+//   - No pool at all (pools_unknown, warning) where one matters: the
+//     engine's log is configured but cannot be read (Engine.LogSource.Error,
+//     whatever the readiness), or a ready engine runs two or more ranks (by
+//     ExpectedRanks, or data_parallel_size in its launch arguments from an
+//     older agent) and neither its log nor its endpoints gave a pool. A
+//     single-rank engine without pools has nothing to be uneven with.
+//   - The log's pools against the engine's own per-rank pools where those
+//     are truthful (Engine.PoolCheck: SGLang's /metrics, /v1/loads,
+//     /server_info; never vLLM's cache_config_info, a sum over ranks):
+//     a rank differing by more than 1% is pools_disagree (warning), naming
+//     both figures. The worker is judged on the log's pools.
 //
 // # Weights
 //

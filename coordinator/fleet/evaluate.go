@@ -144,8 +144,7 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 
 // poolHolds reports whether the worker's pools alone would hold it.
 func (f *Fleet) poolHolds(w *worker) bool {
-	p := health.Pools(w.eng.Ranks, f.cfg.Thresholds)
-	return p != nil && p.Severity == wire.SeverityCritical
+	return health.PoolsHold(w.eng, f.cfg.Thresholds)
 }
 
 func (f *Fleet) offlineFinding(w *worker) health.Finding {

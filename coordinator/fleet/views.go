@@ -179,7 +179,8 @@ type WarningStats struct{ Code, Severity string }
 // WarningCodes lists every code a worker can carry.
 var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire.CodeGPUThrottled,
 	wire.CodeForeignGPUProcess, wire.CodeProbeIncompleteOutput, wire.CodeProbeFailed,
-	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped}
+	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped,
+	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree}
 
 // ProbeReasons lists every reason a probe is requested for.
 var ProbeReasons = []string{wire.ReasonRegistration, wire.ReasonScheduled, wire.ReasonOnDemand}
@@ -278,8 +279,16 @@ func (f *Fleet) view(w *worker) view.Worker {
 	for i, x := range w.findings {
 		v.Warnings[i] = view.Warning{Code: x.Code, Severity: x.Severity, Message: x.Message, Since: w.since[x.Code]}
 	}
-	if ratio, _, _, ok := health.PoolRatio(w.eng.Ranks); ok {
+	if ratio, ok := health.EnginePoolRatio(w.eng); ok {
 		v.PoolRatio = &ratio
+	}
+	if c := w.eng.Complete; c != nil {
+		complete, expected := *c, w.eng.ExpectedRanks
+		v.Complete, v.ExpectedRanks, v.MissingRanks = &complete, &expected, slices.Clone(w.eng.MissingRanks)
+	}
+	if l := w.eng.LogSource; l != nil {
+		lc := *l
+		v.LogSource = &lc
 	}
 	if !w.lastSeen.IsZero() {
 		t := w.lastSeen

@@ -69,6 +69,15 @@ type Worker struct {
 	AgentConnected bool               `json:"agent_connected"`
 	LastSeen       *time.Time         `json:"last_seen"`
 	ProbeStatus    string             `json:"probe_status,omitempty"` // running | deferred_busy | failed | ""
+
+	// ExpectedRanks is how many data-parallel ranks the engine runs, and
+	// Complete whether every one has a pool in Ranks; both null when the
+	// agent does not say. While Complete is false, pool_min_over_max is
+	// null. MissingRanks are the ranks without a pool.
+	ExpectedRanks *int            `json:"expected_ranks"`
+	Complete      *bool           `json:"complete"`
+	MissingRanks  []int           `json:"missing_ranks,omitempty"`
+	LogSource     *wire.LogSource `json:"log_source,omitempty"` // where the agent reads the engine's log
 }
 
 // Workers is the body of GET /api/v1/workers.
