@@ -336,15 +336,39 @@ function history(points) {
     <polyline points="${xy.map(p => p.map(v => v.toFixed(1)).join(',')).join(' ')}"/><circle cx="${last[0].toFixed(1)}" cy="${last[1].toFixed(1)}" r="2.5"/></svg><span class="range num">${num(lo)}–${num(hi)}</span></span></div>`;
 }
 
+// pools shows each rank's KV pool, and a rank the engine runs without a
+// pool as such: an incomplete set gets no min/max and is never shown as
+// balanced.
 function pools(w) {
   const ranks = w.ranks || [];
-  if (ranks.length === 0) return '';
+  const missing = w.missing_ranks || [];
+  if (ranks.length === 0 && missing.length === 0) return logSource(w);
   const max = Math.max(...ranks.map(r => r.kv_tokens), 1);
   const ratio = w.pool_min_over_max;
-  return `<div class="row"><span class="label">KV pools${ratio != null && ranks.length > 1 ? `<br><span class="num" data-pool-ratio="${ratio}">min/max ${num(ratio, 2)}</span>` : ''}</span><span class="val pools" data-pools="${ranks.length}">
-    ${ranks.map(r => `<div class="pool${r.kv_tokens < 0.5 * max ? ' small' : ''}" data-pool-rank="${r.dp_rank}" data-kv-tokens="${r.kv_tokens}">
+  const incomplete = w.complete === false;
+  const rows = [...ranks.map(r => ({ ...r, missing: false })), ...missing.map(dp => ({ dp_rank: dp, missing: true }))]
+    .sort((a, b) => a.dp_rank - b.dp_rank);
+  const head = incomplete
+    ? `<br><span class="chip incomplete" data-pools-incomplete="${ranks.length}/${w.expected_ranks}" title="min/max is unknown until every rank has printed its pool">${ranks.length} of ${w.expected_ranks} ranks</span>`
+    : (ratio != null && ranks.length > 1 ? `<br><span class="num" data-pool-ratio="${ratio}">min/max ${num(ratio, 2)}</span>` : '');
+  return `<div class="row"><span class="label">KV pools${head}</span><span class="val pools" data-pools="${ranks.length}" data-pools-complete="${w.complete == null ? 'unknown' : w.complete}">
+    ${rows.map(r => r.missing
+      ? `<div class="pool missing" data-pool-rank="${r.dp_rank}" data-pool-missing="true" title="this rank has printed no KV pool: still starting, failed, or on another node">
+      <span>DP${r.dp_rank}</span><div class="poolbar"></div><span class="num">no pool yet</span></div>`
+      : `<div class="pool${r.kv_tokens < 0.5 * max ? ' small' : ''}" data-pool-rank="${r.dp_rank}" data-kv-tokens="${r.kv_tokens}">
       <span>DP${r.dp_rank}</span><div class="poolbar"><span style="width:${(100 * r.kv_tokens / max).toFixed(1)}%"></span></div><span class="num">${num(r.kv_tokens)}</span></div>`).join('')}
-  </span></div>`;
+  </span></div>${logSource(w)}`;
+}
+
+// logSource says where the agent reads the engine's start-up log, and
+// when it cannot.
+function logSource(w) {
+  const l = w.log_source;
+  if (!l) return '';
+  const where = l.resolved && l.resolved !== l.spec ? ` → ${esc(l.resolved)}` : '';
+  const how = l.wrapper && l.wrapper !== 'none' ? ` (${esc(l.wrapper)})` : '';
+  return `<div class="row"><span class="label">Log</span><span class="val meta" data-log-source="${esc(l.spec)}" data-log-error="${l.error ? 'true' : 'false'}">${esc(l.spec)}${where}${how}${l.error
+    ? ` · <span class="sev warning">cannot be read</span> <span title="${esc(l.error)}">${esc(l.error)}</span>` : ` · ${num(l.lines)} lines`}</span></div>`;
 }
 
 function gpus(list) {
