@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 
+	"heft/agent/config"
+	"heft/agent/logsource"
 	"heft/shared/settings"
 	"heft/shared/testutil"
 
@@ -322,6 +324,37 @@ func TestKubernetesManifests(t *testing.T) {
 	if len(hostPaths) == 0 {
 		t.Error("no engine log path mounted from the host")
 	}
+	// The example engine logs to its pod, read through the node's pod logs,
+	// mounted read-only where the agent looks for them.
+	podLogs := false
+	agentCtr := pod["containers"].([]any)[0].(map[string]any)
+	for _, m := range agentCtr["volumeMounts"].([]any) {
+		m := m.(map[string]any)
+		if m["mountPath"] == logsource.DefaultPodsRoot {
+			podLogs = m["readOnly"] == true
+			for _, v := range pod["volumes"].([]any) {
+				v := v.(map[string]any)
+				if v["name"] == m["name"] && dig(v, "hostPath", "path") != logsource.DefaultPodsRoot {
+					t.Errorf("%s is mounted from %v, not the node's %s", logsource.DefaultPodsRoot, dig(v, "hostPath", "path"), logsource.DefaultPodsRoot)
+				}
+			}
+		}
+	}
+	if !podLogs {
+		t.Errorf("the agent does not mount the node's %s read-only", logsource.DefaultPodsRoot)
+	}
+	agentCfg := config.Default()
+	if err := agentCfg.Parse(kinds["ConfigMap/heft-agent"]["data"].(map[string]any)["agent.toml"].(string)); err != nil {
+		t.Fatalf("the agent's ConfigMap: %v", err)
+	}
+	if len(agentCfg.Engines) == 0 {
+		t.Fatal("the agent's ConfigMap has no [[engine]]")
+	}
+	for _, e := range agentCfg.Engines {
+		if spec, err := logsource.Parse(e.Log); err != nil || spec.Kind != logsource.KindK8s {
+			t.Errorf("the ConfigMap's engine %s logs to %q (%v), want a k8s:NAMESPACE/POD/CONTAINER source", e.URL, e.Log, err)
+		}
+	}
 	// The config maps must hold TOML the binaries accept.
 	for _, cm := range []string{"ConfigMap/heft-agent", "ConfigMap/heft-coordinator"} {
 		for name, text := range kinds[cm]["data"].(map[string]any) {
@@ -366,5 +399,37 @@ func TestDockerfiles(t *testing.T) {
 	agent, _ := os.ReadFile(filepath.Join(root, "packaging/docker/agent.Dockerfile"))
 	if strings.Contains(string(agent), "libnvidia-ml") && !strings.Contains(string(agent), "not in the image") {
 		t.Error("the agent image must not bake in the driver's NVML library")
+	}
+}
+
+// The agent.toml the packages install loads, with its commented log
+// source and [engine_logs] lines taken in too.
+func TestShippedAgentConfig(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "packaging/config/agent.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	if err := cfg.Parse(string(data)); err != nil {
+		t.Fatalf("as shipped: %v", err)
+	}
+	var uncommented []string
+	for _, l := range strings.Split(string(data), "\n") {
+		for _, p := range []string{"# log = ", "# [engine_logs]", "# journal_directory", "# docker_", "# pods_root"} {
+			if strings.HasPrefix(l, p) {
+				l = strings.TrimPrefix(l, "# ")
+			}
+		}
+		uncommented = append(uncommented, l)
+	}
+	cfg = config.Default()
+	if err := cfg.Parse(strings.Join(uncommented, "\n")); err != nil {
+		t.Fatalf("with the examples: %v", err)
+	}
+	if err := cfg.Validate(); err != nil && strings.Contains(err.Error(), "log") {
+		t.Errorf("the example log source is refused: %v", err)
+	}
+	if cfg.Engines[0].Log == "" || cfg.EngineLogs.PodsRoot != logsource.DefaultPodsRoot {
+		t.Errorf("examples not read: %+v %+v", cfg.Engines, cfg.EngineLogs)
 	}
 }
