@@ -401,11 +401,16 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 		return
 	}
 	r := WorkerRecord{ID: w.id, Node: w.node, Model: w.eng.Model, Engine: w.eng.Kind, URL: w.eng.URL,
-		EngineVersion: w.eng.Version, LaunchArgs: w.eng.LaunchArgs, Ranks: w.eng.Ranks, FirstSeen: w.firstSeen, LastSeen: w.lastSeen}
+		EngineVersion: w.eng.Version, LaunchArgs: w.eng.LaunchArgs, Ranks: w.eng.Ranks, FirstSeen: w.firstSeen, LastSeen: w.lastSeen,
+		ExpectedRanks: w.eng.ExpectedRanks, Complete: w.eng.Complete, MissingRanks: w.eng.MissingRanks}
 	if !force && sameRecord(r, w.saved) && now.Sub(w.savedAt) < recordEvery {
 		return
 	}
-	r.LaunchArgs, r.Ranks = slices.Clone(r.LaunchArgs), slices.Clone(r.Ranks)
+	r.LaunchArgs, r.Ranks, r.MissingRanks = slices.Clone(r.LaunchArgs), slices.Clone(r.Ranks), slices.Clone(r.MissingRanks)
+	if r.Complete != nil {
+		c := *r.Complete
+		r.Complete = &c
+	}
 	f.records = append(f.records, r)
 	w.saved, w.savedAt = r, now
 }
@@ -433,7 +438,8 @@ func (f *Fleet) writeRecords() {
 func sameRecord(a, b WorkerRecord) bool {
 	return a.ID == b.ID && a.Node == b.Node && a.Model == b.Model && a.Engine == b.Engine && a.URL == b.URL &&
 		a.EngineVersion == b.EngineVersion && slices.Equal(a.LaunchArgs, b.LaunchArgs) && slices.Equal(a.Ranks, b.Ranks) &&
-		a.FirstSeen.Equal(b.FirstSeen)
+		a.ExpectedRanks == b.ExpectedRanks && (a.Complete == nil) == (b.Complete == nil) && (a.Complete == nil || *a.Complete == *b.Complete) &&
+		slices.Equal(a.MissingRanks, b.MissingRanks) && a.FirstSeen.Equal(b.FirstSeen)
 }
 
 func cloneMeasurement(m wire.Measurement) wire.Measurement {

@@ -313,11 +313,14 @@ func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time)
 		}
 		n := f.nodeFor(r.Node)
 		n.since = start
-		f.add(&worker{
-			id: id, node: r.Node, firstSeen: r.FirstSeen, lastSeen: r.LastSeen, saved: r, savedAt: start,
-			eng: wire.Engine{Kind: r.Engine, URL: r.URL, Model: r.Model, Version: r.EngineVersion, Ready: true,
-				CapacityKey: id, LaunchArgs: r.LaunchArgs, Ranks: r.Ranks},
-		})
+		eng := wire.Engine{Kind: r.Engine, URL: r.URL, Model: r.Model, Version: r.EngineVersion, Ready: true,
+			CapacityKey: id, LaunchArgs: r.LaunchArgs, Ranks: r.Ranks,
+			ExpectedRanks: r.ExpectedRanks, Complete: r.Complete, MissingRanks: r.MissingRanks}
+		if wire.CheckCompleteness(eng.Ranks, eng.ExpectedRanks, eng.Complete, eng.MissingRanks) != nil {
+			// Say nothing of completeness rather than something wrong.
+			eng.ExpectedRanks, eng.Complete, eng.MissingRanks = 0, nil, nil
+		}
+		f.add(&worker{id: id, node: r.Node, firstSeen: r.FirstSeen, lastSeen: r.LastSeen, saved: r, savedAt: start, eng: eng})
 	}
 }
 

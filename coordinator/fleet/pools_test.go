@@ -125,3 +125,24 @@ func TestPoolsDisagree(t *testing.T) {
 		t.Fatalf("pools_disagree %+v, ok %v", x, ok)
 	}
 }
+
+// A coordinator restart restores whether a worker's pools were whole: an
+// incomplete set does not come back as a whole one with a ratio.
+func TestRestartKeepsIncompleteness(t *testing.T) {
+	h := newHarness(t)
+	h.connect("n")
+	h.put("n", partial(engine("k", "http://1:8000", "m", 24094, 2925, 24000), 2, 3))
+	h.result("n", measured("k", 500, h.clk.now()))
+	h.f.writeRecords()
+	if r := h.st.state().Workers["k"]; r.Complete == nil || *r.Complete || r.ExpectedRanks != 3 {
+		t.Fatalf("stored record %+v", r)
+	}
+	h2 := h.restart()
+	w := h2.worker("k")
+	if w.Complete == nil || *w.Complete || w.PoolRatio != nil || !slices.Equal(w.MissingRanks, []int{2}) {
+		t.Fatalf("restored: complete %v ratio %v missing %v", w.Complete, w.PoolRatio, w.MissingRanks)
+	}
+	if x, ok := warning(w, wire.CodeDPPoolImbalance); ok && x.Severity == wire.SeverityCritical {
+		t.Errorf("a restored partial set judged as whole: %+v", x)
+	}
+}

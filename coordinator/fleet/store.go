@@ -48,4 +48,10 @@ type WorkerRecord struct {
 	Ranks         []wire.Rank `json:"ranks,omitempty"`
 	FirstSeen     time.Time   `json:"first_seen"`
 	LastSeen      time.Time   `json:"last_seen"`
+
+	// ExpectedRanks, Complete and MissingRanks say whether Ranks is the
+	// whole set (wire.Engine's), so a restored worker is judged as before.
+	ExpectedRanks int   `json:"expected_ranks,omitempty"`
+	Complete      *bool `json:"complete,omitempty"`
+	MissingRanks  []int `json:"missing_ranks,omitempty"`
 }

@@ -264,7 +264,7 @@ func (e *Engine) Validate() error {
 	if err := CheckRanks(e.Ranks); err != nil {
 		return err
 	}
-	if err := e.checkCompleteness(); err != nil {
+	if err := CheckCompleteness(e.Ranks, e.ExpectedRanks, e.Complete, e.MissingRanks); err != nil {
 		return err
 	}
 	if p := e.PoolCheck; p != nil {
@@ -289,39 +289,39 @@ func (e *Engine) Validate() error {
 	return nil
 }
 
-// checkCompleteness checks that ExpectedRanks, MissingRanks and Complete
-// agree with each other and with Ranks.
-func (e *Engine) checkCompleteness() error {
-	n := e.ExpectedRanks
+// CheckCompleteness checks that an engine's expected ranks, missing ranks
+// and completeness agree with each other and with its ranks.
+func CheckCompleteness(ranks []Rank, expected int, complete *bool, missing []int) error {
+	n := expected
 	if n < 0 || n > MaxRanks {
 		return invalid("engine.expected_ranks %d is not within 0..%d", n, MaxRanks)
 	}
-	if len(e.MissingRanks) > MaxRanks {
-		return invalid("engine.missing_ranks has %d items, at most %d", len(e.MissingRanks), MaxRanks)
+	if len(missing) > MaxRanks {
+		return invalid("engine.missing_ranks has %d items, at most %d", len(missing), MaxRanks)
 	}
-	have := make(map[int]bool, len(e.Ranks))
+	have := make(map[int]bool, len(ranks))
 	present := 0
-	for _, r := range e.Ranks {
+	for _, r := range ranks {
 		have[r.DPRank] = true
 		if r.DPRank < n {
 			present++
 		}
 	}
-	for i, m := range e.MissingRanks {
+	for i, m := range missing {
 		switch {
 		case m < 0 || m >= n:
 			return invalid("engine.missing_ranks holds %d, not a rank below expected_ranks %d", m, n)
-		case i > 0 && m <= e.MissingRanks[i-1]:
+		case i > 0 && m <= missing[i-1]:
 			return invalid("engine.missing_ranks is not ascending without repeats")
 		case have[m]:
 			return invalid("engine.missing_ranks holds %d, which has a pool", m)
 		}
 	}
-	if e.Complete == nil {
+	if complete == nil {
 		return nil
 	}
-	if *e.Complete {
-		if len(e.Ranks) == 0 || len(e.MissingRanks) > 0 || present < n {
+	if *complete {
+		if len(ranks) == 0 || len(missing) > 0 || present < n {
 			return invalid("engine.complete is true but %d of %d expected ranks have a pool", present, n)
 		}
 		return nil
