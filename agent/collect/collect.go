@@ -131,7 +131,7 @@ func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
 			st.src = src
 			t, err := enginelog.NewTracker(client.Kind())
 			if err != nil {
-				st.ignored = fmt.Sprintf("not read: heft reads the start-up logs of vllm and sglang only, and this engine is %s", client.Kind())
+				st.ignored = fmt.Sprintf("heft reads the start-up logs of vllm and sglang only, and this engine is %s", client.Kind())
 				logger.Warn("engine log ignored: heft reads start-up logs of vllm and sglang only",
 					"url", client.URL(), "log", spec.Log, "error", err)
 			} else {

@@ -288,7 +288,15 @@ func TestNewRejects(t *testing.T) {
 	// A log of a kind enginelog cannot read is ignored, not an error.
 	c, err := New(Config{Engines: []engine.Config{{Kind: "llamacpp", URL: "http://127.0.0.1:1", Log: "/var/log/llama.log"}}}, &fakeGPUs{}, nil)
 	if err != nil || c.cfg.Node == "" {
-		t.Errorf("llamacpp with a log: %v (node %q)", err, c.cfg.Node)
+		t.Fatalf("llamacpp with a log: %v (node %q)", err, c.cfg.Node)
+	}
+	if l := c.engines[0].logStatus(); l == nil || !strings.Contains(l.Error, "vllm and sglang only") {
+		t.Errorf("an ignored log's status %+v", l)
+	}
+	// A log source that is no source is a configuration error.
+	if _, err := New(Config{Engines: []engine.Config{{Kind: "vllm", URL: "http://127.0.0.1:1", Log: "journal:vllm"}}}, &fakeGPUs{}, nil); err == nil ||
+		!strings.Contains(err.Error(), `unknown kind "journal:"`) {
+		t.Errorf("bad log source: %v", err)
 	}
 }
 
