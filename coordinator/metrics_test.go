@@ -337,3 +337,31 @@ func TestMetricsFollowTheWorker(t *testing.T) {
 		t.Errorf("forgotten: series remain:\n%s", heftLines(scrape(t, c)))
 	}
 }
+
+// A worker whose pool set is incomplete exports the pools it has but no
+// balance, and carries pools_incomplete.
+func TestMetricsIncompletePools(t *testing.T) {
+	clk := newClock()
+	c, err := New(testConfig(t), WithLogger(testLogger(t)), WithClock(clk.now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	f := c.Fleet()
+	e := engine("gpu-a|w", 8000)
+	e.Ranks = []wire.Rank{{DPRank: 0, KVTokens: 900}, {DPRank: 1, KVTokens: 1000}}
+	e.ExpectedRanks, e.Complete, e.MissingRanks = 3, new(false), []int{2}
+	f.Connect("gpu-a", 1, wire.Hello{Node: "gpu-a"})
+	f.Snapshot("gpu-a", snapshot("gpu-a", clk.now(), e))
+	text := string(scrape(t, c))
+	labels := `id="gpu-a|w",model="` + testModel + `",node="gpu-a"`
+	for _, want := range []string{`heft_worker_kv_pool_tokens{dp_rank="1",` + labels + `} 1000`,
+		`heft_worker_warning_active{code="pools_incomplete",` + labels + `,severity="warning"} 1`} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %s", want)
+		}
+	}
+	if strings.Contains(text, "heft_worker_kv_pool_balance_ratio{") {
+		t.Error("a balance from an incomplete set")
+	}
+}

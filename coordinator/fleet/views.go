@@ -171,6 +171,9 @@ type WorkerStats struct {
 	MeasuredAt *time.Time
 	Ranks      []wire.Rank    // KV pools as the agent last reported them
 	Warnings   []WarningStats // the warnings shown now, by code
+	// PoolsWhole is false while a rank the engine runs has no pool in
+	// Ranks (pools_incomplete): no balance may be computed from them.
+	PoolsWhole bool
 }
 
 // WarningStats is one warning a worker carries.
@@ -215,7 +218,7 @@ func (f *Fleet) Stats() Stats {
 			s.WarningsByCode[c]++
 		}
 		ws := WorkerStats{ID: w.id, Model: w.eng.Model, Node: w.node, State: w.state, Weight: clonePtr(w.weight),
-			Ranks: slices.Clone(w.eng.Ranks), Warnings: make([]WarningStats, len(w.findings))}
+			Ranks: slices.Clone(w.eng.Ranks), Warnings: make([]WarningStats, len(w.findings)), PoolsWhole: health.Whole(w.eng)}
 		for i, x := range w.findings {
 			ws.Warnings[i] = WarningStats{Code: x.Code, Severity: x.Severity}
 		}

@@ -116,7 +116,7 @@ func newFleetCollector(f fleetAPI) *fleetCollector {
 		poolBalance: prometheus.NewDesc("heft_worker_kv_pool_balance_ratio",
 			"Smallest data-parallel rank's KV pool over the largest's (1 = even, and 1 for a single rank). Below "+
 				"thresholds.pool_warn (0.9) heft warns, below thresholds.pool_hold (0.5) it holds the worker. "+
-				"Absent while the worker is offline or its pools are unknown.", worker, nil),
+				"Absent while the worker is offline, its pools are unknown, or a rank has no pool yet (pools_incomplete).", worker, nil),
 		warning: prometheus.NewDesc("heft_worker_warning_active",
 			"1 for each warning the worker carries now, by code and severity, as GET /api/v1/workers shows them; "+
 				"the series goes when the warning clears.", with("code", "severity"), nil),
@@ -164,7 +164,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, r := range w.Ranks {
 			gauge(c.pool, float64(r.KVTokens), with(strconv.Itoa(r.DPRank))...)
 		}
-		if ratio, ok := poolBalance(w.Ranks); ok {
+		if ratio, ok := poolBalance(w.Ranks); ok && w.PoolsWhole {
 			gauge(c.poolBalance, ratio, id...)
 		}
 	}
