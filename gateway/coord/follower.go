@@ -21,6 +21,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/shared/backoff"
 	"heft/shared/wire"
 )
 
@@ -107,7 +108,9 @@ func New(cfg Config, hooks Hooks, logger hclog.Logger) (*Follower, error) {
 
 // Run follows the coordinator until ctx ends.
 func (f *Follower) Run(ctx context.Context) {
-	attempt := 0
+	// Half jitter: many heft-syncs do not return to a restarted
+	// coordinator in step, and none retries much sooner than the doubling.
+	retry := backoff.Backoff{Min: f.cfg.MinBackoff, Max: f.cfg.MaxBackoff, HalfJitter: true}
 	for {
 		delivered, err := f.session(ctx)
 		if ctx.Err() != nil {
@@ -121,17 +124,12 @@ func (f *Follower) Run(ctx context.Context) {
 			f.hooks.Error(reason, err)
 		}
 		if delivered {
-			attempt = 0
+			retry.Reset()
 		}
-		wait := retryDelay(attempt, f.cfg.MinBackoff, f.cfg.MaxBackoff)
-		attempt++
+		wait := retry.Next()
 		f.log.Warn("coordinator connection lost; gateways keep their last state", "reason", reason, "error", err, "retry_in", wait.Round(time.Millisecond))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !retry.Sleep(ctx, wait) {
 			return
-		case <-t.C:
 		}
 	}
 }

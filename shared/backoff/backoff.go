@@ -42,6 +42,11 @@ type Backoff struct {
 	// Jitter draws attempt n's wait uniformly from [Min, min(Max,
 	// Min·2^(n+1))]; without it the wait is min(Max, Min·2^n) exactly.
 	Jitter bool
+	// HalfJitter draws attempt n's wait uniformly from the upper half of
+	// the plain wait w = min(Max, Min·2^n), [w/2, w]: spread out, yet never
+	// less than half of what the doubling asks (heft-sync's reconnects).
+	// Jitter wins when both are set.
+	HalfJitter bool
 	// Clock defaults to Real.
 	Clock Clock
 	// RandN(k) returns a number in [0, k); math/rand/v2's Int64N when nil.
@@ -63,14 +68,21 @@ func (b *Backoff) Next() time.Duration {
 		ceil *= 2
 	}
 	ceil = min(ceil, hi)
-	if !b.Jitter || ceil <= lo {
+	switch {
+	case b.Jitter && ceil > lo:
+		return lo + time.Duration(b.randN(int64(ceil-lo)+1))
+	case b.HalfJitter && !b.Jitter && ceil > 1:
+		return ceil/2 + time.Duration(b.randN(int64(ceil/2)+1))
+	default:
 		return ceil
 	}
-	randN := b.RandN
-	if randN == nil {
-		randN = rand.Int64N
+}
+
+func (b *Backoff) randN(k int64) int64 {
+	if b.RandN == nil {
+		return rand.Int64N(k)
 	}
-	return lo + time.Duration(randN(int64(ceil-lo)+1))
+	return b.RandN(k)
 }
 
 // Reset starts the waits again from Min, after an attempt that worked.

@@ -57,6 +57,37 @@ func TestJitterGrowsWithinBoundsAndSpreads(t *testing.T) {
 	}
 }
 
+func TestHalfJitterStaysInTheUpperHalf(t *testing.T) {
+	const lo, hi = 500 * time.Millisecond, 30 * time.Second
+	rng := rand.New(rand.NewPCG(3, 4))
+	for n := range 10 {
+		plain := min(hi, lo<<n)
+		var smallest, largest time.Duration = hi + 1, 0
+		for range 2000 {
+			b := &Backoff{Min: lo, Max: hi, HalfJitter: true, RandN: rng.Int64N}
+			for range n {
+				b.Next()
+			}
+			d := b.Next()
+			if d < plain/2 || d > plain {
+				t.Fatalf("attempt %d: %s outside [%s, %s]", n, d, plain/2, plain)
+			}
+			smallest, largest = min(smallest, d), max(largest, d)
+		}
+		if largest-smallest < plain/2*9/10 {
+			t.Errorf("attempt %d: draws span %s..%s, want most of %s..%s", n, smallest, largest, plain/2, plain)
+		}
+	}
+	// Jitter wins over HalfJitter: the full range down to Min is drawn.
+	b := &Backoff{Min: lo, Max: hi, Jitter: true, HalfJitter: true, RandN: func(int64) int64 { return 0 }}
+	for range 5 {
+		b.Next()
+	}
+	if d := b.Next(); d != lo {
+		t.Errorf("Jitter and HalfJitter: %s, want Min %s", d, lo)
+	}
+}
+
 func TestJitterDeterministicWithSeed(t *testing.T) {
 	a := &Backoff{Min: time.Second, Max: time.Minute, Jitter: true, RandN: rand.New(rand.NewPCG(7, 7)).Int64N}
 	b := &Backoff{Min: time.Second, Max: time.Minute, Jitter: true, RandN: rand.New(rand.NewPCG(7, 7)).Int64N}
