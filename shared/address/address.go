@@ -56,3 +56,28 @@ func IsLoopback(host string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
+
+// HostPort returns the host:port a URL names, with its scheme's default
+// port (80 for http and ws, 443 for https and wss) when it names none:
+// what a gateway dials for an engine URL.
+func HostPort(raw string) (string, error) {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		return "", fmt.Errorf("url %q: %w", raw, err)
+	}
+	if u.Hostname() == "" {
+		return "", fmt.Errorf("url %q has no host", raw)
+	}
+	port := u.Port()
+	if port == "" {
+		switch u.Scheme {
+		case "http", "ws":
+			port = "80"
+		case "https", "wss":
+			port = "443"
+		default:
+			return "", fmt.Errorf("url %q has no port and its scheme has no default", raw)
+		}
+	}
+	return net.JoinHostPort(u.Hostname(), port), nil
+}

@@ -40,3 +40,20 @@ func TestCheckURL(t *testing.T) {
 		}
 	}
 }
+
+func TestHostPort(t *testing.T) {
+	for raw, want := range map[string]string{
+		"http://10.0.0.5:8000": "10.0.0.5:8000", "http://gpu-a.example": "gpu-a.example:80",
+		"https://gpu-a.example/v1": "gpu-a.example:443", "http://[fd00::5]:8000/": "[fd00::5]:8000",
+		" http://h:1 ": "h:1",
+	} {
+		if got, err := HostPort(raw); err != nil || got != want {
+			t.Errorf("HostPort(%q) = %q, %v; want %q", raw, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "10.0.0.5:8000", "ftp://h", "http://%zz"} {
+		if got, err := HostPort(bad); err == nil {
+			t.Errorf("HostPort(%q) = %q, want an error", bad, got)
+		}
+	}
+}

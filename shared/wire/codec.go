@@ -8,6 +8,8 @@ import (
 	"math"
 	"slices"
 	"strings"
+
+	"heft/shared/address"
 )
 
 // Limits on what one message may hold. They bound memory per agent and
@@ -20,6 +22,9 @@ const (
 	MaxListItems    = 256
 	MaxStringBytes  = 4096
 	MaxProblemCount = 64
+	// MaxRunning bounds Engine.MaxRunning: more sequences at once than
+	// any engine runs.
+	MaxRunning = 1 << 20
 )
 
 // ErrVersion is returned for a message from an older or newer peer.
@@ -239,7 +244,8 @@ func (e *Engine) Validate() error {
 	}
 	for name, s := range map[string]string{"engine.url": e.URL, "engine.model": e.Model, "engine.version": e.Version,
 		"engine.error": e.Error, "engine.capacity_key": e.CapacityKey, "engine.launch_args_source": e.LaunchArgsSource,
-		"engine.ranks_source": e.RanksSource} {
+		"engine.ranks_source": e.RanksSource, "engine.max_running_source": e.MaxRunningSource,
+		"engine.advertise_url": e.AdvertiseURL, "engine.advertise_source": e.AdvertiseSource} {
 		if err := checkString(name, s); err != nil {
 			return err
 		}
@@ -247,7 +253,16 @@ func (e *Engine) Validate() error {
 	if e.URL == "" {
 		return invalid("engine.url is empty")
 	}
-	for name, list := range map[string][]string{"engine.models": e.Models, "engine.launch_args": e.LaunchArgs, "engine.gpu_uuids": e.GPUUUIDs} {
+	if e.AdvertiseURL != "" {
+		if _, err := address.CheckURL("engine.advertise_url", e.AdvertiseURL, "http", "https"); err != nil {
+			return invalid("%v", err)
+		}
+	}
+	if e.MaxRunning < 0 || e.MaxRunning > MaxRunning {
+		return invalid("engine.max_running %d is outside 0..%d", e.MaxRunning, MaxRunning)
+	}
+	for name, list := range map[string][]string{"engine.models": e.Models, "engine.launch_args": e.LaunchArgs,
+		"engine.gpu_uuids": e.GPUUUIDs, "engine.listen": e.Listen} {
 		if err := checkStrings(name, list); err != nil {
 			return err
 		}

@@ -41,6 +41,8 @@ func fullMessages() map[string]any {
 				Models: []string{"Qwen/Qwen3-8B"}, Version: "0.5.4", Ready: true, Error: "metrics: timeout",
 				CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", LaunchArgs: []string{"--dp-size=2"}, LaunchArgsSource: "cmdline",
 				PID: 4242, GPUUUIDs: []string{"GPU-5f1c"}, ForeignProcesses: []GPUProcess{proc}, Load: load,
+				MaxRunning: 32, MaxRunningSource: "v1_loads", AdvertiseURL: "http://10.0.0.5:30000",
+				AdvertiseSource: AdvertiseNodeAddress, Listen: []string{"0.0.0.0:30000"},
 				Ranks: []Rank{{DPRank: 1, KVTokens: 2925}}, RanksSource: "k8s:inference/sglang-0/sglang", RanksAt: at,
 				ExpectedRanks: 2, Complete: new(false), MissingRanks: []int{0},
 				PoolCheck: &PoolCheck{Source: "metrics", Ranks: []Rank{{DPRank: 1, KVTokens: 2925}}},

@@ -148,6 +148,29 @@ type Engine struct {
 	ForeignProcesses []GPUProcess `json:"foreign_processes,omitempty"`
 
 	Load Load `json:"load"`
+	// MaxRunning is how many sequences the engine runs at once, its
+	// data-parallel ranks together (vLLM --max-num-seqs, SGLang
+	// --max-running-requests, llama.cpp slots, Ollama OLLAMA_NUM_PARALLEL,
+	// mlx-lm --decode-concurrency, per rank × ranks); 0 when unknown.
+	// MaxRunningSource says where it was read, e.g. "launch_args
+	// max_num_seqs=16 × 2 ranks" or "default".
+	MaxRunning       int    `json:"max_running,omitempty"`
+	MaxRunningSource string `json:"max_running_source,omitempty"`
+
+	// AdvertiseURL is the engine's URL as a gateway should dial it: the
+	// configured advertise_url, else one the agent derived (see
+	// AdvertiseSource); empty when the agent has none to offer. URL stays
+	// what the agent itself dials.
+	AdvertiseURL string `json:"advertise_url,omitempty"`
+	// AdvertiseSource is how AdvertiseURL was chosen: "config", "url"
+	// (the engine URL names a routable host), "node_address" (the engine
+	// listens on every interface; the node's primary address was offered)
+	// or "listen_address" (the one address the engine listens on).
+	AdvertiseSource string `json:"advertise_source,omitempty"`
+	// Listen lists the local addresses the engine's socket is bound to
+	// ("0.0.0.0:8000"), when the agent could see them.
+	Listen []string `json:"listen,omitempty"`
+
 	// Ranks are the KV pools of each data-parallel rank, sorted by DPRank.
 	Ranks       []Rank    `json:"ranks,omitempty"`
 	RanksSource string    `json:"ranks_source,omitempty"` // log path, "metrics", "server_info"
@@ -336,4 +359,12 @@ const (
 	// CloseSlowConsumer: the agent did not read fast enough and its
 	// outgoing queue filled.
 	CloseSlowConsumer = 4003
+)
+
+// How Engine.AdvertiseURL was chosen.
+const (
+	AdvertiseConfig        = "config"
+	AdvertiseURLHost       = "url"
+	AdvertiseNodeAddress   = "node_address"
+	AdvertiseListenAddress = "listen_address"
 )
