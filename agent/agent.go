@@ -124,7 +124,7 @@ func LogOptions(cfg config.Config) logsource.Options {
 func Engines(cfg config.Config) []engine.Config {
 	out := make([]engine.Config, len(cfg.Engines))
 	for i, e := range cfg.Engines {
-		out[i] = engine.Config{Kind: e.Kind, URL: e.URL, Log: e.Log, Model: e.Model, Node: cfg.Node.Name}
+		out[i] = engine.Config{Kind: e.Kind, URL: e.URL, Log: e.Log, Model: e.Model, AdvertiseURL: e.AdvertiseURL, Node: cfg.Node.Name}
 	}
 	return out
 }

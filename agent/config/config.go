@@ -52,6 +52,10 @@ type Engine struct {
 	Log string
 	// Model overrides the served model name, optional.
 	Model string
+	// AdvertiseURL is the engine's URL as gateways dial it, optional;
+	// URL is what the agent dials. Without it the agent offers one it
+	// derives (engine.Config.AdvertiseURL says how).
+	AdvertiseURL string
 }
 
 // EngineLogs say where this host keeps what the engines' log sources read
@@ -120,7 +124,7 @@ func Default() Config {
 
 // EngineSyntax is how an engine is written on the command line and in
 // HEFT_ENGINES (entries separated by ';').
-const EngineSyntax = "KIND=URL[,log=SOURCE][,model=NAME]"
+const EngineSyntax = "KIND=URL[,log=SOURCE][,model=NAME][,advertise=URL]"
 
 // command is heft-agent run's command line and configuration, bound to c:
 // one row per setting. A new setting is a field above and a row here.
@@ -171,6 +175,7 @@ func engineFields(e *Engine) []settings.Setting {
 		settings.String("url", &e.URL, "the engine's base URL"),
 		settings.String("log", &e.Log, "the engine's start-up log, optional: "+logsource.Usage),
 		settings.String("model", &e.Model, "the served model name, optional"),
+		settings.String("advertise_url", &e.AdvertiseURL, "the URL gateways dial for this engine, optional (default: the engine URL when its host is routable, else this node's primary address when the engine listens on every interface)"),
 	}
 }
 
@@ -242,7 +247,7 @@ func (c Config) String() string { return c.command().Describe() }
 // GoString keeps %#v as quiet about secrets as %v.
 func (c Config) GoString() string { return "config.Config{" + c.String() + "}" }
 
-// ParseEngine reads an engine in flag syntax: KIND=URL[,log=PATH][,model=NAME].
+// ParseEngine reads an engine in flag syntax: EngineSyntax.
 func ParseEngine(spec string) (Engine, error) {
 	parts := strings.Split(strings.TrimSpace(spec), ",")
 	kind, u, ok := strings.Cut(parts[0], "=")
@@ -259,8 +264,10 @@ func ParseEngine(spec string) (Engine, error) {
 			e.Log = strings.TrimSpace(v)
 		case k == "model":
 			e.Model = strings.TrimSpace(v)
+		case k == "advertise":
+			e.AdvertiseURL = strings.TrimSpace(v)
 		default:
-			return Engine{}, fmt.Errorf("engine %q: unknown option %q (want log or model)", spec, k)
+			return Engine{}, fmt.Errorf("engine %q: unknown option %q (want log, model or advertise)", spec, k)
 		}
 	}
 	return e, nil
@@ -309,6 +316,11 @@ func (c Config) Validate() error {
 		if e.Log != "" {
 			if _, err := logsource.Parse(e.Log); err != nil {
 				add("engine %d: log: %w", i+1, err)
+			}
+		}
+		if e.AdvertiseURL != "" {
+			if _, err := address.CheckURL("advertise_url", e.AdvertiseURL, "http", "https"); err != nil {
+				add("engine %d: %w", i+1, err)
 			}
 		}
 	}

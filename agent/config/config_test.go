@@ -33,6 +33,7 @@ name = "gpu-a"                   # default: the host name
 kind = "vllm"                    # vllm | sglang | mlx | llamacpp | ollama
 url = "http://127.0.0.1:8000"
 log = "/var/log/vllm/server.log" # optional: the engine's start-up log
+advertise_url = "http://10.0.0.5:8000" # what gateways dial (default: see the gateways issue)
 `
 
 func writeFile(t *testing.T, name, text string, mode os.FileMode) string {
@@ -66,7 +67,7 @@ func TestLoadProductExample(t *testing.T) {
 	if cfg.Node.Name != "gpu-a" {
 		t.Errorf("node = %q", cfg.Node.Name)
 	}
-	want := Engine{Kind: "vllm", URL: "http://127.0.0.1:8000", Log: "/var/log/vllm/server.log"}
+	want := Engine{Kind: "vllm", URL: "http://127.0.0.1:8000", Log: "/var/log/vllm/server.log", AdvertiseURL: "http://10.0.0.5:8000"}
 	if len(cfg.Engines) != 1 || cfg.Engines[0] != want {
 		t.Errorf("engines = %+v", cfg.Engines)
 	}
@@ -217,7 +218,7 @@ func TestLayering(t *testing.T) {
 			"--coordinator", "ws://10.0.0.5:7070/api/v1/agent",
 			"--token-file", tokFile,
 			"--node", "gpu-flag",
-			"--engine", "vllm=http://127.0.0.1:8001,log=/tmp/v.log,model=m",
+			"--engine", "vllm=http://127.0.0.1:8001,log=/tmp/v.log,model=m,advertise=http://10.0.0.7:8001",
 			"--engine", "llamacpp=http://127.0.0.1:8002",
 			"--log-level", "debug",
 		}, envOf(map[string]string{"HEFT_NODE": "gpu-env", "HEFT_TOKEN": "env-token", "HEFT_LOG_LEVEL": "warn"}))
@@ -230,7 +231,7 @@ func TestLayering(t *testing.T) {
 		if cfg.Coordinator.Token != "" || cfg.Coordinator.TokenFile != tokFile {
 			t.Errorf("coordinator = %+v", cfg.Coordinator)
 		}
-		if len(cfg.Engines) != 2 || cfg.Engines[0] != (Engine{Kind: "vllm", URL: "http://127.0.0.1:8001", Log: "/tmp/v.log", Model: "m"}) {
+		if len(cfg.Engines) != 2 || cfg.Engines[0] != (Engine{Kind: "vllm", URL: "http://127.0.0.1:8001", Log: "/tmp/v.log", Model: "m", AdvertiseURL: "http://10.0.0.7:8001"}) {
 			t.Errorf("engines = %+v", cfg.Engines)
 		}
 		tok, err := cfg.Token()
@@ -336,6 +337,12 @@ func TestValidateListsEveryProblem(t *testing.T) {
 			c.Engines = []Engine{{Kind: "vllm", URL: "http://user:pw@127.0.0.1:8000"}}
 		}, "must not carry credentials"},
 		{"engine URL without a scheme", func(c *Config) { c.Engines = []Engine{{Kind: "vllm", URL: "127.0.0.1:8000"}} }, "has no scheme"},
+		{"advertise URL without a scheme", func(c *Config) {
+			c.Engines = []Engine{{Kind: "vllm", URL: "http://127.0.0.1:8000", AdvertiseURL: "10.0.0.5:8000"}}
+		}, `advertise_url "10.0.0.5:8000" has no scheme`},
+		{"advertise URL with a query", func(c *Config) {
+			c.Engines = []Engine{{Kind: "vllm", URL: "http://127.0.0.1:8000", AdvertiseURL: "http://10.0.0.5:8000/?x=1"}}
+		}, "advertise_url"},
 		{"bad scheme", func(c *Config) { c.Coordinator.URL = "tcp://h:1" }, "scheme"},
 		{"no host", func(c *Config) { c.Coordinator.URL = "ws:///api" }, "no host"},
 		{"unparseable", func(c *Config) { c.Coordinator.URL = "ws://%zz" }, "coordinator URL"},
@@ -473,7 +480,7 @@ func TestLogSettings(t *testing.T) {
 		`probe.tokens="64 (env HEFT_PROBE_TOKENS)"`,
 		`log.json="true (flag --log-json)"`,
 		`[WARN]  setting overridden: key=engine value="kind=sglang,url=http://127.0.0.1:30000" from="flag --engine" ` +
-			`overrides="kind=vllm,url=http://127.0.0.1:8000,log=/var/log/vllm/server.log (file ` + path + `)"`,
+			`overrides="kind=vllm,url=http://127.0.0.1:8000,log=/var/log/vllm/server.log,advertise_url=http://10.0.0.5:8000 (file ` + path + `)"`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %s:\n%s", want, out)
@@ -488,7 +495,7 @@ func TestHelp(t *testing.T) {
 	var buf bytes.Buffer
 	Usage(&buf)
 	for _, want := range []string{"usage: heft-agent run", "--coordinator URL", "HEFT_COORDINATOR_URL", "--token-file FILE",
-		"--engine KIND=URL[,log=SOURCE][,model=NAME]", "HEFT_ENGINES", "--engine-logs-pods-root DIR", "default /var/log/pods", "--probe-concurrency N", "HEFT_PROBE_CONCURRENCY; default 16",
+		"--engine KIND=URL[,log=SOURCE][,model=NAME][,advertise=URL]", "HEFT_ENGINES", "--engine-logs-pods-root DIR", "default /var/log/pods", "--probe-concurrency N", "HEFT_PROBE_CONCURRENCY; default 16",
 		"--log-json ", "--snapshot-interval DURATION", "default 15s", "-h, --help"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("help lacks %q:\n%s", want, buf.String())

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -52,6 +53,9 @@ type Config struct {
 	Log string
 	// Model overrides the served model (Ollama serves many).
 	Model string
+	// AdvertiseURL is what gateways dial, when configured; else the
+	// client derives one (advertise.go).
+	AdvertiseURL string
 	// Node goes into the capacity key.
 	Node string
 	// Timeout bounds each request; DefaultTimeout when zero.
@@ -67,6 +71,7 @@ type Client struct {
 	port    int
 	local   bool
 	procs   *proc.Finder // nil for an engine on another host
+	primary func(v4 bool) (netip.Addr, error)
 	timeout time.Duration
 	http    *http.Client
 	logger  hclog.Logger
@@ -75,6 +80,8 @@ type Client struct {
 	lastModel string // last model seen, kept across a short outage
 	lastArgs  []string
 	lastSrc   string // source of lastArgs
+	listen    []netip.AddrPort
+	listenAt  time.Time
 	warned    map[string]bool
 }
 
@@ -104,6 +111,7 @@ func New(cfg Config, logger hclog.Logger) (*Client, error) {
 		base:    strings.TrimSuffix(clean, "/v1"),
 		port:    port,
 		local:   proc.IsLocalHost(u.Hostname()),
+		primary: PrimaryAddress,
 		timeout: timeout,
 		http: &http.Client{
 			// Redirects off: an engine does not redirect, a login proxy does.
@@ -190,6 +198,12 @@ type reading struct {
 	// args are launch arguments the engine serves, and where from.
 	args    map[string]string
 	argsSrc string
+	// running is what the engine runs at once, all ranks together, when
+	// its endpoints say (running.go), and where from.
+	running    int
+	runningSrc string
+	// loadsRead: SGLang's /v1/loads was read already.
+	loadsRead bool
 }
 
 // note records a failure. Endpoints the engine does not serve are not

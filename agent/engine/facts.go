@@ -24,6 +24,7 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog
 
 	// The engine's processes, when it runs on this host.
 	var tree []int
+	var pid int
 	var cmdArgs map[string]string
 	if r.down && c.procs != nil {
 		c.procs.Forget()
@@ -32,7 +33,7 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog
 		p, err := c.findProcess(ctx)
 		switch {
 		case err == nil:
-			e.PID, tree = p.Root, p.Tree
+			e.PID, tree, pid = p.Root, p.Tree, p.Root
 			if looksLikeEngine(p.Argv) {
 				cmdArgs = launch.FromCmdline(p.Argv)
 			}
@@ -77,6 +78,8 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog
 	}
 	e.LaunchArgs = boundList(args)
 	e.GPUUUIDs, e.ForeignProcesses = gpuUse(gpus, tree)
+	c.advertised(ctx, &e, r.down)
+	e.MaxRunning, e.MaxRunningSource = c.maxRunning(ctx, r, args, e, gpus, pid, logFacts)
 	if len(r.problems) > 0 {
 		e.Error = bound(strings.Join(r.problems, "; "))
 	}

@@ -26,7 +26,14 @@ var llamaCpp = descriptor{
 	}},
 	detect: detection{ownedBy: "llamacpp",
 		probes: []probe{{"/props", []string{"default_generation_settings", "total_slots"}}}},
+	running: llamaRunning,
 	adapter: llamaAdapter{},
+}
+
+// llamaRunning reads --parallel (-np) when /props did not say total_slots.
+func llamaRunning(in runningInput) (int, string) {
+	n, src, _ := positiveArg(in.args, "parallel")
+	return n, src
 }
 
 type llamaAdapter struct{}
@@ -36,6 +43,9 @@ func (a llamaAdapter) read(ctx context.Context, c *Client, r *reading) {
 	r.note(err)
 	if err == nil {
 		r.version, r.served = props.BuildInfo, props.ModelAlias
+		if props.TotalSlots > 0 {
+			r.running, r.runningSrc = int(min(props.TotalSlots, wire.MaxRunning)), SourceProps+" total_slots"
+		}
 		if p := props; p.NCtx > 0 && p.TotalSlots > 0 && p.NCtx <= maxKVTokens/p.TotalSlots {
 			r.pools, r.poolsSrc = []wire.Rank{{DPRank: 0, KVTokens: p.NCtx * p.TotalSlots}}, SourceProps
 		}

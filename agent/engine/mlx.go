@@ -19,7 +19,16 @@ var mlx = descriptor{
 	output:           OutputForm{Exact: false},
 	detect:           detection{fallback: true},
 	modelFromCmdline: true,
+	running:          mlxRunning,
 	adapter:          mlxAdapter{},
+}
+
+// mlxRunning reads --decode-concurrency (default 32).
+func mlxRunning(in runningInput) (int, string) {
+	if n, src, ok := positiveArg(in.args, "decode_concurrency"); ok {
+		return n, src
+	}
+	return 32, runningFromDefault + " 32"
 }
 
 type mlxAdapter struct{}

@@ -2,6 +2,9 @@ package engine
 
 import (
 	"context"
+	"fmt"
+	"strconv"
+	"strings"
 
 	"heft/shared/wire"
 )
@@ -17,7 +20,25 @@ var ollama = descriptor{
 	health:   "/api/version",
 	output:   OutputForm{Exact: false},
 	detect:   detection{probes: []probe{{"/api/version", []string{"version"}}}},
+	running:  ollamaRunning,
 	adapter:  ollamaAdapter{},
+}
+
+// ollamaRunning reads OLLAMA_NUM_PARALLEL from the server's environment
+// (default 1); unknown when that environment cannot be read.
+func ollamaRunning(in runningInput) (int, string) {
+	v, ok, err := in.env("OLLAMA_NUM_PARALLEL")
+	switch {
+	case err != nil:
+		return 0, ""
+	case !ok:
+		return 1, runningFromDefault + " 1 (OLLAMA_NUM_PARALLEL is not set)"
+	}
+	n, perr := strconv.Atoi(strings.TrimSpace(v))
+	if perr != nil || n <= 0 || n > wire.MaxRunning {
+		return 0, ""
+	}
+	return n, fmt.Sprintf("%s OLLAMA_NUM_PARALLEL=%d", runningFromEnv, n)
 }
 
 type ollamaAdapter struct{}

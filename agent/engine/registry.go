@@ -40,6 +40,11 @@ type descriptor struct {
 	// not the first of /v1/models (mlx-lm lists its whole Hugging Face
 	// cache there).
 	modelFromCmdline bool
+	// running reads how many sequences one data-parallel rank runs at
+	// once from the launch arguments, the process environment or the
+	// kind's default, and says where from; 0 when unknown. nil: never
+	// known beyond what the adapter reads from the engine's endpoints.
+	running func(in runningInput) (perRank int, src string)
 	// adapter reads what only this kind serves.
 	adapter adapter
 }

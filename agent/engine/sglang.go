@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 
 	"heft/shared/wire"
 )
@@ -34,7 +35,22 @@ var sglang = descriptor{
 		{"/server_info", []string{"tp_size", "model_path"}},
 		{"/get_server_info", []string{"tp_size", "model_path"}},
 	}},
+	running: sglangRunning,
 	adapter: sglangAdapter{},
+}
+
+// sglangRunning reads --max-running-requests, per rank; with DP attention
+// the ranks share it. SGLang's own default is sized from the KV pool, so
+// without the argument (or /v1/loads, /server_info) it is unknown.
+func sglangRunning(in runningInput) (int, string) {
+	n, src, ok := positiveArg(in.args, "max_running_requests")
+	if !ok {
+		return 0, ""
+	}
+	if dp, err := strconv.Atoi(in.args["data_parallel_size"]); err == nil && dp > 1 && in.args["enable_dp_attention"] == "true" {
+		return max(1, n/dp), src + " shared by the ranks (DP attention)"
+	}
+	return n, src
 }
 
 type sglangAdapter struct{}
@@ -52,6 +68,16 @@ func (a sglangAdapter) read(ctx context.Context, c *Client, r *reading) {
 	}
 	if !r.down {
 		a.readLoad(ctx, c, r)
+	}
+	if r.running == 0 && info.Running > 0 {
+		r.running, r.runningSrc = info.Running, SourceServerInfo+" effective_max_running_requests_per_dp"
+	}
+	if r.running == 0 && !r.down && !r.loadsRead {
+		// Older builds say it only in /v1/loads, which the metrics made
+		// unnecessary for the load.
+		if l, err := c.sglangLoads(ctx); err == nil && l.running > 0 {
+			r.running, r.runningSrc = l.running, SourceLoads+" max_running_requests"
+		}
 	}
 	if len(r.pools) > 0 || err != nil {
 		return
@@ -75,14 +101,18 @@ func (sglangAdapter) readLoad(ctx context.Context, c *Client, r *reading) {
 	if r.down || (mf.Load.Known && len(mf.Ranks) > 0) {
 		return
 	}
-	l, pools, err := c.sglangLoads(ctx)
+	l, err := c.sglangLoads(ctx)
 	r.note(err)
 	if err == nil {
+		r.loadsRead = true
 		if !r.load.Known {
-			r.load = l
+			r.load = l.load
 		}
-		if len(r.pools) == 0 && len(pools) > 0 {
-			r.pools, r.poolsSrc = pools, SourceLoads
+		if len(r.pools) == 0 && len(l.pools) > 0 {
+			r.pools, r.poolsSrc = l.pools, SourceLoads
+		}
+		if l.running > 0 {
+			r.running, r.runningSrc = l.running, SourceLoads+" max_running_requests"
 		}
 	} else if errors.Is(err, errNotServed) && !r.load.Known {
 		l, err := c.sglangGetLoad(ctx)
@@ -102,9 +132,9 @@ func (sglangAdapter) load(ctx context.Context, c *Client) (wire.Load, error) {
 	if err != nil && !errors.Is(err, errNotServed) {
 		return wire.Load{}, err
 	}
-	l, _, lerr := c.sglangLoads(ctx)
+	l, lerr := c.sglangLoads(ctx)
 	if lerr == nil {
-		return l, nil
+		return l.load, nil
 	}
 	if !errors.Is(lerr, errNotServed) {
 		return wire.Load{}, lerr
@@ -133,6 +163,9 @@ type serverInfo struct {
 	// also names its dp_rank.
 	Capacities []wire.Rank
 	Ranked     bool
+	// Running is the sum over ranks of effective_max_running_requests_per_dp
+	// (newer builds), 0 unless every rank says.
+	Running int
 }
 
 // serverInfoSkip are /server_info fields that are scheduler state, not
@@ -176,7 +209,8 @@ func (c *Client) sglangServerInfo(ctx context.Context) (serverInfo, error) {
 		}
 	}
 	var states []struct {
-		DPRank      *int `json:"dp_rank"`
+		DPRank      *int     `json:"dp_rank"`
+		Running     *float64 `json:"effective_max_running_requests_per_dp"`
 		MemoryUsage struct {
 			TokenCapacity float64 `json:"token_capacity"`
 		} `json:"memory_usage"`
@@ -184,6 +218,17 @@ func (c *Client) sglangServerInfo(ctx context.Context) (serverInfo, error) {
 	if json.Unmarshal(raw["internal_states"], &states) == nil && len(states) <= wire.MaxRanks {
 		info.Ranked = len(states) > 0
 		seen := map[int]bool{}
+		running, all := 0, len(states) > 0
+		for _, s := range states {
+			if s.Running == nil || count(*s.Running) == 0 {
+				all = false
+				continue
+			}
+			running += count(*s.Running)
+		}
+		if all {
+			info.Running = running
+		}
 		for i, s := range states {
 			k := i
 			if s.DPRank != nil && *s.DPRank >= 0 && *s.DPRank < wire.MaxRanks && !seen[*s.DPRank] {
@@ -227,11 +272,19 @@ func jsonScalar(v json.RawMessage) (string, bool) {
 	return string(v), true
 }
 
+// loadsReply is what /v1/loads says: the load and pools per rank, and
+// the sum over ranks of max_running_requests (0 unless every rank says).
+type loadsReply struct {
+	load    wire.Load
+	pools   []wire.Rank
+	running int
+}
+
 // sglangLoads reads /v1/loads (newest SGLang): per-rank load and pools.
-func (c *Client) sglangLoads(ctx context.Context) (wire.Load, []wire.Rank, error) {
+func (c *Client) sglangLoads(ctx context.Context) (loadsReply, error) {
 	body, _, err := c.get(ctx, "/v1/loads?include=core,memory", "application/json")
 	if err != nil {
-		return wire.Load{}, nil, err
+		return loadsReply{}, err
 	}
 	type entry struct {
 		DPRank            int     `json:"dp_rank"`
@@ -239,10 +292,11 @@ func (c *Client) sglangLoads(ctx context.Context) (wire.Load, []wire.Rank, error
 		NumWaitingReqs    float64 `json:"num_waiting_reqs"`
 		MaxTotalNumTokens float64 `json:"max_total_num_tokens"`
 		TokenUsage        float64 `json:"token_usage"`
+		MaxRunning        float64 `json:"max_running_requests"`
 	}
 	var entries []entry
 	if looksLikeHTML(body) {
-		return wire.Load{}, nil, errors.New("GET /v1/loads answered HTML, not JSON")
+		return loadsReply{}, errors.New("GET /v1/loads answered HTML, not JSON")
 	}
 	// The answer is {"loads":[...]} or, in some builds, the bare list.
 	var wrapped struct {
@@ -251,16 +305,22 @@ func (c *Client) sglangLoads(ctx context.Context) (wire.Load, []wire.Rank, error
 	if err := json.Unmarshal(body, &wrapped); err == nil && wrapped.Loads != nil {
 		entries = wrapped.Loads
 	} else if err := json.Unmarshal(body, &entries); err != nil {
-		return wire.Load{}, nil, fmt.Errorf("GET /v1/loads answered something that is not the expected JSON: %v", err)
+		return loadsReply{}, fmt.Errorf("GET /v1/loads answered something that is not the expected JSON: %v", err)
 	}
 	var ranks []wire.RankLoad
 	var pools []wire.Rank
 	seen := map[int]bool{}
+	running, all := 0, len(entries) > 0
 	for _, e := range entries {
 		if e.DPRank < 0 || e.DPRank >= wire.MaxRanks || seen[e.DPRank] {
 			continue
 		}
 		seen[e.DPRank] = true
+		if n := count(e.MaxRunning); n > 0 {
+			running += n
+		} else {
+			all = false
+		}
 		ranks = append(ranks, wire.RankLoad{DPRank: e.DPRank, Running: count(e.NumRunningReqs),
 			Waiting: count(e.NumWaitingReqs), KVUsage: fraction(e.TokenUsage)})
 		if t := tokens(e.MaxTotalNumTokens); t > 0 {
@@ -269,7 +329,11 @@ func (c *Client) sglangLoads(ctx context.Context) (wire.Load, []wire.Rank, error
 	}
 	sort.Slice(ranks, func(i, j int) bool { return ranks[i].DPRank < ranks[j].DPRank })
 	sort.Slice(pools, func(i, j int) bool { return pools[i].DPRank < pools[j].DPRank })
-	return sumLoad(ranks), pools, nil
+	out := loadsReply{load: sumLoad(ranks), pools: pools}
+	if all {
+		out.running = running
+	}
+	return out, nil
 }
 
 // sglangGetLoad reads the older /get_load list. num_reqs counts running

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"strings"
 
 	"heft/shared/wire"
 )
@@ -25,7 +26,27 @@ var vllm = descriptor{
 		return map[string]any{"min_tokens": n, "ignore_eos": true}
 	}},
 	detect:  detection{ownedBy: "vllm", probes: []probe{{"/version", []string{"version"}}}},
+	running: vllmRunning,
 	adapter: vllmAdapter{},
+}
+
+// vllmRunning reads --max-num-seqs, per data-parallel rank (each rank is
+// an engine core with its own scheduler). Without it vLLM's OpenAI server
+// takes 1024 on GPUs of 70 GiB or more that are not A100s, else 256
+// (engine/arg_utils.py, get_batch_defaults).
+func vllmRunning(in runningInput) (int, string) {
+	if n, src, ok := positiveArg(in.args, "max_num_seqs"); ok {
+		return n, src
+	}
+	if len(in.gpus) == 0 {
+		return 256, runningFromDefault + " 256 (1024 on GPUs of 70 GiB or more; the engine's GPUs are unknown)"
+	}
+	for _, g := range in.gpus {
+		if g.MemoryTotal < 70<<30 || strings.Contains(strings.ToLower(g.Name), "a100") {
+			return 256, runningFromDefault + " 256"
+		}
+	}
+	return 1024, runningFromDefault + " 1024 (GPUs of 70 GiB or more)"
 }
 
 type vllmAdapter struct{}

@@ -192,3 +192,20 @@ func IsLocalHost(host string) bool {
 	}
 	return false
 }
+
+// Getenv reads one variable of a process's environment as it was started
+// (/proc/PID/environ, readable by the process's user, root, or with
+// CAP_SYS_PTRACE). ok is false when the variable is not set.
+func Getenv(ctx context.Context, pid int, name string) (value string, ok bool, err error) {
+	p := &process.Process{Pid: int32(pid)}
+	env, err := p.EnvironWithContext(ctx)
+	if err != nil {
+		return "", false, fmt.Errorf("read the environment of pid %d: %w", pid, err)
+	}
+	for _, kv := range env {
+		if k, v, found := strings.Cut(kv, "="); found && k == name {
+			return v, true, nil
+		}
+	}
+	return "", false, nil
+}
