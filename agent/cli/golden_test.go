@@ -131,6 +131,8 @@ func TestGoldenInspectJSON(t *testing.T) {
 	text := strings.ReplaceAll(string(masked)+"\n", dir, "/LOGS")
 	for i, u := range urls {
 		text = strings.ReplaceAll(text, u, fmt.Sprintf("http://127.0.0.1:PORT%d", i))
+		// The listening sockets, in "listen" and the not_routable warning.
+		text = strings.ReplaceAll(text, strings.TrimPrefix(u, "http://"), fmt.Sprintf("127.0.0.1:PORT%d", i))
 	}
 	testutil.Golden(t, golden("inspect.json"), []byte(text))
 }

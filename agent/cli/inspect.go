@@ -57,7 +57,7 @@ func hostInspectDeps() inspectDeps {
 	}
 }
 
-// inspectEngineFlags collects repeated --engine KIND=URL[,log=PATH][,model=NAME].
+// inspectEngineFlags collects repeated --engine flags (config.EngineSyntax).
 type inspectEngineFlags []engine.Config
 
 func (f *inspectEngineFlags) String() string { return "" }
@@ -67,7 +67,7 @@ func (f *inspectEngineFlags) Set(v string) error {
 	if err != nil {
 		return err
 	}
-	ec := engine.Config{Kind: strings.ToLower(e.Kind), URL: e.URL, Log: e.Log, Model: e.Model}
+	ec := engine.Config{Kind: strings.ToLower(e.Kind), URL: e.URL, Log: e.Log, Model: e.Model, AdvertiseURL: e.AdvertiseURL}
 	if _, err := engine.New(ec, nil); err != nil {
 		return err
 	}
@@ -164,7 +164,7 @@ func parseInspect(args []string, stdio IO) (a inspectArgs, code int, ok bool) {
 		ports = append(ports, fmt.Sprintf("%s %d", strings.Join(p.Kinds, "/"), p.Port))
 	}
 	usage := func(w io.Writer) {
-		fmt.Fprintln(w, "usage: heft-agent inspect [--json] [--config FILE] [--engine KIND=URL[,log=SOURCE][,model=NAME]]... [--log SOURCE]")
+		fmt.Fprintln(w, "usage: heft-agent inspect [--json] [--config FILE] [--engine "+config.EngineSyntax+"]... [--log SOURCE]")
 		fmt.Fprintln(w, "                          [--node NAME] [--timeout 5s]")
 		fmt.Fprintln(w, "\nShows this host's GPUs and engines: models, load, KV pools per data-parallel rank, launch")
 		fmt.Fprintln(w, "arguments, capacity keys, foreign GPU processes and warnings. Without --engine or --config it")
@@ -179,7 +179,7 @@ func parseInspect(args []string, stdio IO) (a inspectArgs, code int, ok bool) {
 	fs.StringVar(&a.node, "node", "", "node `name` used in capacity keys (default: the config's, else the host name)")
 	fs.DurationVar(&a.timeout, "timeout", engine.DefaultTimeout, "limit for each request to an engine")
 	var engines inspectEngineFlags
-	fs.Var(&engines, "engine", "an engine to read, `KIND=URL[,log=SOURCE][,model=NAME]`; repeatable")
+	fs.Var(&engines, "engine", "an engine to read, `"+config.EngineSyntax+"`; repeatable")
 	fs.StringVar(&a.log, "log", "", "the start-up log (`SOURCE`) of the one engine inspected, as on pools")
 	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
 		return a, code, false
@@ -441,6 +441,12 @@ func inspectPrintEngine(w io.Writer, e wire.Engine, findings []health.Finding, l
 		row("launch args", "unknown")
 	}
 	row("capacity key", "%s", inspectOr(e.CapacityKey, "none (model unknown)"))
+	if e.MaxRunning > 0 {
+		row("runs at once", "%d sequences (%s)", e.MaxRunning, e.MaxRunningSource)
+	} else {
+		row("runs at once", "unknown")
+	}
+	row("gateways use", "%s", inspectAdvertise(e))
 	if e.PID > 0 {
 		gpus := "no GPU memory seen"
 		if len(e.GPUUUIDs) > 0 {
@@ -557,6 +563,25 @@ func inspectPrintLog(st logsource.Status, row func(string, string, ...any), more
 	for _, n := range st.Notes {
 		more("note: %s", n)
 	}
+}
+
+// inspectAdvertise says what gateways are offered for the engine, and why.
+func inspectAdvertise(e wire.Engine) string {
+	listen := strings.Join(e.Listen, ", ")
+	switch e.AdvertiseSource {
+	case wire.AdvertiseConfig:
+		return e.AdvertiseURL + " (advertise_url)"
+	case wire.AdvertiseURLHost:
+		return e.AdvertiseURL + " (the engine URL)"
+	case wire.AdvertiseNodeAddress:
+		return e.AdvertiseURL + " (this node's primary address: the engine listens on " + listen + ")"
+	case wire.AdvertiseListenAddress:
+		return e.AdvertiseURL + " (the engine listens on " + listen + ")"
+	}
+	if listen != "" {
+		return e.URL + " (the engine listens on " + listen + " only; see the warnings)"
+	}
+	return e.URL + " (where the engine listens is unknown; see the warnings)"
 }
 
 func inspectOr(s, fallback string) string {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/agent/engine"
 	"heft/agent/gpu"
 	"heft/shared/wire"
 	"heft/sim"
@@ -112,6 +113,9 @@ func TestInspectUnevenSGLangSim(t *testing.T) {
 		"engine sglang at " + s.URL(), "ready        yes",
 		"rank 0: 24,094 tokens", "rank 1: 2,925 tokens", "smallest/largest 0.12 (from " + logPath + ")",
 		"capacity key", "CRITICAL dp_pool_imbalance",
+		"runs at once 4096 sequences (server_info effective_max_running_requests_per_dp)",
+		"gateways use " + s.URL() + " (the engine listens on " + strings.TrimPrefix(s.URL(), "http://") + " only; see the warnings)",
+		"WARNING not_routable",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -170,7 +174,7 @@ func TestInspectConfig(t *testing.T) {
 	s := inspectSim(t, sim.Config{Flavor: "llamacpp"})
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "agent.toml")
-	toml := fmt.Sprintf("[node]\nname = \"mac-studio\"\n\n[[engine]]\nkind = \"llamacpp\"\nurl = %q\n", s.URL())
+	toml := fmt.Sprintf("[node]\nname = \"mac-studio\"\n\n[[engine]]\nkind = \"llamacpp\"\nurl = %q\nadvertise_url = \"http://mac-studio.lan:8080\"\n", s.URL())
 	if err := os.WriteFile(cfgPath, []byte(toml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -178,13 +182,48 @@ func TestInspectConfig(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %s", code, errOut)
 	}
-	for _, want := range []string{"node  mac-studio", "engine llamacpp at " + s.URL(), "(from props)"} {
+	for _, want := range []string{"node  mac-studio", "engine llamacpp at " + s.URL(), "(from props)",
+		"runs at once 16 sequences (props total_slots)", "gateways use http://mac-studio.lan:8080 (advertise_url)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
 	if code, _, errOut := inspectWith(t, nil, errNoNVML, nil, "--config", filepath.Join(dir, "missing.toml")); code != 1 || !strings.Contains(errOut, "missing.toml") {
 		t.Errorf("missing config: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// An engine listening on every interface is offered to gateways at this
+// node's primary address, and inspect says so.
+func TestInspectEngineOnEveryInterface(t *testing.T) {
+	primary, err := engine.PrimaryAddress(true)
+	if err != nil {
+		t.Skipf("this host has no primary address: %v", err)
+	}
+	// Bound to every IPv4 interface; the test dials it at 127.0.0.1 only.
+	s, err := sim.Start(sim.Config{Flavor: "llamacpp", SingleTPS: 60, Batch16TPS: 600}, "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	port := s.URL()[strings.LastIndexByte(s.URL(), ':')+1:]
+	local := "http://127.0.0.1:" + port
+	code, out, errOut := inspectWith(t, nil, errNoNVML, nil, "--engine", "llamacpp="+local)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, errOut)
+	}
+	// Go binds 0.0.0.0 as a dual-stack [::] socket where it can.
+	want := "gateways use http://" + primary.String() + ":" + port + " (this node's primary address: the engine listens on "
+	if !strings.Contains(out, want) || strings.Contains(out, "not_routable") {
+		t.Errorf("output lacks %q (or warns):\n%s", want, out)
+	}
+	code, out, _ = inspectWith(t, nil, errNoNVML, nil, "--json", "--engine", "llamacpp="+local)
+	var rep inspectReport
+	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil || len(rep.Engines) != 1 {
+		t.Fatalf("exit %d, output %s", code, out)
+	}
+	if e := rep.Engines[0]; e.AdvertiseURL != "http://"+primary.String()+":"+port || e.AdvertiseSource != wire.AdvertiseNodeAddress {
+		t.Errorf("json: advertise %q (%s)", e.AdvertiseURL, e.AdvertiseSource)
 	}
 }
 

@@ -183,7 +183,7 @@ type WarningStats struct{ Code, Severity string }
 var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire.CodeGPUThrottled,
 	wire.CodeForeignGPUProcess, wire.CodeProbeIncompleteOutput, wire.CodeProbeFailed,
 	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped,
-	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree}
+	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree, wire.CodeNotRoutable}
 
 // ProbeReasons lists every reason a probe is requested for.
 var ProbeReasons = []string{wire.ReasonRegistration, wire.ReasonScheduled, wire.ReasonOnDemand}

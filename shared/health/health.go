@@ -5,10 +5,13 @@ package health
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
 
+	"heft/shared/address"
 	"heft/shared/wire"
 )
 
@@ -135,7 +138,50 @@ func Engine(e wire.Engine, gpus []wire.GPU, th Thresholds) []Finding {
 	if f := ForeignProcesses(e, gpus, th); f != nil {
 		out = append(out, *f)
 	}
+	if f := Routable(e); f != nil {
+		out = append(out, *f)
+	}
 	return out
+}
+
+// Routable warns when a gateway on another node could not reach the
+// engine: the URL offered to gateways (its advertise URL, else the URL
+// the agent dials) names this node's loopback. A gateway on the same node
+// still can, so the worker is not held.
+func Routable(e wire.Engine) *Finding {
+	const fix = "Set advertise_url in its [[engine]] table to an address gateways reach"
+	if e.AdvertiseURL != "" {
+		if !address.IsLoopback(urlHost(e.AdvertiseURL)) {
+			return nil
+		}
+		return &Finding{Code: wire.CodeNotRoutable, Severity: wire.SeverityWarning, Message: "the engine is advertised to gateways at " +
+			e.AdvertiseURL + ", a loopback address: only a gateway on this node can reach it. " + fix + "."}
+	}
+	host := urlHost(e.URL)
+	if !address.IsLoopback(host) && !isUnspecified(host) {
+		return nil
+	}
+	msg := "gateways are given the engine URL " + e.URL + ", a loopback address, "
+	if len(e.Listen) > 0 {
+		msg += "because the engine listens on " + strings.Join(e.Listen, ", ") + " only: a gateway on another node cannot reach it. " +
+			"Start the engine on 0.0.0.0 (the agent then offers this node's address) or on this node's address, or " + strings.ToLower(fix[:1]) + fix[1:] + "."
+	} else {
+		msg += "and the agent could not see where the engine listens: only a gateway on this node can reach it. " + fix + "."
+	}
+	return &Finding{Code: wire.CodeNotRoutable, Severity: wire.SeverityWarning, Message: msg}
+}
+
+func urlHost(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	return u.Hostname()
+}
+
+func isUnspecified(host string) bool {
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
 }
 
 // problems quotes the first few of a measurement's problems, each cut
