@@ -91,6 +91,33 @@
 // worker. Numbers are validated on every way in, and a weight that is not
 // a finite number above zero never reaches the table.
 //
+// # What gateways dial, and how much they may send
+//
+// A worker's address (Address) is the host:port of its agent's advertise
+// URL, else of the URL the agent dials. A loopback one is warned about
+// (not_routable, warning): a gateway on another node cannot reach it, one
+// on the same node can, so the worker is not held.
+//
+// A worker's max_concurrency (MaxConcurrency) is how many requests a
+// gateway should have open on it at once, for HAProxy's maxconn and
+// LiteLLM's max_parallel_requests. R is what the engine runs at once, as
+// its agent reports (max running sequences per data-parallel rank × ranks);
+// w is the worker's weight (pinned or computed); then
+//
+//	max_concurrency = max(R, ⌈R · w⌉)   (R alone for a worker without a weight)
+//
+// and null while R is unknown, so that no gateway is capped by a guess.
+// Never below R: a cap under what the engine runs leaves it idle while
+// requests wait at the gateway (a flat cap of 24 held back a worker that
+// ran 32; caps scaled down by weight lost 15 % of the fleet's capacity at
+// 90 % load, while caps equal to R were safe). Growing with the weight:
+// weights are relative to the model's median worker, which gets exactly
+// R; a worker measured k times faster finishes requests k times as often,
+// so k times as many may wait on it for about as long as on the median.
+// The KV pools are not part of the rule: how many sequences a pool holds
+// depends on their lengths, which heft does not know, and an engine runs
+// no more than R whatever its pool holds.
+//
 // # Measurements
 //
 // The newest measurement of each capacity key is cached with a bounded

@@ -128,7 +128,8 @@ func (f *Fleet) Weights(model string) (view.Weights, bool) {
 	sort.Slice(in, func(i, j int) bool { return less(in[i], in[j]) })
 	for _, w := range in {
 		_, pinned := f.pins[w.id]
-		e := view.WeightEntry{ID: w.id, Node: w.node, URL: w.eng.URL, Weight: *w.weight, Pinned: pinned}
+		e := view.WeightEntry{ID: w.id, Node: w.node, URL: w.eng.URL, Address: Address(w.eng), Weight: *w.weight, Pinned: pinned,
+			MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, w.weight)}
 		if m := f.newest(w.id); m != nil {
 			tps, at := m.ThroughputTPS, m.FinishedAt
 			e.Throughput, e.MeasuredAt = &tps, &at
@@ -271,6 +272,12 @@ func (f *Fleet) view(w *worker) view.Worker {
 		EngineVersion: w.eng.Version, AdminDecision: f.decisions[w.id], LaunchArgs: slices.Clone(w.eng.LaunchArgs),
 		GPUs: append([]wire.GPU{}, w.gpus...), Load: w.eng.Load, History: []view.MeasurementPoint{},
 		AgentConnected: f.connected(w), ProbeStatus: w.probe.status,
+		Address: Address(w.eng), MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, w.weight),
+		MaxRunningSource: w.eng.MaxRunningSource, AdvertiseSource: w.eng.AdvertiseSource,
+	}
+	if w.eng.MaxRunning > 0 {
+		n := w.eng.MaxRunning
+		v.MaxRunning = &n
 	}
 	v.Load.Ranks = slices.Clone(v.Load.Ranks)
 	if p, ok := f.pins[w.id]; ok {

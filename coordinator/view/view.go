@@ -43,11 +43,14 @@ type MeasurementPoint struct {
 // Worker is one engine endpoint as GET /api/v1/workers shows it. The first
 // block of fields is the public contract; the rest are extensions.
 type Worker struct {
-	ID           string     `json:"id"`
-	Node         string     `json:"node"`
-	Model        string     `json:"model"`
-	Engine       string     `json:"engine"`
-	URL          string     `json:"url"`
+	ID     string `json:"id"`
+	Node   string `json:"node"`
+	Model  string `json:"model"`
+	Engine string `json:"engine"`
+	URL    string `json:"url"`
+	// Address is the host:port a gateway dials: the agent's advertise URL,
+	// else its URL (see fleet.Address).
+	Address      string     `json:"address"`
 	State        string     `json:"state"`
 	Throughput   *float64   `json:"throughput_tps"`
 	Weight       *float64   `json:"weight"`
@@ -78,6 +81,17 @@ type Worker struct {
 	Complete      *bool           `json:"complete"`
 	MissingRanks  []int           `json:"missing_ranks,omitempty"`
 	LogSource     *wire.LogSource `json:"log_source,omitempty"` // where the agent reads the engine's log
+
+	// MaxRunning is what the engine runs at once (its agent's report);
+	// MaxConcurrency the most requests a gateway should have open on the
+	// worker (fleet.MaxConcurrency). null while the engine's limit is
+	// unknown.
+	MaxRunning       *int   `json:"max_running"`
+	MaxRunningSource string `json:"max_running_source,omitempty"`
+	MaxConcurrency   *int   `json:"max_concurrency"`
+	// AdvertiseSource says how the agent chose the address: config, url,
+	// node_address or listen_address; "" when it offered none.
+	AdvertiseSource string `json:"advertise_source,omitempty"`
 }
 
 // Workers is the body of GET /api/v1/workers.
@@ -93,10 +107,13 @@ type WeightEntry struct {
 	ID         string     `json:"id"`
 	Node       string     `json:"node"`
 	URL        string     `json:"url"`
+	Address    string     `json:"address"`
 	Weight     float64    `json:"weight"`
 	Pinned     bool       `json:"pinned"`
 	Throughput *float64   `json:"throughput_tps"`
 	MeasuredAt *time.Time `json:"measured_at"`
+	// MaxConcurrency as in Worker.
+	MaxConcurrency *int `json:"max_concurrency"`
 }
 
 // Weights is the body of GET /api/v1/models/{model}/weights.
