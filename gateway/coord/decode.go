@@ -13,17 +13,9 @@ import (
 )
 
 // Worker is one worker as heft-sync reads it from the coordinator: the
-// public view.Worker plus the fields the gateways issue adds to the API.
-// Decoding them here already means a coordinator that sends them is used
-// as soon as it does; until then they are empty.
-type Worker struct {
-	view.Worker
-	// Address is the host:port a gateway dials (the agent's advertise_url).
-	Address string `json:"address"`
-	// MaxConcurrency is how many requests the worker runs at once; nil
-	// while the coordinator does not say.
-	MaxConcurrency *int `json:"max_concurrency"`
-}
+// API's own view.Worker. Its address and max_concurrency are empty when a
+// coordinator older than them sends none (target.Address copes).
+type Worker = view.Worker
 
 // maxBody bounds what one workers document may hold: tens of thousands of
 // workers with their history fit; anything larger is not a coordinator.

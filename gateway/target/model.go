@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"heft/coordinator/view"
-	"heft/gateway/coord"
 )
 
 // Backend is one worker as a gateway should see it.
@@ -59,7 +58,7 @@ func (m Model) Serving() []Backend {
 // arguments is a new worker while the old one shows offline for a while.
 // Then a serving worker wins over one that is not, and among equals the
 // one measured last, so the gateway follows what runs there now.
-func ForModel(model string, ws []coord.Worker) (Model, []string) {
+func ForModel(model string, ws []view.Worker) (Model, []string) {
 	m := Model{Name: model}
 	var problems []string
 	byAddr := map[string]int{}
@@ -104,12 +103,14 @@ func ForModel(model string, ws []coord.Worker) (Model, []string) {
 
 // Address returns the host:port a gateway dials for w, and the scheme.
 //
-// The coordinator's API gains "address" (the agent's advertise_url) in the
-// gateways issue; until a coordinator sends it, the address is derived
-// from "url", the engine URL the agent dialled, which is only right when
-// the agent dialled the engine by an address the gateway can reach too.
-// This is the one place that decides it.
-func Address(w coord.Worker) (addr, scheme string, err error) {
+// A coordinator sends "address", the host:port of the agent's advertise
+// URL (or of its URL when the agent offered none), with every worker. One
+// older than that field sends none; for it the address is derived from
+// "url", the engine URL the agent dialled, which is only right when the
+// agent dialled the engine at an address the gateway reaches too. That
+// fallback stays while such coordinators may run (they predate heft-sync,
+// so it is cheap to keep); this is the one place that decides it.
+func Address(w view.Worker) (addr, scheme string, err error) {
 	scheme = "http"
 	if u, perr := url.Parse(w.URL); perr == nil && u.Scheme == "https" {
 		scheme = "https"

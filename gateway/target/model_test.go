@@ -14,7 +14,7 @@ import (
 const model = "Qwen/Qwen3-8B"
 
 func worker(id, url, state string, weight *float64) coord.Worker {
-	return coord.Worker{Worker: view.Worker{ID: id, Model: model, URL: url, State: state, Weight: weight}}
+	return coord.Worker{ID: id, Model: model, URL: url, State: state, Weight: weight}
 }
 
 func f(x float64) *float64 { return &x }
@@ -28,7 +28,7 @@ func TestForModelStates(t *testing.T) {
 		worker("e", "http://10.0.0.5:8000", view.StateMeasuring, nil),
 		worker("f", "http://10.0.0.6:8000", view.StateAdmitted, f(0)), // weight 0: drained
 		worker("g", "http://10.0.0.7:8000", view.StateAdmitted, nil),  // admitted without a weight: drained
-		{Worker: view.Worker{ID: "other", Model: "other", URL: "http://10.0.0.9:8000", State: view.StateAdmitted, Weight: f(1)}},
+		{ID: "other", Model: "other", URL: "http://10.0.0.9:8000", State: view.StateAdmitted, Weight: f(1)},
 	}
 	m, problems := ForModel(model, ws)
 	if len(problems) != 0 {
@@ -107,7 +107,7 @@ func TestAddress(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.url+" "+c.address, func(t *testing.T) {
-			w := coord.Worker{Worker: view.Worker{ID: "x", URL: c.url}, Address: c.address}
+			w := coord.Worker{ID: "x", URL: c.url, Address: c.address}
 			got, scheme, err := Address(w)
 			if c.bad {
 				if err == nil {

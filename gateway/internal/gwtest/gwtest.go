@@ -58,13 +58,13 @@ func FreePort(t testing.TB) int {
 }
 
 // Worker builds a coordinator worker of model at addr (host:port) in
-// state with weight (ignored unless admitted). The URL is the one the
-// agent dialled, as today's coordinator reports it.
+// state with weight (ignored unless admitted), as the coordinator reports
+// it: its address, and the engine URL its agent dials.
 func Worker(model, addr, state string, weight float64) coord.Worker {
-	w := coord.Worker{Worker: view.Worker{
+	w := coord.Worker{
 		ID: "w-" + addr, Node: "node-" + addr, Model: model, Engine: "vllm",
-		URL: "http://" + addr, State: state, Ranks: []view.Rank{}, Warnings: []view.Warning{},
-	}}
+		URL: "http://" + addr, Address: addr, State: state, Ranks: []view.Rank{}, Warnings: []view.Warning{},
+	}
 	if state == view.StateAdmitted {
 		w.Weight = &weight
 	}
