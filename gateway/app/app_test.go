@@ -17,7 +17,7 @@ import (
 	"heft/coordinator/view"
 	"heft/gateway/app"
 	"heft/gateway/config"
-	"heft/gateway/internal/gwtest"
+	"heft/gateway/gwtest"
 	"heft/gateway/syncer"
 	"heft/shared/testutil"
 )

@@ -18,7 +18,7 @@ import (
 	"heft/coordinator/view"
 	"heft/gateway/coord"
 	"heft/gateway/envoy"
-	"heft/gateway/internal/gwtest"
+	"heft/gateway/gwtest"
 	"heft/gateway/target"
 	"heft/shared/testutil"
 )

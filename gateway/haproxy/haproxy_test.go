@@ -13,8 +13,8 @@ import (
 
 	"heft/coordinator/view"
 	"heft/gateway/coord"
+	"heft/gateway/gwtest"
 	"heft/gateway/haproxy"
-	"heft/gateway/internal/gwtest"
 	"heft/gateway/target"
 	"heft/shared/testutil"
 )

@@ -7,12 +7,13 @@ import (
 	"slices"
 	"strings"
 
+	"heft/gateway/render"
 	"heft/gateway/scale"
 	"heft/gateway/target"
 )
 
 // maxWeight is the largest weight HAProxy's runtime API accepts.
-const maxWeight = 256
+const maxWeight = render.HAProxyMaxWeight
 
 // want is a backend with its resolved address and its weight in HAProxy's
 // range.

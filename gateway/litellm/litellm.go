@@ -12,22 +12,18 @@ package litellm
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"gopkg.in/yaml.v3"
 
 	"heft/gateway/filewrite"
-	"heft/gateway/scale"
+	"heft/gateway/render"
 	"heft/gateway/target"
 )
 
@@ -77,19 +73,10 @@ func NewFile(path string, command []string, timeout time.Duration, logger hclog.
 }
 
 // Deployment is one entry of model_list.
-type Deployment struct {
-	ModelName     string `yaml:"model_name"`
-	LiteLLMParams Params `yaml:"litellm_params"`
-}
+type Deployment = render.Deployment
 
 // Params are a deployment's litellm_params.
-type Params struct {
-	Model               string  `yaml:"model"`
-	APIBase             string  `yaml:"api_base"`
-	APIKey              string  `yaml:"api_key,omitempty"`
-	Weight              float64 `yaml:"weight"`
-	MaxParallelRequests int     `yaml:"max_parallel_requests,omitempty"`
-}
+type Params = render.Params
 
 // Target is one model in a file.
 type Target struct {
@@ -119,33 +106,7 @@ func (t *Target) Model() string { return t.cfg.Model }
 
 // Deployments returns the model_list entries of m's serving workers.
 func Deployments(cfg Config, m target.Model) ([]Deployment, float64) {
-	var out []Deployment
-	var fs []float64
-	for _, b := range m.Serving() {
-		fs = append(fs, b.Weight)
-		out = append(out, Deployment{ModelName: cfg.ModelName, LiteLLMParams: Params{
-			Model:               cfg.Provider + "/" + m.Name,
-			APIBase:             b.Scheme + "://" + b.Address + "/v1",
-			APIKey:              cfg.APIKey,
-			Weight:              math.Round(b.Weight*1000) / 1000,
-			MaxParallelRequests: b.MaxConcurrency,
-		}})
-	}
-	written := make([]float64, len(out))
-	for i, d := range out {
-		written[i] = d.LiteLLMParams.Weight
-	}
-	// The error of writing three decimals, in the same terms as the
-	// integer gateways.
-	return out, shareError(fs, written)
-}
-
-func shareError(want, got []float64) float64 {
-	ints := make([]int, len(got))
-	for i, g := range got {
-		ints[i] = int(math.Round(g * 1000))
-	}
-	return scale.ShareError(want, ints)
+	return render.Deployments(render.LiteLLM{ModelName: cfg.ModelName, Provider: cfg.Provider, APIKey: cfg.APIKey}, m)
 }
 
 // Apply implements target.Target.
@@ -192,21 +153,9 @@ func (f *File) render() ([]byte, error) {
 	for _, ds := range f.models {
 		all = append(all, ds...)
 	}
-	slices.SortFunc(all, func(a, b Deployment) int {
-		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.LiteLLMParams.APIBase, b.LiteLLMParams.APIBase))
-	})
-	if all == nil {
-		all = []Deployment{}
+	data, err := render.ModelList(all)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.path, err)
 	}
-	var buf bytes.Buffer
-	buf.WriteString("# Written by heft-sync from the coordinator's weights; include it from LiteLLM's config.yaml.\n")
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(map[string][]Deployment{"model_list": all}); err != nil {
-		return nil, fmt.Errorf("render %s: %w", f.path, err)
-	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("render %s: %w", f.path, err)
-	}
-	return buf.Bytes(), nil
+	return data, nil
 }

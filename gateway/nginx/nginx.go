@@ -18,14 +18,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/gateway/filewrite"
-	"heft/gateway/scale"
+	"heft/gateway/render"
 	"heft/gateway/target"
 )
 
-// MaxWeight is the largest weight heft-sync writes: nginx takes any
-// positive integer; 100 keeps the file readable and the ratios within a
-// few tenths of a per cent for heft's weight range (0.25–8).
-const MaxWeight = 100
+// MaxWeight is the largest weight heft-sync writes (render.NginxMaxWeight).
+const MaxWeight = render.NginxMaxWeight
 
 // Config is one [[nginx]] table.
 type Config struct {
@@ -107,37 +105,7 @@ func (n *Nginx) Model() string { return n.cfg.Model }
 
 // Render returns the file's content for m, and the rounding error.
 func Render(cfg Config, m target.Model) ([]byte, float64) {
-	serving := m.Serving()
-	fs := make([]float64, len(serving))
-	for i, b := range serving {
-		fs[i] = b.Weight
-	}
-	ints, rounding := scale.Ints(fs, MaxWeight)
-	weight := map[string]int{}
-	for i, b := range serving {
-		weight[b.Address] = ints[i]
-	}
-	var buf bytes.Buffer
-	fmt.Fprintf(&buf, "# Written by heft-sync for model %q; heft-sync rewrites it, so edit its [[nginx]] table instead.\n", m.Name)
-	fmt.Fprintf(&buf, "upstream %s {\n", cfg.Upstream)
-	for _, d := range cfg.Directives {
-		fmt.Fprintf(&buf, "    %s;\n", strings.TrimSpace(d))
-	}
-	for _, b := range m.Backends {
-		line := "    server " + b.Address
-		if w, ok := weight[b.Address]; ok {
-			line += fmt.Sprintf(" weight=%d", w)
-			if cfg.MaxConns && b.MaxConcurrency > 0 {
-				line += fmt.Sprintf(" max_conns=%d", b.MaxConcurrency)
-			}
-			line += ";"
-		} else {
-			line += " down;"
-		}
-		fmt.Fprintf(&buf, "%-48s # %s, %s\n", line, b.State, b.WorkerID)
-	}
-	buf.WriteString("}\n")
-	return buf.Bytes(), rounding
+	return render.NginxUpstream(render.Nginx{Upstream: cfg.Upstream, Directives: cfg.Directives, MaxConns: cfg.MaxConns}, m)
 }
 
 // Apply implements target.Target.

@@ -13,7 +13,7 @@ import (
 
 	"heft/coordinator/view"
 	"heft/gateway/coord"
-	"heft/gateway/internal/gwtest"
+	"heft/gateway/gwtest"
 	"heft/gateway/nginx"
 	"heft/gateway/scale"
 	"heft/gateway/target"

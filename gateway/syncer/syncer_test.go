@@ -12,7 +12,7 @@ import (
 
 	"heft/coordinator/view"
 	"heft/gateway/coord"
-	"heft/gateway/internal/gwtest"
+	"heft/gateway/gwtest"
 	"heft/gateway/target"
 	htest "heft/shared/testutil"
 )

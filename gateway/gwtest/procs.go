@@ -206,3 +206,40 @@ func (n *Nginx) Log() string {
 	data, _ := os.ReadFile(filepath.Join(n.Dir, "error.log"))
 	return n.log.String() + string(data)
 }
+
+// CheckHAProxyConfig runs "haproxy -c" on cfg and fails the test with
+// haproxy's own words when it refuses it.
+func CheckHAProxyConfig(t testing.TB, cfg string) {
+	t.Helper()
+	bin := RequireBinary(t, "haproxy")
+	path := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "-c", "-f", path).CombinedOutput(); err != nil {
+		t.Fatalf("haproxy -c refuses the configuration: %v\n%s\n--- configuration:\n%s", err, out, cfg)
+	}
+}
+
+// CheckNginxConfig runs "nginx -t" on an nginx.conf around httpBody (see
+// NginxConf), with upstream as the file {{upstream_file}} names, and
+// fails the test with nginx's own words when it refuses them.
+func CheckNginxConfig(t testing.TB, httpBody, upstream string) {
+	t.Helper()
+	bin := RequireBinary(t, "nginx")
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf, up := filepath.Join(dir, "nginx.conf"), filepath.Join(dir, "heft-upstream.conf")
+	text := strings.NewReplacer("{{dir}}", dir, "{{front}}", "127.0.0.1:9", "{{upstream_file}}", up).Replace(NginxConf(httpBody))
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(up, []byte(upstream), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "-t", "-p", dir, "-c", conf).CombinedOutput(); err != nil {
+		t.Fatalf("nginx -t refuses the configuration: %v\n%s\n--- upstream file:\n%s", err, out, upstream)
+	}
+}

@@ -1,0 +1,224 @@
+// Package render writes a model's desired state (target.Model) in each
+// gateway's own configuration language: HAProxy server lines, an nginx
+// upstream block, a LiteLLM model_list. It is pure (text in, text out, no
+// I/O), so heft-sync's drivers and the coordinator's one-shot renderings
+// (GET /api/v1/models/{model}/weights?format=...) share one rendering.
+package render
+
+import (
+	"bytes"
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"heft/gateway/scale"
+	"heft/gateway/target"
+)
+
+// Weight ranges: HAProxy takes 1–256 (its runtime API's limit too); nginx
+// takes any positive integer, and 100 keeps the file readable and the
+// ratios within a few tenths of a per cent for heft's weights (0.25–8).
+const (
+	HAProxyMaxWeight = 256
+	NginxMaxWeight   = 100
+)
+
+// intWeights scales the serving backends' weights to 1..hi, by address.
+func intWeights(m target.Model, hi int) (map[string]int, float64) {
+	serving := m.Serving()
+	fs := make([]float64, len(serving))
+	for i, b := range serving {
+		fs[i] = b.Weight
+	}
+	ints, rounding := scale.Ints(fs, hi)
+	out := make(map[string]int, len(serving))
+	for i, b := range serving {
+		out[b.Address] = ints[i]
+	}
+	return out, rounding
+}
+
+// HAProxy returns the server lines of a backend for m, indented for a
+// "backend" section, and the rounding error of the weights. Serving
+// workers come first, heaviest first (so "balance first" fills the
+// fastest one first), each with its weight in 1–256 and, when known,
+// "maxconn" = its max_concurrency; held, offline and unmeasured workers
+// follow as "disabled" (maintenance: no traffic until the next rendering
+// says otherwise). Each line ends with a comment naming the worker.
+func HAProxy(m target.Model) ([]byte, float64) {
+	weights, rounding := intWeights(m, HAProxyMaxWeight)
+	bs := slices.Clone(m.Backends)
+	slices.SortStableFunc(bs, func(a, b target.Backend) int {
+		if a.Serving != b.Serving {
+			if a.Serving {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Or(cmp.Compare(b.Weight, a.Weight), cmp.Compare(a.Address, b.Address))
+	})
+	var buf bytes.Buffer
+	for _, b := range bs {
+		line := fmt.Sprintf("    server %s %s", HAProxyServerName(b.Address), b.Address)
+		if b.Scheme == "https" {
+			line += " ssl verify required ca-file @system-ca"
+		}
+		if w, ok := weights[b.Address]; ok {
+			line += fmt.Sprintf(" weight %d", w)
+		} else {
+			line += " weight 1"
+		}
+		if b.MaxConcurrency > 0 {
+			line += fmt.Sprintf(" maxconn %d", b.MaxConcurrency)
+		}
+		if !b.Serving {
+			line += " disabled"
+		}
+		fmt.Fprintf(&buf, "%s  # %s, %s\n", line, describe(b), b.WorkerID)
+	}
+	return buf.Bytes(), rounding
+}
+
+// HAProxyServerName is a server name for an address: "heft-" and the
+// address, with what HAProxy does not take in a name replaced by "_".
+func HAProxyServerName(addr string) string {
+	return "heft-" + strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			return r
+		case r == ':':
+			return '-'
+		default:
+			return '_'
+		}
+	}, strings.NewReplacer("[", "", "]", "").Replace(addr))
+}
+
+func describe(b target.Backend) string {
+	if b.Serving {
+		return fmt.Sprintf("%s, weight %.3g", b.State, b.Weight)
+	}
+	return b.State
+}
+
+// Nginx describes an upstream block.
+type Nginx struct {
+	Upstream string
+	// Directives go inside the block before the servers, one each,
+	// without the ";": "least_conn", "keepalive 32".
+	Directives []string
+	// MaxConns writes max_conns= from max_concurrency. nginx OSS has no
+	// queue behind it: a full upstream answers 502 instead of waiting.
+	MaxConns bool
+}
+
+// NginxUpstream returns a whole file holding m's upstream block, and the
+// rounding error: serving workers with "weight=" in 1–100, the others
+// "down", each line with a comment naming its state and worker.
+func NginxUpstream(cfg Nginx, m target.Model) ([]byte, float64) {
+	weights, rounding := intWeights(m, NginxMaxWeight)
+	var buf bytes.Buffer
+	fmt.Fprintf(&buf, "# Written by heft for model %q; it is rewritten from heft's weights, so change the settings that render it instead.\n", m.Name)
+	fmt.Fprintf(&buf, "upstream %s {\n", cfg.Upstream)
+	for _, d := range cfg.Directives {
+		fmt.Fprintf(&buf, "    %s;\n", strings.TrimSpace(d))
+	}
+	for _, b := range m.Backends {
+		line := "    server " + b.Address
+		if w, ok := weights[b.Address]; ok {
+			line += fmt.Sprintf(" weight=%d", w)
+			if cfg.MaxConns && b.MaxConcurrency > 0 {
+				line += fmt.Sprintf(" max_conns=%d", b.MaxConcurrency)
+			}
+			line += ";"
+		} else {
+			line += " down;"
+		}
+		fmt.Fprintf(&buf, "%-48s # %s, %s\n", line, b.State, b.WorkerID)
+	}
+	buf.WriteString("}\n")
+	return buf.Bytes(), rounding
+}
+
+// LiteLLM describes the deployments of one model in a model_list.
+type LiteLLM struct {
+	// ModelName is what LiteLLM's clients ask for (default: the model).
+	ModelName string
+	// Provider prefixes litellm_params.model (default "hosted_vllm").
+	Provider string
+	// APIKey, when set, is written as litellm_params.api_key, e.g.
+	// "os.environ/VLLM_API_KEY".
+	APIKey string
+}
+
+// Deployment is one entry of LiteLLM's model_list.
+type Deployment struct {
+	ModelName     string `yaml:"model_name"`
+	LiteLLMParams Params `yaml:"litellm_params"`
+}
+
+// Params are a deployment's litellm_params.
+type Params struct {
+	Model               string  `yaml:"model"`
+	APIBase             string  `yaml:"api_base"`
+	APIKey              string  `yaml:"api_key,omitempty"`
+	Weight              float64 `yaml:"weight"`
+	MaxParallelRequests int     `yaml:"max_parallel_requests,omitempty"`
+}
+
+// Deployments returns the model_list entries of m's serving workers (the
+// others are left out), and the error of writing the weights with three
+// decimals, in the same terms as the integer gateways' rounding error.
+// LiteLLM's simple-shuffle picks a deployment at random in proportion to
+// litellm_params.weight.
+func Deployments(cfg LiteLLM, m target.Model) ([]Deployment, float64) {
+	if cfg.ModelName == "" {
+		cfg.ModelName = m.Name
+	}
+	if cfg.Provider == "" {
+		cfg.Provider = "hosted_vllm"
+	}
+	var out []Deployment
+	var want []float64
+	var got []int
+	for _, b := range m.Serving() {
+		w := math.Round(b.Weight*1000) / 1000
+		want, got = append(want, b.Weight), append(got, int(math.Round(w*1000)))
+		out = append(out, Deployment{ModelName: cfg.ModelName, LiteLLMParams: Params{
+			Model:               cfg.Provider + "/" + m.Name,
+			APIBase:             b.Scheme + "://" + b.Address + "/v1",
+			APIKey:              cfg.APIKey,
+			Weight:              w,
+			MaxParallelRequests: b.MaxConcurrency,
+		}})
+	}
+	return out, scale.ShareError(want, got)
+}
+
+// ModelList renders deployments as a YAML document holding only
+// model_list (LiteLLM's config.yaml pulls it in with "include:"), sorted
+// by model name and api_base.
+func ModelList(ds []Deployment) ([]byte, error) {
+	all := slices.Clone(ds)
+	slices.SortFunc(all, func(a, b Deployment) int {
+		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.LiteLLMParams.APIBase, b.LiteLLMParams.APIBase))
+	})
+	if all == nil {
+		all = []Deployment{}
+	}
+	var buf bytes.Buffer
+	buf.WriteString("# Written by heft from the coordinator's weights; include it from LiteLLM's config.yaml.\n")
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(map[string][]Deployment{"model_list": all}); err != nil {
+		return nil, fmt.Errorf("render model_list: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("render model_list: %w", err)
+	}
+	return buf.Bytes(), nil
+}
