@@ -271,6 +271,9 @@ func (s *Server) modelWeights(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such route: use /api/v1/models/{model}/weights")
 		return
 	}
+	if s.renderWeights(w, r, model) { // ?format=haproxy|nginx|litellm (formats.go)
+		return
+	}
 	wt, ok := s.fleet.Weights(model)
 	if !ok {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no model %q", model))

@@ -1,0 +1,127 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"heft/coordinator/view"
+	"heft/gateway/gwtest"
+	"heft/shared/testutil"
+)
+
+// formatsFleet is a model served by two admitted workers (weights 1.37
+// and 0.63, caps 22 and 16) and a held one, through the server's agent
+// socket and the fake fleet.
+func formatsFleet(t *testing.T) *testServer {
+	t.Helper()
+	ts := startServer(t, testOptions(), nil)
+	a := connectAgent(t, ts, "gpu-a")
+	a.snapshot("Qwen/Qwen3-8B", "fast", "slow", "held")
+	testutil.Eventually(t, "three workers", 10*time.Second, func() bool { return len(ts.fleet.Workers()) == 3 })
+	set := func(id, addr, state string, weight float64, maxConc int) {
+		ts.fleet.update("gpu-a/"+id, func(w *view.Worker) {
+			w.Address, w.State = addr, state
+			if weight > 0 {
+				w.Weight = &weight
+			}
+			w.MaxConcurrency = &maxConc
+		})
+	}
+	set("fast", "10.0.0.1:8000", view.StateAdmitted, 1.37, 22)
+	set("slow", "10.0.0.2:8000", view.StateAdmitted, 0.63, 16)
+	set("held", "10.0.0.3:8000", view.StateHeld, 0, 16)
+	return ts
+}
+
+const weightsPath = "/api/v1/models/Qwen/Qwen3-8B/weights"
+
+func TestWeightsAsHAProxy(t *testing.T) {
+	ts := formatsFleet(t)
+	status, body, hdr := ts.do(t, "GET", weightsPath+"?format=haproxy", "", nil)
+	if status != http.StatusOK || hdr.Get("Content-Type") != "text/plain; charset=utf-8" || hdr.Get("Cache-Control") != "no-store" {
+		t.Fatalf("%d %v\n%s", status, hdr, body)
+	}
+	text := string(body)
+	for _, want := range []string{`# heft weights of model "Qwen/Qwen3-8B"`, "2 of 3 workers serve",
+		"server heft-10.0.0.1-8000 10.0.0.1:8000 weight 137 maxconn 22", "server heft-10.0.0.2-8000 10.0.0.2:8000 weight 63 maxconn 16",
+		"server heft-10.0.0.3-8000 10.0.0.3:8000 weight 1 maxconn 16 disabled", "error of a worker's share of traffic after rounding: 0.00%"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("lacks %q:\n%s", want, text)
+		}
+	}
+	gwtest.CheckHAProxyConfig(t, "defaults\n    mode http\n    timeout connect 2s\n    timeout client 60s\n    timeout server 60s\n"+
+		"frontend llm\n    bind 127.0.0.1:9\n    default_backend qwen\nbackend qwen\n    balance leastconn\n    option http-no-delay\n"+text)
+}
+
+func TestWeightsAsNginx(t *testing.T) {
+	ts := formatsFleet(t)
+	status, body, hdr := ts.do(t, "GET", weightsPath+"?format=nginx", "", nil)
+	if status != http.StatusOK || hdr.Get("Content-Type") != "text/plain; charset=utf-8" {
+		t.Fatalf("%d %v\n%s", status, hdr, body)
+	}
+	text := string(body)
+	for _, want := range []string{"upstream Qwen_Qwen3-8B {", "server 10.0.0.1:8000 weight=87;", "server 10.0.0.2:8000 weight=40;", "server 10.0.0.3:8000 down;"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("lacks %q:\n%s", want, text)
+		}
+	}
+	gwtest.CheckNginxConfig(t, "    include {{upstream_file}};\n    server { listen {{front}}; location / { proxy_pass http://Qwen_Qwen3-8B; } }", text)
+
+	_, body, _ = ts.do(t, "GET", weightsPath+"?format=nginx&upstream=qwen&max_conns=true", "", nil)
+	if !strings.Contains(string(body), "upstream qwen {") || !strings.Contains(string(body), "weight=87 max_conns=22;") {
+		t.Errorf("upstream=qwen&max_conns=true:\n%s", body)
+	}
+	gwtest.CheckNginxConfig(t, "    include {{upstream_file}};\n    server { listen {{front}}; location / { proxy_pass http://qwen; } }", string(body))
+}
+
+func TestWeightsAsLiteLLM(t *testing.T) {
+	ts := formatsFleet(t)
+	status, body, hdr := ts.do(t, "GET", weightsPath+"?format=litellm&model_name=qwen&provider=openai", "", nil)
+	if status != http.StatusOK || hdr.Get("Content-Type") != "application/yaml; charset=utf-8" {
+		t.Fatalf("%d %v\n%s", status, hdr, body)
+	}
+	var doc struct {
+		ModelList []struct {
+			ModelName string         `yaml:"model_name"`
+			Params    map[string]any `yaml:"litellm_params"`
+		} `yaml:"model_list"`
+	}
+	if err := yaml.Unmarshal(body, &doc); err != nil {
+		t.Fatalf("not YAML: %v\n%s", err, body)
+	}
+	if len(doc.ModelList) != 2 {
+		t.Fatalf("model_list has %d deployments, want the 2 serving:\n%s", len(doc.ModelList), body)
+	}
+	d := doc.ModelList[0]
+	if d.ModelName != "qwen" || d.Params["model"] != "openai/Qwen/Qwen3-8B" || d.Params["api_base"] != "http://10.0.0.1:8000/v1" ||
+		d.Params["weight"] != 1.37 || d.Params["max_parallel_requests"] != 22 {
+		t.Errorf("first deployment %+v", d)
+	}
+}
+
+func TestWeightsFormatErrors(t *testing.T) {
+	ts := formatsFleet(t)
+	for _, tc := range []struct {
+		path   string
+		status int
+		want   string
+	}{
+		{weightsPath + "?format=envoy", http.StatusBadRequest, `format "envoy": want one of json, haproxy, nginx, litellm`},
+		{weightsPath + "?format=nginx&upstream=a%20b", http.StatusBadRequest, "not an nginx upstream name"},
+		{"/api/v1/models/Nope/weights?format=haproxy", http.StatusNotFound, `no model "Nope"`},
+	} {
+		status, body, hdr := ts.do(t, "GET", tc.path, "", nil)
+		if status != tc.status || hdr.Get("Content-Type") != "application/json" || !strings.Contains(errorMessage(t, body), tc.want) {
+			t.Errorf("%s: %d %s", tc.path, status, body)
+		}
+	}
+	// format=json is the JSON table.
+	status, body, hdr := ts.do(t, "GET", weightsPath+"?format=json", "", nil)
+	if status != http.StatusOK || hdr.Get("Content-Type") != "application/json" || !strings.Contains(string(body), `"workers"`) {
+		t.Errorf("format=json: %d %s", status, body)
+	}
+}
