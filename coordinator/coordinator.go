@@ -118,7 +118,15 @@ func (c *Coordinator) Run(ctx context.Context, ln net.Listener) error {
 			"set tls_cert_file and tls_key_file, or put a TLS proxy in front", "listen", ln.Addr().String())
 	}
 	c.log.Info("listening", "address", ln.Addr().String(), "tls", c.cfg.TLS(), "state_dir", c.cfg.StateDir, "version", version.Version)
-	err := c.srv.Run(ctx, ln)
+	stopChecks, err := c.agentChecks(ctx)
+	if err != nil {
+		if cerr := c.Close(); cerr != nil {
+			c.log.Error("close state", "error", cerr)
+		}
+		return err
+	}
+	err = c.srv.Run(ctx, ln)
+	stopChecks()
 	if cerr := c.Close(); cerr != nil {
 		c.log.Error("close state", "error", cerr)
 	}
@@ -155,6 +163,27 @@ func (c *Coordinator) Reload() error {
 	}
 	c.log.Info("reloaded tokens and TLS certificate", "files", files)
 	return nil
+}
+
+// agentChecks starts the HAProxy agent-check responder when the
+// configuration asks for one; stop ends it and waits.
+func (c *Coordinator) agentChecks(ctx context.Context) (stop func(), err error) {
+	if c.cfg.AgentCheckListen == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", c.cfg.AgentCheckListen)
+	if err != nil {
+		return nil, fmt.Errorf("agent_check_listen: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := c.srv.ServeAgentCheck(ctx, ln); err != nil {
+			c.log.Error("agent checks stopped", "error", err)
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 // Close closes the state; Run does so when it returns, so only a

@@ -3,6 +3,8 @@ package coordinator
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -133,6 +135,39 @@ func TestRunClosesState(t *testing.T) {
 	}
 	if err := r.Close(); err != nil {
 		t.Errorf("Close after Run: %v", err)
+	}
+}
+
+// agent_check_listen starts HAProxy's agent-check responder beside the
+// API, and Run stops it.
+func TestRunAnswersAgentChecks(t *testing.T) {
+	cfg := testConfig(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.AgentCheckListen = ln.Addr().String()
+	ln.Close()
+	r := start(t, cfg)
+	var c net.Conn
+	testutil.Eventually(t, "the agent-check port", 5*time.Second, func() bool {
+		c, err = net.Dial("tcp", cfg.AgentCheckListen)
+		return err == nil
+	})
+	defer c.Close()
+	if _, err := io.WriteString(c, "Qwen/Qwen3-8B 10.0.0.5:8000\n"); err != nil {
+		t.Fatal(err)
+	}
+	// No such worker: an empty line, which changes nothing in HAProxy.
+	if ans, err := io.ReadAll(c); err != nil || string(ans) != "\n" {
+		t.Errorf("answer %q, %v", ans, err)
+	}
+	if err := r.stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if c, err := net.Dial("tcp", cfg.AgentCheckListen); err == nil {
+		c.Close()
+		t.Error("the agent-check port still answers after Run returned")
 	}
 }
 

@@ -31,6 +31,9 @@ const EnvPrefix = "HEFT_COORDINATOR_"
 type Config struct {
 	Listen   string
 	StateDir string
+	// AgentCheckListen, when set, answers HAProxy agent checks there
+	// (server.ServeAgentCheck): heft's weights without heft-sync.
+	AgentCheckListen string
 
 	AgentToken      string
 	AgentTokenFile  string
@@ -96,6 +99,7 @@ func (c *Config) command() settings.Command {
 		Settings: []settings.Setting{
 			settings.String("listen", &c.Listen, "host:port to serve HTTP on").Meta("ADDR"),
 			settings.String("state_dir", &c.StateDir, "directory for persistent state").Meta("DIR"),
+			settings.String("agent_check_listen", &c.AgentCheckListen, "host:port to answer HAProxy agent checks on (off when empty)").Meta("ADDR"),
 			settings.String("agent_token", &c.AgentToken, "the agents' token").Secret().Flag("-"),
 			settings.String("agent_token_file", &c.AgentTokenFile, "file holding the agents' token "+tokenFile).Meta("FILE"),
 			settings.String("admin_token", &c.AdminToken, "the admin token").Secret().Flag("-"),
@@ -190,6 +194,13 @@ func (c Config) Validate() error {
 
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		bad("listen %q is not host:port: %v", c.Listen, err)
+	}
+	if c.AgentCheckListen != "" {
+		if _, _, err := net.SplitHostPort(c.AgentCheckListen); err != nil {
+			bad("agent_check_listen %q is not host:port: %v", c.AgentCheckListen, err)
+		} else if c.AgentCheckListen == c.Listen {
+			bad("agent_check_listen %q is the HTTP listen address: give it a port of its own", c.AgentCheckListen)
+		}
 	}
 	if strings.TrimSpace(c.StateDir) == "" {
 		bad("state_dir is empty")

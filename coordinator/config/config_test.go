@@ -265,6 +265,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	cfg.WeightMax = 1
 	cfg.CacheTTL = 0
 	cfg.LogLevel = "loud"
+	cfg.AgentCheckListen = "7071"
 	err := cfg.Validate()
 	if err == nil {
 		t.Fatal("want errors")
@@ -272,11 +273,24 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	for _, want := range []string{
 		"listen", "agent_token (or agent_token_file) is required", "admin_token and admin_token_file are both set",
 		"tls_cert_file and tls_key_file must be set together", "pool_hold", "clock_low", "weight_min", "cache_ttl",
-		"log_level",
+		"log_level", `agent_check_listen "7071" is not host:port`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not mention %q:\n%v", want, err)
 		}
+	}
+}
+
+func TestAgentCheckListenNeedsItsOwnPort(t *testing.T) {
+	cfg := Default()
+	cfg.AgentToken = "a"
+	cfg.AgentCheckListen = cfg.Listen
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "port of its own") {
+		t.Errorf("agent_check_listen = listen: %v", err)
+	}
+	cfg.AgentCheckListen = "127.0.0.1:7071"
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("agent_check_listen 127.0.0.1:7071: %v", err)
 	}
 }
 
