@@ -16,6 +16,7 @@ import (
 
 	"heft/coordinator/view"
 	"heft/gateway/gwtest"
+	"heft/gateway/render"
 	"heft/shared/testutil"
 )
 
@@ -61,14 +62,17 @@ func startAgentCheckRig(t *testing.T, viewerToken string) *agentCheckRig {
 	}
 	t.Cleanup(r.stop)
 
-	_, port, _ := net.SplitHostPort(r.listener)
-	send := func(addr string) string {
-		if viewerToken != "" {
-			return fmt.Sprintf(`"%s Qwen/Qwen3-8B %s\n"`, viewerToken, addr)
-		}
-		return fmt.Sprintf(`"Qwen/Qwen3-8B %s\n"`, addr)
+	// The servers are the coordinator's own rendering with agent checks,
+	// as config management would fetch it.
+	path := "/api/v1/models/Qwen/Qwen3-8B/weights?format=haproxy&agent_check=" + r.listener + "&agent_inter=100ms"
+	status, lines, _ := r.ts.do(t, "GET", path, viewerToken, nil)
+	if status != http.StatusOK {
+		t.Fatalf("%s: %d %s", path, status, lines)
 	}
-	check := "weight 100 agent-check agent-addr 127.0.0.1 agent-port " + port + " agent-inter 100ms agent-send "
+	servers := string(lines)
+	if viewerToken != "" {
+		servers = strings.ReplaceAll(servers, `agent-send "`, `agent-send "`+viewerToken+" ")
+	}
 	r.hx = gwtest.StartHAProxy(t, `global
     stats socket {{socket}} mode 600 level admin
 defaults
@@ -82,8 +86,7 @@ frontend llm
     default_backend qwen
 backend qwen
     balance roundrobin
-    server a `+r.a.Addr+" "+check+send(r.a.Addr)+`
-    server b `+r.b.Addr+" "+check+send(r.b.Addr)+"\n")
+`+servers)
 	return r
 }
 
@@ -107,7 +110,8 @@ func (r *agentCheckRig) waitSplit(t *testing.T, what string, want map[string]int
 	})
 }
 
-// stat reads one column of "show stat" for each server of the backend.
+// stat reads one column of "show stat" for each server of the backend,
+// by upstream name ("a", "b").
 func (r *agentCheckRig) stat(t *testing.T, column string) map[string]string {
 	t.Helper()
 	c, err := net.Dial("unix", r.hx.Socket)
@@ -135,10 +139,11 @@ func (r *agentCheckRig) stat(t *testing.T, column string) map[string]string {
 	if col < 0 {
 		t.Fatalf("show stat has no column %q", column)
 	}
+	names := map[string]string{render.HAProxyServerName(r.a.Addr): "a", render.HAProxyServerName(r.b.Addr): "b"}
 	out := map[string]string{}
 	for _, row := range rows[1:] {
-		if len(row) > col && row[0] == "qwen" && row[1] != "BACKEND" {
-			out[row[1]] = row[col]
+		if name, ok := names[row[1]]; ok && len(row) > col && row[0] == "qwen" {
+			out[name] = row[col]
 		}
 	}
 	return out

@@ -3,7 +3,9 @@ package server
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
 
@@ -14,7 +16,9 @@ import (
 
 // One-shot renderings of a model's weights, for config management (an
 // Ansible template, a cron job): GET /api/v1/models/{model}/weights with
-// ?format=haproxy (server lines for a backend section), ?format=nginx (a
+// ?format=haproxy (server lines for a backend section; ?agent_check=
+// HOST:PORT[&agent_inter=2s] makes them ask the coordinator's agent-check
+// responder for their state, agentcheck.go), ?format=nginx (a
 // whole upstream block; ?upstream=NAME, ?max_conns=true) or
 // ?format=litellm (a model_list document; ?model_name=, ?provider=). They
 // render every worker of the model as heft-sync would apply it (package
@@ -55,9 +59,21 @@ func (s *Server) renderWeights(w http.ResponseWriter, r *http.Request, model str
 	var contentType string
 	switch format {
 	case "haproxy":
-		body, rounding = render.HAProxy(m)
+		opt := render.HAProxyOptions{AgentCheck: q.Get("agent_check"), AgentInter: q.Get("agent_inter")}
+		if msg := checkAgentOptions(model, opt); msg != "" {
+			writeError(w, http.StatusBadRequest, msg)
+			return true
+		}
+		body, rounding = render.HAProxy(m, opt)
 		contentType = "text/plain; charset=utf-8"
-		head.WriteString("# Server lines for a backend section: weights 1-256, maxconn = max_concurrency, drained workers disabled.\n")
+		if opt.AgentCheck == "" {
+			head.WriteString("# Server lines for a backend section: weights 1-256, maxconn = max_concurrency, drained workers disabled.\n")
+		} else {
+			head.WriteString("# Server lines for a backend section; each asks the coordinator's agent check at " + opt.AgentCheck + " for its weight and state.\n")
+			if s.opts.Tokens.Viewer != "" {
+				head.WriteString("# This coordinator has a viewer token: put it first in each agent-send, \"TOKEN MODEL ADDRESS\\n\".\n")
+			}
+		}
 	case "nginx":
 		upstream := q.Get("upstream")
 		if upstream == "" {
@@ -88,6 +104,29 @@ func (s *Server) renderWeights(w http.ResponseWriter, r *http.Request, model str
 	_, _ = w.Write(append(head.Bytes(), body...))
 	return true
 }
+
+// checkAgentOptions refuses agent-check options HAProxy would not take,
+// and a model name that cannot travel in agent-send; "" when fine.
+func checkAgentOptions(model string, opt render.HAProxyOptions) string {
+	if opt.AgentCheck == "" {
+		if opt.AgentInter != "" {
+			return "agent_inter needs agent_check=HOST:PORT"
+		}
+		return ""
+	}
+	if host, port, err := net.SplitHostPort(opt.AgentCheck); err != nil || host == "" || port == "" || strings.ContainsAny(opt.AgentCheck, " \t\"") {
+		return fmt.Sprintf("agent_check %q is not host:port (the coordinator's agent_check_listen as HAProxy reaches it)", opt.AgentCheck)
+	}
+	if opt.AgentInter != "" && !haproxyTime.MatchString(opt.AgentInter) {
+		return fmt.Sprintf("agent_inter %q is not an HAProxy time such as 2s or 500ms", opt.AgentInter)
+	}
+	if strings.ContainsAny(model, " \t\"\\") {
+		return fmt.Sprintf("model %q holds a space, quote or backslash, which agent-send cannot carry", model)
+	}
+	return ""
+}
+
+var haproxyTime = regexp.MustCompile(`^[0-9]{1,9}(us|ms|s|m|h|d)?$`)
 
 // upstreamName makes an nginx upstream name of a model name.
 func upstreamName(model string) string {

@@ -57,6 +57,27 @@ func TestWeightsAsHAProxy(t *testing.T) {
 		"frontend llm\n    bind 127.0.0.1:9\n    default_backend qwen\nbackend qwen\n    balance leastconn\n    option http-no-delay\n"+text)
 }
 
+// With agent_check, each server asks the coordinator for its state.
+func TestWeightsAsHAProxyWithAgentCheck(t *testing.T) {
+	ts := formatsFleet(t)
+	status, body, _ := ts.do(t, "GET", weightsPath+"?format=haproxy&agent_check=10.0.0.100:7071", "", nil)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, body)
+	}
+	text := string(body)
+	for _, want := range []string{
+		`server heft-10.0.0.1-8000 10.0.0.1:8000 weight 100 maxconn 22 agent-check agent-addr 10.0.0.100 agent-port 7071 agent-inter 2s agent-send "Qwen/Qwen3-8B 10.0.0.1:8000\n"`,
+		`server heft-10.0.0.3-8000 10.0.0.3:8000 weight 100 maxconn 16 disabled agent-check agent-addr 10.0.0.100 agent-port 7071 agent-inter 2s agent-send "Qwen/Qwen3-8B 10.0.0.3:8000\n"`,
+		"asks the coordinator's agent check at 10.0.0.100:7071",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("lacks %q:\n%s", want, text)
+		}
+	}
+	gwtest.CheckHAProxyConfig(t, "defaults\n    mode http\n    timeout connect 2s\n    timeout client 60s\n    timeout server 60s\n"+
+		"frontend llm\n    bind 127.0.0.1:9\n    default_backend qwen\nbackend qwen\n    balance leastconn\n    option http-no-delay\n"+text)
+}
+
 func TestWeightsAsNginx(t *testing.T) {
 	ts := formatsFleet(t)
 	status, body, hdr := ts.do(t, "GET", weightsPath+"?format=nginx", "", nil)
@@ -113,6 +134,9 @@ func TestWeightsFormatErrors(t *testing.T) {
 		{weightsPath + "?format=envoy", http.StatusBadRequest, `format "envoy": want one of json, haproxy, nginx, litellm`},
 		{weightsPath + "?format=nginx&upstream=a%20b", http.StatusBadRequest, "not an nginx upstream name"},
 		{"/api/v1/models/Nope/weights?format=haproxy", http.StatusNotFound, `no model "Nope"`},
+		{weightsPath + "?format=haproxy&agent_check=coord", http.StatusBadRequest, `agent_check "coord" is not host:port`},
+		{weightsPath + "?format=haproxy&agent_check=coord:7071&agent_inter=2%20s", http.StatusBadRequest, "not an HAProxy time"},
+		{weightsPath + "?format=haproxy&agent_inter=2s", http.StatusBadRequest, "agent_inter needs agent_check"},
 	} {
 		status, body, hdr := ts.do(t, "GET", tc.path, "", nil)
 		if status != tc.status || hdr.Get("Content-Type") != "application/json" || !strings.Contains(errorMessage(t, body), tc.want) {

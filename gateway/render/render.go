@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"net"
 	"slices"
 	"strings"
 
@@ -42,14 +43,25 @@ func intWeights(m target.Model, hi int) (map[string]int, float64) {
 	return out, rounding
 }
 
+// HAProxyOptions shape HAProxy's server lines.
+type HAProxyOptions struct {
+	// AgentCheck, host:port of a coordinator's agent-check responder,
+	// makes every server ask it for its state (agent-check): each server
+	// is written with weight 100, the base of the percentages it answers.
+	AgentCheck string
+	// AgentInter is the agent check's interval (default 2s).
+	AgentInter string
+}
+
 // HAProxy returns the server lines of a backend for m, indented for a
 // "backend" section, and the rounding error of the weights. Serving
 // workers come first, heaviest first (so "balance first" fills the
 // fastest one first), each with its weight in 1–256 and, when known,
 // "maxconn" = its max_concurrency; held, offline and unmeasured workers
-// follow as "disabled" (maintenance: no traffic until the next rendering
-// says otherwise). Each line ends with a comment naming the worker.
-func HAProxy(m target.Model) ([]byte, float64) {
+// follow as "disabled" (maintenance: no traffic until the next rendering,
+// or the agent check, says otherwise). Each line ends with a comment
+// naming the worker.
+func HAProxy(m target.Model, opt HAProxyOptions) ([]byte, float64) {
 	weights, rounding := intWeights(m, HAProxyMaxWeight)
 	bs := slices.Clone(m.Backends)
 	slices.SortStableFunc(bs, func(a, b target.Backend) int {
@@ -61,15 +73,24 @@ func HAProxy(m target.Model) ([]byte, float64) {
 		}
 		return cmp.Or(cmp.Compare(b.Weight, a.Weight), cmp.Compare(a.Address, b.Address))
 	})
+	agent := ""
+	if host, port, err := net.SplitHostPort(opt.AgentCheck); err == nil {
+		inter := cmp.Or(opt.AgentInter, "2s")
+		agent = fmt.Sprintf(" agent-check agent-addr %s agent-port %s agent-inter %s", host, port, inter)
+	}
 	var buf bytes.Buffer
 	for _, b := range bs {
 		line := fmt.Sprintf("    server %s %s", HAProxyServerName(b.Address), b.Address)
 		if b.Scheme == "https" {
 			line += " ssl verify required ca-file @system-ca"
 		}
-		if w, ok := weights[b.Address]; ok {
+		w, ok := weights[b.Address]
+		switch {
+		case agent != "":
+			line += " weight 100"
+		case ok:
 			line += fmt.Sprintf(" weight %d", w)
-		} else {
+		default:
 			line += " weight 1"
 		}
 		if b.MaxConcurrency > 0 {
@@ -77,6 +98,9 @@ func HAProxy(m target.Model) ([]byte, float64) {
 		}
 		if !b.Serving {
 			line += " disabled"
+		}
+		if agent != "" {
+			line += agent + fmt.Sprintf(` agent-send "%s %s\n"`, m.Name, b.Address)
 		}
 		fmt.Fprintf(&buf, "%s  # %s, %s\n", line, describe(b), b.WorkerID)
 	}

@@ -37,7 +37,7 @@ func TestHAProxyParses(t *testing.T) {
 	tls := gwtest.Worker(model, "10.0.0.6:8443", view.StateAdmitted, 1)
 	tls.URL = "https://10.0.0.6:8443"
 	v6 := gwtest.Worker(model, "[fd00::7]:8000", view.StateAdmitted, 1)
-	lines, rounding := render.HAProxy(fleet(tls, v6))
+	lines, rounding := render.HAProxy(fleet(tls, v6), render.HAProxyOptions{})
 	text := string(lines)
 	for _, want := range []string{
 		"    server heft-10.0.0.1-8000 10.0.0.1:8000 weight 137 maxconn 22  # admitted, weight 1.37, w-10.0.0.1:8000\n",
