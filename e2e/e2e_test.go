@@ -275,10 +275,15 @@ func startAgent(t *testing.T, c *coordinator, node, kind, engineURL, logPath str
 // [coordinator] settings (ca_file, say).
 func startAgentWith(t *testing.T, coordURL, extra, node, kind, engineURL, logPath string) *agent {
 	t.Helper()
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "agent.toml")
 	text := fmt.Sprintf("[coordinator]\nurl = %q\ntoken = %q\n%s\n[node]\nname = %q\n[[engine]]\nkind = %q\nurl = %q\nlog = %q\n",
 		coordURL, agentToken, extra, node, kind, engineURL, logPath)
+	return runAgentConfig(t, text)
+}
+
+// runAgentConfig runs heft-agent on a whole configuration file's text.
+func runAgentConfig(t *testing.T, text string) *agent {
+	t.Helper()
+	cfgPath := filepath.Join(t.TempDir(), "agent.toml")
 	if err := os.WriteFile(cfgPath, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,7 @@
 package server
 
 import (
-	"bufio"
 	"context"
-	"encoding/csv"
 	"fmt"
 	"io"
 	"net"
@@ -114,36 +112,11 @@ func (r *agentCheckRig) waitSplit(t *testing.T, what string, want map[string]int
 // by upstream name ("a", "b").
 func (r *agentCheckRig) stat(t *testing.T, column string) map[string]string {
 	t.Helper()
-	c, err := net.Dial("unix", r.hx.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, "show stat\n"); err != nil {
-		t.Fatal(err)
-	}
-	data, err := io.ReadAll(bufio.NewReader(c))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows, err := csv.NewReader(strings.NewReader(strings.TrimPrefix(string(data), "# "))).ReadAll()
-	if err != nil {
-		t.Fatalf("show stat: %v\n%s", err, data)
-	}
-	col := -1
-	for i, h := range rows[0] {
-		if h == column {
-			col = i
-		}
-	}
-	if col < 0 {
-		t.Fatalf("show stat has no column %q", column)
-	}
 	names := map[string]string{render.HAProxyServerName(r.a.Addr): "a", render.HAProxyServerName(r.b.Addr): "b"}
 	out := map[string]string{}
-	for _, row := range rows[1:] {
-		if name, ok := names[row[1]]; ok && len(row) > col && row[0] == "qwen" {
-			out[name] = row[col]
+	for _, row := range r.hx.Stat(t) {
+		if name, ok := names[row["svname"]]; ok && row["pxname"] == "qwen" {
+			out[name] = row[column]
 		}
 	}
 	return out

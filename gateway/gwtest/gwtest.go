@@ -301,6 +301,14 @@ func (u *Upstream) Hits() int64 { return u.hits.Load() }
 // the X-Upstream header.
 func Split(t testing.TB, url string, n int) map[string]int {
 	t.Helper()
+	return SplitBy(t, url, n, "X-Upstream")
+}
+
+// SplitBy sends n sequential GET requests to url and counts the answers
+// by a response header (a gateway's, naming the server it chose); an
+// answer that is not 200 counts as "status NNN".
+func SplitBy(t testing.TB, url string, n int, header string) map[string]int {
+	t.Helper()
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	defer client.CloseIdleConnections()
 	out := map[string]int{}
@@ -315,7 +323,7 @@ func Split(t testing.TB, url string, n int) map[string]int {
 			out["status "+strconv.Itoa(resp.StatusCode)]++
 			continue
 		}
-		out[resp.Header.Get("X-Upstream")]++
+		out[resp.Header.Get(header)]++
 	}
 	return out
 }

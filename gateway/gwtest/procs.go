@@ -1,7 +1,9 @@
 package gwtest
 
 import (
+	"encoding/csv"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -106,6 +108,40 @@ func (h *HAProxy) Restart() {
 
 // Log is haproxy's output so far.
 func (h *HAProxy) Log() string { return h.log.String() }
+
+// Stat reads "show stat" from the admin socket: one map per proxy and
+// server row, by column name (pxname, svname, status, weight, slim, addr,
+// agent_status, ...).
+func (h *HAProxy) Stat(t testing.TB) []map[string]string {
+	t.Helper()
+	c, err := net.Dial("unix", h.Socket)
+	if err != nil {
+		t.Fatalf("haproxy admin socket: %v", err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("show stat\n")); err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(strings.NewReader(strings.TrimPrefix(string(data), "# "))).ReadAll()
+	if err != nil || len(rows) == 0 {
+		t.Fatalf("show stat: %v\n%s", err, data)
+	}
+	var out []map[string]string
+	for _, row := range rows[1:] {
+		m := map[string]string{}
+		for i, col := range rows[0] {
+			if i < len(row) {
+				m[col] = row[i]
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}
 
 // Nginx is a real nginx run by a test: foreground (daemon off), with its
 // prefix, pid file, logs and temporary paths in a temporary folder.
