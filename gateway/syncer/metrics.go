@@ -24,6 +24,7 @@ type Metrics struct {
 	rounding    *prometheus.GaugeVec
 	serving     *prometheus.GaugeVec
 	workers     *prometheus.GaugeVec
+	setAside    *prometheus.GaugeVec
 	healthy     *prometheus.GaugeVec
 
 	coordConnected prometheus.Gauge
@@ -60,6 +61,10 @@ func NewMetrics(targets []string) *Metrics {
 		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "heft_sync_model_workers", Help: "Workers of the target's model the coordinator lists, in any state.",
 		}, []string{"target"}),
+		setAside: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "heft_sync_workers_set_aside",
+			Help: "Workers of the target's model the gateway cannot use as the coordinator gives them: left out (an address that cannot be read) or drained (admitted with a weight that is not above zero).",
+		}, []string{"target"}),
 		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "heft_sync_target_healthy", Help: "1 when the target's last apply or check succeeded, else 0.",
 		}, []string{"target"}),
@@ -84,6 +89,7 @@ func NewMetrics(targets []string) *Metrics {
 			m.failures.WithLabelValues(t, r)
 		}
 		m.drift.WithLabelValues(t)
+		m.setAside.WithLabelValues(t)
 	}
 	for _, r := range coord.Reasons {
 		m.coordErrors.WithLabelValues(r)
@@ -91,7 +97,7 @@ func NewMetrics(targets []string) *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.applies, m.failures, m.drift, m.lastSuccess, m.rounding, m.serving, m.workers, m.healthy,
+		m.applies, m.failures, m.drift, m.lastSuccess, m.rounding, m.serving, m.workers, m.setAside, m.healthy,
 		m.coordConnected, m.coordErrors, m.coordSnapshots, m.coordLast,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "heft_sync_build_info", Help: "heft-sync's version, as a label.",

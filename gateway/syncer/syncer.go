@@ -83,6 +83,7 @@ func (s *Syncer) Update(snap coord.Snapshot) {
 	for _, r := range s.runners {
 		m, problems := target.ForModel(r.t.Model(), snap.Workers)
 		s.m.workers.WithLabelValues(r.t.Name()).Set(float64(len(m.Backends)))
+		s.m.setAside.WithLabelValues(r.t.Name()).Set(float64(len(problems)))
 		r.offer(m, problems, models)
 	}
 }
@@ -161,7 +162,7 @@ func (r *runner) offer(m target.Model, problems []string, models []string) {
 	if p := strings.Join(problems, "; "); p != r.problems {
 		r.problems = p
 		if p != "" {
-			r.log.Warn("workers left out", "problems", p)
+			r.log.Warn("workers left out or drained", "problems", p)
 		}
 	}
 	if len(m.Backends) == 0 {

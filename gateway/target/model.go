@@ -51,8 +51,10 @@ func (m Model) Serving() []Backend {
 }
 
 // ForModel builds the desired state of model from the coordinator's
-// workers. Workers of other models are ignored. Problems are workers left
-// out, with why (an address that cannot be read).
+// workers. Workers of other models are ignored. Problems are workers the
+// gateway cannot use as the coordinator gives them, with why: left out
+// (an address that cannot be read) or drained (admitted with a weight
+// that is not above zero, which heft's own rules never give).
 //
 // Two workers can share an address: an engine restarted with other launch
 // arguments is a new worker while the old one shows offline for a while.
@@ -73,8 +75,14 @@ func ForModel(model string, ws []view.Worker) (Model, []string) {
 			continue
 		}
 		b := Backend{Address: addr, Scheme: scheme, WorkerID: w.ID, Node: w.Node, State: w.State}
-		if w.State == view.StateAdmitted && w.Weight != nil && *w.Weight > 0 {
+		switch {
+		case w.State != view.StateAdmitted:
+		case w.Weight != nil && *w.Weight > 0:
 			b.Serving, b.Weight = true, *w.Weight
+		case w.Weight == nil:
+			problems = append(problems, fmt.Sprintf("worker %s is admitted without a weight: drained", w.ID))
+		default:
+			problems = append(problems, fmt.Sprintf("worker %s is admitted with weight %g: drained", w.ID, *w.Weight))
 		}
 		if w.MaxConcurrency != nil {
 			b.MaxConcurrency = *w.MaxConcurrency

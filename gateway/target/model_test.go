@@ -31,8 +31,10 @@ func TestForModelStates(t *testing.T) {
 		{ID: "other", Model: "other", URL: "http://10.0.0.9:8000", State: view.StateAdmitted, Weight: f(1)},
 	}
 	m, problems := ForModel(model, ws)
-	if len(problems) != 0 {
-		t.Fatalf("problems: %v", problems)
+	// The two weightless admitted workers are drained, and said so.
+	if len(problems) != 2 || problems[0] != "worker f is admitted with weight 0: drained" ||
+		problems[1] != "worker g is admitted without a weight: drained" {
+		t.Fatalf("problems: %q", problems)
 	}
 	if len(m.Backends) != 7 {
 		t.Fatalf("got %d backends, want 7 (the other model's worker left out): %+v", len(m.Backends), m.Backends)
