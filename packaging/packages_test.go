@@ -79,7 +79,7 @@ func TestPackages(t *testing.T) {
 	pkgVersion := packageVersion(t, "") + "-1"
 	arch := runtime.GOARCH
 	var debs []string
-	for _, pkg := range []string{"agent", "coordinator"} {
+	for _, pkg := range []string{"agent", "coordinator", "sync"} {
 		deb := filepath.Join(dist, "heft-"+pkg+"_"+pkgVersion+"_"+arch+".deb")
 		debs = append(debs, deb)
 		t.Run(pkg, func(t *testing.T) {
@@ -135,9 +135,9 @@ func TestPackages(t *testing.T) {
 			}
 			depends := field("Depends")
 			switch pkg {
-			case "coordinator":
+			case "coordinator", "sync":
 				if !needs.Static {
-					t.Errorf("heft-coordinator is not static: loader %q, libraries %v", needs.Interp, needs.Libraries)
+					t.Errorf("heft-%s is not static: loader %q, libraries %v", pkg, needs.Interp, needs.Libraries)
 				}
 				if ldd, err := exec.LookPath("ldd"); err == nil {
 					out, _ := exec.Command(ldd, bin).CombinedOutput()
@@ -185,6 +185,15 @@ func TestPackages(t *testing.T) {
 			if pkg == "agent" {
 				agentReadsNVML(t, bin)
 			}
+			if pkg == "sync" {
+				// The nginx check unit and the polkit rule that lets heft-sync
+				// start it and reload nginx.
+				for _, f := range []string{"usr/lib/systemd/system/heft-nginx-check.service", "usr/share/polkit-1/rules.d/50-heft-sync.rules"} {
+					if _, err := os.Stat(filepath.Join(scratch, f)); err != nil {
+						t.Errorf("package lacks /%s", f)
+					}
+				}
+			}
 		})
 	}
 
@@ -201,7 +210,7 @@ func TestPackages(t *testing.T) {
 
 	t.Run("rpm", func(t *testing.T) {
 		rpm := need(t, "rpm")
-		for _, pkg := range []string{"agent", "coordinator"} {
+		for _, pkg := range []string{"agent", "coordinator", "sync"} {
 			path := filepath.Join(dist, "heft-"+pkg+"-"+pkgVersion+"."+rpmArch[arch]+".rpm")
 			if v := run(t, "", nil, rpm, "-qp", "--qf", "%{VERSION}-%{RELEASE}", path); v != pkgVersion {
 				t.Errorf("%s: version %q, want %q", pkg, v, pkgVersion)

@@ -164,7 +164,7 @@ func TestAgentUnitShowsEngineLogs(t *testing.T) {
 // TestUnitsStopOnConfigErrors: a binary that exits 78 (EX_CONFIG) has a bad
 // configuration, which restarting every 5 s cannot fix.
 func TestUnitsStopOnConfigErrors(t *testing.T) {
-	for _, name := range []string{"heft-agent.service", "heft-coordinator.service"} {
+	for _, name := range []string{"heft-agent.service", "heft-coordinator.service", "heft-sync.service"} {
 		keys := unitKeys(t, filepath.Join(testutil.RepoRoot(t), "packaging/systemd", name))
 		want := strconv.Itoa(settings.ExitConfig)
 		if got := keys["RestartPreventExitStatus"]; len(got) != 1 || got[0] != want {
@@ -193,14 +193,15 @@ func TestUnitsVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"heft-agent.service", "heft-coordinator.service"} {
+	for _, name := range []string{"heft-agent.service", "heft-coordinator.service", "heft-sync.service", "heft-nginx-check.service"} {
 		t.Run(name, func(t *testing.T) {
 			data, err := os.ReadFile(filepath.Join(root, "packaging/systemd", name))
 			if err != nil {
 				t.Fatal(err)
 			}
 			// verify insists that ExecStart's program exists; point it at one that does.
-			text := strings.NewReplacer("/usr/bin/heft-agent", self, "/usr/bin/heft-coordinator", self).Replace(string(data))
+			text := strings.NewReplacer("/usr/bin/heft-agent", self, "/usr/bin/heft-coordinator", self, "/usr/bin/heft-sync", self,
+				"/usr/sbin/nginx", self).Replace(string(data))
 			dir := t.TempDir()
 			path := filepath.Join(dir, name)
 			if err := os.WriteFile(path, []byte(text), 0o644); err != nil {

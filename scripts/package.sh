@@ -14,11 +14,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# package=command. heft-sync (issue 11) joins with sync=./gateway/cmd/heft-sync,
-# packaging/nfpm/sync.yaml (copy coordinator.yaml) and a place in $static;
-# TestPackages then checks it like the others.
-binaries=(agent=./agent/cmd/heft-agent coordinator=./coordinator/cmd/heft-coordinator)
-static=" coordinator "
+# package=command; each has packaging/nfpm/<package>.yaml. Those in $static
+# must come out static.
+binaries=(agent=./agent/cmd/heft-agent coordinator=./coordinator/cmd/heft-coordinator sync=./gateway/cmd/heft-sync)
+static=" coordinator sync "
 
 export DIST=${DIST:-dist}
 export GOARCH=${GOARCH:-$(go env GOARCH)}

@@ -15,6 +15,14 @@ if [ -f /usr/lib/systemd/system/heft-agent.service ]; then
 	done
 fi
 
+if [ -f /usr/lib/systemd/system/heft-sync.service ]; then
+	# HAProxy's admin socket is "mode 660 group haproxy": heft-sync reads and
+	# sets it as a member of that group, where it exists.
+	if getent group haproxy >/dev/null 2>&1 && ! id -nG heft 2>/dev/null | tr ' ' '\n' | grep -qx haproxy; then
+		usermod -a -G haproxy heft || true
+	fi
+fi
+
 command -v systemctl >/dev/null 2>&1 || exit 0
 [ -d /run/systemd/system ] || exit 0
 systemctl daemon-reload || true
@@ -23,7 +31,7 @@ case "$1" in
 	1) fresh=yes ;;                                  # rpm: first install
 	configure) [ -z "$2" ] && fresh=yes ;;           # deb: no previous version
 esac
-for u in heft-agent heft-coordinator; do
+for u in heft-agent heft-coordinator heft-sync; do
 	[ -f "/usr/lib/systemd/system/$u.service" ] || continue
 	if [ "$fresh" = yes ]; then
 		systemctl enable "$u.service" >/dev/null 2>&1 || true

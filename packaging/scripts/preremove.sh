@@ -6,7 +6,7 @@ case "$1" in
 	0|remove) ;;
 	*) exit 0 ;;
 esac
-for u in heft-agent heft-coordinator; do
+for u in heft-agent heft-coordinator heft-sync; do
 	[ -f "/usr/lib/systemd/system/$u.service" ] || continue
 	systemctl disable --now "$u.service" >/dev/null 2>&1 || true
 done
