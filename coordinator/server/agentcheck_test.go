@@ -153,13 +153,18 @@ func TestAgentCheckDrivesRealHAProxy(t *testing.T) {
 		})
 	}
 
+	changed := time.Now()
 	r.set("b", r.b.Addr, view.StateAdmitted, 1, 16)
 	r.set("a", r.a.Addr, view.StateAdmitted, 1, 24)
 	r.waitSplit(t, "even weights", map[string]int{"a": 20, "b": 20})
+	t.Logf("HAProxy routed by the new weights %v after the change (agent-inter 100ms; including the 40 requests that show it)",
+		time.Since(changed).Round(time.Millisecond))
 	testutil.Eventually(t, "a's maxconn 24", 10*time.Second, func() bool { return r.stat(t, "slim")["a"] == "24" })
 
+	changed = time.Now()
 	r.set("b", r.b.Addr, view.StateHeld, 0, 16)
 	r.waitSplit(t, "b drained", map[string]int{"a": 40})
+	t.Logf("HAProxy drained b %v after it was held", time.Since(changed).Round(time.Millisecond))
 	if st := r.stat(t, "status"); !strings.HasPrefix(st["b"], "DRAIN") {
 		t.Errorf("b's status %q, want DRAIN", st["b"])
 	}
