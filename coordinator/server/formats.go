@@ -70,7 +70,7 @@ func (s *Server) renderWeights(w http.ResponseWriter, r *http.Request, model str
 			head.WriteString("# Server lines for a backend section: weights 1-256, maxconn = max_concurrency, drained workers disabled.\n")
 		} else {
 			head.WriteString("# Server lines for a backend section; each asks the coordinator's agent check at " + opt.AgentCheck + " for its weight and state.\n")
-			if s.opts.Tokens.Viewer != "" {
+			if s.tokens().Viewer != "" {
 				head.WriteString("# This coordinator has a viewer token: put it first in each agent-send, \"TOKEN MODEL ADDRESS\\n\".\n")
 			}
 		}
