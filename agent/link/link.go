@@ -20,6 +20,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/hashicorp/go-hclog"
 
+	"heft/agent/status"
 	"heft/shared/backoff"
 	"heft/shared/wire"
 )
@@ -72,6 +73,9 @@ type Config struct {
 	// HTTPClient dials the coordinator; nil: one of its own with TLS.
 	// Tests pass one whose connections are in memory.
 	HTTPClient *http.Client
+	// Status receives the link's state (status.AreaCoordinator, named by
+	// URL), which logs each change once; nil: a board of its own.
+	Status *status.Board
 
 	// SnapshotEvery is the heartbeat: a snapshot goes out at least this
 	// often. The coordinator's Welcome may ask for another interval.
@@ -141,6 +145,7 @@ type link struct {
 	cfg    Config
 	h      Handler
 	log    hclog.Logger
+	rep    *status.Reporter // the link's state, logged once per change
 	client *http.Client
 	randN  func(int64) int64
 
@@ -183,11 +188,16 @@ func newLink(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) (*
 		tr.TLSClientConfig = cfg.TLS
 		client = &http.Client{Transport: tr}
 	}
+	board := cfg.Status
+	if board == nil {
+		board = status.New()
+	}
 	return &link{
 		ctx:     ctx,
 		cfg:     cfg,
 		h:       h,
 		log:     logger,
+		rep:     board.Reporter(status.AreaCoordinator, "url", logger),
 		client:  client,
 		randN:   rand.Int64N,
 		wake:    make(chan struct{}, 1),
@@ -218,11 +228,10 @@ func (l *link) run() error {
 			// name, or one side must be upgraded. Back off all the way.
 			wait = l.cfg.MaxBackoff
 		}
-		if errors.Is(err, errRejected) {
-			l.log.Error("coordinator rejected the agent token; check token or token_file", "url", l.cfg.URL, "retry_in", wait.String())
-		} else {
-			l.log.Warn("link to coordinator down", "url", l.cfg.URL, "error", err, "retry_in", wait.String())
-		}
+		// One line when the link goes down or the reason changes; each
+		// retry after that only at debug level.
+		l.rep.Fail(l.cfg.URL, l.failure(err))
+		l.log.Debug("link to coordinator down; retrying", "error", err, "retry_in", wait.String())
 		if !b.Sleep(l.ctx, wait) {
 			return nil
 		}

@@ -14,8 +14,18 @@ import (
 	"heft/shared/wire"
 )
 
-// errRejected is a 401 at dial: the coordinator does not know our token.
-var errRejected = errors.New("coordinator rejected the agent token (401)")
+// refusedError is a dial the coordinator answered with an HTTP status
+// instead of upgrading to a websocket: 401 for an unknown token, 200 or
+// 404 for a URL that is not its agent endpoint.
+type refusedError struct {
+	status int
+	err    error
+}
+
+func (e *refusedError) Error() string {
+	return fmt.Sprintf("coordinator answered %d %s instead of a websocket: %v", e.status, http.StatusText(e.status), e.err)
+}
+func (e *refusedError) Unwrap() error { return e.err }
 
 // badMessageError ends a session because the coordinator sent something
 // this agent cannot use.
@@ -53,14 +63,14 @@ func (l *link) session() error {
 	})
 	cancel()
 	if err != nil {
-		if resp != nil && resp.StatusCode == http.StatusUnauthorized {
-			return errRejected
+		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+			return &refusedError{status: resp.StatusCode, err: err}
 		}
-		return fmt.Errorf("dial: %w", err)
+		return &dialError{err}
 	}
 	defer conn.CloseNow()
 	conn.SetReadLimit(wire.MaxMessageBytes)
-	l.log.Info("connected to coordinator", "url", l.cfg.URL)
+	l.log.Debug("websocket open; saying hello", "url", l.cfg.URL)
 
 	s := &session{l: l, conn: conn, started: make(chan struct{})}
 	s.ctx, s.end = context.WithCancelCause(l.ctx)
@@ -174,8 +184,7 @@ func readError(err error) error {
 func (s *session) dispatch(env *wire.Envelope) error {
 	switch env.Type {
 	case wire.TypeWelcome:
-		s.l.log.Debug("welcomed by coordinator", "coordinator_version", env.Welcome.CoordinatorVersion,
-			"snapshot_seconds", env.Welcome.SnapshotSeconds)
+		s.l.welcomed(env.Welcome)
 		if sec := env.Welcome.SnapshotSeconds; sec > 0 {
 			s.heartbeat.Store(int64(time.Duration(sec) * time.Second))
 		}
