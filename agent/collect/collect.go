@@ -22,6 +22,7 @@ import (
 	"heft/agent/gpu"
 	"heft/agent/host"
 	"heft/agent/logsource"
+	"heft/agent/status"
 	"heft/shared/backoff"
 	"heft/shared/wire"
 )
@@ -38,6 +39,10 @@ type Config struct {
 	// LogOptions say where the host keeps journals, Docker's socket and
 	// data, and pod logs, for the engines' log sources.
 	LogOptions logsource.Options
+	// Status receives each engine's and each log's state, logged once per
+	// change. Nil: the states are neither kept nor logged (one-shot use,
+	// as inspect, which reports them itself).
+	Status *status.Board
 }
 
 // Collector builds snapshots. It is safe for concurrent use.
@@ -64,6 +69,8 @@ type engineState struct {
 	spec   engine.Config
 	client *engine.Client
 	src    *logsource.Source // nil: no log configured
+	rep    *status.Reporter  // the engine's state on the board
+	watch  *logWatch         // the log's state on the board; nil while the log is not followed
 	// ignored says why a configured log is not read ("" when it is).
 	ignored string
 
@@ -75,7 +82,6 @@ type engineState struct {
 	pending   *enginelog.Tracker
 	pendingAt time.Time
 	once      *enginelog.Facts // from ReadLogsOnce
-	logErr    string
 	follows   bool
 
 	// The last full read of the engine, reused between full reads while the
@@ -111,6 +117,11 @@ func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
 		return nil, fmt.Errorf("collect: %d engines, at most %d", len(cfg.Engines), wire.MaxEngines)
 	}
 	c := &Collector{cfg: cfg, gpus: gpus, logger: logger, byKey: map[string]*engine.Client{}}
+	board, repLogger := cfg.Status, logger
+	if board == nil {
+		board, repLogger = status.New(), hclog.NewNullLogger()
+	}
+	engineRep, logRep := board.Reporter(status.AreaEngine, "url", repLogger), board.Reporter(status.AreaLog, "log", repLogger)
 	seen := map[string]bool{}
 	for _, spec := range cfg.Engines {
 		spec.Node = cfg.Node
@@ -122,7 +133,7 @@ func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
 			return nil, fmt.Errorf("collect: engine %s is configured twice", client.URL())
 		}
 		seen[client.URL()] = true
-		st := &engineState{spec: spec, client: client}
+		st := &engineState{spec: spec, client: client, rep: engineRep}
 		if spec.Log != "" {
 			src, err := logsource.Open(spec.Log, cfg.LogOptions, logger.Named("engine").With("url", client.URL()))
 			if err != nil {
@@ -135,7 +146,7 @@ func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
 				logger.Warn("engine log ignored: heft reads start-up logs of vllm and sglang only",
 					"url", client.URL(), "log", spec.Log, "error", err)
 			} else {
-				st.tracker = t
+				st.tracker, st.watch = t, newLogWatch(spec.Log, logRep)
 			}
 		}
 		c.engines = append(c.engines, st)
@@ -158,11 +169,8 @@ func (c *Collector) Start(ctx context.Context) {
 		}
 		st.follows = true
 		st.mu.Unlock()
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
-			c.follow(ctx, st)
-		}()
+		c.wg.Go(func() { c.follow(ctx, st) })
+		c.wg.Go(func() { st.watch.run(ctx) })
 	}
 }
 
@@ -182,6 +190,7 @@ func (c *Collector) follow(ctx context.Context, st *engineState) {
 	// unit), so the waits grow to 30 s and stay there.
 	b := &backoff.Backoff{Min: time.Second, Max: 30 * time.Second}
 	for attempt := 0; ; attempt++ {
+		st.watch.started()
 		st.mu.Lock()
 		feed := st.tracker
 		if attempt > 0 {
@@ -209,13 +218,7 @@ func (c *Collector) follow(ctx context.Context, st *engineState) {
 		if err == nil {
 			err = errors.New("follower stopped")
 		}
-		st.mu.Lock()
-		first := st.logErr != err.Error()
-		st.logErr = err.Error()
-		st.mu.Unlock()
-		if first {
-			logger.Warn("cannot follow engine log; retrying", "error", err)
-		}
+		st.watch.failed(err) // on the board, and in the log once
 		if !b.Wait(ctx) {
 			return
 		}
@@ -393,6 +396,7 @@ func (st *engineState) facts(ctx context.Context, gpus []wire.GPU) wire.Engine {
 	if ctx.Err() != nil {
 		return e
 	}
+	reportEngine(st.rep, e)
 	st.mu.Lock()
 	st.last, st.lastAt, st.lastLog = e, time.Now(), sig
 	st.mu.Unlock()
