@@ -29,6 +29,7 @@ type probeArgs struct {
 	concurrency, tokens      int
 	json                     bool
 	timeout                  time.Duration
+	wait                     time.Duration // for the engine to be ready
 }
 
 // runProbe warms an engine and measures it with the standard burst.
@@ -69,15 +70,19 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 	fs.IntVar(&a.tokens, "tokens", probe.DefaultTokens, "output tokens per request")
 	fs.StringVar(&a.prompt, "prompt", probe.DefaultPrompt, "the prompt every request sends")
 	fs.BoolVar(&a.json, "json", false, "print the measurement as JSON")
-	fs.DurationVar(&a.timeout, "timeout", probe.DefaultBurstTimeout, "how long to wait for the engine to be ready, and for each burst")
+	fs.DurationVar(&a.timeout, "timeout", probe.DefaultBurstTimeout, "how long each burst may take (and the wait for the engine, unless --wait)")
+	fs.DurationVar(&a.wait, "wait", probe.DefaultBurstTimeout, "how long to wait for the engine to be ready (default: --timeout); the wait is shown every few seconds")
 	usage := func(w io.Writer) {
-		fmt.Fprintln(w, "usage: heft-agent probe --url URL [--model M] [--engine KIND] [--concurrency 16] [--tokens 128] [--prompt P] [--json] [--timeout D]")
+		fmt.Fprintln(w, "usage: heft-agent probe --url URL [--model M] [--engine KIND] [--concurrency 16] [--tokens 128] [--prompt P] [--json] [--timeout D] [--wait D]")
 		fmt.Fprintln(w, "\nSends the standard burst twice, keeps the second, and prints what the engine carries.")
 		fmt.Fprintln(w)
 		settings.PrintFlags(w, fs)
 	}
 	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
 		return a, code, false
+	}
+	if !flagGiven(fs, "wait") {
+		a.wait = a.timeout // as before --wait: one limit for both
 	}
 	var problem string
 	switch {
@@ -91,6 +96,8 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 		problem = fmt.Sprintf("--tokens must be 1..%d, got %d", probe.MaxTokens, a.tokens)
 	case a.timeout <= 0:
 		problem = fmt.Sprintf("--timeout must be positive, got %v", a.timeout)
+	case a.wait <= 0:
+		problem = fmt.Sprintf("--wait must be positive, got %v", a.wait)
 	default:
 		return a, 0, true
 	}
@@ -110,8 +117,8 @@ func (a probeArgs) run(ctx context.Context, stdio IO, openGPUs func(hclog.Logger
 		URL: a.url, Kind: a.kind, Model: a.model,
 		Concurrency: a.concurrency, Tokens: a.tokens, Prompt: a.prompt,
 		CapacityKey: "cli:" + a.url, Trigger: "cli",
-		ReadyTimeout: a.timeout, BurstTimeout: a.timeout,
-		Progress: view.update,
+		ReadyTimeout: a.wait, BurstTimeout: a.timeout,
+		Progress: view.update, OnWaiting: view.notice,
 	}
 	if src := probeLocalGPUs(a.url, openGPUs); src != nil {
 		defer src.Close()
@@ -232,15 +239,35 @@ func (v *probeView) update(p probe.Progress) {
 	v.last = p
 }
 
+// notice says that the engine is not ready yet, on a line of its own:
+// even under --json off a terminal (on stderr), since a probe that waits
+// in silence looks hung. The live view shows it in its line instead.
+func (v *probeView) notice(w probe.Waiting) {
+	if !v.live {
+		fmt.Fprintln(v.w, w)
+	}
+}
+
+// flagGiven reports whether the command line set the flag name.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
 func probeIsBurst(phase string) bool {
 	return phase == probe.PhaseWarmup || phase == probe.PhaseMeasure
 }
 
 func (v *probeView) draw(p probe.Progress) {
 	var line string
-	if p.Phase == probe.PhaseWaitingReady {
+	switch {
+	case p.Phase == probe.PhaseWaitingReady && p.Waiting != nil:
+		line = fmt.Sprintf("%-9s engine not ready (%s)  %5.1f s, up to %s more", probePhaseLabel[p.Phase],
+			wire.Clip(p.Waiting.Reason, 60), p.Elapsed.Seconds(), p.Waiting.Left.Round(time.Second))
+	case p.Phase == probe.PhaseWaitingReady:
 		line = fmt.Sprintf("%-9s for the engine to be ready  %5.1f s", probePhaseLabel[p.Phase], p.Elapsed.Seconds())
-	} else {
+	default:
 		line = fmt.Sprintf("%-9s %3d/%d requests  %6d tokens  %8.1f tok/s  %5.1f s",
 			probePhaseLabel[p.Phase], p.Done, p.Total, p.Tokens, p.TPS, p.Elapsed.Seconds())
 	}

@@ -131,6 +131,7 @@ func TestProbeBadFlags(t *testing.T) {
 		{"zero concurrency", []string{"--url", "http://127.0.0.1:1", "--concurrency", "0"}, "--concurrency"},
 		{"negative tokens", []string{"--url", "http://127.0.0.1:1", "--tokens", "-3"}, "--tokens"},
 		{"bad timeout", []string{"--url", "http://127.0.0.1:1", "--timeout", "0s"}, "--timeout"},
+		{"bad wait", []string{"--url", "http://127.0.0.1:1", "--wait", "-1s"}, "--wait must be positive"},
 		{"not a url", []string{"--url", "ftp://127.0.0.1"}, "not an http(s) URL"},
 		{"stray argument", []string{"--url", "http://127.0.0.1:1", "extra"}, "unexpected argument"},
 		{"unknown flag", []string{"--fast"}, "unknown flag: --fast"},
@@ -178,5 +179,45 @@ func TestProbeLiveView(t *testing.T) {
 	}
 	if logging.IsTerminal(&b) {
 		t.Error("a buffer is not a terminal")
+	}
+}
+
+// A probe of an engine that is down says so at once, with how long it
+// will wait, and the wait is --wait, not --timeout.
+func TestProbeSaysItWaitsForADownEngine(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + l.Addr().String()
+	l.Close()
+
+	code, out, errOut := probeMain("--url", url, "--wait", "1s", "--timeout", "1h")
+	want := "engine at " + url + " not ready (connection refused); waiting up to 1s more\n"
+	if code != 1 || !strings.Contains(out, "waiting for "+url+" to be ready\n"+want) {
+		t.Errorf("exit %d, stdout %q, want the wait announced: %q", code, out, want)
+	}
+	if !strings.Contains(errOut, "did not become ready within 1s") {
+		t.Errorf("stderr %q", errOut)
+	}
+
+	// Under --json the notices go to stderr, and stdout stays JSON.
+	code, out, errOut = probeMain("--url", url, "--wait", "1s", "--json")
+	if code != 1 || !strings.HasPrefix(errOut, want) || json.Unmarshal([]byte(out), new(map[string]any)) != nil {
+		t.Errorf("--json: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}
+
+func TestProbeLiveViewWhileWaiting(t *testing.T) {
+	var b bytes.Buffer
+	v := &probeView{w: &b, live: true, url: "http://x"}
+	v.update(probe.Progress{Phase: probe.PhaseWaitingReady})
+	v.update(probe.Progress{Phase: probe.PhaseWaitingReady, Elapsed: 12300 * time.Millisecond,
+		Waiting: &probe.Waiting{URL: "http://x", Reason: "connection refused", Left: 287600 * time.Millisecond}})
+	v.notice(probe.Waiting{URL: "http://x", Reason: "connection refused"}) // shown in the line, not below it
+	out := b.String()
+	last := out[strings.LastIndex(out, "\r")+1:]
+	if want := "waiting   engine not ready (connection refused)   12.3 s, up to 4m48s more"; last != want {
+		t.Errorf("live line %q, want %q", last, want)
 	}
 }

@@ -86,7 +86,11 @@ type Config struct {
 	BurstTimeout time.Duration
 	// Progress, optional, is called from one goroutine at a time, about
 	// ten times a second during a burst and at every phase change.
-	Progress   func(Progress)
+	Progress func(Progress)
+	// OnWaiting, optional, hears that the engine is not ready yet: at the
+	// first failed check, when the reason changes, and every
+	// WaitNoticeEvery while the wait lasts, from Run's goroutine.
+	OnWaiting  func(Waiting)
 	HTTPClient *http.Client // default: a client with enough idle connections for the burst
 }
 
@@ -98,6 +102,9 @@ type Progress struct {
 	Tokens  int    // tokens streamed so far in this burst
 	TPS     float64
 	Elapsed time.Duration // since the phase began
+	// Waiting says why the engine is not ready, in PhaseWaitingReady
+	// after a check failed; nil otherwise.
+	Waiting *Waiting
 }
 
 func (c *Config) normalize() error {
@@ -214,9 +221,7 @@ type prober struct {
 func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 	p.report(Progress{Phase: PhaseWaitingReady})
 	waitStart := time.Now()
-	model, err := waitReady(ctx, p.client, p.cfg.URL, p.cfg.Model, p.cfg.ReadyTimeout, func() {
-		p.report(Progress{Phase: PhaseWaitingReady, Elapsed: time.Since(waitStart)})
-	})
+	model, err := waitReady(ctx, p.client, p.cfg.URL, p.cfg.Model, p.cfg.ReadyTimeout, p.waiting(waitStart))
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -19,8 +19,9 @@ var errNoModel = errors.New("engine lists no models in /v1/models")
 // waitReady polls the engine until /health answers 200 (or 404: Ollama has
 // no /health) and /v1/models lists a model, and returns the model to use:
 // want when set, else the first one listed. It gives up after timeout with
-// the last reason the engine was not ready.
-func waitReady(ctx context.Context, client *http.Client, base, want string, timeout time.Duration, onWait func()) (string, error) {
+// the last reason the engine was not ready. onWait hears each reason and
+// how long the wait may still last.
+func waitReady(ctx context.Context, client *http.Client, base, want string, timeout time.Duration, onWait func(why error, left time.Duration)) (string, error) {
 	deadline := time.Now().Add(timeout)
 	b := &backoff.Backoff{Min: 50 * time.Millisecond, Max: time.Second}
 	for {
@@ -31,10 +32,10 @@ func waitReady(ctx context.Context, client *http.Client, base, want string, time
 		if ctx.Err() != nil {
 			return "", ctx.Err()
 		}
-		if onWait != nil {
-			onWait()
-		}
 		left := time.Until(deadline)
+		if onWait != nil {
+			onWait(err, left)
+		}
 		if left <= 0 {
 			return "", fmt.Errorf("engine at %s did not become ready within %v: %w", base, timeout, err)
 		}
