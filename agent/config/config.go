@@ -11,9 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -99,6 +101,9 @@ type Config struct {
 	SnapshotInterval time.Duration
 	// PollInterval is how often facts are compared to spot a change.
 	PollInterval time.Duration
+	// Listen is where /metrics and /healthz are served, host:port; "" is
+	// off (the default: the agent opens no port unless asked).
+	Listen string
 
 	// Path is the file the config was read from, "" when none.
 	Path string
@@ -163,6 +168,7 @@ func (c *Config) command() settings.Command {
 			settings.Bool("log.json", &c.Log.JSON, "log JSON lines even on a terminal"),
 			settings.Duration("snapshot_interval", &c.SnapshotInterval, "heartbeat: a snapshot at least this often"),
 			settings.Duration("poll_interval", &c.PollInterval, "how often to look for changed facts"),
+			settings.String("listen", &c.Listen, "serve /metrics and /healthz on this host:port, e.g. 127.0.0.1:7071 (default: off)").Meta("ADDR"),
 		},
 		Alternatives: [][]string{{"coordinator.token", "coordinator.token_file"}},
 	}
@@ -238,7 +244,37 @@ func helpConfig() *Config {
 // LogSettings writes the start-up lines that say where each setting that
 // is not at its default came from, and warn of any value that overrode a
 // different one.
-func (c Config) LogSettings(logger hclog.Logger) { c.report.Log(logger) }
+// The coordinator URL as dialled follows them when the agent completed it.
+func (c Config) LogSettings(logger hclog.Logger) {
+	c.report.Log(logger)
+	if _, note, err := c.AgentURL(); err == nil && note != "" {
+		logger.Info("settings: " + note)
+	}
+}
+
+// AgentURL returns the coordinator URL the agent dials: the one given,
+// with ws(s):// for http(s):// and the agent endpoint's path when it has
+// none (what people type is the coordinator's address), and a note when
+// it differs from the one given.
+func (c Config) AgentURL() (string, string, error) {
+	return address.WebsocketURL("coordinator URL", c.Coordinator.URL, link.AgentPath)
+}
+
+// checkListen accepts "" (off) or host:port; an empty host is every
+// interface, and port 0 a free port (for tests).
+func checkListen(listen string) error {
+	if listen == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("listen %q: want host:port, e.g. 127.0.0.1:7071: %w", listen, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("listen %q: port %q is not 0..65535", listen, port)
+	}
+	return nil
+}
 
 // String describes the configuration without its secrets, so a stray log
 // line or %v cannot leak the token.
@@ -280,7 +316,7 @@ func (c Config) Validate() error {
 
 	if c.Coordinator.URL == "" {
 		add("no coordinator URL: set [coordinator] url, HEFT_COORDINATOR_URL or --coordinator")
-	} else if _, err := address.CheckURL("coordinator URL", c.Coordinator.URL, "ws", "wss", "http", "https"); err != nil {
+	} else if _, _, err := c.AgentURL(); err != nil {
 		errs = append(errs, err)
 	}
 	switch {
@@ -341,6 +377,9 @@ func (c Config) Validate() error {
 	}
 	if c.PollInterval <= 0 {
 		add("poll_interval must be positive, got %s", c.PollInterval)
+	}
+	if err := checkListen(c.Listen); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -89,6 +89,7 @@ func TestParseAllKeys(t *testing.T) {
 	err := cfg.Parse(`
 snapshot_interval = "30s"
 poll_interval = "250ms"
+listen = "127.0.0.1:7071"
 [coordinator]
 url = "wss://coord.example:7070/api/v1/agent"
 token_file = "/etc/heft/agent.token"
@@ -112,8 +113,8 @@ url = "http://127.0.0.1:11434"
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.SnapshotInterval != 30*time.Second || cfg.PollInterval != 250*time.Millisecond {
-		t.Errorf("intervals = %s %s", cfg.SnapshotInterval, cfg.PollInterval)
+	if cfg.SnapshotInterval != 30*time.Second || cfg.PollInterval != 250*time.Millisecond || cfg.Listen != "127.0.0.1:7071" {
+		t.Errorf("intervals = %s %s, listen %q", cfg.SnapshotInterval, cfg.PollInterval, cfg.Listen)
 	}
 	c := cfg.Coordinator
 	if c.TokenFile != "/etc/heft/agent.token" || c.CAFile != "/etc/heft/ca.pem" || !c.InsecureSkipVerify {
@@ -349,6 +350,8 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		{"too many probe tokens", func(c *Config) { c.Probe.Tokens = 1 << 20 }, "probe tokens must be 1.."},
 		{"missing CA", func(c *Config) { c.Coordinator.CAFile = "/does/not/exist" }, "ca file"},
 		{"CA not PEM", func(c *Config) { c.Coordinator.CAFile = writeFile(t, "ca", "nope", 0o644) }, "no PEM"},
+		{"listen without a port", func(c *Config) { c.Listen = "127.0.0.1" }, `listen "127.0.0.1": want host:port, e.g. 127.0.0.1:7071`},
+		{"listen on a bad port", func(c *Config) { c.Listen = "127.0.0.1:70710" }, `port "70710" is not 0..65535`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Default()
@@ -507,7 +510,7 @@ func TestHelp(t *testing.T) {
 	want := []string{"HEFT_CONFIG", "HEFT_COORDINATOR_URL", "HEFT_TOKEN", "HEFT_TOKEN_FILE", "HEFT_CA_FILE",
 		"HEFT_INSECURE_SKIP_VERIFY", "HEFT_NODE", "HEFT_ENGINES", "HEFT_ENGINE_LOGS_JOURNAL_DIRECTORY", "HEFT_ENGINE_LOGS_DOCKER_SOCKET",
 		"HEFT_ENGINE_LOGS_DOCKER_ROOT", "HEFT_ENGINE_LOGS_PODS_ROOT", "HEFT_PROBE_CONCURRENCY", "HEFT_PROBE_TOKENS",
-		"HEFT_PROBE_PROMPT", "HEFT_LOG_LEVEL", "HEFT_LOG_JSON", "HEFT_SNAPSHOT_INTERVAL", "HEFT_POLL_INTERVAL"}
+		"HEFT_PROBE_PROMPT", "HEFT_LOG_LEVEL", "HEFT_LOG_JSON", "HEFT_SNAPSHOT_INTERVAL", "HEFT_POLL_INTERVAL", "HEFT_LISTEN"}
 	if got := EnvVars(); !slices.Equal(got, want) {
 		t.Errorf("EnvVars = %v\nwant       %v", got, want)
 	}
@@ -564,5 +567,32 @@ func TestEngineLogSources(t *testing.T) {
 	want = EngineLogs{JournalDirectory: "/host/journal", DockerSocket: "/run/user/1000/docker.sock", DockerRoot: "/env/docker", PodsRoot: "/mnt/pods"}
 	if cfg.EngineLogs != want {
 		t.Errorf("read %+v, want %+v", cfg.EngineLogs, want)
+	}
+}
+
+// The coordinator's address, as people type it, is dialled at its agent
+// endpoint, and the start-up lines say so; listen is off unless set.
+func TestCoordinatorAddressIsCompleted(t *testing.T) {
+	cfg, err := Load("", []string{"--coordinator", "http://10.0.0.5:7070", "--token", "t", "--node", "n"}, envOf(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, note, err := cfg.AgentURL(); got != "ws://10.0.0.5:7070/api/v1/agent" || note == "" || err != nil {
+		t.Errorf("AgentURL = %q, %q, %v", got, note, err)
+	}
+	var buf bytes.Buffer
+	cfg.LogSettings(hclog.New(&hclog.LoggerOptions{Output: &buf}))
+	want := "[INFO]  settings: coordinator URL http://10.0.0.5:7070: scheme http:// becomes ws://, path /api/v1/agent added; dialling ws://10.0.0.5:7070/api/v1/agent"
+	if !strings.Contains(buf.String(), want) {
+		t.Errorf("start-up lines lack %q:\n%s", want, buf.String())
+	}
+	if cfg.Listen != "" {
+		t.Errorf("listen defaults to %q, want off", cfg.Listen)
+	}
+	cfg.Coordinator.URL = "ws://10.0.0.5:7070/api/v1/agent"
+	buf.Reset()
+	cfg.LogSettings(hclog.New(&hclog.LoggerOptions{Output: &buf}))
+	if strings.Contains(buf.String(), "dialling") {
+		t.Errorf("a complete URL got a note:\n%s", buf.String())
 	}
 }

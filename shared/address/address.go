@@ -81,3 +81,29 @@ func HostPort(raw string) (string, error) {
 	}
 	return net.JoinHostPort(u.Hostname(), port), nil
 }
+
+// WebsocketURL checks a websocket URL that people often write as the
+// server's address instead: an http:// or https:// URL becomes ws:// or
+// wss://, and one without a path gets defaultPath. It returns the URL to
+// dial and, when that differs from raw, a note saying what changed.
+func WebsocketURL(what, raw, defaultPath string) (string, string, error) {
+	u, err := CheckURL(what, strings.TrimSpace(raw), "ws", "wss", "http", "https")
+	if err != nil {
+		return "", "", err
+	}
+	var changes []string
+	switch u.Scheme {
+	case "http", "https":
+		ws := map[string]string{"http": "ws", "https": "wss"}[u.Scheme]
+		changes = append(changes, fmt.Sprintf("scheme %s:// becomes %s://", u.Scheme, ws))
+		u.Scheme = ws
+	}
+	if u.Path == "" || u.Path == "/" {
+		changes = append(changes, "path "+defaultPath+" added")
+		u.Path, u.RawPath = defaultPath, ""
+	}
+	if len(changes) == 0 {
+		return u.String(), "", nil
+	}
+	return u.String(), fmt.Sprintf("%s %s: %s; dialling %s", what, raw, strings.Join(changes, ", "), u), nil
+}

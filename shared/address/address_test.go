@@ -57,3 +57,31 @@ func TestHostPort(t *testing.T) {
 		}
 	}
 }
+
+// What people type for a coordinator: its address, or the dashboard's
+// URL. Each becomes the agent endpoint, and the note says how.
+func TestWebsocketURL(t *testing.T) {
+	for _, tc := range []struct{ raw, want, note string }{
+		{"ws://coord:7070/api/v1/agent", "ws://coord:7070/api/v1/agent", ""},
+		{"wss://coord.example/proxy/heft/api/v1/agent", "wss://coord.example/proxy/heft/api/v1/agent", ""},
+		{"ws://coord:7070", "ws://coord:7070/api/v1/agent", "coordinator URL ws://coord:7070: path /api/v1/agent added; dialling ws://coord:7070/api/v1/agent"},
+		{"ws://coord:7070/", "ws://coord:7070/api/v1/agent", "path /api/v1/agent added"},
+		{"http://10.0.0.5:7070", "ws://10.0.0.5:7070/api/v1/agent", "scheme http:// becomes ws://, path /api/v1/agent added"},
+		{"https://coord.example/api/v1/agent", "wss://coord.example/api/v1/agent", "scheme https:// becomes wss://; dialling wss://coord.example/api/v1/agent"},
+		{" ws://[::1]:7070 ", "ws://[::1]:7070/api/v1/agent", "path /api/v1/agent added"},
+	} {
+		got, note, err := WebsocketURL("coordinator URL", tc.raw, "/api/v1/agent")
+		if err != nil || got != tc.want || !strings.Contains(note, tc.note) || (tc.note == "") != (note == "") {
+			t.Errorf("%q: %q, note %q, %v; want %q, note with %q", tc.raw, got, note, err, tc.want, tc.note)
+		}
+	}
+	for _, tc := range []struct{ raw, want string }{
+		{"coord:7070", "has no scheme: want ws:// or wss:// or http:// or https://, e.g. ws://coord:7070"},
+		{"ftp://coord:7070", "scheme must be"},
+		{"ws://coord:7070/?token=x", "a query"},
+	} {
+		if _, _, err := WebsocketURL("coordinator URL", tc.raw, "/api/v1/agent"); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err = %v, want one containing %q", tc.raw, err, tc.want)
+		}
+	}
+}
