@@ -1,7 +1,9 @@
 // Package agent assembles heft-agent's service from its parts: the GPU
 // source, the collector that follows the engines' logs and builds
 // snapshots, the host facts, and the link to the coordinator, whose probe
-// requests the Handler answers through the probe package. Run is what
+// requests the Handler answers through the probe package; all of them
+// report what fails to one status board, which logs each change once and
+// which /healthz and /metrics (config listen) read. Run is what
 // `heft-agent run` runs; tests and benchmarks run the same assembly, with
 // Options for what they must replace.
 package agent
@@ -9,6 +11,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net"
+	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -19,6 +24,7 @@ import (
 	"heft/agent/host"
 	"heft/agent/link"
 	"heft/agent/logsource"
+	"heft/agent/status"
 	"heft/shared/version"
 	"heft/shared/wire"
 )
@@ -65,11 +71,28 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 	if err != nil {
 		return err
 	}
-	if cfg.PlainTextWarning() != "" {
-		logger.Warn("agent token sent in plain text", "url", cfg.Coordinator.URL)
+	coordURL, _, err := cfg.AgentURL()
+	if err != nil {
+		return err
 	}
-	logger.Info("starting", "version", version.Version, "node", cfg.Node.Name, "coordinator", cfg.Coordinator.URL,
+	// A port that is taken stops the start before anything runs: an
+	// operator who asked for /healthz relies on it.
+	var ln net.Listener
+	if cfg.Listen != "" {
+		if ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return fmt.Errorf("cannot serve /metrics and /healthz: %w", err)
+		}
+		defer ln.Close()
+	}
+	if cfg.PlainTextWarning() != "" {
+		logger.Warn("agent token sent in plain text", "url", coordURL)
+	}
+	logger.Info("starting", "version", version.Version, "node", cfg.Node.Name, "coordinator", coordURL,
 		"engines", len(cfg.Engines), "config", cfg.Path)
+	board := status.New()
+	// Everything below ends with ctx, or when the link returns.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 
 	gpus, gpuError := o.gpus, ""
 	if gpus == nil {
@@ -82,7 +105,8 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 		gpus = src
 	}
 
-	col, err := collect.New(collect.Config{Node: cfg.Node.Name, Engines: Engines(cfg), GPUError: gpuError, LogOptions: LogOptions(cfg)}, gpus, logger)
+	col, err := collect.New(collect.Config{Node: cfg.Node.Name, Engines: Engines(cfg), GPUError: gpuError, LogOptions: LogOptions(cfg),
+		Status: board}, gpus, logger)
 	if err != nil {
 		return err
 	}
@@ -97,14 +121,25 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 		h.Hostname = cfg.Node.Name
 	}
 
-	handler := NewHandler(cfg, col, gpus, logger)
+	handler := NewHandler(cfg, col, gpus, board, logger)
 	handler.onProbe = o.onProbe
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { handler.keepFresh(ctx, cfg.PollInterval) })
+	if ln != nil {
+		w := &watcher{node: cfg.Node.Name, coordURL: coordURL, h: handler, col: col, board: board,
+			started: time.Now(), stuckAfter: stuckAfter(cfg.PollInterval)}
+		serveLog := logger.Named("serve")
+		serveLog.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
+		wg.Go(func() { w.serve(ctx, ln, serveLog) })
+	}
 	err = link.Run(ctx, link.Config{
-		URL: cfg.Coordinator.URL, Token: token, TLS: tlsCfg,
+		URL: coordURL, Token: token, TLS: tlsCfg, Status: board,
 		Node: cfg.Node.Name, AgentVersion: version.Version, Host: h,
 		SnapshotEvery: cfg.SnapshotInterval, PollEvery: cfg.PollInterval,
 		Significant: collect.Significant,
 	}, handler, logger)
+	cancel()
 	if err != nil {
 		return fmt.Errorf("cannot run the link to the coordinator: %w", err)
 	}

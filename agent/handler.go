@@ -2,48 +2,70 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"heft/agent/collect"
 	"heft/agent/config"
 	"heft/agent/gpu"
+	"heft/agent/metrics"
 	"heft/agent/probe"
+	"heft/agent/status"
 	"heft/shared/wire"
 )
 
 // Handler answers the link (link.Handler): snapshots from the collector,
 // probes through the probe package. It is safe for concurrent use.
 type Handler struct {
-	cfg     config.Config
-	col     *collect.Collector
-	gpus    gpu.Source
-	log     hclog.Logger
-	onProbe func(wire.ProbeRequest)
+	cfg      config.Config
+	col      *collect.Collector
+	gpus     gpu.Source
+	log      hclog.Logger
+	probeLog hclog.Logger
+	probes   *status.Reporter // each engine's last probe on the board
+	onProbe  func(wire.ProbeRequest)
 
-	mu   sync.Mutex
-	last wire.Snapshot
+	mu     sync.Mutex
+	last   wire.Snapshot
+	lastAt time.Time                   // when last was taken; zero before the first
+	counts map[string]map[string]int64 // probes by engine URL and outcome
 }
 
 // NewHandler returns the Handler over a collector and a GPU source; cfg
-// gives the node name and the probe's shape.
-func NewHandler(cfg config.Config, col *collect.Collector, gpus gpu.Source, logger hclog.Logger) *Handler {
+// gives the node name and the probe's shape, board receives each
+// engine's probe outcome (nil: a board of its own).
+func NewHandler(cfg config.Config, col *collect.Collector, gpus gpu.Source, board *status.Board, logger hclog.Logger) *Handler {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &Handler{cfg: cfg, col: col, gpus: gpus, log: logger}
+	if board == nil {
+		board = status.New()
+	}
+	probeLog := logger.Named("probe")
+	return &Handler{cfg: cfg, col: col, gpus: gpus, log: logger, probeLog: probeLog,
+		probes: board.Reporter(status.AreaProbe, "url", probeLog), counts: map[string]map[string]int64{}}
 }
 
 // Snapshot returns the collector's snapshot and keeps it: the probe needs
-// each engine's model and GPUs as last reported.
+// each engine's model and GPUs as last reported, and /metrics shows it.
 func (h *Handler) Snapshot(ctx context.Context) wire.Snapshot {
 	s := h.col.Snapshot(ctx)
 	h.mu.Lock()
-	h.last = s
+	h.last, h.lastAt = s, time.Now()
 	h.mu.Unlock()
 	return s
+}
+
+// lastSnapshot returns the newest snapshot and when it was taken.
+func (h *Handler) lastSnapshot() (wire.Snapshot, time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last, h.lastAt
 }
 
 // Probe measures the engine with req's capacity key. Scheduled probes
@@ -65,13 +87,59 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 		}
 	}
 	h.mu.Unlock()
-	return probe.Run(ctx, probe.Config{
+	m, err := probe.Run(ctx, probe.Config{
 		URL: client.URL(), Kind: client.Kind(), Model: model,
 		Concurrency: h.cfg.Probe.Concurrency, Tokens: h.cfg.Probe.Tokens, Prompt: h.cfg.Probe.Prompt,
 		CapacityKey: req.CapacityKey, Node: h.cfg.Node.Name, Trigger: req.Reason,
 		RequireIdle: req.Reason == wire.ReasonScheduled,
 		Load:        client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids,
+		OnWaiting: func(w probe.Waiting) {
+			h.probeLog.Info("engine not ready; the probe waits", "url", w.URL, "reason", w.Reason,
+				"waited", w.Waited.Round(time.Second).String(), "waits_up_to", w.Left.Round(time.Second).String()+" more")
+		},
 	})
+	if ctx.Err() == nil {
+		h.recordProbe(client.URL(), req.CapacityKey, m, err)
+	}
+	return m, err
+}
+
+// recordProbe counts a probe's outcome and puts it on the board: a
+// failed measurement is one warning with its code and first problem
+// (again only when the code changes), a valid one after it an info line.
+func (h *Handler) recordProbe(url, key string, m wire.Measurement, err error) {
+	outcome := metrics.OutcomeMeasured
+	switch {
+	case errors.Is(err, probe.ErrBusy):
+		outcome = metrics.OutcomeBusy
+	case err != nil:
+		outcome = metrics.OutcomeError
+	case !m.Valid():
+		outcome = m.Failure
+		if outcome == "" {
+			outcome = wire.CodeProbeFailed
+		}
+		first := "no problem recorded"
+		if len(m.Problems) > 0 {
+			first = m.Problems[0]
+		}
+		h.probes.Fail(url, status.Failure{Reason: outcome, Msg: "probe failed", Err: first, Args: []any{"capacity_key", key}})
+	default:
+		h.probes.OK(url, "probe measured the engine again", "capacity_key", key, "throughput_tps", m.ThroughputTPS)
+	}
+	h.mu.Lock()
+	if h.counts[url] == nil {
+		h.counts[url] = map[string]int64{}
+	}
+	h.counts[url][outcome]++
+	h.mu.Unlock()
+}
+
+// probeCounts returns a copy of one engine's probe counts by outcome.
+func (h *Handler) probeCounts(url string) map[string]int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return maps.Clone(h.counts[url])
 }
 
 // Cached notes the coordinator's fresh measurement; the coordinator keeps
