@@ -88,8 +88,8 @@ func TestGoldenInspectJSON(t *testing.T) {
 	gpus := []wire.GPU{{Index: 0, UUID: "GPU-0", Name: "NVIDIA L4", MemoryTotal: 23 << 30, MemoryFree: 3 << 30,
 		SMClockMHz: 2040, SMClockMaxMHz: 2040, TemperatureC: 55, PowerDrawW: 40, PowerLimitW: 72}}
 	code, out, errOut := inspectWith(t, gpus, nil, nil, append(args, "--json", "--node", "gpu-a")...)
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %s", code, errOut)
+	if code != 2 {
+		t.Fatalf("exit %d, want 2: the vLLM pools are CRITICAL; stderr %s", code, errOut)
 	}
 
 	var rep map[string]any

@@ -123,9 +123,11 @@ type inspectWarning struct {
 	Message  string `json:"message"`
 }
 
-// runInspect shows what the agent sees on this host. It reports findings
-// and exits 0 even when an engine cannot be read; bad flags exit 2, an
-// unreadable config file 1.
+// runInspect shows what the agent sees on this host. It exits 0 when it
+// showed no CRITICAL warning, 2 when it did (an engine that cannot be
+// read, pools far apart...), so scripts can act on it; 1 when it could not
+// run (an unreadable config file); bad flags exit 2 too, with the usage on
+// stderr and nothing on stdout.
 func runInspect(args []string, stdio IO) int {
 	return inspect(args, stdio, hostInspectDeps())
 }
@@ -149,9 +151,19 @@ func inspect(args []string, stdio IO, deps inspectDeps) int {
 			fmt.Fprintf(stdio.Err, "heft-agent inspect: %v\n", err)
 			return 1
 		}
-		return 0
+		return rep.exitCode()
 	}
 	inspectPrint(stdio.Out, rep)
+	return rep.exitCode()
+}
+
+// exitCode is 2 when the report shows a CRITICAL warning, else 0.
+func (r inspectReport) exitCode() int {
+	for _, w := range r.Warnings {
+		if w.Severity == wire.SeverityCritical {
+			return 2
+		}
+	}
 	return 0
 }
 
@@ -171,6 +183,7 @@ func parseInspect(args []string, stdio IO) (a inspectArgs, code int, ok bool) {
 		fmt.Fprintln(w, "looks for engines on their default ports on 127.0.0.1 ("+strings.Join(ports[:min(2, len(ports))], ", ")+",")
 		fmt.Fprintln(w, strings.Join(ports[min(2, len(ports)):], ", ")+"). KIND is one of "+strings.Join(wire.EngineKinds, ", ")+".")
 		fmt.Fprintln(w, "SOURCE, the engine's start-up log, is "+logsource.Usage+".")
+		fmt.Fprintln(w, "\nExit 0: no CRITICAL warning shown; 2: a CRITICAL warning shown (or bad flags); 1: could not run.")
 		fmt.Fprintln(w)
 		settings.PrintFlags(w, fs)
 	}

@@ -87,8 +87,8 @@ func TestInspectLogFlag(t *testing.T) {
 	s := inspectSim(t, sim.Config{Flavor: sim.FlavorSGLang, DP: 2, KVTokens: []int64{24094, 2925}})
 	wrapped := testutil.Testdata(t, "wrapped/sglang-dp2-uneven.cri.log")
 	code, out, errOut := inspectWith(t, nil, errNoNVML, nil, "--engine", "sglang="+s.URL(), "--log", wrapped)
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %s", code, errOut)
+	if code != 2 {
+		t.Fatalf("exit %d, want 2 for the CRITICAL pools; stderr %s", code, errOut)
 	}
 	for _, want := range []string{"rank 1: 2,925 tokens", "smallest/largest 0.12 (from " + wrapped + ")", "(via file, cri wrapper)",
 		"checked against metrics: agree; rank 0: 24,094, rank 1: 2,925", "CRITICAL dp_pool_imbalance"} {
@@ -113,7 +113,7 @@ func TestInspectLogFlag(t *testing.T) {
 
 // Bad input in the log, a source that cannot be read, and a log that
 // disagrees with the engine's metrics: each is said plainly, and inspect
-// still exits 0 with everything else it read.
+// still shows everything else it read (exit 0, or 2 for a CRITICAL warning).
 func TestInspectLogProblems(t *testing.T) {
 	t.Run("garbage between lines", func(t *testing.T) {
 		s := inspectSim(t, sim.Config{Flavor: sim.FlavorSGLang, DP: 2, KVTokens: []int64{24094, 2925}})
@@ -123,8 +123,8 @@ func TestInspectLogProblems(t *testing.T) {
 			"2026-03-02T10:16:00Z stderr [2026-03-02 10:15:30 DP1] max_total_num_tokens=7, context_len=40960\n"+
 			wraptest.CRI(lines[10:], inspectT0.Add(time.Second), 100))
 		code, out, errOut := inspectWith(t, nil, errNoNVML, nil, "--engine", "sglang="+s.URL(), "--log", path)
-		if code != 0 {
-			t.Fatalf("exit %d, stderr %s", code, errOut)
+		if code != 2 {
+			t.Fatalf("exit %d, want 2 for the CRITICAL pools; stderr %s", code, errOut)
 		}
 		for _, want := range []string{"rank 1: 2,925 tokens", "skipped 2 lines: 1 binary data, 1 cri line without a P/F tag",
 			"last skipped: line", "(cri line without a P/F tag)"} {

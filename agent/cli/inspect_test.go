@@ -105,8 +105,8 @@ func TestInspectUnevenSGLangSim(t *testing.T) {
 	gpus := []wire.GPU{{Index: 0, UUID: "GPU-0", Name: "NVIDIA L4", MemoryTotal: 23 << 30, MemoryFree: 3 << 30,
 		SMClockMHz: 2040, SMClockMaxMHz: 2040, TemperatureC: 55, PowerDrawW: 40, PowerLimitW: 72}}
 	code, out, errOut := inspectWith(t, gpus, nil, nil, "--engine", "sglang="+s.URL()+",log="+logPath, "--node", "gpu-a")
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %s", code, errOut)
+	if code != 2 {
+		t.Fatalf("exit %d, want 2 for a CRITICAL warning; stderr %s", code, errOut)
 	}
 	for _, want := range []string{
 		"node  gpu-a", "[0] NVIDIA L4  GPU-0", "SM clock 2040 / 2040 MHz",
@@ -124,7 +124,7 @@ func TestInspectUnevenSGLangSim(t *testing.T) {
 
 	code, out, _ = inspectWith(t, gpus, nil, nil, "--json", "--engine", "sglang="+s.URL()+",log="+logPath)
 	var rep inspectReport
-	if code != 0 || json.Unmarshal([]byte(out), &rep) != nil {
+	if code != 2 || json.Unmarshal([]byte(out), &rep) != nil {
 		t.Fatalf("exit %d, output %s", code, out)
 	}
 	if len(rep.Engines) != 1 || len(rep.Engines[0].Ranks) != 2 || rep.Engines[0].Ranks[1].KVTokens != 2925 {
@@ -142,7 +142,7 @@ func TestInspectFindsEnginesOnDefaultPorts(t *testing.T) {
 	targets := []inspectTarget{{URL: vllm.URL(), Kinds: "vllm"}, {URL: inspectDeadURL(t), Kinds: "sglang"}, {URL: ollama.URL(), Kinds: "ollama"}}
 	code, out, errOut := inspectWith(t, nil, errNoNVML, targets, "--json")
 	if code != 0 {
-		t.Fatalf("exit %d, stderr %s", code, errOut)
+		t.Fatalf("exit %d (healthy engines, no CRITICAL warning), stderr %s", code, errOut)
 	}
 	var rep inspectReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
@@ -159,8 +159,8 @@ func TestInspectFindsEnginesOnDefaultPorts(t *testing.T) {
 func TestInspectUnreadableEngines(t *testing.T) {
 	dead := inspectDeadURL(t)
 	code, out, errOut := inspectWith(t, nil, errNoNVML, nil, "--engine", "vllm="+dead, "--timeout", "2s")
-	if code != 0 {
-		t.Fatalf("exit %d: inspect reports findings, it does not fail on them; stderr %s", code, errOut)
+	if code != 2 || errOut != "" {
+		t.Fatalf("exit %d, stderr %q: want 2 (a CRITICAL warning shown) and the findings on stdout only", code, errOut)
 	}
 	for _, want := range []string{"error        GET /v1/models: engine unreachable: connection refused", "ready        no",
 		"CRITICAL engine_unreachable"} {
