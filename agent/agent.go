@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -35,6 +36,7 @@ type Option func(*options)
 type options struct {
 	gpus    gpu.Source
 	onProbe func(wire.ProbeRequest)
+	getenv  func(string) string // the environment systemd's notify socket is read from
 }
 
 // WithGPUs reads GPU facts from src instead of opening this host's GPUs
@@ -49,11 +51,17 @@ func WithProbeHook(fn func(wire.ProbeRequest)) Option {
 	return func(o *options) { o.onProbe = fn }
 }
 
+// withEnv reads systemd's notify variables from getenv instead of the
+// process environment (tests).
+func withEnv(getenv func(string) string) Option {
+	return func(o *options) { o.getenv = getenv }
+}
+
 // Run runs the agent until ctx ends, and returns nil then. It returns an
 // error, before starting anything, for a configuration it cannot use.
 // logger is the root logger; each part names itself under it.
 func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Option) error {
-	var o options
+	o := options{getenv: os.Getenv}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -126,12 +134,15 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { handler.keepFresh(ctx, cfg.PollInterval) })
+	w := &watcher{node: cfg.Node.Name, coordURL: coordURL, h: handler, col: col, board: board,
+		started: time.Now(), stuckAfter: stuckAfter(cfg.PollInterval)}
 	if ln != nil {
-		w := &watcher{node: cfg.Node.Name, coordURL: coordURL, h: handler, col: col, board: board,
-			started: time.Now(), stuckAfter: stuckAfter(cfg.PollInterval)}
 		serveLog := logger.Named("serve")
 		serveLog.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
 		wg.Go(func() { w.serve(ctx, ln, serveLog) })
+	}
+	if sd := systemdFromEnv(o.getenv, logger.Named("systemd")); sd != nil {
+		wg.Go(func() { sd.run(ctx, w.stuck) })
 	}
 	err = link.Run(ctx, link.Config{
 		URL: coordURL, Token: token, TLS: tlsCfg, Status: board,

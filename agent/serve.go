@@ -116,6 +116,12 @@ func (w *watcher) health(now time.Time) (Health, int) {
 	return hl, http.StatusOK
 }
 
+// stuck reports whether /healthz would say 503 now.
+func (w *watcher) stuck() bool {
+	_, code := w.health(time.Now())
+	return code != http.StatusOK
+}
+
 // handler serves GET /metrics and GET /healthz.
 func (w *watcher) handler(logger hclog.Logger) http.Handler {
 	mux := http.NewServeMux()
