@@ -139,7 +139,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 	for _, g := range s.GPUs {
 		labels := []string{s.Node, strconv.Itoa(g.Index), g.UUID}
-		has := func(field string) bool { return !slices.Contains(g.Unsupported, field) }
+		// Zero is "not read" for clocks and memory. Utilisation and clock
+		// reasons have a real zero (idle, no reason), so they are left out
+		// where the device refused them or any read of it failed (a lost
+		// GPU stops answering half way).
+		has := func(field string) bool { return g.Error == "" && !slices.Contains(g.Unsupported, field) }
 		const mhz = 1e6
 		if g.SMClockMHz > 0 {
 			gauge(c.smClock, float64(g.SMClockMHz)*mhz, labels...)
@@ -147,9 +151,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if g.SMClockMaxMHz > 0 {
 			gauge(c.smClockMax, float64(g.SMClockMaxMHz)*mhz, labels...)
 		}
-		// 0 % is a real reading (idle), so utilisation is left out only
-		// when the device refused it or its read failed.
-		if has("utilization_percent") && !strings.Contains(g.Error, "utilization") {
+		if has("utilization_percent") {
 			gauge(c.utilization, g.UtilizationPercent/100, labels...)
 		}
 		if g.MemoryTotal > 0 {

@@ -132,9 +132,10 @@ func TestExpositionMatchesTheAgreedList(t *testing.T) {
 // GPUs.
 func TestNoGPUs(t *testing.T) {
 	s := fixedState()
-	s.GPUs = []wire.GPU{{Index: 0, Error: "device handle: GPU is lost"}}
+	s.GPUs = []wire.GPU{{Index: 0, UUID: "GPU-lost", Error: "memory info: nvml: gpu is lost (15)"}}
 	out := string(scrape(t, s))
-	for _, name := range []string{"heft_gpu_sm_clock_hertz{", "heft_gpu_memory_total_bytes{", "heft_gpu_sm_clock_max_hertz{"} {
+	for _, name := range []string{"heft_gpu_sm_clock_hertz{", "heft_gpu_memory_total_bytes{", "heft_gpu_sm_clock_max_hertz{",
+		"heft_gpu_utilization_ratio{", "heft_gpu_clock_event_reason{"} {
 		if strings.Contains(out, name) {
 			t.Errorf("a lost GPU exports %s", name)
 		}

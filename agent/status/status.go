@@ -44,22 +44,29 @@ type Board struct {
 	now func() time.Time
 
 	mu    sync.Mutex
-	items map[key]*Item
+	items map[key]*entry
+}
+
+// entry is an Item and, while it fails, when it began to: a change of
+// reason starts a new Since, not a new failure.
+type entry struct {
+	Item
+	down time.Time
 }
 
 type key struct{ area, name string }
 
 // New returns an empty Board.
 func New() *Board {
-	return &Board{now: time.Now, items: map[key]*Item{}}
+	return &Board{now: time.Now, items: map[key]*entry{}}
 }
 
 // Items returns a copy of every Item, sorted by area and name.
 func (b *Board) Items() []Item {
 	b.mu.Lock()
 	out := make([]Item, 0, len(b.items))
-	for _, it := range b.items {
-		out = append(out, *it)
+	for _, e := range b.items {
+		out = append(out, e.Item)
 	}
 	b.mu.Unlock()
 	slices.SortFunc(out, func(x, y Item) int {
@@ -72,11 +79,11 @@ func (b *Board) Items() []Item {
 func (b *Board) Get(area, name string) (Item, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	it, ok := b.items[key{area, name}]
+	e, ok := b.items[key{area, name}]
 	if !ok {
 		return Item{}, false
 	}
-	return *it, true
+	return e.Item, true
 }
 
 // Reporter returns the way one part of the agent reports the things of
@@ -121,8 +128,11 @@ func (r *Reporter) Fail(name string, f Failure) {
 	b.mu.Lock()
 	it, known := b.items[key{r.area, name}]
 	if !known {
-		it = &Item{Area: r.area, Name: name}
+		it = &entry{Item: Item{Area: r.area, Name: name}}
 		b.items[key{r.area, name}] = it
+	}
+	if !known || it.OK {
+		it.down = now
 	}
 	changed := !known || it.OK || it.Reason != f.Reason
 	if changed {
@@ -145,7 +155,7 @@ func (r *Reporter) Fail(name string, f Failure) {
 }
 
 // OK records that name works. When it was failing, OK logs msg (with
-// args, and how long it failed) at info level and returns true; a thing
+// args, and how long it failed, whatever the reasons) at info level and returns true; a thing
 // that was fine, or never reported, changes silently.
 func (r *Reporter) OK(name, msg string, args ...any) bool {
 	b := r.b
@@ -153,13 +163,13 @@ func (r *Reporter) OK(name, msg string, args ...any) bool {
 	b.mu.Lock()
 	it, known := b.items[key{r.area, name}]
 	if !known {
-		it = &Item{Area: r.area, Name: name, Since: now}
+		it = &entry{Item: Item{Area: r.area, Name: name, Since: now}}
 		b.items[key{r.area, name}] = it
 	}
 	recovered := known && !it.OK
 	var failedFor time.Duration
 	if recovered {
-		failedFor = now.Sub(it.Since)
+		failedFor = now.Sub(it.down)
 		it.Since = now
 	}
 	it.OK, it.Reason, it.Error = true, "", ""

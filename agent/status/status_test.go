@@ -58,7 +58,7 @@ func TestOneLinePerChange(t *testing.T) {
 	want := []string{
 		`[WARN]  heft-agent.collect: engine unreachable: url=http://127.0.0.1:8000 reason=unreachable error="connection refused, poll a"`,
 		`[WARN]  heft-agent.collect: engine answers something else: url=http://127.0.0.1:8000 reason="not json" error="GET /v1/models answered HTML"`,
-		`[INFO]  heft-agent.collect: engine reachable again: url=http://127.0.0.1:8000 failed_for=30s`,
+		`[INFO]  heft-agent.collect: engine reachable again: url=http://127.0.0.1:8000 failed_for=2m0s`,
 	}
 	got := lines(out)
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
