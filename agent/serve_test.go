@@ -284,3 +284,28 @@ func TestListenTakenRefusesToStart(t *testing.T) {
 	default:
 	}
 }
+
+// A probe the coordinator asks for, of an engine that has just gone
+// down, says in the log that it waits, why, and how long it still will.
+func TestServiceProbeSaysItWaits(t *testing.T) {
+	s, err := sim.Start(sim.Config{Flavor: sim.FlavorVLLM, Model: "test/model", SingleTPS: 400, Batch16TPS: 3200}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	coord := fakecoord.Start(t, token)
+	cfg := config.Default()
+	cfg.Coordinator.URL, cfg.Coordinator.Token, cfg.Node.Name = coord.URL, token, "gpu-test"
+	cfg.Engines = []config.Engine{{Kind: "vllm", URL: s.URL()}}
+	cfg.SnapshotInterval, cfg.PollInterval = 50*time.Millisecond, 20*time.Millisecond
+	r := runAgent(t, cfg)
+	fc := <-coord.Conns
+	var snap *wire.Snapshot
+	for snap == nil || snap.Engines[0].CapacityKey == "" {
+		snap = fc.Next(t, wire.TypeSnapshot).Snapshot
+	}
+	s.Close()
+	fc.Send(t, &wire.ProbeRequest{RequestID: "r1", CapacityKey: snap.Engines[0].CapacityKey, Reason: wire.ReasonOnDemand})
+	want := regexp.MustCompile(`\[INFO\]  heft-agent\.probe: engine not ready; the probe waits: url=` + regexp.QuoteMeta(s.URL()) +
+		` reason="connection refused" waited=\d+s waits_up_to="(2m0s|1m5\ds) more"`)
+	testutil.Eventually(t, "the wait in the log", 15*time.Second, func() bool { return want.MatchString(r.log.String()) })
+}
