@@ -8,10 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -201,33 +199,14 @@ func sameSet(a, b []string) bool {
 // which starts at 0, can age the measurements past the 7 h of
 // HeftNoMeasurement.
 func TestAlertRulesOnAScrape(t *testing.T) {
-	promtool := needTool(t, "promtool") // Debian's prometheus package ships it
 	clk := &clock{t: time.Unix(3600, 0).UTC()}
 	mfs := families(t, scrape(t, metricsFleet(t, clk)))
-	type series struct {
-		Series string `yaml:"series"`
-		Values string `yaml:"values"`
-	}
-	var input []series
-	for _, name := range slices.Sorted(maps.Keys(mfs)) {
-		if !strings.HasPrefix(name, "heft_") {
-			continue
-		}
-		for _, m := range mfs[name].GetMetric() {
-			labels := []string{`job="heft-coordinator"`}
-			for _, lp := range m.GetLabel() {
-				labels = append(labels, lp.GetName()+"="+strconv.Quote(lp.GetValue()))
-			}
-			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
-			input = append(input, series{Series: name + "{" + strings.Join(labels, ", ") + "}",
-				Values: strconv.FormatFloat(v, 'g', -1, 64) + "x600"})
-		}
-	}
+	maps.DeleteFunc(mfs, func(name string, _ *dto.MetricFamily) bool { return !strings.HasPrefix(name, "heft_") })
 	worker := func(id, model, node string) string {
 		return fmt.Sprintf(`id=%q, job="heft-coordinator", model=%q, node=%q`, id, model, node)
 	}
 	qwen, llama := testModel, "meta-llama/Llama-3.1-8B"
-	want := []string{
+	testutil.AlertsOnAScrape(t, filepath.Join(testutil.RepoRoot(t), "packaging/prometheus/heft-rules.yml"), "heft-coordinator", mfs, 600, "9h", []string{
 		`alertname="HeftWorkerOffline", ` + worker("gpu-c|llama", llama, "gpu-c") + `, severity="warning", state="offline"`,
 		`alertname="HeftPoolImbalance", ` + worker("gpu-a|uneven", qwen, "gpu-a") + `, severity="warning"`,
 		`alertname="HeftPoolImbalanceCritical", ` + worker("gpu-a|uneven", qwen, "gpu-a") + `, severity="critical"`,
@@ -239,37 +218,7 @@ func TestAlertRulesOnAScrape(t *testing.T) {
 		`alertname="HeftNoMeasurement", ` + worker("gpu-a|fast", qwen, "gpu-a") + `, severity="warning"`,
 		`alertname="HeftNoMeasurement", ` + worker("gpu-a|slow", qwen, "gpu-a") + `, severity="warning"`,
 		`alertname="HeftNoMeasurement", ` + worker("gpu-a|uneven", qwen, "gpu-a") + `, severity="warning"`,
-	}
-	type sample struct {
-		Labels string  `yaml:"labels"`
-		Value  float64 `yaml:"value"`
-	}
-	var exp []sample
-	for _, l := range want {
-		exp = append(exp, sample{Labels: `ALERTS{alertstate="firing", ` + l + `}`, Value: 1})
-	}
-	test := map[string]any{
-		"rule_files":          []string{filepath.Join(testutil.RepoRoot(t), "packaging/prometheus/heft-rules.yml")},
-		"evaluation_interval": "1m",
-		"tests": []any{map[string]any{
-			"interval":     "1m",
-			"input_series": input,
-			"promql_expr_test": []any{map[string]any{
-				"expr": `ALERTS{alertstate="firing"}`, "eval_time": "9h", "exp_samples": exp,
-			}},
-		}},
-	}
-	doc, err := yaml.Marshal(test)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "scrape.test.yml")
-	if err := os.WriteFile(path, doc, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(promtool, "test", "rules", path).CombinedOutput(); err != nil {
-		t.Errorf("promtool test rules over a real scrape: %v\n%s", err, out)
-	}
+	})
 }
 
 // A worker's series follow it: an offline worker says so in
