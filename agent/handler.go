@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -29,6 +30,8 @@ type Handler struct {
 	probeLog hclog.Logger
 	probes   *status.Reporter // each engine's last probe on the board
 	onProbe  func(wire.ProbeRequest)
+
+	inflight atomic.Int32 // snapshots being taken now
 
 	mu     sync.Mutex
 	last   wire.Snapshot
@@ -54,6 +57,8 @@ func NewHandler(cfg config.Config, col *collect.Collector, gpus gpu.Source, boar
 // Snapshot returns the collector's snapshot and keeps it: the probe needs
 // each engine's model and GPUs as last reported, and /metrics shows it.
 func (h *Handler) Snapshot(ctx context.Context) wire.Snapshot {
+	h.inflight.Add(1)
+	defer h.inflight.Add(-1)
 	s := h.col.Snapshot(ctx)
 	h.mu.Lock()
 	h.last, h.lastAt = s, time.Now()

@@ -38,6 +38,8 @@ func stuckAfter(poll time.Duration) time.Duration { return max(20*poll, 2*time.M
 // keepFresh takes a snapshot whenever nobody else has for two poll
 // intervals (the link polls only while connected), so that engines and
 // logs are watched, logged and exported while the coordinator is away.
+// It never adds one while another is being taken: a slow one (an engine
+// that hangs) must not pile up more.
 func (h *Handler) keepFresh(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -47,7 +49,7 @@ func (h *Handler) keepFresh(ctx context.Context, every time.Duration) {
 			return
 		case <-t.C:
 		}
-		if _, at := h.lastSnapshot(); time.Since(at) >= 2*every {
+		if _, at := h.lastSnapshot(); h.inflight.Load() == 0 && time.Since(at) >= 2*every {
 			h.Snapshot(ctx)
 		}
 	}
