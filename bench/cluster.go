@@ -19,8 +19,8 @@ import (
 
 // Tokens the bench's coordinators are configured with.
 const (
-	agentToken = "bench-agent-token"
-	adminToken = "bench-admin-token"
+	agentToken = "bench-agent-token-0123456789abcdef"
+	adminToken = "bench-admin-token-0123456789abcdef"
 )
 
 // httpClient is the bench's API client.

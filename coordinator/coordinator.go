@@ -99,6 +99,10 @@ func serverOptions(cfg config.Config) (server.Options, error) {
 	if err != nil {
 		return server.Options{}, err
 	}
+	proxies, err := cfg.Proxies()
+	if err != nil {
+		return server.Options{}, err
+	}
 	return server.Options{
 		Tokens:      server.Tokens(tokens),
 		TLSCertFile: cfg.TLSCertFile, TLSKeyFile: cfg.TLSKeyFile,
@@ -106,6 +110,7 @@ func serverOptions(cfg config.Config) (server.Options, error) {
 		// An admin's pin stays within the range computed weights are
 		// clamped to.
 		PinMin: cfg.WeightMin, PinMax: cfg.WeightMax,
+		TrustedProxies: proxies,
 	}, nil
 }
 

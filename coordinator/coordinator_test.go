@@ -6,8 +6,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -43,7 +45,7 @@ func TestFleetConfig(t *testing.T) {
 // and the configured weight range as its pin range.
 func TestServerOptions(t *testing.T) {
 	viewerFile := filepath.Join(t.TempDir(), "viewer.token")
-	if err := os.WriteFile(viewerFile, []byte("viewer-from-file\n"), 0o600); err != nil {
+	if err := os.WriteFile(viewerFile, []byte("viewer-from-file-0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t)
@@ -51,16 +53,18 @@ func TestServerOptions(t *testing.T) {
 	cfg.TLSCertFile, cfg.TLSKeyFile = "/etc/heft/cert.pem", "/etc/heft/key.pem"
 	cfg.AgentPingInterval, cfg.AgentPingTimeout = 20*time.Second, 7*time.Second
 	cfg.WeightMin, cfg.WeightMax = 0.5, 4
+	cfg.TrustedProxies = []string{"10.0.0.0/8", "192.0.2.7"}
 	got, err := serverOptions(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := server.Options{
-		Tokens:      server.Tokens{Agent: agentToken, Admin: adminToken, Viewer: "viewer-from-file"},
+		Tokens:      server.Tokens{Agent: agentToken, Admin: adminToken, Viewer: "viewer-from-file-0123456789abcdef"},
 		TLSCertFile: "/etc/heft/cert.pem", TLSKeyFile: "/etc/heft/key.pem",
 		PingInterval: 20 * time.Second, PingTimeout: 7 * time.Second, PinMin: 0.5, PinMax: 4,
+		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32")},
 	}
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("serverOptions =\n%+v\nwant\n%+v", got, want)
 	}
 }

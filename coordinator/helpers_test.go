@@ -26,8 +26,8 @@ import (
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
 
 const (
-	agentToken = "agent-token-for-tests"
-	adminToken = "admin-token-for-tests"
+	agentToken = "agent-token-for-tests-0123456789abcdef"
+	adminToken = "admin-token-for-tests-0123456789abcdef"
 	testModel  = "Qwen/Qwen3-8B"
 )
 

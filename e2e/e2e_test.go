@@ -30,8 +30,8 @@ import (
 )
 
 const (
-	agentToken = "e2e-agent-token"
-	adminToken = "e2e-admin-token"
+	agentToken = "e2e-agent-token-0123456789abcdefgh"
+	adminToken = "e2e-admin-token-0123456789abcdefgh"
 	model      = "Qwen/Qwen3-8B"
 )
 

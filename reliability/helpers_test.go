@@ -24,8 +24,8 @@ import (
 )
 
 const (
-	agentToken = "reliability-agent-token"
-	adminToken = "reliability-admin-token"
+	agentToken = "reliability-agent-token-0123456789"
+	adminToken = "reliability-admin-token-0123456789"
 	testModel  = "Qwen/Qwen3-8B"
 )
 

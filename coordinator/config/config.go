@@ -6,10 +6,13 @@
 package config
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -44,6 +47,9 @@ type Config struct {
 
 	TLSCertFile string
 	TLSKeyFile  string
+	// TrustedProxies are addresses or CIDR prefixes of proxies whose
+	// X-Forwarded-For header names the client.
+	TrustedProxies []string
 
 	LogLevel string
 	LogJSON  bool
@@ -92,7 +98,7 @@ func (c *Config) command() settings.Command {
 	tokenFile := "(mode 0600, or 0640 with a dedicated group)"
 	return settings.Command{
 		Name:      "heft-coordinator",
-		Synopsis:  "heft-coordinator [--config FILE] [flags]",
+		Synopsis:  "heft-coordinator [--config FILE] [flags]\n       heft-coordinator gen-token   (print a new random token)",
 		About:     "Keeps the fleet: agents report to it, it measures and weighs the workers, and serves\nthe weights, a dashboard, a JSON API and Prometheus metrics.",
 		EnvPrefix: EnvPrefix,
 		Version:   true,
@@ -108,6 +114,7 @@ func (c *Config) command() settings.Command {
 			settings.String("viewer_token_file", &c.ViewerTokenFile, "file holding the optional viewer token "+tokenFile).Meta("FILE"),
 			settings.String("tls_cert_file", &c.TLSCertFile, "TLS certificate (PEM); with --tls-key-file, serve HTTPS").Meta("FILE"),
 			settings.String("tls_key_file", &c.TLSKeyFile, "TLS private key (PEM)").Meta("FILE"),
+			settings.Strings("trusted_proxies", &c.TrustedProxies, "proxies (addresses or CIDR prefixes) whose X-Forwarded-For names the client").Meta("ADDR"),
 			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),
 			settings.Duration("offline_grace", &c.OfflineGrace, "how long an agent may be gone before its workers go offline"),
@@ -212,6 +219,21 @@ func (c Config) Validate() error {
 	if c.AgentToken == "" && c.AgentTokenFile == "" {
 		bad("agent_token (or agent_token_file) is required: agents authenticate with it")
 	}
+	for _, s := range c.secrets() {
+		v := *s.dst(&tokens)
+		if v == "" || len(v) >= MinTokenBytes {
+			continue
+		}
+		what := s.key
+		if s.file != "" {
+			what = fmt.Sprintf("the token in %s (%s)", s.fileKey, s.file)
+		}
+		bad("%s is %d bytes; at least %d are needed so that it cannot be guessed: run `heft-coordinator gen-token` for one",
+			what, len(v), MinTokenBytes)
+	}
+	if _, err := c.Proxies(); err != nil {
+		bad("%v", err)
+	}
 	if tokens.Agent != "" && tokens.Agent == tokens.Admin {
 		bad("admin_token must differ from agent_token, or every agent could act as an admin")
 	}
@@ -242,6 +264,39 @@ func (c Config) Validate() error {
 	// file is reported with every other problem, before anything starts.
 	errs = append(errs, fleet.CheckThresholds(c.Thresholds), fleet.CheckWeightRange(c.WeightMin, c.WeightMax))
 	return errors.Join(errs...)
+}
+
+// MinTokenBytes is the shortest token the coordinator accepts.
+const MinTokenBytes = 32
+
+// NewToken returns a token of 32 random bytes, URL-safe base64 (43
+// characters), for `heft-coordinator gen-token`.
+func NewToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// Proxies parses trusted_proxies: addresses (a single host) or CIDR
+// prefixes.
+func (c Config) Proxies() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	var errs []error
+	for _, s := range c.TrustedProxies {
+		s = strings.TrimSpace(s)
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("trusted_proxies: %q is neither an address nor a CIDR prefix", s))
+			continue
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, errors.Join(errs...)
 }
 
 // EnvName is the environment variable for a TOML key.

@@ -37,8 +37,8 @@ func TestLoadProductExample(t *testing.T) {
 	path := writeFile(t, "coordinator.toml", `# heft-coordinator
 listen = "127.0.0.1:7070"
 state_dir = "/var/lib/heft"
-agent_token = "s3cret"           # or agent_token_file
-admin_token = "adm1n"            # or admin_token_file
+agent_token = "s3cret-0123456789abcdef0123456789"           # or agent_token_file
+admin_token = "adm1n-0123456789abcdef0123456789"            # or admin_token_file
 `, 0o644)
 	cfg, err := Load(path, nil, nil)
 	if err != nil {
@@ -51,7 +51,7 @@ admin_token = "adm1n"            # or admin_token_file
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tok.Agent != "s3cret" || tok.Admin != "adm1n" || tok.Viewer != "" {
+	if tok.Agent != "s3cret-0123456789abcdef0123456789" || tok.Admin != "adm1n-0123456789abcdef0123456789" || tok.Viewer != "" {
 		t.Errorf("tokens = %+v", tok)
 	}
 	if cfg.CacheTTL != 6*time.Hour || cfg.WeightMin != 0.25 || cfg.WeightMax != 8 {
@@ -63,7 +63,7 @@ func TestLoadFullFileDurationsAndThresholds(t *testing.T) {
 	path := writeFile(t, "c.toml", `
 listen = "0.0.0.0:8443"
 state_dir = "/tmp/heft"
-agent_token = "a"
+agent_token = "a-0123456789abcdef0123456789xxxx"
 log_level = "debug"
 log_json = true
 offline_grace = "30s"
@@ -97,7 +97,7 @@ clock_low = 0.7
 func TestLoadRejectsUnknownKeys(t *testing.T) {
 	path := writeFile(t, "c.toml", `
 listne = "127.0.0.1:7070"
-agent_token = "a"
+agent_token = "a-0123456789abcdef0123456789xxxx"
 [thresholds]
 pool_hodl = 0.3
 `, 0o600)
@@ -121,7 +121,7 @@ func TestLoadParseErrorHasPosition(t *testing.T) {
 }
 
 func TestLoadBadDurationInFile(t *testing.T) {
-	path := writeFile(t, "c.toml", "agent_token = \"a\"\ncache_ttl = \"soon\"\n", 0o600)
+	path := writeFile(t, "c.toml", "agent_token = \"a-0123456789abcdef0123456789xxxx\"\ncache_ttl = \"soon\"\n", 0o600)
 	if _, err := Load(path, nil, nil); err == nil || !strings.Contains(err.Error(), "soon") {
 		t.Fatalf("want an error naming the bad duration, got %v", err)
 	}
@@ -131,12 +131,12 @@ func TestLayering(t *testing.T) {
 	path := writeFile(t, "c.toml", `
 listen = "127.0.0.1:1"
 state_dir = "/from/file"
-agent_token = "file-token"
+agent_token = "file-token-0123456789abcdef0123456789"
 cache_ttl = "1h"
 `, 0o600)
 	env := envMap(map[string]string{
 		"HEFT_COORDINATOR_LISTEN":               "127.0.0.1:2",
-		"HEFT_COORDINATOR_AGENT_TOKEN":          "env-token",
+		"HEFT_COORDINATOR_AGENT_TOKEN":          "env-token-0123456789abcdef0123456789",
 		"HEFT_COORDINATOR_THRESHOLDS_POOL_HOLD": "0.3",
 		"HEFT_COORDINATOR_CACHE_TTL":            "2h",
 	})
@@ -153,7 +153,7 @@ cache_ttl = "1h"
 	if cfg.StateDir != "/from/file" {
 		t.Errorf("file should beat defaults: state_dir = %q", cfg.StateDir)
 	}
-	if cfg.AgentToken != "env-token" {
+	if cfg.AgentToken != "env-token-0123456789abcdef0123456789" {
 		t.Errorf("env should beat file: agent_token not from env")
 	}
 	if cfg.Thresholds.PoolHold != 0.3 {
@@ -162,7 +162,7 @@ cache_ttl = "1h"
 }
 
 func TestConfigPathFromEnv(t *testing.T) {
-	path := writeFile(t, "c.toml", "agent_token = \"a\"\nstate_dir = \"/x\"\n", 0o600)
+	path := writeFile(t, "c.toml", "agent_token = \"a-0123456789abcdef0123456789xxxx\"\nstate_dir = \"/x\"\n", 0o600)
 	cfg, err := Load("", nil, envMap(map[string]string{"HEFT_COORDINATOR_CONFIG": path}))
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func TestConfigPathFromEnv(t *testing.T) {
 }
 
 func TestLoadFlagErrors(t *testing.T) {
-	env := envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN": "a"})
+	env := envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN": "a-0123456789abcdef0123456789xxxx"})
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -208,18 +208,18 @@ func TestVersionFlagSkipsEverything(t *testing.T) {
 }
 
 func TestTokenFiles(t *testing.T) {
-	good := writeFile(t, "agent.token", "  tok-from-file\n", 0o600)
+	good := writeFile(t, "agent.token", "  tok-from-file-0123456789abcdef0123456789\n", 0o600)
 	open := writeFile(t, "open.token", "tok\n", 0o644)
-	groupRead := writeFile(t, "group-read.token", "tok\n", 0o640)
+	groupRead := writeFile(t, "group-read.token", "tok-0123456789abcdef0123456789xx\n", 0o640)
 	groupWrite := writeFile(t, "group-write.token", "tok\n", 0o660)
 	empty := writeFile(t, "empty.token", "\n\n", 0o600)
 	twoLines := writeFile(t, "two.token", "a\nb\n", 0o600)
 
 	cfg := Default()
 	cfg.AgentTokenFile = good
-	cfg.AdminToken = "adm"
+	cfg.AdminToken = "adm-0123456789abcdef0123456789xx"
 	tok, err := cfg.ReadTokens()
-	if err != nil || tok.Agent != "tok-from-file" {
+	if err != nil || tok.Agent != "tok-from-file-0123456789abcdef0123456789" {
 		t.Fatalf("tokens=%+v err=%v", tok, err)
 	}
 	if err := cfg.Validate(); err != nil {
@@ -238,6 +238,7 @@ func TestTokenFiles(t *testing.T) {
 		{"group writable", groupWrite, "mode 0660"},
 		{"empty", empty, "is empty"},
 		{"two lines", twoLines, "more than one line"},
+		{"too short", writeFile(t, "short.token", "hunter2\n", 0o600), "at least 32"},
 		{"missing", filepath.Join(t.TempDir(), "nope"), "no such file"},
 		{"directory", t.TempDir(), "not a regular file"},
 	} {
@@ -281,9 +282,49 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	}
 }
 
+// A token shorter than 32 bytes could be guessed; the message says how to
+// make a good one.
+func TestShortTokensRefused(t *testing.T) {
+	for _, key := range []string{"agent_token", "admin_token", "viewer_token"} {
+		cfg := Default()
+		cfg.AgentToken, cfg.AdminToken = "a-0123456789abcdef0123456789xxxx", "b-0123456789abcdef0123456789xxxx"
+		switch key {
+		case "agent_token":
+			cfg.AgentToken = "x"
+		case "admin_token":
+			cfg.AdminToken = "0123456789abcdef0123456789abcde" // 31 bytes
+		case "viewer_token":
+			cfg.ViewerToken = "viewer"
+		}
+		err := cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), key+" is") || !strings.Contains(err.Error(), "heft-coordinator gen-token") {
+			t.Errorf("%s too short: got %v", key, err)
+		}
+	}
+	if tok := NewToken(); len(tok) < MinTokenBytes || strings.ContainsAny(tok, "+/=\n") || tok == NewToken() {
+		t.Errorf("NewToken = %q", tok)
+	}
+}
+
+func TestTrustedProxies(t *testing.T) {
+	cfg := Default()
+	cfg.TrustedProxies = []string{"10.0.0.0/8", "192.0.2.7", "::1", "10.1.2.3/8", "proxy.example"}
+	got, err := cfg.Proxies()
+	if err == nil || !strings.Contains(err.Error(), `"proxy.example" is neither`) {
+		t.Errorf("want an error naming the hostname, got %v", err)
+	}
+	var s []string
+	for _, p := range got {
+		s = append(s, p.String())
+	}
+	if strings.Join(s, " ") != "10.0.0.0/8 192.0.2.7/32 ::1/128 10.0.0.0/8" {
+		t.Errorf("prefixes %v", s)
+	}
+}
+
 func TestAgentCheckListenNeedsItsOwnPort(t *testing.T) {
 	cfg := Default()
-	cfg.AgentToken = "a"
+	cfg.AgentToken = "a-0123456789abcdef0123456789xxxx"
 	cfg.AgentCheckListen = cfg.Listen
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "port of its own") {
 		t.Errorf("agent_check_listen = listen: %v", err)
@@ -296,7 +337,7 @@ func TestAgentCheckListenNeedsItsOwnPort(t *testing.T) {
 
 func TestValidateSameAgentAndAdminToken(t *testing.T) {
 	cfg := Default()
-	cfg.AgentToken, cfg.AdminToken = "same", "same"
+	cfg.AgentToken, cfg.AdminToken = "same-0123456789abcdef0123456789xxxx", "same-0123456789abcdef0123456789xxxx"
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "must differ") {
 		t.Fatalf("got %v", err)
 	}
@@ -326,7 +367,7 @@ func TestUsageNamesEnvAndFlags(t *testing.T) {
 func TestBareNumberDurationRefused(t *testing.T) {
 	for _, key := range []string{"offline_grace", "agent_ping_interval", "agent_ping_timeout", "cache_ttl", "remeasure_every"} {
 		t.Run(key, func(t *testing.T) {
-			path := writeFile(t, "c.toml", "agent_token = \"a\"\n"+key+" = 30\n", 0o600)
+			path := writeFile(t, "c.toml", "agent_token = \"a-0123456789abcdef0123456789xxxx\"\n"+key+" = 30\n", 0o600)
 			cfg, err := Load(path, nil, nil)
 			if err == nil {
 				t.Fatalf("%s = 30 accepted as %v", key, cfg)
@@ -338,7 +379,7 @@ func TestBareNumberDurationRefused(t *testing.T) {
 			}
 		})
 	}
-	env := envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN": "a", "HEFT_COORDINATOR_OFFLINE_GRACE": "30"})
+	env := envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN": "a-0123456789abcdef0123456789xxxx", "HEFT_COORDINATOR_OFFLINE_GRACE": "30"})
 	if _, err := Load("", nil, env); err == nil || !strings.Contains(err.Error(), "HEFT_COORDINATOR_OFFLINE_GRACE") {
 		t.Errorf("env: %v", err)
 	}
@@ -356,30 +397,30 @@ func TestDefaultsAreTheFleets(t *testing.T) {
 // A token file in a higher layer replaces a token from a lower one, as in
 // the agent; both in one layer are refused.
 func TestTokenAndTokenFileAcrossLayers(t *testing.T) {
-	tok := writeFile(t, "agent.token", "from-file\n", 0o600)
-	path := writeFile(t, "c.toml", "agent_token = \"inline\"\n", 0o600)
+	tok := writeFile(t, "agent.token", "from-file-0123456789abcdef0123456789\n", 0o600)
+	path := writeFile(t, "c.toml", "agent_token = \"inline-0123456789abcdef0123456789\"\n", 0o600)
 	cfg, err := Load(path, nil, envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN_FILE": tok}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tokens, err := cfg.ReadTokens(); err != nil || tokens.Agent != "from-file" || cfg.AgentToken != "" {
+	if tokens, err := cfg.ReadTokens(); err != nil || tokens.Agent != "from-file-0123456789abcdef0123456789" || cfg.AgentToken != "" {
 		t.Errorf("tokens = %+v, %v; cfg %v", tokens, err, cfg)
 	}
-	both := writeFile(t, "both.toml", "agent_token = \"inline\"\nagent_token_file = \""+tok+"\"\n", 0o600)
+	both := writeFile(t, "both.toml", "agent_token = \"inline-0123456789abcdef0123456789\"\nagent_token_file = \""+tok+"\"\n", 0o600)
 	if _, err := Load(both, nil, nil); err == nil || !strings.Contains(err.Error(), "keep one") {
 		t.Errorf("both in one file: %v", err)
 	}
 }
 
 func TestLogJSONIsASwitch(t *testing.T) {
-	cfg, err := Load("", []string{"--log-json", "--log-level", "debug"}, envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN": "a"}))
+	cfg, err := Load("", []string{"--log-json", "--log-level", "debug"}, envMap(map[string]string{"HEFT_COORDINATOR_AGENT_TOKEN": "a-0123456789abcdef0123456789xxxx"}))
 	if err != nil || !cfg.LogJSON || cfg.LogLevel != "debug" {
 		t.Fatalf("cfg %v, err %v", cfg, err)
 	}
 }
 
 func TestLogSettingsSaysWhereEachCameFrom(t *testing.T) {
-	path := writeFile(t, "c.toml", "state_dir = \"/from/file\"\nagent_token = \"s3cret\"\n", 0o600)
+	path := writeFile(t, "c.toml", "state_dir = \"/from/file\"\nagent_token = \"s3cret-0123456789abcdef0123456789\"\n", 0o600)
 	cfg, err := Load(path, []string{"--state-dir", "/from/flag"}, envMap(map[string]string{"HEFT_COORDINATOR_CACHE_TTL": "2h"}))
 	if err != nil {
 		t.Fatal(err)
@@ -397,7 +438,7 @@ func TestLogSettingsSaysWhereEachCameFrom(t *testing.T) {
 			t.Errorf("log lacks %s:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, "s3cret") || strings.Contains(out, "listen=") {
+	if strings.Contains(out, "s3cret-0123456789abcdef0123456789") || strings.Contains(out, "listen=") {
 		t.Errorf("a secret or a default was logged:\n%s", out)
 	}
 }

@@ -158,7 +158,7 @@ func (s *Server) runAction(w http.ResponseWriter, r *http.Request, route adminRo
 		s.writeActionError(w, route, wk.ID, err)
 		return
 	}
-	s.log.Info("admin action", "action", route.method+" "+route.action, "worker", wk.ID, "node", wk.Node, "source", sourceIP(r))
+	s.log.Info("admin action", "action", route.method+" "+route.action, "worker", wk.ID, "node", wk.Node, "source", s.clientIP(r))
 	after, ok := s.fleet.Worker(wk.ID)
 	if !ok {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("worker %q was forgotten meanwhile", wk.ID))

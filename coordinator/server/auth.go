@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,17 +38,15 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
-// checkToken answers 429 or 401 and returns false unless the request holds
-// one of the wanted tokens. query allows ?token=, for EventSource and
-// browsers, which cannot set headers.
+// checkToken returns true when the request holds one of the wanted
+// tokens, and otherwise answers 401, or 429 once its source has failed
+// too often with this kind of token. The token is checked first: a right
+// token is never slowed down by someone else's wrong ones, even from the
+// same address (one NAT, one TLS proxy). Tokens are at least 32 random
+// bytes, so the limit is there to quieten a misconfigured or hostile
+// client, not to stop guessing. query allows ?token=, for EventSource
+// and browsers, which cannot set headers.
 func (s *Server) checkToken(w http.ResponseWriter, r *http.Request, kind string, query bool, want ...string) bool {
-	ip := sourceIP(r)
-	if wait, blocked := s.auth.blocked(ip); blocked {
-		s.metrics.authLimited.Inc()
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-		writeError(w, http.StatusTooManyRequests, "too many failed authentications from this address; retry later")
-		return false
-	}
 	got := bearer(r)
 	if got == "" && query {
 		got = r.URL.Query().Get("token")
@@ -57,7 +56,13 @@ func (s *Server) checkToken(w http.ResponseWriter, r *http.Request, kind string,
 			return true
 		}
 	}
-	s.auth.fail(ip)
+	ip := s.clientIP(r)
+	if wait, blocked := s.auth.fail(ip, kind); blocked {
+		s.metrics.authLimited.Inc()
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many wrong %s tokens from this address; retry later", kind))
+		return false
+	}
 	s.metrics.authFailures.WithLabelValues(kind).Inc()
 	s.log.Debug("authentication failed", "kind", kind, "source", ip, "path", r.URL.Path)
 	w.Header().Set("WWW-Authenticate", `Bearer realm="heft"`)
@@ -87,12 +92,55 @@ func (s *Server) readAuth(w http.ResponseWriter, r *http.Request) bool {
 	return s.checkToken(w, r, authViewer, true, t.Viewer, t.Admin)
 }
 
-// sourceIP is the peer's address. Forwarding headers are not trusted: a
-// proxy in front would put every client in one bucket, which is safe.
-func sourceIP(r *http.Request) string {
+// clientIP is the address a request comes from. X-Forwarded-For is read
+// only when the peer is one of Options.TrustedProxies, and then only its
+// entries those proxies appended: the rightmost address that is not a
+// trusted proxy. Anyone else could write any address there.
+func (s *Server) clientIP(r *http.Request) string {
+	peer := peerIP(r)
+	if len(s.opts.TrustedProxies) == 0 {
+		return peer
+	}
+	addr, err := netip.ParseAddr(peer)
+	if err != nil || !s.trusted(addr) {
+		return peer
+	}
+	hops := r.Header.Values("X-Forwarded-For")
+	for i := len(hops) - 1; i >= 0; i-- {
+		list := strings.Split(hops[i], ",")
+		for j := len(list) - 1; j >= 0; j-- {
+			hop, err := netip.ParseAddr(strings.TrimSpace(list[j]))
+			if err != nil {
+				return addr.String() // a hop we cannot read: stop at the last proxy we trust
+			}
+			hop = hop.Unmap()
+			if !s.trusted(hop) {
+				return hop.String()
+			}
+			addr = hop
+		}
+	}
+	return addr.String()
+}
+
+func (s *Server) trusted(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range s.opts.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// peerIP is the TCP peer's address.
+func peerIP(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		return r.RemoteAddr
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a.Unmap().String()
 	}
 	return host
 }
@@ -124,21 +172,32 @@ func (b *bucket) take(now time.Time, rate, burst float64) bool {
 	return true
 }
 
-// maxTrackedSources bounds the limiter's memory under a spray of addresses.
-const maxTrackedSources = 4096
+// Bounds of the failure table: its size, and how many entries are looked
+// at to choose one to forget when it is full.
+const (
+	maxTrackedSources = 4096
+	evictionSample    = 64
+)
 
-// authLimiter allows a burst of failed authentications per source address,
-// refilled evenly over a period; past it the source gets 429.
+// authLimiter counts failed authentications per (source address, token
+// kind) in a table of fixed size: a burst of failures, refilled evenly
+// over a period; past it the source gets 429 for that kind of token. A
+// full table forgets the entry with the most failures left to spend (the
+// least failing; among equals the one quiet longest) from a random sample,
+// never the whole table, so a spray of fresh addresses cannot free an
+// address that is being limited: it only replaces other fresh addresses.
 type authLimiter struct {
 	mu      sync.Mutex
 	now     func() time.Time
 	burst   float64
 	rate    float64 // tokens per second
-	sources map[string]*bucket
+	sources map[authKey]*bucket
 }
 
+type authKey struct{ ip, kind string }
+
 func newAuthLimiter(now func() time.Time) *authLimiter {
-	l := &authLimiter{now: now, sources: map[string]*bucket{}}
+	l := &authLimiter{now: now, sources: map[authKey]*bucket{}}
 	l.set(10, time.Minute)
 	return l
 }
@@ -149,47 +208,53 @@ func (l *authLimiter) set(burst float64, per time.Duration) {
 	l.burst, l.rate = burst, burst/per.Seconds()
 }
 
-// blocked reports whether ip has used up its failures, and how long until
-// it may try again.
-func (l *authLimiter) blocked(ip string) (time.Duration, bool) {
+// fail records a failure of kind from ip and reports whether the source
+// had already used up its failures, and how long until it may try again.
+func (l *authLimiter) fail(ip, kind string) (time.Duration, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	b, ok := l.sources[ip]
+	now := l.now()
+	k := authKey{ip, kind}
+	b, ok := l.sources[k]
 	if !ok {
-		return 0, false
+		if len(l.sources) >= maxTrackedSources {
+			l.evict(now)
+		}
+		b = &bucket{}
+		l.sources[k] = b
 	}
-	b.refill(l.now(), l.rate, l.burst)
-	if b.tokens >= 1 {
+	if b.take(now, l.rate, l.burst) {
 		return 0, false
 	}
 	return time.Duration((1 - b.tokens) / l.rate * float64(time.Second)), true
 }
 
-func (l *authLimiter) fail(ip string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.now()
-	b, ok := l.sources[ip]
-	if !ok {
-		if len(l.sources) >= maxTrackedSources {
-			l.prune(now)
+// evict forgets one entry: the one with the most tokens among a sample.
+func (l *authLimiter) evict(now time.Time) {
+	var victim authKey
+	var best *bucket
+	n := 0
+	for k, b := range l.sources { // map order is random: a fair sample
+		b.refill(now, l.rate, l.burst)
+		if best == nil || b.tokens > best.tokens || (b.tokens == best.tokens && b.last.Before(best.last)) {
+			victim, best = k, b
 		}
-		b = &bucket{}
-		l.sources[ip] = b
+		if n++; n == evictionSample || b.tokens >= l.burst {
+			break // a forgiven entry is as good as any
+		}
 	}
-	b.take(now, l.rate, l.burst)
+	delete(l.sources, victim)
 }
 
-// prune forgets sources that have earned all their tokens back; if that is
-// not enough, it forgets everyone rather than grow without bound.
-func (l *authLimiter) prune(now time.Time) {
-	for ip, b := range l.sources {
-		b.refill(now, l.rate, l.burst)
-		if b.tokens >= l.burst {
-			delete(l.sources, ip)
-		}
+// blocked reports, without counting a failure, whether ip is limited for
+// kind; for tests.
+func (l *authLimiter) blocked(ip, kind string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.sources[authKey{ip, kind}]
+	if !ok {
+		return false
 	}
-	if len(l.sources) >= maxTrackedSources {
-		clear(l.sources)
-	}
+	b.refill(l.now(), l.rate, l.burst)
+	return b.tokens < 1
 }

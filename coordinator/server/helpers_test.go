@@ -23,9 +23,9 @@ import (
 )
 
 const (
-	agentToken  = "agent-token-for-tests"
-	adminToken  = "admin-token-for-tests"
-	viewerToken = "viewer-token-for-tests"
+	agentToken  = "agent-token-for-tests-0123456789abcdef"
+	adminToken  = "admin-token-for-tests-0123456789abcdef"
+	viewerToken = "viewer-token-for-tests-0123456789abcdef"
 )
 
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }

@@ -198,14 +198,14 @@ func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 
 	ws, err := websocket.Accept(w, r, nil)
 	if err != nil {
-		s.log.Debug("websocket upgrade failed", "source", sourceIP(r), "error", err)
+		s.log.Debug("websocket upgrade failed", "source", s.clientIP(r), "error", err)
 		return
 	}
 	ws.SetReadLimit(wire.MaxMessageBytes)
 	// Not r.Context(): the connection outlives the upgrade request.
 	ctx, cancel := context.WithCancel(s.base)
 	c := &agentConn{
-		h: h, id: h.nextID.Add(1), source: sourceIP(r), ws: ws,
+		h: h, id: h.nextID.Add(1), source: s.clientIP(r), ws: ws,
 		out: make(chan []byte, s.lim.queueSize), ctx: ctx, cancel: cancel, closed: make(chan struct{}),
 	}
 	h.mu.Lock()

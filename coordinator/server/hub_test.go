@@ -51,68 +51,6 @@ func TestAgentAuth(t *testing.T) {
 	testutil.Eventually(t, "the snapshot to reach the fleet", 10*time.Second, func() bool { _, ok := ts.fleet.Worker("gpu-a/e0"); return ok })
 }
 
-func TestAuthFailuresAreRateLimited(t *testing.T) {
-	ts := startServer(t, testOptions(), nil)
-	for i := range 10 {
-		if status, body, _ := ts.do(t, "GET", "/api/v1/agent", "wrong", nil); status != http.StatusUnauthorized {
-			t.Fatalf("failure %d: got %d %s", i+1, status, body)
-		}
-	}
-	// The source is now blocked, whatever it sends.
-	for _, tok := range []string{"wrong", agentToken} {
-		status, body, hdr := ts.do(t, "GET", "/api/v1/agent", tok, nil)
-		if status != http.StatusTooManyRequests {
-			t.Fatalf("after 10 failures: got %d %s", status, body)
-		}
-		errorMessage(t, body)
-		if hdr.Get("Retry-After") == "" {
-			t.Error("429 without Retry-After")
-		}
-	}
-	if status, _, _ := ts.do(t, "POST", "/api/v1/workers/x/hold", adminToken, nil); status != http.StatusTooManyRequests {
-		t.Errorf("admin route from a blocked source: %d", status)
-	}
-	mfs := ts.scrape(t, "")
-	if v, _ := metricValue(mfs, "heft_auth_failures_total", map[string]string{"kind": "agent"}); v != 10 {
-		t.Errorf("heft_auth_failures_total{kind=agent} = %g, want 10", v)
-	}
-	if v, _ := metricValue(mfs, "heft_auth_rate_limited_total", nil); v != 3 {
-		t.Errorf("heft_auth_rate_limited_total = %g, want 3", v)
-	}
-}
-
-func TestAuthLimiterRefills(t *testing.T) {
-	now := time.Unix(1000, 0)
-	l := newAuthLimiter(func() time.Time { return now })
-	for range 10 {
-		if _, blocked := l.blocked("10.0.0.1"); blocked {
-			t.Fatal("blocked too early")
-		}
-		l.fail("10.0.0.1")
-	}
-	wait, blocked := l.blocked("10.0.0.1")
-	if !blocked || wait <= 0 || wait > 6*time.Second {
-		t.Fatalf("blocked=%t wait=%s", blocked, wait)
-	}
-	if _, blocked := l.blocked("10.0.0.2"); blocked {
-		t.Error("another source is blocked")
-	}
-	now = now.Add(6 * time.Second) // one failure's worth refilled
-	if _, blocked := l.blocked("10.0.0.1"); blocked {
-		t.Error("still blocked after the refill")
-	}
-	l.fail("10.0.0.1")
-	if _, blocked := l.blocked("10.0.0.1"); !blocked {
-		t.Error("a failure after the refill should block again")
-	}
-	for i := range maxTrackedSources + 10 {
-		l.fail(fmt.Sprintf("10.1.%d.%d", i/256, i%256))
-	}
-	if n := len(l.sources); n > maxTrackedSources {
-		t.Errorf("limiter tracks %d sources, bound is %d", n, maxTrackedSources)
-	}
-}
-
 // A bad message closes only its own connection with a code and a reason;
 // a second agent and the fleet's state are untouched.
 func TestBadMessagesCloseOnlyThatConnection(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,12 @@ type Options struct {
 	// PinMin and PinMax bound an admin's pinned weight: the fleet's weight
 	// range. Zero means the fleet's default range.
 	PinMin, PinMax float64
+	// TrustedProxies are the peers whose X-Forwarded-For is believed when
+	// the server counts failed authentications per client address. Empty:
+	// the TCP peer is the client, so everyone behind one proxy shares a
+	// count (and, since a right token is never limited, only the wrong
+	// tokens among them are slowed down).
+	TrustedProxies []netip.Prefix
 }
 
 // Tokens are the secrets the server checks, as read from the

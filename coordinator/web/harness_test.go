@@ -27,8 +27,8 @@ import (
 )
 
 const (
-	agentToken = "agent-s3cret"
-	adminToken = "adm1n-t0ken"
+	agentToken = "agent-s3cret-for-the-dashboard-tests"
+	adminToken = "adm1n-t0ken-for-the-dashboard-tests"
 )
 
 // coordinator is a real heft coordinator, assembled as the binary

@@ -8,6 +8,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -97,9 +98,11 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 	if err != nil {
 		return err
 	}
+	// Fresh tokens for every demo: the coordinator refuses short ones.
+	agentToken, adminToken := rand.Text()+rand.Text(), rand.Text()+rand.Text()
 	coordCfg := filepath.Join(dir, "coordinator.toml")
-	if err := os.WriteFile(coordCfg, fmt.Appendf(nil, "listen = %q\nstate_dir = %q\nagent_token = \"demo-agent\"\nadmin_token = \"demo-admin\"\n",
-		addr, filepath.Join(dir, "state")), 0o600); err != nil {
+	if err := os.WriteFile(coordCfg, fmt.Appendf(nil, "listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\n",
+		addr, filepath.Join(dir, "state"), agentToken, adminToken), 0o600); err != nil {
 		return err
 	}
 	_, out, err := start("coordinator", "heft-coordinator", "--config", coordCfg)
@@ -125,8 +128,8 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 		}
 		kind := e.args[1]
 		agentCfg := filepath.Join(dir, e.node+"-agent.toml")
-		if err := os.WriteFile(agentCfg, fmt.Appendf(nil, "[coordinator]\nurl = %q\ntoken = \"demo-agent\"\n[node]\nname = %q\n[[engine]]\nkind = %q\nurl = %q\nlog = %q\n",
-			"ws://"+addr+"/api/v1/agent", e.node, kind, url, logPath), 0o600); err != nil {
+		if err := os.WriteFile(agentCfg, fmt.Appendf(nil, "[coordinator]\nurl = %q\ntoken = %q\n[node]\nname = %q\n[[engine]]\nkind = %q\nurl = %q\nlog = %q\n",
+			"ws://"+addr+"/api/v1/agent", agentToken, e.node, kind, url, logPath), 0o600); err != nil {
 			return err
 		}
 		if _, out, err = start(e.node+"-agent", "heft-agent", "run", "--config", agentCfg); err != nil {
@@ -136,8 +139,8 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 		fmt.Printf("started %-6s %-7s engine at %s with its agent\n", e.node, kind, url)
 	}
 
-	fmt.Printf("\nheft demo fleet is up.\n  dashboard:  %s/\n  workers:    curl -s %s/api/v1/workers\n  weights:    curl -s %s/api/v1/models/%s/weights\n  admin token (for pins in the dashboard): demo-admin\n  logs:       %s\nPress Ctrl-C to stop.\n\n",
-		base, base, base, model, dir)
+	fmt.Printf("\nheft demo fleet is up.\n  dashboard:  %s/\n  workers:    curl -s %s/api/v1/workers\n  weights:    curl -s %s/api/v1/models/%s/weights\n  admin token (for pins in the dashboard): %s\n  logs:       %s\nPress Ctrl-C to stop.\n\n",
+		base, base, base, model, adminToken, dir)
 	return watch(ctx, base, settle)
 }
 

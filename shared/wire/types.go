@@ -290,6 +290,13 @@ type Measurement struct {
 	// engine_unreachable) when the measurement is not valid; Problems says why.
 	Failure  string   `json:"failure,omitempty"`
 	Problems []string `json:"problems,omitempty"`
+	// Implausible says why the numbers are beyond what the worker could
+	// produce (tokens faster than any engine streams them, a throughput
+	// far above its peers' or its GPUs'); empty when they are plausible.
+	// The agent's probe sets it for token timing, the coordinator adds
+	// its own checks; such a measurement holds its worker until an admin
+	// admits it.
+	Implausible string `json:"implausible,omitempty"`
 
 	Trigger    string    `json:"trigger,omitempty"` // registration | scheduled | on_demand | cli
 	StartedAt  time.Time `json:"started_at"`
@@ -359,6 +366,10 @@ const (
 	// CloseSlowConsumer: the agent did not read fast enough and its
 	// outgoing queue filled.
 	CloseSlowConsumer = 4003
+	// CloseNodeCredential: the node name is enrolled and the connection
+	// did not present its credential; only the node that holds it, or an
+	// admin releasing the name, can change that.
+	CloseNodeCredential = 4004
 )
 
 // How Engine.AdvertiseURL was chosen.

@@ -35,6 +35,9 @@ func main() {
 // 2 bad usage, 78 bad configuration (settings.ExitConfig). Each value on
 // reload (SIGHUP) reloads the tokens and the TLS certificate.
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer, reload <-chan os.Signal) int {
+	if len(args) > 0 && args[0] == "gen-token" {
+		return genToken(args[1:], stdout, stderr)
+	}
 	cfg, err := config.Load("", args, env)
 	switch {
 	case err != nil:
@@ -79,6 +82,18 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 		logger.Error("server stopped", "error", err)
 		return 1
 	}
+	return 0
+}
+
+// genToken prints a new random token, for agent_token, admin_token or
+// viewer_token files.
+func genToken(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		fmt.Fprintf(stderr, "heft-coordinator gen-token takes no arguments; it prints a new random token:\n"+
+			"  heft-coordinator gen-token > /etc/heft/agent.token && chmod 600 /etc/heft/agent.token\n")
+		return settings.ExitUsage
+	}
+	fmt.Fprintln(stdout, config.NewToken())
 	return 0
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"heft/coordinator/config"
 	"heft/coordinator/store"
 	"heft/shared/testutil"
 )
@@ -20,7 +21,7 @@ import (
 func writeConfig(t *testing.T, stateDir, extra string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "coordinator.toml")
-	body := "listen = \"127.0.0.1:0\"\nstate_dir = \"" + stateDir + "\"\nagent_token = \"s3cret\"\nadmin_token = \"adm1n\"\n" + extra
+	body := "listen = \"127.0.0.1:0\"\nstate_dir = \"" + stateDir + "\"\nagent_token = \"s3cret-0123456789abcdef0123456789\"\nadmin_token = \"adm1n-0123456789abcdef0123456789\"\n" + extra
 	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -193,5 +194,24 @@ func TestBaseURL(t *testing.T) {
 		if got := baseURL(tc.addr, tc.tls); got != tc.want {
 			t.Errorf("baseURL(%v) = %q, want %q", tc.addr, got, tc.want)
 		}
+	}
+}
+
+func TestGenToken(t *testing.T) {
+	var a, b, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"gen-token"}, noEnv, &a, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	run(context.Background(), []string{"gen-token"}, noEnv, &b, &stderr)
+	tok := strings.TrimSpace(a.String())
+	if len(tok) < 32 || tok == strings.TrimSpace(b.String()) || !regexp.MustCompile(`^[A-Za-z0-9_-]+\n$`).MatchString(a.String()) {
+		t.Errorf("gen-token printed %q then %q", a.String(), b.String())
+	}
+	// What it prints is a token the coordinator accepts.
+	if _, err := config.Load(writeConfig(t, t.TempDir(), "viewer_token = \""+tok+"\"\n"), nil, noEnv); err != nil {
+		t.Errorf("the printed token was refused: %v", err)
+	}
+	if code := run(context.Background(), []string{"gen-token", "extra"}, noEnv, &a, &stderr); code != 2 {
+		t.Errorf("gen-token with an argument: exit %d", code)
 	}
 }
