@@ -380,6 +380,8 @@ func (nopStore) SaveDecision(string, string) error           { return nil }
 func (nopStore) DeleteDecision(string) error                 { return nil }
 func (nopStore) SaveMeasurement(wire.Measurement, int) error { return nil }
 func (nopStore) SaveWorker(fleet.WorkerRecord) error         { return nil }
+func (nopStore) DeleteWorker(string) error                   { return nil }
+func (nopStore) DeleteMeasurements(string) error             { return nil }
 
 // recomputeTime builds an in-process fleet of n admitted workers, with
 // the settings heft-coordinator derives from its default configuration,

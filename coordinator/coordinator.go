@@ -16,6 +16,7 @@ import (
 
 	"heft/coordinator/config"
 	"heft/coordinator/fleet"
+	"heft/coordinator/nodes"
 	"heft/coordinator/server"
 	"heft/coordinator/store"
 	"heft/shared/address"
@@ -61,11 +62,25 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	st, err := store.Open(cfg.StateDir, o.logger)
+	var storeOpts []store.Option
+	if cfg.Init {
+		storeOpts = append(storeOpts, store.Init())
+	}
+	st, err := store.Open(cfg.StateDir, o.logger, storeOpts...)
 	if err != nil {
 		return nil, err
 	}
 	f, err := fleet.New(FleetConfig(cfg), st, o.now, o.logger)
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	records, err := st.LoadNodes()
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	reg, err := nodes.New(NodesConfig(cfg), st, records, o.now, o.logger)
 	if err != nil {
 		_ = st.Close()
 		return nil, err
@@ -75,6 +90,7 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 		_ = st.Close()
 		return nil, err
 	}
+	so.Nodes = reg
 	srv, err := server.New(so, f, o.logger)
 	if err != nil {
 		_ = st.Close()
@@ -89,7 +105,16 @@ func FleetConfig(cfg config.Config) fleet.Config {
 	fc := fleet.DefaultConfig()
 	fc.CacheTTL, fc.RemeasureEvery, fc.OfflineGrace = cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace
 	fc.WeightMin, fc.WeightMax, fc.Thresholds = cfg.WeightMin, cfg.WeightMax, cfg.Thresholds
+	fc.MaxKeysPerNode = cfg.MaxKeysPerNode
+	fc.ImplausibleFactor, fc.MaxTPSPerGPU, fc.MaxStreamTPS = cfg.ImplausibleFactor, cfg.MaxTPSPerGPU, cfg.MaxStreamTPS
 	return fc
+}
+
+// NodesConfig is the one mapping from the configuration to the node
+// registry's settings.
+func NodesConfig(cfg config.Config) nodes.Config {
+	return nodes.Config{ApproveNew: cfg.ApproveNewNodes, RequireCredential: cfg.RequireNodeCredential,
+		MaxNodes: cfg.MaxNodes, MaxPending: cfg.MaxPendingNodes, ForgetAfter: cfg.ForgetNodesAfter}
 }
 
 // serverOptions is the one mapping from the configuration to the
@@ -111,6 +136,7 @@ func serverOptions(cfg config.Config) (server.Options, error) {
 		// clamped to.
 		PinMin: cfg.WeightMin, PinMax: cfg.WeightMax,
 		TrustedProxies: proxies,
+		MaxAgentConnections: cfg.MaxAgentConnections, MaxEventStreams: cfg.MaxEventStreams, MaxAPIRequests: cfg.MaxAPIRequests,
 	}, nil
 }
 
@@ -149,6 +175,9 @@ func (c *Coordinator) Run(ctx context.Context, ln net.Listener) error {
 // keep working.
 func (c *Coordinator) Reload() error {
 	tokens, err := c.cfg.ReadTokens()
+	if err == nil {
+		err = c.cfg.CheckTokens(tokens)
+	}
 	if err == nil {
 		err = c.srv.Reload(server.Tokens(tokens))
 	}

@@ -62,7 +62,9 @@ func TestServerOptions(t *testing.T) {
 		Tokens:      server.Tokens{Agent: agentToken, Admin: adminToken, Viewer: "viewer-from-file-0123456789abcdef"},
 		TLSCertFile: "/etc/heft/cert.pem", TLSKeyFile: "/etc/heft/key.pem",
 		PingInterval: 20 * time.Second, PingTimeout: 7 * time.Second, PinMin: 0.5, PinMax: 4,
-		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32")},
+		TrustedProxies:      []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32")},
+		MaxAgentConnections: server.DefaultMaxAgentConnections, MaxEventStreams: server.DefaultMaxEventStreams,
+		MaxAPIRequests: server.DefaultMaxAPIRequests,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("serverOptions =\n%+v\nwant\n%+v", got, want)
@@ -78,6 +80,7 @@ func TestConfigReachesFleet(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.OfflineGrace = 2 * time.Minute // the default is 30 s
 	cfg.WeightMin, cfg.WeightMax = 0.5, 4
+	cfg.ImplausibleFactor = 20 // the default 4 would hold the fast one
 	c, err := New(cfg, WithLogger(testLogger(t)), WithClock(clk.now))
 	if err != nil {
 		t.Fatal(err)
@@ -293,5 +296,27 @@ func TestAgentToWeightAndRestart(t *testing.T) {
 	status, body = r2.do(t, "GET", "/api/v1/workers/"+key, "", "")
 	if status != http.StatusOK || json.Unmarshal(body, &w) != nil || w.PinnedWeight == nil || *w.PinnedWeight != 1.5 {
 		t.Fatalf("after restart: %d %s", status, body)
+	}
+}
+
+// A token file rotated to a token too short to be safe is refused at the
+// reload as at the start: the tokens in force stay.
+func TestReloadRefusesShortTokens(t *testing.T) {
+	cfg := testConfig(t)
+	file := filepath.Join(t.TempDir(), "admin.token")
+	if err := os.WriteFile(file, []byte(adminToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.AdminToken, cfg.AdminTokenFile = "", file
+	c, err := New(cfg, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := os.WriteFile(file, []byte("short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Reload(); err == nil || !strings.Contains(err.Error(), "gen-token") {
+		t.Errorf("a reload to a 5-byte admin token: %v", err)
 	}
 }

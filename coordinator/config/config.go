@@ -20,10 +20,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/coordinator/fleet"
+	"heft/coordinator/nodes"
 	"heft/coordinator/server"
 	"heft/shared/health"
 	"heft/shared/logging"
 	"heft/shared/settings"
+	"heft/shared/wire"
 )
 
 // EnvPrefix starts every environment variable the coordinator reads.
@@ -66,6 +68,28 @@ type Config struct {
 	WeightMin  float64
 	WeightMax  float64
 
+	// Node identity: see package nodes.
+	ApproveNewNodes       bool
+	RequireNodeCredential bool
+	MaxNodes              int
+	MaxPendingNodes       int
+	ForgetNodesAfter      time.Duration
+
+	// Bounds and plausibility: see package fleet.
+	MaxKeysPerNode    int
+	ImplausibleFactor float64
+	MaxTPSPerGPU      float64
+	MaxStreamTPS      float64
+
+	// Concurrent connections by kind; past them new ones get 503.
+	MaxAgentConnections int
+	MaxEventStreams     int
+	MaxAPIRequests      int
+
+	// Init lets the coordinator start over on an empty state file, or
+	// recreate the missing buckets of a damaged one (--init).
+	Init bool
+
 	// ShowVersion is set by --version; Load then reads nothing else.
 	ShowVersion bool
 
@@ -76,7 +100,7 @@ type Config struct {
 // Default returns the configuration used where nothing else is said. The
 // fleet's and the server's settings default to what those packages define.
 func Default() Config {
-	fc := fleet.DefaultConfig()
+	fc, nc := fleet.DefaultConfig(), nodes.DefaultConfig()
 	return Config{
 		Listen:            "127.0.0.1:7070",
 		StateDir:          "/var/lib/heft",
@@ -89,6 +113,19 @@ func Default() Config {
 		Thresholds:        fc.Thresholds,
 		WeightMin:         fc.WeightMin,
 		WeightMax:         fc.WeightMax,
+
+		MaxNodes:         nc.MaxNodes,
+		MaxPendingNodes:  nc.MaxPending,
+		ForgetNodesAfter: nc.ForgetAfter,
+
+		MaxKeysPerNode:    fc.MaxKeysPerNode,
+		ImplausibleFactor: fc.ImplausibleFactor,
+		MaxTPSPerGPU:      fc.MaxTPSPerGPU,
+		MaxStreamTPS:      fc.MaxStreamTPS,
+
+		MaxAgentConnections: server.DefaultMaxAgentConnections,
+		MaxEventStreams:     server.DefaultMaxEventStreams,
+		MaxAPIRequests:      server.DefaultMaxAPIRequests,
 	}
 }
 
@@ -128,6 +165,19 @@ func (c *Config) command() settings.Command {
 			settings.Float("thresholds.pool_warn", &c.Thresholds.PoolWarn, "smallest/largest DP pool below which a worker gets a warning"),
 			settings.Float("thresholds.clock_low", &c.Thresholds.ClockLow, "median/max SM clock during a probe below which a worker gets a warning"),
 			settings.Uint64("thresholds.foreign_min_bytes", &c.Thresholds.ForeignMinBytes, "foreign GPU processes holding less memory are ignored").Meta("BYTES"),
+			settings.Bool("approve_new_nodes", &c.ApproveNewNodes, "a new node name waits for an admin's approval before its workers count"),
+			settings.Bool("require_node_credential", &c.RequireNodeCredential, "refuse agents too old to keep a node credential"),
+			settings.Int("max_nodes", &c.MaxNodes, "node names remembered at most (every state)"),
+			settings.Int("max_pending_nodes", &c.MaxPendingNodes, "node names awaiting approval at most; the oldest goes first"),
+			settings.Duration("forget_nodes_after", &c.ForgetNodesAfter, "a node name unseen this long is forgotten, credential and all"),
+			settings.Int("max_keys_per_node", &c.MaxKeysPerNode, "capacity keys remembered per node; past it the least recently listed is forgotten"),
+			settings.Float("plausibility.factor", &c.ImplausibleFactor, "a throughput above this × its model's median is held as implausible (0: off)"),
+			settings.Float("plausibility.max_tps_per_gpu", &c.MaxTPSPerGPU, "a throughput above this per GPU is held as implausible (0: off)"),
+			settings.Float("plausibility.max_stream_tps", &c.MaxStreamTPS, "a throughput above this per request's stream is held as implausible (0: off)"),
+			settings.Int("max_agent_connections", &c.MaxAgentConnections, "agent websockets at once; past it new ones get 503"),
+			settings.Int("max_event_streams", &c.MaxEventStreams, "event streams (dashboards, heft-sync) at once; past it new ones get 503"),
+			settings.Int("max_api_requests", &c.MaxAPIRequests, "other API requests in flight at once; past it new ones get 503"),
+			settings.Bool("init", &c.Init, "start over on an empty state file, or recreate the missing buckets of a damaged one").FlagOnly(),
 		},
 		Alternatives: [][]string{
 			{"agent_token", "agent_token_file"}, {"admin_token", "admin_token_file"}, {"viewer_token", "viewer_token_file"},
@@ -219,17 +269,8 @@ func (c Config) Validate() error {
 	if c.AgentToken == "" && c.AgentTokenFile == "" {
 		bad("agent_token (or agent_token_file) is required: agents authenticate with it")
 	}
-	for _, s := range c.secrets() {
-		v := *s.dst(&tokens)
-		if v == "" || len(v) >= MinTokenBytes {
-			continue
-		}
-		what := s.key
-		if s.file != "" {
-			what = fmt.Sprintf("the token in %s (%s)", s.fileKey, s.file)
-		}
-		bad("%s is %d bytes; at least %d are needed so that it cannot be guessed: run `heft-coordinator gen-token` for one",
-			what, len(v), MinTokenBytes)
+	if err := c.CheckTokens(tokens); err != nil {
+		errs = append(errs, err)
 	}
 	if _, err := c.Proxies(); err != nil {
 		bad("%v", err)
@@ -262,7 +303,41 @@ func (c Config) Validate() error {
 	}
 	// The fleet owns these rules; they are checked here too so that a bad
 	// file is reported with every other problem, before anything starts.
-	errs = append(errs, fleet.CheckThresholds(c.Thresholds), fleet.CheckWeightRange(c.WeightMin, c.WeightMax))
+	errs = append(errs, fleet.CheckThresholds(c.Thresholds), fleet.CheckWeightRange(c.WeightMin, c.WeightMax),
+		fleet.CheckPlausibility(c.ImplausibleFactor, c.MaxTPSPerGPU, c.MaxStreamTPS))
+	if c.MaxKeysPerNode < wire.MaxEngines {
+		bad("max_keys_per_node must be at least %d (the engines one snapshot may list), is %d", wire.MaxEngines, c.MaxKeysPerNode)
+	}
+	if err := (nodes.Config{MaxNodes: c.MaxNodes, MaxPending: c.MaxPendingNodes, ForgetAfter: c.ForgetNodesAfter}).Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, n := range []struct {
+		key string
+		v   int
+	}{{"max_agent_connections", c.MaxAgentConnections}, {"max_event_streams", c.MaxEventStreams}, {"max_api_requests", c.MaxAPIRequests}} {
+		if n.v < 1 {
+			bad("%s must be at least 1, is %d", n.key, n.v)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CheckTokens refuses tokens shorter than MinTokenBytes, naming the file
+// each came from; Validate and a reload (SIGHUP) use it.
+func (c Config) CheckTokens(tokens Tokens) error {
+	var errs []error
+	for _, s := range c.secrets() {
+		v := *s.dst(&tokens)
+		if v == "" || len(v) >= MinTokenBytes {
+			continue
+		}
+		what := s.key
+		if s.file != "" {
+			what = fmt.Sprintf("the token in %s (%s)", s.fileKey, s.file)
+		}
+		errs = append(errs, fmt.Errorf("%s is %d bytes; at least %d are needed so that it cannot be guessed: run `heft-coordinator gen-token` for one",
+			what, len(v), MinTokenBytes))
+	}
 	return errors.Join(errs...)
 }
 

@@ -64,8 +64,8 @@ func (f *Fleet) Unpin(id string) error {
 	return nil
 }
 
-// Admit lets a worker that its uneven pools would hold into the weight
-// table. For a worker the rules would admit anyway it clears any decision,
+// Admit lets a worker that its uneven pools, or an implausible
+// measurement, would hold into the weight table. For a worker the rules would admit anyway it clears any decision,
 // returning it to the automatic rules (this is how a Hold is undone).
 func (f *Fleet) Admit(id string) error {
 	f.adminMu.Lock()
@@ -74,7 +74,7 @@ func (f *Fleet) Admit(id string) error {
 	w, err := f.keyed(id)
 	var holds, decided bool
 	if err == nil {
-		holds = f.poolHolds(w)
+		holds = f.poolHolds(w) || f.implausibleHolds(w)
 		_, decided = f.decisions[id]
 	}
 	f.mu.Unlock()

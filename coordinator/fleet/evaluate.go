@@ -29,10 +29,14 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 		if v.tps != w.tps {
 			f.dirty[w.eng.Model] = true
 		}
+		if w.outlierHeld() && v.state == view.StateAdmitted {
+			v.state = view.StateHeld // until the model is weighed again
+		}
 		if v.state != w.state {
 			changed = true
 		}
 		w.state, w.base, w.tps = v.state, v.findings, v.tps
+		f.touch(w)
 	}
 	for _, w := range ws {
 		if !f.dirty[w.eng.Model] && f.publish(w, now) {
@@ -82,9 +86,17 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 	med := median(tps)
 	changed := false
 	for _, w := range ws {
+		held := w.state == view.StateHeld && w.outlierHeld()
 		f.weigh(w, model, med, len(tps))
-		if f.publish(w, now) {
+		switch {
+		case w.outlierHeld() && w.state == view.StateAdmitted:
+			w.state = view.StateHeld
+		case !w.outlierHeld() && held:
+			w.state = view.StateAdmitted // its model's median caught up with it, or an admin admitted it
+		}
+		if f.publish(w, now) || held != w.outlierHeld() {
 			changed = true
+			f.touch(w)
 		}
 	}
 	return changed
@@ -112,6 +124,10 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 			"the last probe request could not run: %s. heft asks again every %s until a probe succeeds.", w.probe.failure, f.cfg.FailRetry)})
 	}
 	decision := f.decisions[w.id]
+	implausible := m != nil && m.Valid() && m.Implausible != ""
+	if implausible {
+		fs = append(fs, implausibleFinding(*m, decision == DecisionAdmit))
+	}
 	poolHold := false
 	for i := range fs {
 		if fs[i].Code == wire.CodeDPPoolImbalance && fs[i].Severity == wire.SeverityCritical {
@@ -133,13 +149,23 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 		v.state = view.StateMeasuring
 	case !m.Valid():
 		v.state = view.StateHeld
-	case poolHold && decision != DecisionAdmit:
+	case (poolHold || implausible) && decision != DecisionAdmit:
 		v.state = view.StateHeld
 	default:
 		v.state = view.StateAdmitted
 		v.tps = m.ThroughputTPS
 	}
 	return v
+}
+
+// implausibleHolds reports whether the worker's measurement is held as
+// implausible, stored or against its model's median.
+func (f *Fleet) implausibleHolds(w *worker) bool {
+	if w.outlier != nil {
+		return true
+	}
+	m := f.newest(w.id)
+	return m != nil && m.Valid() && m.Implausible != ""
 }
 
 // poolHolds reports whether the worker's pools alone would hold it.
@@ -157,11 +183,27 @@ func (f *Fleet) offlineFinding(w *worker) health.Finding {
 	return health.Finding{Code: wire.CodeAgentOffline, Severity: wire.SeverityCritical, Message: msg}
 }
 
-// weigh sets a worker's weight from its model's median throughput.
+// outlierHeld reports whether weigh holds the worker as an outlier.
+func (w *worker) outlierHeld() bool {
+	return w.outlier != nil && w.outlier.Severity == wire.SeverityCritical
+}
+
+// weigh sets a worker's weight from its model's median throughput. A
+// worker far above the median is an outlier: held, without a weight,
+// unless an admin admitted it.
 func (f *Fleet) weigh(w *worker, model string, med float64, n int) {
-	w.computed, w.weight, w.clamp = nil, nil, nil
+	w.computed, w.weight, w.clamp, w.outlier = nil, nil, nil, nil
 	if w.tps <= 0 || med <= 0 {
 		return
+	}
+	if o := f.outlierFinding(w, model, med, n); o != nil {
+		if f.decisions[w.id] != DecisionAdmit {
+			w.outlier = o
+			return
+		}
+		o.Severity = wire.SeverityWarning
+		o.Message += " An admin has admitted it anyway."
+		w.outlier = o
 	}
 	raw := w.tps / med
 	c := min(max(raw, f.cfg.WeightMin), f.cfg.WeightMax)
@@ -187,6 +229,9 @@ func (f *Fleet) publish(w *worker, now time.Time) bool {
 	fs := w.base
 	if w.clamp != nil {
 		fs = append(slices.Clip(fs), *w.clamp)
+	}
+	if w.outlier != nil {
+		fs = append(slices.Clip(fs), *w.outlier)
 	}
 	health.Sort(fs)
 	changed := !slices.Equal(fs, w.findings) || !sameFloat(w.weight, w.shownWeight)

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -19,7 +20,7 @@ func (f *Fleet) Connect(node string, conn uint64, hello wire.Hello) []Action {
 	now := f.now()
 	n := f.nodeFor(node)
 	f.connSeq++
-	n.conn, n.connected, n.order, n.since, n.hello = conn, true, f.connSeq, now, hello
+	n.conn, n.connected, n.order, n.since = conn, true, f.connSeq, now
 	for _, w := range n.workers {
 		w.probe.outstanding, w.probe.status = false, ""
 	}
@@ -48,6 +49,9 @@ func (f *Fleet) Disconnect(node string, conn uint64) {
 	}
 	f.log.Debug("agent disconnected", "node", node, "conn", conn)
 	f.refreshNode(n, now)
+	if len(n.workers) == 0 {
+		delete(f.nodes, node) // nothing left to remember of it
+	}
 	f.notify()
 }
 
@@ -67,31 +71,34 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 	now := f.now()
 	n := f.nodeFor(nodeName)
 	seen := map[string]bool{}
+	listed := map[string]bool{}
+	for _, e := range s.Engines {
+		listed[e.CapacityKey] = true
+	}
 	for _, e := range s.Engines {
 		if e.CapacityKey == "" {
-			f.applyKeyless(n, e, s.GPUs, now, seen)
+			f.applyKeyless(n, e, s.GPUs, len(s.Engines), now, seen)
 			continue
 		}
-		w := f.workers[e.CapacityKey]
-		if w != nil && w.node != nodeName {
-			if owner := f.nodes[w.node]; owner != nil && owner.connected && owner.order > n.order {
-				f.log.Debug("capacity key claimed by an older connection; keeping the newer", "capacity_key", w.id, "node", nodeName, "owner", w.node)
-				continue
-			}
-			f.log.Info("capacity key moved to another node", "capacity_key", w.id, "from", w.node, "to", nodeName)
-			if owner := f.nodes[w.node]; owner != nil {
-				delete(owner.workers, w.id)
-			}
-			w.node, w.greeted = nodeName, 0
-			n.workers[w.id] = w
+		if owner, ok := f.owner[e.CapacityKey]; ok && owner != nodeName {
+			// A capacity key names one node's engine; another node listing
+			// it is either misconfigured or posing as that engine.
+			f.claimsRefused++
+			f.log.Warn("refusing a capacity key another node owns", "capacity_key", e.CapacityKey, "node", nodeName, "owner", owner, "url", e.URL)
+			continue
 		}
+		if _, ok := f.owner[e.CapacityKey]; !ok {
+			f.makeRoom(nodeName, listed)
+		}
+		f.claim(e.CapacityKey, nodeName, now)
+		w := f.workers[e.CapacityKey]
 		if w == nil {
 			w = &worker{id: e.CapacityKey, node: nodeName, firstSeen: now, eng: e}
 			f.add(w)
 			f.log.Info("new worker", "worker", w.id, "node", nodeName, "url", e.URL, "model", e.Model)
 		}
 		f.setEngine(w, e)
-		w.gpus = engineGPUs(e, s.GPUs)
+		w.gpus = engineGPUs(e, s.GPUs, len(s.Engines))
 		w.lastSeen = now
 		seen[w.id] = true
 		f.saveWorker(w, now, false)
@@ -117,7 +124,7 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 // applyKeyless applies an engine listed without a capacity key: to the
 // node's worker at the same URL when there is one, otherwise to a
 // placeholder worker.
-func (f *Fleet) applyKeyless(n *node, e wire.Engine, gpus []wire.GPU, now time.Time, seen map[string]bool) {
+func (f *Fleet) applyKeyless(n *node, e wire.Engine, gpus []wire.GPU, engines int, now time.Time, seen map[string]bool) {
 	var match *worker
 	for _, w := range n.workers {
 		if !w.placeholder && w.eng.URL == e.URL && !seen[w.id] && (match == nil || w.lastSeen.After(match.lastSeen)) {
@@ -141,9 +148,35 @@ func (f *Fleet) applyKeyless(n *node, e wire.Engine, gpus []wire.GPU, now time.T
 		f.add(w)
 	}
 	f.setEngine(w, e)
-	w.gpus = engineGPUs(e, gpus)
+	w.gpus = engineGPUs(e, gpus, engines)
 	w.lastSeen = now
 	seen[id] = true
+}
+
+// makeRoom forgets, when node already has MaxKeysPerNode capacity keys,
+// the one it listed least recently among those not listed now, so that a
+// node cycling through keys holds a bounded number of them.
+func (f *Fleet) makeRoom(node string, listed map[string]bool) {
+	ks := f.keys[node]
+	for len(ks) >= f.cfg.MaxKeysPerNode {
+		victim, oldest := "", time.Time{}
+		for k, at := range ks {
+			if !listed[k] && (victim == "" || at.Before(oldest) || (at.Equal(oldest) && k < victim)) {
+				victim, oldest = k, at
+			}
+		}
+		if victim == "" {
+			return // cannot happen: a snapshot lists at most wire.MaxEngines < MaxKeysPerNode
+		}
+		if w := f.workers[victim]; w != nil {
+			f.drop(w)
+		}
+		f.release(victim)
+		f.forgets = append(f.forgets, forget{key: victim, worker: true})
+		f.keysEvicted++
+		f.log.Warn("node has too many capacity keys; forgetting its least recently listed one", "node", node,
+			"capacity_key", victim, "last_listed", oldest, "max_keys_per_node", f.cfg.MaxKeysPerNode)
+	}
 }
 
 // setEngine replaces a worker's engine facts, keeping the model index.
@@ -156,12 +189,19 @@ func (f *Fleet) setEngine(w *worker, e wire.Engine) {
 	w.eng = cloneEngine(e)
 }
 
-// engineGPUs returns the GPUs an engine uses (all of them when the agent
-// could not tell).
-func engineGPUs(e wire.Engine, gpus []wire.GPU) []wire.GPU {
+// engineGPUs returns the GPUs an engine uses. When the agent could not
+// tell, the host's GPUs are the engine's only if it is the host's one
+// engine; otherwise none are shown, rather than every GPU once per engine.
+func engineGPUs(e wire.Engine, gpus []wire.GPU, engines int) []wire.GPU {
+	if len(e.GPUUUIDs) == 0 {
+		if engines == 1 {
+			return slices.Clone(gpus)
+		}
+		return nil
+	}
 	var out []wire.GPU
 	for _, g := range gpus {
-		if len(e.GPUUUIDs) == 0 || slices.Contains(e.GPUUUIDs, g.UUID) {
+		if slices.Contains(e.GPUUUIDs, g.UUID) {
 			out = append(out, g)
 		}
 	}
@@ -237,15 +277,19 @@ func (f *Fleet) sendProbe(w *worker, reason string, now time.Time) Action {
 	id := f.reqPrefix + "-" + strconv.FormatUint(f.reqSeq, 10)
 	w.probe.reqID, w.probe.reason, w.probe.outstanding, w.probe.sentAt = id, reason, true, now
 	w.probe.status, w.probe.retryAt = "", time.Time{}
+	w.probe.issued[1], w.probe.issued[0] = w.probe.issued[0], issued{id: id, node: w.node, at: now}
 	f.due(now.Add(f.cfg.ProbeTimeout))
 	f.log.Debug("requesting probe", "worker", w.id, "reason", reason, "request_id", id)
 	return Action{Node: w.node, Message: &wire.ProbeRequest{RequestID: id, CapacityKey: w.id, Reason: reason}}
 }
 
-// ProbeResult stores a measurement from node's agent. It validates the
-// measurement again and checks that it belongs to a worker of that node;
-// errors wrap ErrInvalid or ErrNotFound, or are the store's, and leave the
-// fleet unchanged.
+// ProbeResult stores a measurement from node's agent. It is taken only as
+// the answer to a probe request this fleet sent to that node for that
+// worker, once, within ProbeTimeout of the request: an agent cannot report
+// for another node's worker, nor a number nobody asked for. It validates
+// the measurement again, cuts its texts to size, and judges whether its
+// numbers are plausible; errors wrap ErrInvalid or ErrNotFound, or are the
+// store's, and leave the fleet unchanged.
 func (f *Fleet) ProbeResult(nodeName string, r wire.ProbeResult) ([]Action, error) {
 	if err := r.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: probe result from %s: %w", ErrInvalid, nodeName, err)
@@ -254,20 +298,34 @@ func (f *Fleet) ProbeResult(nodeName string, r wire.ProbeResult) ([]Action, erro
 	f.mu.Lock()
 	now := f.now()
 	w := f.workers[m.CapacityKey]
+	var req *issued
+	if w != nil {
+		req = w.probe.request(r.RequestID)
+	}
+	refuse := func(err error) ([]Action, error) {
+		f.resultsRefused++
+		f.mu.Unlock()
+		return nil, err
+	}
 	switch {
 	case w == nil || w.placeholder:
-		f.mu.Unlock()
-		return nil, fmt.Errorf("%w: probe result from %s for unknown capacity key %q", ErrNotFound, nodeName, m.CapacityKey)
+		return refuse(fmt.Errorf("%w: probe result from %s for unknown capacity key %q", ErrNotFound, nodeName, m.CapacityKey))
 	case w.node != nodeName:
-		f.mu.Unlock()
-		return nil, fmt.Errorf("%w: probe result from %s for %q, which belongs to node %s", ErrInvalid, nodeName, m.CapacityKey, w.node)
+		return refuse(fmt.Errorf("%w: probe result from %s for %q, which belongs to node %s", ErrInvalid, nodeName, m.CapacityKey, w.node))
+	case req == nil || req.node != nodeName:
+		return refuse(fmt.Errorf("%w: probe result from %s for %q answers no request this coordinator sent (request id %q)",
+			ErrInvalid, nodeName, m.CapacityKey, r.RequestID))
+	case req.answered:
+		return refuse(fmt.Errorf("%w: probe request %s for %q was already answered", ErrInvalid, r.RequestID, m.CapacityKey))
+	case now.Sub(req.at) > f.cfg.ProbeTimeout:
+		return refuse(fmt.Errorf("%w: probe result for %q came %s after its request, past probe_timeout %s",
+			ErrInvalid, m.CapacityKey, now.Sub(req.at).Round(time.Second), f.cfg.ProbeTimeout))
 	case m.Node != "" && m.Node != nodeName:
-		f.mu.Unlock()
-		return nil, fmt.Errorf("%w: probe result from %s claims node %q", ErrInvalid, nodeName, m.Node)
+		return refuse(fmt.Errorf("%w: probe result from %s claims node %q", ErrInvalid, nodeName, m.Node))
 	case m.Model != "" && w.eng.Model != "" && m.Model != w.eng.Model:
-		f.mu.Unlock()
-		return nil, fmt.Errorf("%w: probe result for %q measured model %q, the worker serves %q", ErrInvalid, m.CapacityKey, m.Model, w.eng.Model)
+		return refuse(fmt.Errorf("%w: probe result for %q measured model %q, the worker serves %q", ErrInvalid, m.CapacityKey, m.Model, w.eng.Model))
 	}
+	req.answered = true
 	m.Node = nodeName
 	if m.FinishedAt.IsZero() || m.FinishedAt.Sub(now).Abs() > clockSkew {
 		dur := m.FinishedAt.Sub(m.StartedAt)
@@ -279,35 +337,64 @@ func (f *Fleet) ProbeResult(nodeName string, r wire.ProbeResult) ([]Action, erro
 		}
 		m.FinishedAt, m.StartedAt = now, now.Add(-dur)
 	}
+	if cutMeasurement(&m) {
+		f.measurementsCut++
+	}
+	if m.Valid() {
+		m.Implausible = f.implausible(w, m)
+	}
 	f.mu.Unlock()
 	// The write syncs to disk: outside the lock, so other agents are not
 	// held up, and before the fleet shows the measurement, so what the API
 	// shows survives a crash. Concurrent writes share one commit.
 	if err := f.st.SaveMeasurement(m, f.cfg.HistoryLen); err != nil {
+		f.mu.Lock()
+		req.answered = false
+		f.mu.Unlock()
 		return nil, fmt.Errorf("fleet: store measurement for %q: %w", m.CapacityKey, err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if w = f.workers[m.CapacityKey]; w == nil {
-		// Forgotten meanwhile; the measurement stays cached in the store.
+	if w = f.workers[m.CapacityKey]; w == nil || w.node != nodeName {
+		// Forgotten meanwhile; the measurement stays cached in the store
+		// until the sweep drops it with the key.
 		return nil, nil
 	}
 	c := f.entry(m.CapacityKey)
 	c.latest = &m
-	c.appendHistory(m, f.cfg.HistoryLen)
-	if r.RequestID == "" || r.RequestID == w.probe.reqID {
+	c.appendHistory(HistoryEntry(m), f.cfg.HistoryLen)
+	if r.RequestID == w.probe.reqID {
 		w.probe.outstanding, w.probe.status = false, ""
 	}
-	if m.Valid() {
+	switch {
+	case m.Valid() && m.Implausible != "":
+		w.probe.retryAt, w.probe.failure = time.Time{}, ""
+		f.log.Warn("implausible measurement; the worker is held until an admin admits it", "worker", w.id, "node", nodeName,
+			"throughput_tps", m.ThroughputTPS, "why", m.Implausible)
+	case m.Valid():
 		w.probe.retryAt, w.probe.failure = time.Time{}, ""
 		f.log.Info("measured", "worker", w.id, "throughput_tps", m.ThroughputTPS, "trigger", m.Trigger)
-	} else {
+	default:
 		w.probe.retryAt = now.Add(f.cfg.FailRetry)
 		f.log.Warn("measurement not valid", "worker", w.id, "failure", m.Failure, "problems", m.Problems)
 	}
 	f.refresh(now, w)
 	f.notify()
 	return nil, nil
+}
+
+// request finds a request this fleet issued by its ID; nil for an ID it
+// did not issue (or issued so long ago it is no longer kept).
+func (p *probeState) request(id string) *issued {
+	if id == "" {
+		return nil
+	}
+	for i := range p.issued {
+		if p.issued[i].id == id {
+			return &p.issued[i]
+		}
+	}
+	return nil
 }
 
 // ProbeStatus applies what became of a probe request: running,
@@ -327,17 +414,17 @@ func (f *Fleet) ProbeStatus(nodeName string, s wire.ProbeStatus) []Action {
 		return nil
 	}
 	p := &w.probe
-	if s.RequestID != "" && p.reqID != "" && s.RequestID != p.reqID {
-		f.log.Debug("ignoring status of an earlier probe request", "worker", w.id, "request_id", s.RequestID)
+	if s.RequestID == "" || s.RequestID != p.reqID {
+		f.log.Debug("ignoring the status of a probe request that is not the worker's current one", "worker", w.id, "request_id", s.RequestID)
 		return nil
 	}
 	p.status = s.State
 	switch s.State {
 	case wire.ProbeRunning:
 		if !p.outstanding {
-			// A probe this fleet did not ask for (or asked on an earlier
-			// connection): time it out like our own.
-			p.outstanding, p.sentAt, p.reason = true, now, f.neededReason(w)
+			// Our request, from before a reconnect, still running: time it
+			// out like a new one rather than send another.
+			p.outstanding, p.sentAt = true, now
 		}
 	case wire.ProbeDeferredBusy:
 		p.outstanding, p.retryAt = false, now.Add(f.cfg.BusyRetry)
@@ -361,8 +448,13 @@ func (f *Fleet) ProbeStatus(nodeName string, s wire.ProbeStatus) []Action {
 // re-derives only the workers whose agents are away or that were probed.
 func (f *Fleet) Tick() []Action {
 	f.mu.Lock()
+	defer f.writeRecords()
 	defer f.mu.Unlock()
 	now := f.now()
+	if !now.Before(f.nextSweep) {
+		f.sweep(now)
+		f.nextSweep = now.Add(sweepEvery)
+	}
 	if now.Before(f.nextDue) {
 		return nil
 	}
@@ -373,6 +465,12 @@ func (f *Fleet) Tick() []Action {
 			if f.offline(w, now) && now.Sub(w.lastSeen) >= f.cfg.ForgetAfter {
 				f.log.Info("forgetting worker", "worker", w.id, "last_seen", w.lastSeen)
 				f.drop(w)
+				if !w.placeholder {
+					f.forgets = append(f.forgets, forget{key: w.id, worker: true})
+					if m := f.newest(w.id); m != nil && now.Sub(m.FinishedAt) >= f.cfg.CacheTTL {
+						f.release(w.id) // too old to spare a burst
+					}
+				}
 				continue
 			}
 			away = append(away, w)
@@ -391,6 +489,32 @@ func (f *Fleet) Tick() []Action {
 		f.notify()
 	}
 	return acts
+}
+
+// sweepEvery is how often Tick looks for capacity keys and nodes to forget.
+const sweepEvery = time.Minute
+
+// sweep forgets what is no longer worth keeping: cached measurements of
+// capacity keys no agent lists any more, once too old to spare a burst;
+// keys with neither a worker nor a measurement; nodes with neither a
+// worker nor a connection.
+func (f *Fleet) sweep(now time.Time) {
+	for key, c := range f.cache {
+		if f.workers[key] == nil && (c.latest == nil || now.Sub(c.latest.FinishedAt) >= f.cfg.CacheTTL) {
+			f.log.Debug("forgetting the measurements of a capacity key no agent lists", "capacity_key", key)
+			f.release(key)
+		}
+	}
+	for key := range f.owner {
+		if f.workers[key] == nil && f.cache[key] == nil {
+			f.release(key)
+		}
+	}
+	for name, n := range f.nodes {
+		if !n.connected && len(n.workers) == 0 {
+			delete(f.nodes, name)
+		}
+	}
 }
 
 // saveWorker writes a worker's record when its facts changed, when force
@@ -420,9 +544,22 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 // written again on a later snapshot.
 func (f *Fleet) writeRecords() {
 	f.mu.Lock()
-	rs := f.records
-	f.records = nil
+	rs, fs := f.records, f.forgets
+	f.records, f.forgets = nil, nil
 	f.mu.Unlock()
+	for _, x := range fs {
+		var err error
+		if x.worker {
+			err = f.st.DeleteWorker(x.key)
+		}
+		if x.measurements {
+			err = errors.Join(err, f.st.DeleteMeasurements(x.key))
+		}
+		if err != nil {
+			// Loaded again at the next start, and forgotten again then.
+			f.log.Warn("could not delete a forgotten capacity key's stored records", "capacity_key", x.key, "error", err)
+		}
+	}
 	for _, r := range rs {
 		if err := f.st.SaveWorker(r); err != nil {
 			f.log.Warn("could not save worker record", "worker", r.ID, "error", err)

@@ -40,6 +40,18 @@ type Config struct {
 	WeightMax      float64
 	HistoryLen     int // measurements kept per capacity key
 	Thresholds     health.Thresholds
+
+	// Plausibility: a measurement beyond these is held with
+	// implausible_measurement until an admin admits its worker. Zero
+	// turns a check off.
+	ImplausibleFactor float64 // × the model's median throughput, with at least 3 workers measured
+	MaxTPSPerGPU      float64 // tok/s per GPU of the engine (one when it lists none)
+	MaxStreamTPS      float64 // tok/s of one request's stream
+
+	// MaxKeysPerNode bounds the capacity keys the fleet remembers for one
+	// node (its workers and cached measurements); past it the one listed
+	// least recently is forgotten.
+	MaxKeysPerNode int
 }
 
 // DefaultConfig returns the documented defaults.
@@ -56,6 +68,11 @@ func DefaultConfig() Config {
 		WeightMax:      8,
 		HistoryLen:     50,
 		Thresholds:     health.DefaultThresholds(),
+
+		ImplausibleFactor: 4,
+		MaxTPSPerGPU:      100000,
+		MaxStreamTPS:      5000,
+		MaxKeysPerNode:    2 * wire.MaxEngines,
 	}
 }
 
@@ -75,6 +92,10 @@ func (c Config) Validate() error {
 	if c.HistoryLen < 1 {
 		errs = append(errs, fmt.Errorf("history length %d, need at least 1", c.HistoryLen))
 	}
+	if c.MaxKeysPerNode < wire.MaxEngines {
+		errs = append(errs, fmt.Errorf("max_keys_per_node must be at least %d (the engines one snapshot may list), is %d", wire.MaxEngines, c.MaxKeysPerNode))
+	}
+	errs = append(errs, CheckPlausibility(c.ImplausibleFactor, c.MaxTPSPerGPU, c.MaxStreamTPS))
 	errs = append(errs, CheckWeightRange(c.WeightMin, c.WeightMax), CheckThresholds(c.Thresholds))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -90,6 +111,25 @@ func CheckWeightRange(lo, hi float64) error {
 		return fmt.Errorf("need 0 < weight_min <= 1 <= weight_max, got weight_min=%g weight_max=%g", lo, hi)
 	}
 	return nil
+}
+
+// CheckPlausibility checks the plausibility limits: each 0 (off) or a
+// finite number; a factor, when on, above 1 (the median itself must pass).
+// The configuration's validation uses it too.
+func CheckPlausibility(factor, perGPU, perStream float64) error {
+	var errs []error
+	if !finite(factor) || (factor != 0 && factor <= 1) {
+		errs = append(errs, fmt.Errorf("plausibility.factor must be 0 (off) or above 1, got %g", factor))
+	}
+	for _, v := range []struct {
+		key string
+		v   float64
+	}{{"plausibility.max_tps_per_gpu", perGPU}, {"plausibility.max_stream_tps", perStream}} {
+		if !finite(v.v) || v.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must be 0 (off) or above zero, got %g", v.key, v.v))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // CheckThresholds returns every problem with the warning thresholds:
@@ -153,6 +193,27 @@ type Fleet struct {
 	// records are worker records waiting to be written once the lock is
 	// released: a disk sync under the lock would stall every agent.
 	records []WorkerRecord
+	// forgets are capacity keys whose stored worker record, or stored
+	// measurements, are to be deleted once the lock is released.
+	forgets []forget
+	// owner is the node each remembered capacity key belongs to: the node
+	// that first listed it. Another node's claim is refused until the key
+	// is forgotten. keys is the same, by node, with when each was listed.
+	owner     map[string]string
+	keys      map[string]map[string]time.Time
+	nextSweep time.Time
+	// counters for /metrics
+	claimsRefused   int
+	keysEvicted     int
+	resultsRefused  int
+	measurementsCut int
+
+	// seq numbers changes: each worker carries the seq of its last
+	// change, and removed workers leave a tombstone, so that a subscriber
+	// can ask for what changed since the seq it has seen.
+	seq        uint64
+	tombs      []tomb
+	tombsFloor uint64 // changes at or below this may have lost their tombstones
 
 	subMu  sync.Mutex
 	subs   map[uint64]chan struct{}
@@ -166,8 +227,21 @@ type node struct {
 	connected bool
 	order     uint64    // fleet-wide order of connections: a higher one is newer
 	since     time.Time // when it connected, or disconnected
-	hello     wire.Hello
 	workers   map[string]*worker
+}
+
+// forget is a stored record to delete: a worker record, or all of a
+// capacity key's measurements.
+type forget struct {
+	key          string
+	worker       bool
+	measurements bool
+}
+
+// tomb records that a worker left the fleet at seq.
+type tomb struct {
+	id  string
+	seq uint64
 }
 
 // cached is what is known about one capacity key's measurements.
@@ -187,6 +261,16 @@ type probeState struct {
 	status      string // the agent's last word on the current attempt
 	retryAt     time.Time
 	failure     string // the last failed status's message, until a valid result
+	// issued are the last requests sent, newest first: a result is taken
+	// only for one of them, once, within ProbeTimeout of its sending.
+	issued [2]issued
+}
+
+type issued struct {
+	id       string
+	node     string
+	at       time.Time
+	answered bool
 }
 
 type worker struct {
@@ -212,6 +296,10 @@ type worker struct {
 	findings    []health.Finding // published: base + clamp, sorted
 	shownWeight *float64         // the weight when findings were published
 	since       map[string]time.Time
+	// outlier is set by weigh for an admitted worker measured at more than
+	// ImplausibleFactor × its model's median: it is held.
+	outlier *health.Finding
+	rev     uint64 // f.seq of its last change
 }
 
 // New builds a fleet from what st holds: pins, decisions, cached
@@ -240,17 +328,22 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 		workers: map[string]*worker{}, byModel: map[string]map[string]*worker{}, nodes: map[string]*node{},
 		cache: map[string]*cached{}, pins: map[string]float64{}, decisions: map[string]string{}, dirty: map[string]bool{},
 		probeRequests: map[string]int{},
+		owner:         map[string]string{}, keys: map[string]map[string]time.Time{},
+		seq:           1, // 0 is a subscriber that has seen nothing
 		reqPrefix:     strconv.FormatInt(start.UnixNano(), 36),
 		subs:          map[uint64]chan struct{}{},
 	}
 	f.restore(state, start)
 	f.refreshAll(start)
+	f.writeRecords()
 	f.log.Info("fleet loaded", "workers", len(f.workers), "pins", len(f.pins), "decisions", len(f.decisions), "cached_measurements", len(state.Latest))
 	return f, nil
 }
 
 // restore takes what a store held, skipping (with a warning) what no
-// longer validates.
+// longer validates. Workers come first: the node of a worker record owns
+// its capacity key, and a measurement another node sent for that key is
+// not served.
 func (f *Fleet) restore(state State, start time.Time) {
 	for id, w := range state.Pins {
 		if validWeight(w) {
@@ -266,33 +359,49 @@ func (f *Fleet) restore(state State, start time.Time) {
 			f.log.Warn("ignoring stored decision", "worker", id, "decision", d)
 		}
 	}
-	f.restoreMeasurements(state.Latest, state.History)
 	f.restoreWorkers(state.Workers, start)
+	f.restoreMeasurements(state.Latest, state.History)
 }
 
 func (f *Fleet) restoreMeasurements(latest map[string]wire.Measurement, history map[string][]wire.Measurement) {
+	// ours reports whether a stored measurement may be served for key: it
+	// validates, and no other node than the key's owner sent it.
+	ours := func(key string, m wire.Measurement) bool {
+		if m.Validate() != nil || m.CapacityKey != key {
+			return false
+		}
+		owner := f.owner[key]
+		return owner == "" || m.Node == "" || m.Node == owner
+	}
+	for key, m := range latest {
+		if !ours(key, m) {
+			f.log.Warn("ignoring stored measurement: invalid, or sent by another node than the key's", "capacity_key", key, "node", m.Node)
+			continue
+		}
+		m := m
+		f.entry(key).latest = &m
+		if m.Node != "" && f.owner[key] == "" {
+			f.claim(key, m.Node, m.FinishedAt)
+		}
+	}
 	for key, list := range history {
 		var ok []wire.Measurement
 		for _, m := range list {
-			if m.Validate() == nil && m.CapacityKey == key {
-				ok = append(ok, m)
+			if ours(key, m) {
+				ok = append(ok, HistoryEntry(m))
 			}
 		}
 		if len(ok) > 0 {
 			f.entry(key).setHistory(ok, f.cfg.HistoryLen)
+			if n := ok[len(ok)-1].Node; n != "" && f.owner[key] == "" {
+				f.claim(key, n, ok[len(ok)-1].FinishedAt)
+			}
 		}
-	}
-	for key, m := range latest {
-		if m.Validate() != nil || m.CapacityKey != key {
-			f.log.Warn("ignoring stored measurement", "capacity_key", key)
-			continue
-		}
-		f.entry(key).latest = &m
 	}
 }
 
 // restoreWorkers brings back the workers seen within ForgetAfter, as if
-// their agents had disconnected at start.
+// their agents had disconnected at start. Older records are deleted.
 func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time) {
 	// One endpoint may have several records (it was restarted with other
 	// launch arguments); only the one seen last is still there.
@@ -308,7 +417,12 @@ func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time)
 			f.log.Warn("ignoring stored worker", "worker", id)
 			continue
 		}
-		if start.Sub(r.LastSeen) >= f.cfg.ForgetAfter || latestAt[[2]string{r.Node, r.URL}].ID != id {
+		if start.Sub(r.LastSeen) >= f.cfg.ForgetAfter {
+			f.forgets = append(f.forgets, forget{key: id, worker: true})
+			continue
+		}
+		f.claim(id, r.Node, r.LastSeen)
+		if latestAt[[2]string{r.Node, r.URL}].ID != id {
 			continue
 		}
 		n := f.nodeFor(r.Node)
@@ -321,6 +435,37 @@ func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time)
 			eng.ExpectedRanks, eng.Complete, eng.MissingRanks = 0, nil, nil
 		}
 		f.add(&worker{id: id, node: r.Node, firstSeen: r.FirstSeen, lastSeen: r.LastSeen, saved: r, savedAt: start, eng: eng})
+	}
+}
+
+// claim makes node the owner of key, listed at the latest at.
+func (f *Fleet) claim(key, node string, at time.Time) {
+	f.owner[key] = node
+	ks := f.keys[node]
+	if ks == nil {
+		ks = map[string]time.Time{}
+		f.keys[node] = ks
+	}
+	if at.After(ks[key]) {
+		ks[key] = at
+	}
+}
+
+// release forgets a capacity key: its owner and its cached measurements,
+// here and (after the lock is released) in the store. Its worker, if any,
+// must already be gone. Pins and decisions stay, as for a forgotten worker.
+func (f *Fleet) release(key string) {
+	node := f.owner[key]
+	delete(f.owner, key)
+	if ks := f.keys[node]; ks != nil {
+		delete(ks, key)
+		if len(ks) == 0 {
+			delete(f.keys, node)
+		}
+	}
+	if _, ok := f.cache[key]; ok {
+		delete(f.cache, key)
+		f.forgets = append(f.forgets, forget{key: key, measurements: true})
 	}
 }
 
@@ -366,6 +511,7 @@ func (f *Fleet) nodeFor(name string) *node {
 
 // add indexes a new worker.
 func (f *Fleet) add(w *worker) {
+	f.touch(w)
 	f.workers[w.id] = w
 	f.nodeFor(w.node).workers[w.id] = w
 	f.index(w, w.eng.Model)
@@ -390,14 +536,41 @@ func (f *Fleet) unindex(w *worker, model string) {
 	}
 }
 
-// drop removes a worker from the fleet; its cached measurements stay.
+// drop removes a worker from the fleet; its cached measurements stay (and
+// with them its key's owner) until they are too old to reuse. A node left
+// without workers and without a connection is forgotten.
 func (f *Fleet) drop(w *worker) {
 	delete(f.workers, w.id)
 	if n := f.nodes[w.node]; n != nil {
 		delete(n.workers, w.id)
+		if len(n.workers) == 0 && !n.connected {
+			delete(f.nodes, n.name)
+		}
 	}
 	f.unindex(w, w.eng.Model)
 	f.dirty[w.eng.Model] = true
+	f.seq++
+	f.tombs = append(f.tombs, tomb{id: w.id, seq: f.seq})
+	if over := len(f.tombs) - maxTombs; over > 0 {
+		f.tombsFloor = f.tombs[over-1].seq
+		f.tombs = append([]tomb(nil), f.tombs[over:]...)
+	}
+	if w.placeholder {
+		return
+	}
+	if _, cached := f.cache[w.id]; !cached {
+		f.release(w.id)
+	}
+}
+
+// maxTombs bounds the removals remembered for subscribers; one that has
+// fallen further behind gets the whole fleet again.
+const maxTombs = 4096
+
+// touch marks a worker changed.
+func (f *Fleet) touch(w *worker) {
+	f.seq++
+	w.rev = f.seq
 }
 
 // offline reports whether the worker's agent has been gone past the grace.

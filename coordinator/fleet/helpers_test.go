@@ -85,12 +85,18 @@ func (s *memStore) DeleteDecision(id string) error {
 func (s *memStore) SaveMeasurement(m wire.Measurement, n int) error {
 	return s.write(func() {
 		s.st.Latest[m.CapacityKey] = m
-		h := append(s.st.History[m.CapacityKey], m)
+		h := append(s.st.History[m.CapacityKey], HistoryEntry(m))
 		s.st.History[m.CapacityKey] = h[max(0, len(h)-n):]
 	})
 }
 func (s *memStore) SaveWorker(r WorkerRecord) error {
 	return s.write(func() { s.st.Workers[r.ID] = r; s.workerWrites++ })
+}
+func (s *memStore) DeleteWorker(id string) error {
+	return s.write(func() { delete(s.st.Workers, id) })
+}
+func (s *memStore) DeleteMeasurements(key string) error {
+	return s.write(func() { delete(s.st.Latest, key); delete(s.st.History, key) })
 }
 
 func (s *memStore) state() State {
@@ -179,11 +185,23 @@ func (h *harness) put(node string, e wire.Engine) []Action {
 	return h.snapshot(node)
 }
 
+// result answers the worker's current probe request with m, as its agent
+// would.
 func (h *harness) result(node string, m wire.Measurement) {
 	h.t.Helper()
-	if _, err := h.f.ProbeResult(node, wire.ProbeResult{Measurement: m}); err != nil {
+	if _, err := h.f.ProbeResult(node, wire.ProbeResult{RequestID: h.requestID(m.CapacityKey), Measurement: m}); err != nil {
 		h.t.Fatalf("ProbeResult: %v", err)
 	}
+}
+
+// requestID is the ID of the worker's current probe request, "" if none.
+func (h *harness) requestID(key string) string {
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	if w := h.f.workers[key]; w != nil {
+		return w.probe.reqID
+	}
+	return ""
 }
 
 // admit brings a worker from nothing to admitted with throughput tps.

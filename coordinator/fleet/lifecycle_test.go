@@ -394,24 +394,82 @@ func TestLateDisconnectOfReplacedConnection(t *testing.T) {
 	}
 }
 
-func TestCapacityKeyMovesToNewerNode(t *testing.T) {
+// A capacity key belongs to the node that first listed it: another node
+// listing it (at its own URL) is refused, its results for it too, and the
+// key's measurement stays the owner's. Only once the owner's worker is
+// forgotten and its measurement too old to reuse may another node have it,
+// and then it is measured afresh.
+func TestCapacityKeyStaysWithItsNode(t *testing.T) {
 	h := newHarness(t)
 	h.admit("a", engine("k", "http://1:8000", "m"), 640)
 	h.connect("b")
-	h.put("b", engine("k", "http://1:8000", "m"))
-	if w := h.worker("k"); w.Node != "b" {
-		t.Fatalf("node %s, want b", w.Node)
+	acts := h.put("b", engine("k", "http://6:6666", "m"))
+	if w := h.worker("k"); w.Node != "a" || w.URL != "http://1:8000" || len(requests(acts, "k")) != 0 {
+		t.Fatalf("another node's claim was taken: node %s url %s, requests %v", w.Node, w.URL, requests(acts, "k"))
 	}
-	// a still lists it, on an older connection: b keeps it.
-	h.snapshot("a")
-	if w := h.worker("k"); w.Node != "b" {
-		t.Errorf("an older claim took the key back: %s", w.Node)
+	if _, err := h.f.ProbeResult("b", wire.ProbeResult{RequestID: h.requestID("k"), Measurement: measured("k", 9000, h.clk.now())}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("result from the other node: %v", err)
 	}
-	if _, err := h.f.ProbeResult("a", wire.ProbeResult{Measurement: measured("k", 9000, h.clk.now())}); !errors.Is(err, ErrInvalid) {
-		t.Errorf("result from the old node: %v", err)
+	if w := h.worker("k"); *w.Throughput != 640 || w.State != view.StateAdmitted {
+		t.Errorf("the owner's worker changed: %s %v", w.State, *w.Throughput)
 	}
-	if w := h.worker("k"); *w.Throughput != 640 {
-		t.Error("the measurement moved with the key? it should have stayed cached")
+	if st := h.f.Stats(); st.ClaimsRefused != 1 || st.ResultsRefused != 1 {
+		t.Errorf("claims refused %d, results refused %d; want 1 and 1", st.ClaimsRefused, st.ResultsRefused)
+	}
+
+	// The owner goes away for good.
+	h.disconnect("a")
+	h.clk.advance(h.f.cfg.ForgetAfter + h.f.cfg.CacheTTL)
+	h.f.Tick()
+	if _, ok := h.f.Worker("k"); ok {
+		t.Fatal("the owner's worker was not forgotten")
+	}
+	acts = h.put("b", engine("k", "http://6:6666", "m"))
+	w := h.worker("k")
+	if w.Node != "b" || w.Measurement != nil || len(requests(acts, "k")) != 1 {
+		t.Errorf("after the owner was forgotten: node %s, measurement %v, requests %d; want b, none, 1", w.Node, w.Measurement, len(requests(acts, "k")))
+	}
+	if _, ok := h.st.state().Latest["k"]; ok {
+		t.Error("the old owner's measurement is still stored")
+	}
+}
+
+// A probe result is taken only as the answer to a request this fleet sent
+// that node for that worker: not without one, not twice, not late.
+func TestProbeResultOnlyForARequest(t *testing.T) {
+	h := newHarness(t)
+	h.connect("n")
+	acts := h.put("n", engine("k", "http://1:8000", "m"))
+	reqs := requests(acts, "k")
+	if len(reqs) != 1 {
+		t.Fatalf("requests %v", reqs)
+	}
+	m := measured("k", 640, h.clk.now())
+	for _, id := range []string{"", "made-up"} {
+		if _, err := h.f.ProbeResult("n", wire.ProbeResult{RequestID: id, Measurement: m}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("request id %q: %v", id, err)
+		}
+	}
+	if _, err := h.f.ProbeResult("n", wire.ProbeResult{RequestID: reqs[0].RequestID, Measurement: m}); err != nil {
+		t.Fatal(err)
+	}
+	m2 := measured("k", 9000, h.clk.now())
+	if _, err := h.f.ProbeResult("n", wire.ProbeResult{RequestID: reqs[0].RequestID, Measurement: m2}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("a second answer to one request: %v", err)
+	}
+	acts, err := h.f.Probe("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clk.advance(h.f.cfg.ProbeTimeout + time.Second)
+	if _, err := h.f.ProbeResult("n", wire.ProbeResult{RequestID: requests(acts, "k")[0].RequestID, Measurement: m2}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("an answer past probe_timeout: %v", err)
+	}
+	if w := h.worker("k"); *w.Throughput != 640 || len(w.History) != 1 {
+		t.Errorf("throughput %v, %d measurements; want 640, 1", *w.Throughput, len(w.History))
+	}
+	if st := h.f.Stats(); st.ResultsRefused != 4 {
+		t.Errorf("results refused %d, want 4", st.ResultsRefused)
 	}
 }
 
@@ -433,7 +491,13 @@ func TestStoreErrorsLeaveFleetConsistent(t *testing.T) {
 	if err := h.f.Admit("k"); !errors.Is(err, errDisk) {
 		t.Errorf("Admit: %v", err)
 	}
-	if _, err := h.f.ProbeResult("n2", wire.ProbeResult{Measurement: measured("k2", 5000, h.clk.now())}); !errors.Is(err, errDisk) {
+	h.st.setFail(nil)
+	acts, err := h.f.Probe("k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.st.setFail(errDisk)
+	if _, err := h.f.ProbeResult("n2", wire.ProbeResult{RequestID: requests(acts, "k2")[0].RequestID, Measurement: measured("k2", 5000, h.clk.now())}); !errors.Is(err, errDisk) {
 		t.Errorf("ProbeResult: %v", err)
 	}
 	if after := h.f.Workers(); !reflect.DeepEqual(before, after) {
@@ -609,7 +673,7 @@ func TestConcurrentUse(t *testing.T) {
 			node := fmt.Sprintf("n%d", i%4)
 			h.f.Connect(node, uint64(i), wire.Hello{Node: node})
 			h.f.Snapshot(node, wire.Snapshot{Node: node, Engines: []wire.Engine{engine("k"+node, "http://"+node, "m")}})
-			_, _ = h.f.ProbeResult(node, wire.ProbeResult{Measurement: measured("k"+node, float64(100+i), t0)})
+			_, _ = h.f.ProbeResult(node, wire.ProbeResult{RequestID: h.requestID("k" + node), Measurement: measured("k"+node, float64(100+i), t0)})
 			h.f.Tick()
 		}
 	}()

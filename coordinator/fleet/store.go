@@ -15,8 +15,15 @@ type Store interface {
 	DeletePin(id string) error
 	SaveDecision(id, decision string) error
 	DeleteDecision(id string) error
+	// SaveMeasurement makes m its key's latest measurement and appends
+	// HistoryEntry(m) to the key's history, keeping historyLen entries.
 	SaveMeasurement(m wire.Measurement, historyLen int) error
 	SaveWorker(r WorkerRecord) error
+	// DeleteWorker and DeleteMeasurements forget a capacity key's worker
+	// record, and its latest measurement and history. Deleting what is
+	// not there is not an error.
+	DeleteWorker(id string) error
+	DeleteMeasurements(key string) error
 }
 
 // Decisions an admin can record for a worker.

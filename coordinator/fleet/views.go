@@ -97,6 +97,50 @@ func less(a, b *worker) bool {
 	return a.id < b.id
 }
 
+// Delta is what changed in the fleet after a sequence number, for a live
+// stream: a subscriber keeps the Seq it has seen and asks for what came
+// after, so its backlog is one number, never a queue of messages.
+type Delta struct {
+	Seq uint64 // the sequence number this delta brings the subscriber to
+	// Full: Workers is the whole fleet (the subscriber starts, or fell so
+	// far behind that removals were forgotten); Removed is empty.
+	Full    bool
+	Workers []view.Worker // changed or new workers, sorted as Workers sorts them
+	Removed []string      // IDs of workers that left the fleet
+}
+
+// Since returns what changed after seq; Since(0) is the whole fleet (the
+// fleet's own sequence numbers start at 1).
+func (f *Fleet) Since(seq uint64) Delta {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := Delta{Seq: f.seq, Full: seq == 0 || seq < f.tombsFloor || seq > f.seq}
+	var ws []*worker
+	for _, w := range f.workers {
+		if d.Full || w.rev > seq {
+			ws = append(ws, w)
+		}
+	}
+	sort.Slice(ws, func(i, j int) bool { return less(ws[i], ws[j]) })
+	d.Workers = make([]view.Worker, len(ws))
+	for i, w := range ws {
+		d.Workers[i] = f.view(w)
+	}
+	if d.Full {
+		return d
+	}
+	seen := map[string]bool{}
+	for i := len(f.tombs) - 1; i >= 0 && f.tombs[i].seq > seq; i-- {
+		id := f.tombs[i].id
+		if f.workers[id] == nil && !seen[id] {
+			seen[id] = true
+			d.Removed = append(d.Removed, id)
+		}
+	}
+	slices.Sort(d.Removed)
+	return d
+}
+
 // Worker returns one worker.
 func (f *Fleet) Worker(id string) (view.Worker, bool) {
 	f.mu.Lock()
@@ -160,6 +204,15 @@ type Stats struct {
 	ConnectedAgents int
 	Workers         []WorkerStats  // sorted by ID
 	ProbeRequests   map[string]int // requests made since the fleet was built, by reason, every reason included
+
+	// Bounds on what agents send: counts since the fleet was built, and
+	// what is held now.
+	ClaimsRefused   int // capacity keys another node listed, refused
+	KeysEvicted     int // capacity keys forgotten because their node had too many
+	ResultsRefused  int // probe results that answered no request of this fleet, or came too late
+	MeasurementsCut int // measurements whose texts or lists were cut to size
+	Nodes           int // nodes remembered (connected, or with workers)
+	CapacityKeys    int // capacity keys remembered (workers and cached measurements)
 }
 
 // WorkerStats is one worker's numbers.
@@ -184,7 +237,7 @@ type WarningStats struct{ Code, Severity string }
 var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire.CodeGPUThrottled,
 	wire.CodeForeignGPUProcess, wire.CodeProbeIncompleteOutput, wire.CodeProbeFailed,
 	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped,
-	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree, wire.CodeNotRoutable}
+	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree, wire.CodeNotRoutable, wire.CodeImplausibleMeasurement}
 
 // ProbeReasons lists every reason a probe is requested for.
 var ProbeReasons = []string{wire.ReasonRegistration, wire.ReasonScheduled, wire.ReasonOnDemand}
@@ -213,6 +266,8 @@ func (f *Fleet) Stats() Stats {
 			s.ConnectedAgents++
 		}
 	}
+	s.ClaimsRefused, s.KeysEvicted, s.ResultsRefused, s.MeasurementsCut = f.claimsRefused, f.keysEvicted, f.resultsRefused, f.measurementsCut
+	s.Nodes, s.CapacityKeys = len(f.nodes), len(f.owner)
 	for _, w := range f.workers {
 		s.WorkersByState[w.state]++
 		for c := range w.since {

@@ -136,6 +136,9 @@ func TestStatsPerWorker(t *testing.T) {
 	h.clk.advance(time.Hour)
 	failed := measured("k", 0, h.clk.now())
 	failed.Failure, failed.OutputTokens = wire.CodeProbeFailed, 0
+	if _, err := h.f.Probe("k"); err != nil { // results answer requests
+		t.Fatal(err)
+	}
 	h.result("a", failed)
 	st := h.f.Stats()
 	if len(st.Workers) != 1 {

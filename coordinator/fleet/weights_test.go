@@ -60,7 +60,21 @@ func TestClampBothWaysWithWarning(t *testing.T) {
 	h.admit("n1", engine("crawl", "http://1:8000", "m"), 10)
 	h.admit("n2", engine("x", "http://2:8000", "m"), 1000)
 	h.admit("n3", engine("y", "http://3:8000", "m"), 1000)
-	h.admit("n4", engine("rocket", "http://4:8000", "m"), 20000)
+	// Twenty times the median is held as implausible until an admin
+	// admits it; then the clamp keeps its weight within range.
+	h.connect("n4")
+	h.put("n4", engine("rocket", "http://4:8000", "m"))
+	h.result("n4", measured("rocket", 20000, h.clk.now()))
+	if w := h.worker("rocket"); w.State != view.StateHeld || w.Weight != nil {
+		t.Fatalf("rocket: %s weight %v, want held without a weight", w.State, w.Weight)
+	}
+	if err := h.f.Admit("rocket"); err != nil {
+		t.Fatal(err)
+	}
+	if x, ok := warning(h.worker("rocket"), wire.CodeImplausibleMeasurement); !ok || x.Severity != wire.SeverityWarning ||
+		!strings.Contains(x.Message, "admitted it anyway") {
+		t.Errorf("rocket after admit: %+v", x)
+	}
 	w := h.weights("m")
 	if w["crawl"] != 0.25 || w["rocket"] != 8 || w["x"] != 1 {
 		t.Fatalf("weights = %v, want crawl 0.25 (from 0.01), rocket 8 (from 20), x 1", w)

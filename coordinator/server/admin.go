@@ -103,11 +103,18 @@ func (s *Server) workerRoute(w http.ResponseWriter, r *http.Request) {
 	}).ServeHTTP(w, r)
 }
 
-// nodeRoute serves /api/v1/nodes/{node}/{action}.
+// nodeRoute serves /api/v1/nodes/{node}/{action}: a worker action by
+// node name, or the node's own approve and reject; and /api/v1/nodes/{node}
+// itself (GET its record, DELETE to release the name; nodes.go).
 func (s *Server) nodeRoute(w http.ResponseWriter, r *http.Request) {
+	if m := s.nodeRecordRoute(r.PathValue("rest")); m != nil {
+		m.ServeHTTP(w, r)
+		return
+	}
 	node, action, ok := cutAction(r.PathValue("rest"))
 	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no API route %s: use /api/v1/nodes/{node}/{action}, action one of %s", r.URL.Path, actionList))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no API route %s: use /api/v1/nodes/{node}/{action}, action one of %s, approve, reject; "+
+			"or GET or DELETE /api/v1/nodes/{node}", r.URL.Path, actionList))
 		return
 	}
 	s.actionMethods(action, []string{"model", "url"}, func(q url.Values) (view.Worker, error) {

@@ -82,7 +82,8 @@ func TestActionsByNode(t *testing.T) {
 		{"empty selector", "POST", "/api/v1/nodes/gpu-a/hold?url=", "", 400, "given once, with a value", 0},
 		{"bad weight", "POST", "/api/v1/nodes/gpu-b/pin", `{"weight":0}`, 400, `{"weight": <positive number>}: got 0`, 0},
 		{"weight in the query", "POST", "/api/v1/nodes/gpu-b/pin?weight=2", ``, 400, `unknown parameter "weight"`, 0},
-		{"no action", "POST", "/api/v1/nodes/gpu-b", "", 404, "use /api/v1/nodes/{node}/{action}", 0},
+		{"no action", "POST", "/api/v1/nodes/gpu-b", "", 405, "POST is not allowed on /api/v1/nodes/gpu-b: use GET or HEAD or DELETE", 0},
+		{"unknown action", "POST", "/api/v1/nodes/gpu-b/nope", "", 404, "use /api/v1/nodes/{node}/{action}", 0},
 		{"wrong method", "GET", "/api/v1/nodes/gpu-b/hold", "", 405, "use POST", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

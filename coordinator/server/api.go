@@ -34,6 +34,7 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("/api/v1/agent", get(s.hub.handleAgent))
 		mux.Handle("/api/v1/workers", get(s.read(s.listWorkers)))
 		mux.HandleFunc("/api/v1/workers/{rest...}", s.workerRoute)
+		mux.Handle("/api/v1/nodes", get(s.read(s.listNodes)))
 		mux.HandleFunc("/api/v1/nodes/{rest...}", s.nodeRoute)
 		mux.Handle("/api/v1/models", get(s.read(s.listModels)))
 		mux.Handle("/api/v1/models/{rest...}", get(s.read(s.modelWeights)))
@@ -44,7 +45,7 @@ func (s *Server) Handler() http.Handler {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("no API route %s %s", r.Method, r.URL.Path))
 		})
 		mux.Handle("/", get(web.Handler().ServeHTTP))
-		s.handler = secureHeaders(s.limitBody(mux))
+		s.handler = secureHeaders(s.limitConns(s.limitBody(mux)))
 	})
 	return s.handler
 }

@@ -76,6 +76,37 @@ func workersOf(t *testing.T, ev sseEvent) view.Workers {
 	return ws
 }
 
+// follow applies a workers or changes event to the workers a subscriber
+// holds, as the dashboard and heft-sync do.
+func follow(t *testing.T, cur map[string]view.Worker, ev sseEvent) map[string]view.Worker {
+	t.Helper()
+	switch ev.name {
+	case "workers":
+		next := map[string]view.Worker{}
+		for _, w := range workersOf(t, ev).Workers {
+			next[w.ID] = w
+		}
+		return next
+	case "changes":
+		var c Changes
+		if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
+			t.Fatalf("changes event: %v", err)
+		}
+		if c.Workers == nil || c.Removed == nil {
+			t.Fatalf("changes event without both lists: %s", ev.data)
+		}
+		for _, w := range c.Workers {
+			cur[w.ID] = w
+		}
+		for _, id := range c.Removed {
+			delete(cur, id)
+		}
+		return cur
+	}
+	t.Fatalf("unknown event %q", ev.name)
+	return nil
+}
+
 func TestEventsDeliverUpdates(t *testing.T) {
 	ts := startServer(t, testOptions(), func(s *Server) { s.lim.ssePingEvery = 50 * time.Millisecond })
 	resp, events := openEvents(t, ts, "")
@@ -91,14 +122,18 @@ func TestEventsDeliverUpdates(t *testing.T) {
 	}
 	a := connectAgent(t, ts, "gpu-a")
 	a.snapshot("Qwen/Qwen3-8B", "e0")
+	cur := map[string]view.Worker{}
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		ev, err := events.next()
 		if err != nil {
 			t.Fatal(err)
 		}
-		ws := workersOf(t, ev)
-		if len(ws.Workers) == 1 && ws.Workers[0].ID == "gpu-a/e0" && ws.Workers[0].Model == "Qwen/Qwen3-8B" {
+		if ev.name != "changes" {
+			t.Fatalf("after the first event: %q, want changes", ev.name)
+		}
+		cur = follow(t, cur, ev)
+		if w, ok := cur["gpu-a/e0"]; ok && len(cur) == 1 && w.Model == "Qwen/Qwen3-8B" {
 			return
 		}
 	}

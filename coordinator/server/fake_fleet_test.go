@@ -24,10 +24,16 @@ type fakeFleet struct {
 	subs     map[chan struct{}]struct{}
 	onSnap   func(node string, s wire.Snapshot) []fleet.Action // optional
 	probeSeq int
+	// seq numbers changes for Since: every notify marks every worker
+	// changed, which is all a server test needs of it.
+	seq  uint64
+	revs map[string]uint64
+	gone map[string]uint64
 }
 
 func newFakeFleet() *fakeFleet {
-	return &fakeFleet{current: map[string]uint64{}, workers: map[string]*view.Worker{}, subs: map[chan struct{}]struct{}{}}
+	return &fakeFleet{current: map[string]uint64{}, workers: map[string]*view.Worker{}, subs: map[chan struct{}]struct{}{},
+		revs: map[string]uint64{}, gone: map[string]uint64{}, seq: 1}
 }
 
 func (f *fakeFleet) record(format string, args ...any) {
@@ -35,6 +41,16 @@ func (f *fakeFleet) record(format string, args ...any) {
 }
 
 func (f *fakeFleet) notify() {
+	f.seq++
+	for id := range f.workers {
+		f.revs[id] = f.seq
+	}
+	for id := range f.revs {
+		if f.workers[id] == nil {
+			delete(f.revs, id)
+			f.gone[id] = f.seq
+		}
+	}
 	for ch := range f.subs {
 		select {
 		case ch <- struct{}{}:
@@ -258,6 +274,27 @@ func (f *fakeFleet) Changes() (<-chan struct{}, func()) {
 		defer f.mu.Unlock()
 		delete(f.subs, ch)
 	}
+}
+
+func (f *fakeFleet) Since(seq uint64) fleet.Delta {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := fleet.Delta{Seq: f.seq, Full: seq == 0}
+	for _, w := range f.workers {
+		if d.Full || f.revs[w.ID] > seq {
+			d.Workers = append(d.Workers, *w)
+		}
+	}
+	slices.SortFunc(d.Workers, func(a, b view.Worker) int { return strings.Compare(a.ID, b.ID) })
+	if !d.Full {
+		for id, at := range f.gone {
+			if at > seq && f.workers[id] == nil {
+				d.Removed = append(d.Removed, id)
+			}
+		}
+		slices.Sort(d.Removed)
+	}
+	return d
 }
 
 // update changes a worker as the real fleet's rules might (a warning, a

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/coordinator/fleet"
+	"heft/coordinator/nodes"
 	"heft/shared/version"
 	"heft/shared/wire"
 )
@@ -28,6 +29,12 @@ const (
 	// CloseSlowConsumer: the agent did not read fast enough and its
 	// outgoing queue filled.
 	CloseSlowConsumer = websocket.StatusCode(wire.CloseSlowConsumer)
+	// CloseNodeCredential: the connection may not speak for its node name.
+	CloseNodeCredential = websocket.StatusCode(wire.CloseNodeCredential)
+	// CloseNodePending: the node awaits an admin's approval.
+	CloseNodePending = websocket.StatusCode(wire.CloseNodePending)
+	// CloseLimit: a bound on what the coordinator keeps was reached.
+	CloseLimit = websocket.StatusCode(wire.CloseLimit)
 )
 
 // Labels of heft_agent_disconnects_total.
@@ -45,11 +52,15 @@ const (
 	dropPeerClosed   = "peer_closed"
 	dropReadError    = "read_error"
 	dropShutdown     = "shutdown"
+	dropNodeRefused  = "node_refused"
+	dropNodePending  = "node_pending"
+	dropLimit        = "limit"
 	maxCloseReasonSz = 123 // a close frame's payload is 125 bytes, 2 of them the code
 )
 
 var dropReasons = []string{dropSuperseded, dropVersion, dropInvalid, dropNoHello, dropRate, dropTooBig,
-	dropQueueFull, dropWriteTimeout, dropWriteFailed, dropPingTimeout, dropPeerClosed, dropReadError, dropShutdown}
+	dropQueueFull, dropWriteTimeout, dropWriteFailed, dropPingTimeout, dropPeerClosed, dropReadError, dropShutdown,
+	dropNodeRefused, dropNodePending, dropLimit}
 
 // hub owns the agents' websocket connections: at most one per node.
 type hub struct {
@@ -296,7 +307,9 @@ func (h *hub) read(c *agentConn, log hclog.Logger) {
 				return
 			}
 			helloTimer.Stop()
-			h.hello(c, env.Hello, log)
+			if !h.hello(c, env.Hello, log) {
+				return
+			}
 			continue
 		}
 		if reason := h.dispatch(c, env); reason != "" {
@@ -307,11 +320,43 @@ func (h *hub) read(c *agentConn, log hclog.Logger) {
 	}
 }
 
-func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) {
+// hello decides whether the connection may speak for the node it names
+// and, if so, makes it the node's connection. A refused connection is
+// closed with a reason and never touches the node's current connection,
+// its workers or its measurements; hello then returns false.
+func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 	s := h.s
-	welcome, err := wire.Encode(&wire.Welcome{CoordinatorVersion: version.Version, SnapshotSeconds: s.lim.snapshotSeconds})
+	d := s.opts.Nodes.Admit(nodes.Hello{Node: hello.Node, Credential: hello.NodeCredential, AgentVersion: hello.AgentVersion,
+		Hostname: hello.Host.Hostname, KeepsCredential: hello.KeepsCredential, Address: c.source})
+	welcome, err := wire.Encode(&wire.Welcome{CoordinatorVersion: version.Version, SnapshotSeconds: s.lim.snapshotSeconds,
+		NodeCredential: d.Credential})
 	if err != nil {
-		panic(err) // a constant message; cannot fail
+		panic(err) // built from constants and a credential of fixed length; cannot fail
+	}
+	switch d.Outcome {
+	case nodes.Accept:
+	case nodes.Pending:
+		// Hand the agent its credential before the close, so that it is
+		// recognised once approved.
+		if d.Credential != "" {
+			wctx, cancel := context.WithTimeout(c.ctx, s.lim.writeTimeout)
+			_ = c.ws.Write(wctx, websocket.MessageText, welcome)
+			cancel()
+		}
+		s.metrics.nodeRefusals.WithLabelValues(d.Label).Inc()
+		log.Info("node awaits approval; closing", "node", hello.Node, "reason", d.Reason)
+		c.end(CloseNodePending, d.Close, dropNodePending, true)
+		return false
+	case nodes.Limit:
+		s.metrics.nodeRefusals.WithLabelValues(d.Label).Inc()
+		log.Warn("refusing a new node", "node", hello.Node, "reason", d.Reason)
+		c.end(CloseLimit, d.Close, dropLimit, true)
+		return false
+	default:
+		s.metrics.nodeRefusals.WithLabelValues(d.Label).Inc()
+		log.Warn("refusing a connection for a node name", "node", hello.Node, "reason", d.Reason)
+		c.end(CloseNodeCredential, d.Close, dropNodeRefused, true)
+		return false
 	}
 	c.enqueue(welcome) // first, before any action the fleet sends
 	c.node = hello.Node
@@ -321,11 +366,23 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) {
 	old := h.register(c)
 	actions := s.fleet.Connect(c.node, c.id, *hello)
 	h.helloMu.Unlock()
-	log.Info("agent connected", "node", c.node, "agent_version", hello.AgentVersion)
+	log.Info("agent connected", "node", c.node, "agent_version", hello.AgentVersion, "enrolled", d.Credential != "")
 	h.route(actions)
 	if old != nil {
 		log.Info("closing the older connection of this node", "node", c.node, "old_conn", old.id)
 		old.end(CloseSuperseded, "superseded by a newer connection from this node", dropSuperseded, true)
+	}
+	return true
+}
+
+// kick closes a node's connection, if it has one, for an admin's action
+// on its name.
+func (h *hub) kick(node string, code websocket.StatusCode, reason, label string) {
+	h.mu.Lock()
+	c := h.byNode[node]
+	h.mu.Unlock()
+	if c != nil {
+		c.end(code, reason, label, true)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"heft/coordinator/fleet"
+	"heft/coordinator/nodes"
 	"heft/coordinator/view"
 	"heft/shared/health"
 	"heft/shared/version"
@@ -26,6 +27,7 @@ type metrics struct {
 	disconnects  *prometheus.CounterVec
 	authFailures *prometheus.CounterVec
 	authLimited  prometheus.Counter
+	nodeRefusals *prometheus.CounterVec
 }
 
 func newMetrics(s *Server) *metrics {
@@ -43,6 +45,12 @@ func newMetrics(s *Server) *metrics {
 		authLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "heft_auth_rate_limited_total", Help: "Requests refused with 429 after too many failed authentications from their source.",
 		}),
+		nodeRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "heft_node_refusals_total", Help: "Agent connections refused after their hello: the node credential was missing or wrong, the node is pending or rejected, a limit was reached.",
+		}, []string{"reason"}),
+	}
+	for _, l := range nodes.Labels {
+		m.nodeRefusals.WithLabelValues(l)
 	}
 	// Known label values start at zero so rates work from the first scrape.
 	for _, t := range []string{wire.TypeHello, wire.TypeSnapshot, wire.TypeProbeResult, wire.TypeProbeStatus} {
@@ -57,7 +65,7 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.messages, m.disconnects, m.authFailures, m.authLimited,
+		m.messages, m.disconnects, m.authFailures, m.authLimited, m.nodeRefusals, newTrustCollector(s),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "heft_agents_connected", Help: "Agents connected now (after their hello).",
 		}, func() float64 { return float64(s.hub.count()) }),

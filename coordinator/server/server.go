@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/coordinator/fleet"
+	"heft/coordinator/nodes"
 	"heft/coordinator/view"
 	"heft/shared/wire"
 )
@@ -42,6 +43,7 @@ type fleetAPI interface {
 	Weights(model string) (view.Weights, bool)
 	Models() []string
 	Changes() (<-chan struct{}, func())
+	Since(seq uint64) fleet.Delta
 	Stats() fleet.Stats
 }
 
@@ -66,6 +68,12 @@ type Options struct {
 	// count (and, since a right token is never limited, only the wrong
 	// tokens among them are slowed down).
 	TrustedProxies []netip.Prefix
+	// Nodes decides which connections may speak for a node name; nil
+	// means a registry that keeps nothing across restarts.
+	Nodes *nodes.Registry
+	// Caps on concurrent connections by kind; zero takes the defaults
+	// (DefaultMaxAgentConnections...).
+	MaxAgentConnections, MaxEventStreams, MaxAPIRequests int
 }
 
 // Tokens are the secrets the server checks, as read from the
@@ -143,6 +151,7 @@ type Server struct {
 	metrics *metrics
 	auth    *authLimiter
 	hub     *hub
+	caps    caps
 
 	// The secrets in force; Reload swaps them whole, so a request sees
 	// either the old set or the new one. cert is nil without TLS.
@@ -201,8 +210,16 @@ func newServer(opts Options, f fleetAPI, logger hclog.Logger) (*Server, error) {
 		}
 		s.cert.Store(cert)
 	}
+	if s.opts.Nodes == nil {
+		reg, err := nodes.New(nodes.DefaultConfig(), nodes.Memory{}, nil, time.Now, logger)
+		if err != nil {
+			return nil, err
+		}
+		s.opts.Nodes = reg
+	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.auth = newAuthLimiter(time.Now)
+	s.caps = newCaps(opts)
 	s.hub = newHub(s)
 	s.metrics = newMetrics(s)
 	if opts.Tokens.Admin == "" {
@@ -269,6 +286,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		},
 	}
 	served := make(chan error, 1)
+	ln = &warnListener{Listener: ln, log: s.log}
 	go func() {
 		var err error
 		if s.opts.TLS() {
@@ -319,6 +337,7 @@ func (s *Server) tickLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			s.hub.route(s.fleet.Tick())
+			s.opts.Nodes.Tick(s.hub.connected)
 		}
 	}
 }

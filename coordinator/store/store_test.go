@@ -3,6 +3,7 @@ package store
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"crypto/sha256"
 	"fmt"
 	"math"
@@ -18,6 +19,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"heft/coordinator/fleet"
+	"heft/coordinator/nodes"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 )
@@ -193,7 +195,8 @@ func TestLoadSkipsBadRecords(t *testing.T) {
 	}
 	b.Close()
 
-	// Write records a buggy or older writer might have left.
+	// Write records a buggy writer might have left (with checksums that
+	// hold), and one whose checksum does not.
 	db, err := bolt.Open(filepath.Join(dir, FileName), 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -208,11 +211,11 @@ func TestLoadSkipsBadRecords(t *testing.T) {
 			{bucketLatest, []byte("moved"), []byte(`{"capacity_key":"elsewhere","throughput_tps":3}`)},
 			{bucketWorkers, []byte("w"), []byte(`[1,2]`)},
 		} {
-			if err := tx.Bucket(kv.bucket).Put(kv.key, kv.val); err != nil {
+			if err := tx.Bucket(kv.bucket).Put(kv.key, seal(kv.bucket, kv.key, kv.val)); err != nil {
 				return err
 			}
 		}
-		return nil
+		return tx.Bucket(bucketPins).Put([]byte("unsealed"), []byte("2.5"))
 	})
 	db.Close()
 	if err != nil {
@@ -238,8 +241,8 @@ func TestLoadSkipsBadRecords(t *testing.T) {
 	if len(st.Latest) != 1 || st.Latest["good"].ThroughputTPS != 500 {
 		t.Errorf("latest = %v, want only good", st.Latest)
 	}
-	if n := strings.Count(logs.String(), "skipping unreadable"); n != 7 {
-		t.Errorf("logged %d skip warnings, want 7:\n%s", n, logs.String())
+	if n := strings.Count(logs.String(), "dropping an unreadable"); n != 8 {
+		t.Errorf("logged %d warnings, want 8:\n%s", n, logs.String())
 	}
 }
 
@@ -255,7 +258,7 @@ func TestNewerSchemaRefusedUntouched(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte("2")) }); err != nil {
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(keySchema, []byte("3")) }); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
@@ -265,7 +268,10 @@ func TestNewerSchemaRefusedUntouched(t *testing.T) {
 	if err == nil {
 		t.Fatal("Open accepted a newer schema")
 	}
-	for _, want := range []string{path, "schema version 2", "up to version 1"} {
+	if !errors.Is(err, ErrRefused) {
+		t.Errorf("error %v does not wrap ErrRefused", err)
+	}
+	for _, want := range []string{path, "schema version 3", "up to version 2"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -406,43 +412,218 @@ func TestForeignBoltFileRefused(t *testing.T) {
 	}
 }
 
-func TestEmptyFileIsInitialised(t *testing.T) {
+// A 0-byte state file, or a bbolt file without a bucket, would start
+// blank and drop every pin without a word: refused, untouched, unless
+// Init (heft-coordinator --init). An absent file is a first start.
+func TestEmptyFileRefusedUnlessInit(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write func(t *testing.T, path string)
+	}{
+		{"zero bytes", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"no buckets", func(t *testing.T, path string) {
+			db, err := bolt.Open(path, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			db.Close()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, FileName)
+			tc.write(t, path)
+			before := hashFile(t, path)
+			_, err := Open(dir, testLogger(t))
+			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "--init") {
+				t.Fatalf("Open: %v, want a refusal naming --init", err)
+			}
+			if hashFile(t, path) != before {
+				t.Error("the refused file was written to")
+			}
+			b, err := Open(dir, testLogger(t), Init())
+			if err != nil {
+				t.Fatalf("Open with Init: %v", err)
+			}
+			if err := b.SavePin("k", 1); err != nil {
+				t.Fatal(err)
+			}
+			b.Close()
+			b = open(t, dir) // a state file now: no Init needed
+			defer b.Close()
+			if st, err := b.Load(); err != nil || st.Pins["k"] != 1 {
+				t.Errorf("pins %v (%v)", st.Pins, err)
+			}
+		})
+	}
+	// An absent file is a first start.
+	b := open(t, filepath.Join(t.TempDir(), "new"))
+	b.Close()
+}
+
+// A heft state file that lost a bucket is refused unless Init, which
+// recreates it empty and keeps the other records.
+func TestMissingBucketRefusedUnlessInit(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, FileName), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	b := open(t, dir)
-	if err := b.SavePin("k", 1); err != nil {
+	if err := b.SavePin("k", 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Close(); err != nil {
+	if err := b.SaveDecision("k", fleet.DecisionHold); err != nil {
 		t.Fatal(err)
 	}
-	// What was written is there for the next start: the schema version
-	// and the pin.
-	db, err := bolt.Open(filepath.Join(dir, FileName), 0o600, &bolt.Options{ReadOnly: true})
+	b.Close()
+	path := filepath.Join(dir, FileName)
+	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var schema string
-	err = db.View(func(tx *bolt.Tx) error {
-		if meta := tx.Bucket(bucketMeta); meta != nil {
-			schema = string(meta.Get(keySchema))
-		}
-		return nil
-	})
-	db.Close()
-	if err != nil || schema != fmt.Sprint(SchemaVersion) {
-		t.Errorf("schema version %q (%v), want %d", schema, err, SchemaVersion)
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketPins) }); err != nil {
+		t.Fatal(err)
 	}
-	b = open(t, dir)
+	db.Close()
+	before := hashFile(t, path)
+	if _, err := Open(dir, testLogger(t)); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "pins") {
+		t.Fatalf("Open: %v, want a refusal naming the pins bucket", err)
+	}
+	if hashFile(t, path) != before {
+		t.Error("the refused file was written to")
+	}
+	b, err = Open(dir, testLogger(t), Init())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	st, err := b.Load()
+	if err != nil || len(st.Pins) != 0 || st.Decisions["k"] != fleet.DecisionHold {
+		t.Errorf("after Init: pins %v decisions %v (%v)", st.Pins, st.Decisions, err)
+	}
+}
+
+// Issue 16, case 6 (store): a changed byte inside any stored record is
+// caught by its checksum and the record dropped with a warning, never
+// served: a pin of 5.131 does not come back as 7.131, a throughput does
+// not change, a record moved under another key is not taken.
+func TestChangedBytesAreNotServed(t *testing.T) {
+	dir := t.TempDir()
+	b := open(t, dir)
+	at := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	for _, err := range []error{
+		b.SavePin("k", 5.131), b.SavePin("other", 1.5), b.SaveDecision("k", fleet.DecisionAdmit),
+		b.SaveMeasurement(measurement("k", 1234.5, at), 5),
+		b.SaveWorker(fleet.WorkerRecord{ID: "k", Node: "gpu-a", Model: "m", URL: "http://10.0.0.1:8000", FirstSeen: at, LastSeen: at}),
+		b.SaveNode(nodes.Record{Name: "gpu-a", State: nodes.StateEnrolled, CredentialSHA256: strings.Repeat("ab", 32), Since: at, LastSeen: at}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Close()
+	path := filepath.Join(dir, FileName)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Copy-on-write leaves older copies of a page behind: change every one.
+	for old, repl := range map[string]string{"5.131": "7.131", "1234.5": "9234.5", "10.0.0.1": "10.6.6.6", strings.Repeat("ab", 32): strings.Repeat("cd", 32)} {
+		if !bytes.Contains(data, []byte(old)) {
+			t.Fatalf("%q is not in the file", old)
+		}
+		data = bytes.ReplaceAll(data, []byte(old), []byte(repl))
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs testutil.SyncBuffer
+	b, err = Open(dir, hclog.New(&hclog.LoggerOptions{Output: &logs}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer b.Close()
 	st, err := b.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(st.Pins) != 1 || st.Pins["k"] != 1 {
-		t.Errorf("pins after reopening: %v", st.Pins)
+	ns, err := b.LoadNodes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, pin := st.Pins["k"]
+	_, meas := st.Latest["k"]
+	_, hist := st.History["k"]
+	_, rec := st.Workers["k"]
+	_, node := ns["gpu-a"]
+	t.Logf("after changing a digit: pin served=%v, measurement served=%v, history served=%v, worker served=%v, node served=%v; other pin %v, decision %q",
+		pin, meas, hist, rec, node, st.Pins["other"], st.Decisions["k"])
+	if pin || meas || hist || rec || node {
+		t.Error("a changed record was served")
+	}
+	if st.Pins["other"] != 1.5 || st.Decisions["k"] != fleet.DecisionAdmit {
+		t.Error("an unchanged record was dropped")
+	}
+	if n := strings.Count(logs.String(), "failed its checksum"); n != 5 {
+		t.Errorf("%d checksum warnings, want 5:\n%s", n, logs.String())
+	}
+}
+
+// A state file written by the code before checksums (schema 1, made with
+// commit 3b3eea0; see testdata/README.md) loads whole, is copied aside,
+// upgraded to schema 2 in place and then checksummed like any other; its
+// node names are kept as unbound nodes.
+func TestSchema1Upgrade(t *testing.T) {
+	dir := t.TempDir()
+	fixture, err := os.ReadFile(filepath.Join("testdata", "schema1.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, FileName)
+	if err := os.WriteFile(path, fixture, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := open(t, dir)
+	st, err := b.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := b.LoadNodes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if st.Pins["gpu-a-key-0"] != 5.131 || st.Decisions["gpu-b-key-1"] != fleet.DecisionHold || len(st.Latest) != 2 ||
+		len(st.History["gpu-a-key-0"]) != 3 || len(st.Workers) != 2 || st.Latest["gpu-b-key-1"].ThroughputTPS != 1102 {
+		t.Errorf("loaded pins %v decisions %v latest %d history %d workers %d", st.Pins, st.Decisions, len(st.Latest),
+			len(st.History["gpu-a-key-0"]), len(st.Workers))
+	}
+	if len(ns) != 2 || ns["gpu-a"].State != nodes.StateUnbound || ns["gpu-a"].CredentialSHA256 != "" {
+		t.Errorf("nodes %+v, want gpu-a and gpu-b unbound", ns)
+	}
+	if copied, err := os.ReadFile(path + ".schema1"); err != nil || !bytes.Equal(copied, fixture) {
+		t.Errorf("the schema-1 file was not copied aside as it was (%v)", err)
+	}
+	// Upgraded: schema 2 on disk, and a changed digit is now caught.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema string
+	_ = db.View(func(tx *bolt.Tx) error { schema = string(tx.Bucket(bucketMeta).Get(keySchema)); return nil })
+	db.Close()
+	if schema != "2" {
+		t.Errorf("schema %q after the upgrade", schema)
+	}
+	data, _ := os.ReadFile(path)
+	if err := os.WriteFile(path, bytes.ReplaceAll(data, []byte("5.131"), []byte("7.131")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b = open(t, dir)
+	defer b.Close()
+	if st, _ := b.Load(); st.Pins["gpu-a-key-0"] == 7.131 {
+		t.Error("a changed digit loaded after the upgrade")
 	}
 }
 

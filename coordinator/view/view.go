@@ -126,3 +126,24 @@ type Weights struct {
 type Error struct {
 	Error string `json:"error"`
 }
+
+// Node is one node name the coordinator knows, as GET /api/v1/nodes shows
+// it: its enrolment state (enrolled, unbound, pending, rejected), whether
+// its agent is connected, and what its last connection said, for an admin
+// deciding on a pending node. The credential itself is never shown.
+type Node struct {
+	Name         string    `json:"name"`
+	State        string    `json:"state"`
+	Credential   bool      `json:"credential"` // holds a node credential
+	Connected    bool      `json:"connected"`
+	Since        time.Time `json:"since"`
+	LastSeen     time.Time `json:"last_seen"`
+	Hostname     string    `json:"hostname,omitempty"`
+	AgentVersion string    `json:"agent_version,omitempty"`
+	Address      string    `json:"address,omitempty"`
+}
+
+// Nodes is the body of GET /api/v1/nodes.
+type Nodes struct {
+	Nodes []Node `json:"nodes"`
+}

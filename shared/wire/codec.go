@@ -150,6 +150,9 @@ func (h *Hello) Validate() error {
 	if err := checkString("hello.agent_version", h.AgentVersion); err != nil {
 		return err
 	}
+	if len(h.NodeCredential) > MaxCredentialBytes {
+		return invalid("hello.node_credential is %d bytes, at most %d", len(h.NodeCredential), MaxCredentialBytes)
+	}
 	return h.Host.Validate()
 }
 
@@ -453,6 +456,9 @@ func (p *ProbeStatus) Validate() error {
 func (w *Welcome) Validate() error {
 	if w.SnapshotSeconds < 0 {
 		return invalid("welcome.snapshot_seconds is negative")
+	}
+	if len(w.NodeCredential) > MaxCredentialBytes {
+		return invalid("welcome.node_credential is %d bytes, at most %d", len(w.NodeCredential), MaxCredentialBytes)
 	}
 	return checkString("welcome.coordinator_version", w.CoordinatorVersion)
 }

@@ -29,9 +29,10 @@ func fullMessages() map[string]any {
 		DecodeTPSP50: 62.5, DecodeTPSP95: 70.25, TTFTP50: 0.125, TTFTP95: 0.5,
 		SMClockMinMHz: 1980, SMClockMedianMHz: 2010, SMClockMaxMHz: 2040, ClockEventReasons: []string{"sw_power_cap"},
 		LoadBefore: load, Busy: true, Complete: true, Failure: "probe_incomplete_output", Problems: []string{"1 token short"},
-		Trigger: ReasonScheduled, StartedAt: at, FinishedAt: at.Add(4500 * time.Millisecond)}
+		Implausible: "every token of a request arrived in one instant",
+		Trigger:     ReasonScheduled, StartedAt: at, FinishedAt: at.Add(4500 * time.Millisecond)}
 	return map[string]any{
-		TypeHello: &Hello{Node: "gpu-a", AgentVersion: "0.2.0", Host: host},
+		TypeHello: &Hello{Node: "gpu-a", AgentVersion: "0.2.0", Host: host, NodeCredential: "hn1-credential", KeepsCredential: true},
 		TypeSnapshot: &Snapshot{Node: "gpu-a", At: at, Host: host, GPUError: "GPU 1 could not be read",
 			GPUs: []GPU{{Index: 1, UUID: "GPU-5f1c", Name: "NVIDIA L4", MemoryTotal: 24 << 30, MemoryFree: 2 << 30,
 				MemoryUsed: 22 << 30, SMClockMHz: 1980, SMClockMaxMHz: 2040, MemClockMHz: 6251, MemClockMaxMHz: 6251,
@@ -50,7 +51,7 @@ func fullMessages() map[string]any {
 					Via: "pod log", Wrapper: "cri", Lines: 34, Skipped: 1, Error: "rank 0 still starting"}}}},
 		TypeProbeResult:  &ProbeResult{RequestID: "r-17", Measurement: measurement},
 		TypeProbeStatus:  &ProbeStatus{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", State: ProbeDeferredBusy, Message: "3 requests running"},
-		TypeWelcome:      &Welcome{CoordinatorVersion: "0.2.0", SnapshotSeconds: 15},
+		TypeWelcome:      &Welcome{CoordinatorVersion: "0.2.0", SnapshotSeconds: 15, NodeCredential: "hn1-credential"},
 		TypeCached:       &CachedMeasurement{Measurement: measurement, ExpiresAt: at.Add(6 * time.Hour)},
 		TypeProbeRequest: &ProbeRequest{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", Reason: ReasonOnDemand},
 	}

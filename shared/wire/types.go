@@ -61,6 +61,12 @@ type Hello struct {
 	Node         string `json:"node"`
 	AgentVersion string `json:"agent_version"`
 	Host         Host   `json:"host"`
+	// NodeCredential is the credential the coordinator handed this node
+	// when it enrolled; empty until then.
+	NodeCredential string `json:"node_credential,omitempty"`
+	// KeepsCredential says the agent stores a credential it is handed.
+	// Agents from before node credentials leave it false and stay unbound.
+	KeepsCredential bool `json:"keeps_credential,omitempty"`
 }
 
 // Host describes the machine the agent runs on.
@@ -331,6 +337,9 @@ type Welcome struct {
 	CoordinatorVersion string `json:"coordinator_version"`
 	// SnapshotSeconds is how often the agent should send a heartbeat snapshot.
 	SnapshotSeconds int `json:"snapshot_seconds"`
+	// NodeCredential, when set, is this node's new credential: the agent
+	// keeps it and presents it in every later hello.
+	NodeCredential string `json:"node_credential,omitempty"`
 }
 
 // CachedMeasurement hands the agent the coordinator's fresh measurement
@@ -370,6 +379,12 @@ const (
 	// did not present its credential; only the node that holds it, or an
 	// admin releasing the name, can change that.
 	CloseNodeCredential = 4004
+	// CloseNodePending: the node awaits an admin's approval; the agent
+	// keeps the credential it was handed and retries slowly.
+	CloseNodePending = 4005
+	// CloseLimit: the agent sent more than the coordinator keeps (node
+	// records, capacity keys); the reason says which bound.
+	CloseLimit = 4006
 )
 
 // How Engine.AdvertiseURL was chosen.
@@ -379,3 +394,6 @@ const (
 	AdvertiseNodeAddress   = "node_address"
 	AdvertiseListenAddress = "listen_address"
 )
+
+// MaxCredentialBytes bounds a node credential on the wire.
+const MaxCredentialBytes = 128

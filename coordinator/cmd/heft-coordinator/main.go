@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +17,7 @@ import (
 
 	"heft/coordinator"
 	"heft/coordinator/config"
+	"heft/coordinator/store"
 	"heft/shared/logging"
 	"heft/shared/settings"
 	"heft/shared/version"
@@ -32,7 +34,8 @@ func main() {
 }
 
 // run is the whole program; it returns the exit code: 0 done, 1 failed,
-// 2 bad usage, 78 bad configuration (settings.ExitConfig). Each value on
+// 2 bad usage, 78 bad configuration or a state file it will not use
+// (settings.ExitConfig; the unit does not restart on it). Each value on
 // reload (SIGHUP) reloads the tokens and the TLS certificate.
 func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer, reload <-chan os.Signal) int {
 	if len(args) > 0 && args[0] == "gen-token" {
@@ -52,6 +55,11 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	c, err := coordinator.New(cfg, coordinator.WithLogger(logger))
 	if err != nil {
 		fmt.Fprintf(stderr, "heft-coordinator: %v\n", err)
+		if errors.Is(err, store.ErrRefused) {
+			// A state file that needs a person (corrupt, newer, empty):
+			// restarting will not help, so the unit must not retry.
+			return settings.ExitConfig
+		}
 		return 1
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)

@@ -119,7 +119,7 @@ func TestRunRefusesBadState(t *testing.T) {
 	}
 	var stdout, stderr testutil.SyncBuffer
 	code := run(context.Background(), []string{"--config", writeConfig(t, stateDir, "")}, noEnv, &stdout, &stderr, nil)
-	if code != 1 || !strings.Contains(stderr.String(), filepath.Join(stateDir, store.FileName)) {
+	if code != 78 || !strings.Contains(stderr.String(), filepath.Join(stateDir, store.FileName)) {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
 	}
 	after, _ := os.ReadFile(filepath.Join(stateDir, store.FileName))
@@ -199,10 +199,10 @@ func TestBaseURL(t *testing.T) {
 
 func TestGenToken(t *testing.T) {
 	var a, b, stderr bytes.Buffer
-	if code := run(context.Background(), []string{"gen-token"}, noEnv, &a, &stderr); code != 0 {
+	if code := run(context.Background(), []string{"gen-token"}, noEnv, &a, &stderr, nil); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
-	run(context.Background(), []string{"gen-token"}, noEnv, &b, &stderr)
+	run(context.Background(), []string{"gen-token"}, noEnv, &b, &stderr, nil)
 	tok := strings.TrimSpace(a.String())
 	if len(tok) < 32 || tok == strings.TrimSpace(b.String()) || !regexp.MustCompile(`^[A-Za-z0-9_-]+\n$`).MatchString(a.String()) {
 		t.Errorf("gen-token printed %q then %q", a.String(), b.String())
@@ -211,7 +211,7 @@ func TestGenToken(t *testing.T) {
 	if _, err := config.Load(writeConfig(t, t.TempDir(), "viewer_token = \""+tok+"\"\n"), nil, noEnv); err != nil {
 		t.Errorf("the printed token was refused: %v", err)
 	}
-	if code := run(context.Background(), []string{"gen-token", "extra"}, noEnv, &a, &stderr); code != 2 {
+	if code := run(context.Background(), []string{"gen-token", "extra"}, noEnv, &a, &stderr, nil); code != 2 {
 		t.Errorf("gen-token with an argument: exit %d", code)
 	}
 }

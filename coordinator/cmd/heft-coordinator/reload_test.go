@@ -69,8 +69,8 @@ func TestSIGHUPReloadsCertificateAndTokens(t *testing.T) {
 	}
 	both.AppendCertsFromPEM(pem)
 	agentFile, adminFile := filepath.Join(dir, "agent.token"), filepath.Join(dir, "admin.token")
-	replaceFile(t, agentFile, []byte("agent-one\n"))
-	replaceFile(t, adminFile, []byte("admin-one\n"))
+	replaceFile(t, agentFile, []byte("agent-one-0123456789abcdef0123456789\n"))
+	replaceFile(t, adminFile, []byte("admin-one-0123456789abcdef0123456789\n"))
 	cfg := filepath.Join(dir, "coordinator.toml")
 	body := fmt.Sprintf("listen = \"127.0.0.1:0\"\nstate_dir = %q\nagent_token_file = %q\nadmin_token_file = %q\ntls_cert_file = %q\ntls_key_file = %q\n",
 		t.TempDir(), agentFile, adminFile, certFile, keyFile)
@@ -122,13 +122,13 @@ func TestSIGHUPReloadsCertificateAndTokens(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if cn, st := served(), admin("admin-one"); cn != "first" || st != http.StatusNotFound {
+	if cn, st := served(), admin("admin-one-0123456789abcdef0123456789"); cn != "first" || st != http.StatusNotFound {
 		t.Fatalf("at start: certificate %q, admin token answered %d", cn, st)
 	}
 	dctx, dcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer dcancel()
 	ws, _, err := websocket.Dial(dctx, strings.Replace(base, "https", "wss", 1)+"/api/v1/agent", &websocket.DialOptions{
-		HTTPClient: client, HTTPHeader: http.Header{"Authorization": {"Bearer agent-one"}}})
+		HTTPClient: client, HTTPHeader: http.Header{"Authorization": {"Bearer agent-one-0123456789abcdef0123456789"}}})
 	if err != nil {
 		t.Fatalf("agent: %v", err)
 	}
@@ -150,13 +150,13 @@ func TestSIGHUPReloadsCertificateAndTokens(t *testing.T) {
 		}
 		replaceFile(t, dst, data)
 	}
-	replaceFile(t, adminFile, []byte("admin-two\n"))
+	replaceFile(t, adminFile, []byte("admin-two-0123456789abcdef0123456789\n"))
 	execReload(t)
 	testutil.Eventually(t, "the renewed certificate", 10*time.Second, func() bool { return served() == "second" })
-	if st := admin("admin-two"); st != http.StatusNotFound {
+	if st := admin("admin-two-0123456789abcdef0123456789"); st != http.StatusNotFound {
 		t.Errorf("the new admin token: %d", st)
 	}
-	if st := admin("admin-one"); st != http.StatusUnauthorized {
+	if st := admin("admin-one-0123456789abcdef0123456789"); st != http.StatusUnauthorized {
 		t.Errorf("the old admin token after the reload: %d", st)
 	}
 	if err := ws.Ping(dctx); err != nil {
@@ -169,7 +169,7 @@ func TestSIGHUPReloadsCertificateAndTokens(t *testing.T) {
 	testutil.Eventually(t, "the failed reload in the log", 10*time.Second, func() bool {
 		return strings.Contains(stderr.String(), "reload failed") && strings.Contains(stderr.String(), adminFile+" is empty")
 	})
-	if cn, st := served(), admin("admin-two"); cn != "second" || st != http.StatusNotFound {
+	if cn, st := served(), admin("admin-two-0123456789abcdef0123456789"); cn != "second" || st != http.StatusNotFound {
 		t.Errorf("after a failed reload: certificate %q, admin token in force answered %d", cn, st)
 	}
 
@@ -182,7 +182,7 @@ func TestSIGHUPReloadsCertificateAndTokens(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("run did not stop")
 	}
-	if strings.Contains(stderr.String(), "admin-two") || strings.Contains(stderr.String(), "agent-one") {
+	if strings.Contains(stderr.String(), "admin-two-0123456789abcdef0123456789") || strings.Contains(stderr.String(), "agent-one-0123456789abcdef0123456789") {
 		t.Error("a token was logged")
 	}
 }
