@@ -135,7 +135,7 @@ func serverOptions(cfg config.Config) (server.Options, error) {
 		// An admin's pin stays within the range computed weights are
 		// clamped to.
 		PinMin: cfg.WeightMin, PinMax: cfg.WeightMax,
-		TrustedProxies: proxies,
+		TrustedProxies:      proxies,
 		MaxAgentConnections: cfg.MaxAgentConnections, MaxEventStreams: cfg.MaxEventStreams, MaxAPIRequests: cfg.MaxAPIRequests,
 	}, nil
 }

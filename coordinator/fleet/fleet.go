@@ -329,9 +329,9 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 		cache: map[string]*cached{}, pins: map[string]float64{}, decisions: map[string]string{}, dirty: map[string]bool{},
 		probeRequests: map[string]int{},
 		owner:         map[string]string{}, keys: map[string]map[string]time.Time{},
-		seq:           1, // 0 is a subscriber that has seen nothing
-		reqPrefix:     strconv.FormatInt(start.UnixNano(), 36),
-		subs:          map[uint64]chan struct{}{},
+		seq:       1, // 0 is a subscriber that has seen nothing
+		reqPrefix: strconv.FormatInt(start.UnixNano(), 36),
+		subs:      map[uint64]chan struct{}{},
 	}
 	f.restore(state, start)
 	f.refreshAll(start)

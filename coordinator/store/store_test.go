@@ -3,8 +3,8 @@ package store
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
