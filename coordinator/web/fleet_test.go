@@ -98,14 +98,23 @@ func startDemo(t *testing.T, c *coordinator, history int) *demo {
 		a.send(t, &snap)
 		d.agents[s.node], d.engines[s.node], d.snaps[s.node] = a, s.eng, snap
 	}
-	c.waitWorkers(t, "the demo fleet measured", func(ws []view.Worker) bool {
-		measured := 0
-		for _, w := range ws {
-			if w.MeasuredAt != nil && len(w.History) == history+1 {
-				measured++
+	// Each earlier measurement answers one request: the registration probe,
+	// then on-demand probes an admin asks for.
+	for n := 1; n <= history+1; n++ {
+		c.waitWorkers(t, "the demo fleet measured", func(ws []view.Worker) bool {
+			measured := 0
+			for _, w := range ws {
+				if w.MeasuredAt != nil && len(w.History) == n {
+					measured++
+				}
+			}
+			return measured == len(specs)
+		})
+		if n <= history {
+			for _, e := range d.engines {
+				c.probe(t, e.CapacityKey)
 			}
 		}
-		return measured == len(specs)
-	})
+	}
 	return d
 }

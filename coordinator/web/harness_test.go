@@ -38,12 +38,18 @@ type coordinator struct {
 	stop func() // shuts the server down and waits for it
 }
 
-func startCoordinator(t *testing.T) *coordinator {
+func startCoordinator(t *testing.T) *coordinator { return startCoordinatorWith(t, nil) }
+
+// startCoordinatorWith starts one whose configuration tweak adjusts.
+func startCoordinatorWith(t *testing.T, tweak func(*config.Config)) *coordinator {
 	t.Helper()
 	logger := hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Warn})
 	cfg := config.Default()
 	cfg.Listen, cfg.StateDir = "127.0.0.1:0", t.TempDir()
 	cfg.AgentToken, cfg.AdminToken = agentToken, adminToken
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	co, err := coord.New(cfg, coord.WithLogger(logger))
 	if err != nil {
 		t.Fatalf("coordinator: %v", err)
@@ -85,6 +91,21 @@ func (c *coordinator) workers(t *testing.T) []view.Worker {
 	return body.Workers
 }
 
+// probe asks, as an admin, for an on-demand measurement of a worker.
+func (c *coordinator) probe(t *testing.T, id string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, c.base+"/api/v1/workers/"+id+"/probe", nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("probe %s: %v", id, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("probe %s: %s", id, resp.Status)
+	}
+}
+
 // waitWorkers polls the API until ok accepts the fleet.
 func (c *coordinator) waitWorkers(t *testing.T, what string, ok func([]view.Worker) bool) []view.Worker {
 	t.Helper()
@@ -121,7 +142,7 @@ type agent struct {
 
 	mu      sync.Mutex
 	answers map[string]wire.Measurement   // by capacity key
-	earlier map[string][]wire.Measurement // sent once, before the first answer
+	earlier map[string][]wire.Measurement // answered first, one request each, as they are
 }
 
 func dialAgent(t *testing.T, c *coordinator, node string) *agent {
@@ -182,8 +203,9 @@ func (a *agent) answer(m wire.Measurement) {
 	a.answers[m.CapacityKey] = m
 }
 
-// before sets measurements, already time-stamped, that the agent reports
-// ahead of its first answer for their capacity key: a worker's history.
+// before sets measurements, already time-stamped, that the agent reports,
+// one per probe request, ahead of its answer for their capacity key: a
+// worker's history (the coordinator takes a result only for a request).
 func (a *agent) before(key string, ms []wire.Measurement) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -206,16 +228,19 @@ func (a *agent) readLoop() {
 		req := env.ProbeRequest
 		a.mu.Lock()
 		m, ok := a.answers[req.CapacityKey]
-		earlier := a.earlier[req.CapacityKey]
-		delete(a.earlier, req.CapacityKey)
-		a.mu.Unlock()
-		if !ok {
-			continue
+		var old *wire.Measurement
+		if q := a.earlier[req.CapacityKey]; len(q) > 0 {
+			old, a.earlier[req.CapacityKey] = &q[0], q[1:]
 		}
-		for _, old := range earlier {
-			if err := a.write(&wire.ProbeResult{Measurement: old}); err != nil {
+		a.mu.Unlock()
+		if old != nil {
+			if err := a.write(&wire.ProbeResult{RequestID: req.RequestID, Measurement: *old}); err != nil {
 				return
 			}
+			continue
+		}
+		if !ok {
+			continue
 		}
 		now := time.Now()
 		m.Trigger, m.StartedAt, m.FinishedAt = req.Reason, now.Add(-time.Duration(m.WallSeconds*float64(time.Second))), now

@@ -2,6 +2,8 @@ package coord
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -39,5 +41,36 @@ func TestApplyEvent(t *testing.T) {
 	next, ok, err = applyEvent(cur, event{Name: "workers", Data: "garbage"})
 	if ok || err == nil || len(next) != 1 {
 		t.Fatalf("a garbage workers event must be refused and keep the state: %v %v %v", next, ok, err)
+	}
+}
+
+// The coordinator's stream: a whole fleet first, then changes. Changes
+// replace, add and remove workers; a bad one is refused whole and leaves
+// the state as it was.
+func TestApplyChanges(t *testing.T) {
+	cur, ok, err := applyEvent(nil, event{Name: "workers", Data: `{"workers":[{"id":"a","model":"m","node":"n1","weight":1},{"id":"b","model":"m","node":"n2","weight":1}]}`})
+	if !ok || err != nil || len(cur) != 2 {
+		t.Fatalf("first event: %v %v %v", cur, ok, err)
+	}
+	next, ok, err := applyEvent(cur, event{Name: "changes",
+		Data: `{"workers":[{"id":"b","model":"m","node":"n2","weight":2},{"id":"c","model":"m","node":"n0","weight":0.5}],"removed":["a"]}`})
+	if !ok || err != nil {
+		t.Fatalf("changes: %v %v", ok, err)
+	}
+	var got []string
+	for _, w := range next {
+		got = append(got, fmt.Sprintf("%s=%g", w.ID, *w.Weight))
+	}
+	if strings.Join(got, " ") != "c=0.5 b=2" {
+		t.Errorf("after the changes: %v, want c=0.5 b=2 (in the coordinator's order: model, node)", got)
+	}
+	if *cur[1].Weight != 1 || len(cur) != 2 {
+		t.Error("applying changes modified the list handed out before")
+	}
+	for _, bad := range []string{`{"workers":[]}`, `{"removed":[]}`, `{"workers":[{"id":"x","weight":-1}],"removed":[]}`,
+		`{"workers":[],"removed":[""]}`, `{"workers":[],"removed":[]} x`} {
+		if same, ok, err := applyEvent(next, event{Name: "changes", Data: bad}); ok || !errors.Is(err, ErrGarbage) || len(same) != 2 {
+			t.Errorf("changes %s: %v %v %v", bad, same, ok, err)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 // heft dashboard: renders the fleet from GET /api/v1/workers and keeps it
-// live through the /api/v1/events stream. Plain JavaScript, no build step,
-// no external assets.
+// live through the /api/v1/events stream (a whole "workers" event first,
+// then "changes"). Plain JavaScript, no build step, no external assets, no
+// inline script or style (the coordinator's Content-Security-Policy forbids
+// them). Every text from the fleet goes through esc(): HTML-escaped, with
+// control and bidi characters shown as visible \u{...} escapes.
 'use strict';
 
 const SEVERITY = { critical: 0, warning: 1, info: 2 };
@@ -16,12 +19,28 @@ const ui = {
   viewerToken: new URLSearchParams(location.search).get('token') || sessionStorage.getItem('heft-viewer-token') || '',
   source: null,
   lostAt: null, // when the live stream broke
+  pending: [], // nodes awaiting approval, from GET /api/v1/nodes?state=pending
 };
 
 const $ = (sel, root = document) => root.querySelector(sel);
 
+// INVISIBLE matches what must be seen, never obeyed: C0 and C1 controls,
+// bidi embeddings, overrides, isolates and marks (which can make one name
+// display as another), zero-width characters and the BOM.
+const INVISIBLE = /[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]/g;
+
+function visible(s) {
+  return String(s ?? '').replace(INVISIBLE, c => '\\u{' + c.codePointAt(0).toString(16).padStart(4, '0') + '}');
+}
+
 function esc(s) {
-  return String(s ?? '').replace(/[&<>"']/g, c => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
+  return visible(s).replace(/[&<>"']/g, c => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }[c]));
+}
+
+// clipText shortens a text for places CSS cannot clip (a select's options).
+function clipText(s, n) {
+  s = String(s ?? '');
+  return s.length > n ? s.slice(0, n - 1) + '…' : s;
 }
 
 function num(n, digits = 0) {
@@ -79,6 +98,18 @@ function connect() {
       console.error('bad update', e);
     }
   });
+  es.addEventListener('changes', ev => {
+    setLive(true);
+    try {
+      const c = JSON.parse(ev.data);
+      const byId = new Map(ui.workers.map(w => [w.id, w]));
+      for (const w of c.workers || []) byId.set(w.id, w);
+      for (const id of c.removed || []) byId.delete(id);
+      update([...byId.values()].sort(byPlace));
+    } catch (e) {
+      console.error('bad update', e);
+    }
+  });
   es.onopen = () => setLive(true);
   es.onerror = () => {
     setLive(false);
@@ -100,6 +131,13 @@ function setLive(ok) {
       : 'connecting…';
 }
 
+// byPlace orders workers as the coordinator does: model, node, URL, id.
+function byPlace(a, b) {
+  return cmp(a.model, b.model) || cmp(a.node, b.node) || cmp(a.url, b.url) || cmp(a.id, b.id);
+}
+
+function cmp(a, b) { return a < b ? -1 : a > b ? 1 : 0; }
+
 function update(workers) {
   ui.workers = workers;
   ui.received = new Date();
@@ -112,8 +150,50 @@ function update(workers) {
 function render() {
   renderFilters();
   renderSummary();
+  renderPending();
   renderWarnings();
   renderModels();
+}
+
+// ---------- nodes awaiting approval ----------
+
+async function loadPending() {
+  try {
+    const resp = await fetch('api/v1/nodes?state=pending', { headers: authHeaders(false) });
+    if (!resp.ok) return;
+    ui.pending = (await resp.json()).nodes || [];
+    renderPending();
+  } catch (e) {
+    // The stream's status already says when the coordinator is away.
+  }
+}
+
+function renderPending() {
+  const el = $('#pending');
+  el.classList.toggle('hidden', ui.pending.length === 0);
+  const body = ui.pending.map(n => `<li data-pending-node="${esc(n.name)}">
+      <span class="clip" title="${esc(n.name)}"><strong>${esc(n.name)}</strong></span>
+      <span class="meta">host ${esc(n.hostname || '?')} · from ${esc(n.address || '?')} · agent ${esc(n.agent_version || '?')} · first seen ${esc(ago(n.since))}</span>
+      <span class="actions"><button data-node-action="approve" data-node="${esc(n.name)}">Approve</button>
+      <button data-node-action="reject" data-node="${esc(n.name)}">Reject</button></span></li>`).join('');
+  const list = $('#pending ul');
+  if (list.dataset.html !== body) {
+    list.innerHTML = body;
+    list.dataset.html = body;
+  }
+  $('#pending-count').textContent = `${ui.pending.length}`;
+}
+
+async function nodeAct(action, name) {
+  try {
+    const resp = await fetch(`api/v1/nodes/${encodeURIComponent(name)}/${action}`, { method: 'POST', headers: authHeaders(true) });
+    const data = await resp.json().catch(() => ({}));
+    if (!resp.ok) return toast(`${action} ${visible(name)} failed: ${resp.status === 401 ? 'admin token rejected' : (data.error || 'HTTP ' + resp.status)}`, true);
+    toast(`node ${visible(name)} ${action === 'approve' ? 'approved: its agent is admitted at its next connection' : 'rejected'}`);
+    loadPending();
+  } catch (e) {
+    toast(`${action} failed: ${e.message}`, true);
+  }
 }
 
 function matches(w) {
@@ -138,7 +218,7 @@ function renderFilters() {
 
 function fillSelect(sel, values, allLabel, current) {
   const html = `<option value="">${esc(allLabel)}</option>` +
-    values.map(v => `<option value="${esc(v)}"${v === current ? ' selected' : ''}>${esc(v)}</option>`).join('');
+    values.map(v => `<option value="${esc(v)}"${v === current ? ' selected' : ''}>${esc(clipText(v, 80))}</option>`).join('');
   if (sel.dataset.html !== html) {
     sel.innerHTML = html;
     sel.dataset.html = html;
@@ -170,7 +250,7 @@ function renderWarnings() {
       <li class="warning" data-warning-code="${esc(x.code)}" data-worker-id="${esc(w.id)}" data-severity="${esc(x.severity)}">
         <span class="sev ${esc(x.severity)}">${esc(x.severity)}</span>
         <span><strong>${esc(x.code)}</strong> — <span class="msg">${esc(x.message)}</span><br>
-          <span class="where"><a href="#worker-${esc(w.id)}">${esc(w.node)} · ${esc(w.engine)} · ${esc(w.model)}</a> · since ${esc(ago(x.since))} (${esc(when(x.since))})</span></span>
+          <span class="where"><a class="clip" href="#worker-${esc(w.id)}" title="${esc(w.node)} · ${esc(w.model)}">${esc(w.node)} · ${esc(w.engine)} · ${esc(w.model)}</a> · since ${esc(ago(x.since))} (${esc(when(x.since))})</span></span>
       </li>`).join('') + '</ul>';
   const el = $('#warnings .body');
   if (el.dataset.html !== body) {
@@ -198,7 +278,7 @@ function renderModels() {
       sec.id = 'model-' + slug(model);
       sec.className = 'panel model';
       sec.dataset.model = model;
-      sec.innerHTML = `<h2 role="button" tabindex="0"><span class="name">${esc(model)}</span><span class="count"></span></h2><div class="body"><div class="workers"></div></div>`;
+      sec.innerHTML = `<h2 role="button" tabindex="0"><span class="name clip" title="${esc(model)}">${esc(model)}</span><span class="count"></span></h2><div class="body"><div class="workers"></div></div>`;
       clickable(sec.querySelector('h2'), () => toggle(model, sec));
     }
     if (root.children[wanted.size - 1] !== sec) root.insertBefore(sec, root.children[wanted.size - 1] || null); // model order
@@ -246,6 +326,7 @@ function renderWorkers(container, list) {
       tmp.innerHTML = html;
       const fresh = tmp.content.firstElementChild;
       fresh.dataset.html = html;
+      sizeBars(fresh);
       if (card) swapCard(card, fresh); else container.appendChild(fresh);
       card = fresh;
     }
@@ -253,6 +334,13 @@ function renderWorkers(container, list) {
     if (container.children[i] !== card) container.insertBefore(card, container.children[i] || null);
   });
   for (const card of [...container.children]) if (!keep.has(card.dataset.workerId)) card.remove();
+}
+
+// sizeBars sets the widths of bars from their data-w (per cent): through
+// the CSSOM, which the Content-Security-Policy allows, where a style=""
+// attribute in markup is refused.
+function sizeBars(root) {
+  for (const el of root.querySelectorAll('[data-w]')) el.style.width = el.dataset.w + '%';
 }
 
 function swapCard(old, fresh) {
@@ -282,15 +370,15 @@ function workerCard(w, maxWeight) {
   const cold = w.throughput_tps && w.warmup_tps ? w.throughput_tps / w.warmup_tps : null;
   const res = ui.results.get(w.id);
   return `<article class="worker state-${esc(w.state)}" id="worker-${esc(w.id)}" data-worker-id="${esc(w.id)}" data-state="${esc(w.state)}">
-  <div class="top"><span class="node">${esc(w.node)}</span><span class="state ${esc(w.state)}">${esc(w.state)}</span></div>
-  <div class="meta">${esc(w.engine)}${w.engine_version ? ' ' + esc(w.engine_version) : ''} · ${esc(w.url)} · ${esc(gpuSummary(w.gpus))}</div>
+  <div class="top"><span class="node clip" title="${esc(w.node)}">${esc(w.node)}</span><span class="state ${esc(w.state)}">${esc(w.state)}</span></div>
+  <div class="meta clip" title="${esc(w.url)}">${esc(w.engine)}${w.engine_version ? ' ' + esc(w.engine_version) : ''} · ${esc(w.url)} · ${esc(gpuSummary(w.gpus))}</div>
   <div class="row"><span class="label">Throughput</span><span class="val num" data-throughput="${w.throughput_tps ?? ''}">
     ${w.throughput_tps != null ? `<strong>${num(w.throughput_tps)}</strong> tok/s` : (m ? 'no valid measurement' : 'not measured yet')}
     ${w.measured_at ? `<span class="meta" title="${esc(when(w.measured_at))}${m ? ` · ${m.requests}×${m.tokens_per_request} tokens, ${num(m.wall_seconds, 2)} s` : ''}"> · measured ${esc(ago(w.measured_at))}</span>` : ''}${probeChip(w.probe_status)}</span></div>
   <div class="row"><span class="label">Warm-up</span><span class="val num" data-warmup="${w.warmup_tps ?? ''}">
     ${w.warmup_tps != null ? `${num(w.warmup_tps)} tok/s${cold && cold > 1.05 ? ` <span class="chip" title="measured / warm-up">cold ×${num(cold, 1)}</span>` : ''}` : '—'}</span></div>
   <div class="row"><span class="label">Weight</span><div class="val">
-    <div class="weightbar${pinned ? ' pinned' : ''}" title="${pinned ? 'pinned by an admin' : 'throughput / model median'}"><span style="width:${weight != null ? Math.min(100, 100 * weight / maxWeight) : 0}%"></span></div></div>
+    <div class="weightbar${pinned ? ' pinned' : ''}" title="${pinned ? 'pinned by an admin' : 'throughput / model median'}"><span data-w="${weight != null ? Math.min(100, 100 * weight / maxWeight).toFixed(1) : 0}"></span></div></div>
     <span class="num weight" data-weight="${weight ?? ''}" data-pinned="${pinned}">${weight != null ? num(weight, 2) : `<span class="meta">${esc(noWeight(w))}</span>`}${pinned ? ` <span class="chip pin" title="pinned by an admin; computed ${num(w.computed_weight, 2)}">pinned</span>` : ''}</span></div>
   ${history(w.history)}
   ${pools(w)}
@@ -356,7 +444,7 @@ function pools(w) {
       ? `<div class="pool missing" data-pool-rank="${r.dp_rank}" data-pool-missing="true" title="this rank has printed no KV pool: still starting, failed, or on another node">
       <span>DP${r.dp_rank}</span><div class="poolbar"></div><span class="num">no pool yet</span></div>`
       : `<div class="pool${r.kv_tokens < 0.5 * max ? ' small' : ''}" data-pool-rank="${r.dp_rank}" data-kv-tokens="${r.kv_tokens}">
-      <span>DP${r.dp_rank}</span><div class="poolbar"><span style="width:${(100 * r.kv_tokens / max).toFixed(1)}%"></span></div><span class="num">${num(r.kv_tokens)}</span></div>`).join('')}
+      <span>DP${r.dp_rank}</span><div class="poolbar"><span data-w="${(100 * r.kv_tokens / max).toFixed(1)}"></span></div><span class="num">${num(r.kv_tokens)}</span></div>`).join('')}
   </span></div>${logSource(w)}`;
 }
 
@@ -501,16 +589,22 @@ function init() {
   document.addEventListener('click', ev => {
     const b = ev.target.closest('button[data-action]');
     if (b) act(b.dataset.action, b.dataset.id);
+    const n = ev.target.closest('button[data-node-action]');
+    if (n) nodeAct(n.dataset.nodeAction, n.dataset.node);
   });
   setAdmin(ui.adminToken);
   setInterval(render, 30000); // keeps "measured 3 min ago" honest
+  setInterval(loadPending, 10000);
   start();
 }
 
 async function start() {
   setLive(false);
   try {
-    if (await loadOnce()) connect();
+    if (await loadOnce()) {
+      connect();
+      loadPending();
+    }
   } catch (e) {
     toast('cannot load the fleet: ' + e.message, true);
     setTimeout(start, 3000);

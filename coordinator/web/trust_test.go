@@ -1,0 +1,145 @@
+package web_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/coder/websocket"
+
+	"heft/coordinator/config"
+	"heft/coordinator/view"
+	"heft/shared/wire"
+)
+
+// Issue 16, case 8 (dashboard): names are whatever an agent says. Bidi and
+// control characters show as visible escapes, never reorder or hide text;
+// a 4,000-character model name is clipped by CSS with the whole value on
+// hover, and does not widen the page; the page runs under its
+// Content-Security-Policy, which refuses an inline script.
+func TestDashboardShowsHostileNamesSafely(t *testing.T) {
+	c := startCoordinator(t)
+	const width = 1280
+	// U+202E (right-to-left override) makes "gpu-a\u202Egnp.exe" read as
+	// "gpu-aexe.png"; U+0007 and U+200B are invisible.
+	bidiNode := "gpu-a\u202egnp.exe\u0007\u200b"
+	longModel := strings.Repeat("m", 4000)
+	a := dialAgent(t, c, bidiNode)
+	e := engine("plain", wire.EngineVLLM, longModel, "0.11.0", 8000)
+	a.answer(measurement(bidiNode, e, 1000, 950))
+	a.send(t, &wire.Snapshot{Node: bidiNode, Host: testHost("x"), Engines: []wire.Engine{e}})
+	c.waitWorkers(t, "the worker admitted", func(ws []view.Worker) bool { return len(ws) == 1 && ws[0].State == view.StateAdmitted })
+
+	ctx, pageErrs := browser(t, width, 900)
+	if err := chromedp.Do(ctx, chromedp.Navigate(c.base+"/")); err != nil {
+		t.Fatalf("open the dashboard: %v", err)
+	}
+	waitJS(t, ctx, "the card", `document.querySelectorAll('article[data-worker-id]').length === 1`)
+
+	type shown struct {
+		Node        string  `json:"node"`
+		NodeTitle   string  `json:"nodeTitle"`
+		ModelTitle  string  `json:"modelTitle"`
+		ModelWidth  float64 `json:"modelWidth"`
+		ScrollWidth float64 `json:"scrollWidth"`
+		BarWidth    float64 `json:"barWidth"`
+	}
+	got := eval[shown](t, ctx, `(() => {
+		const card = document.querySelector('article[data-worker-id]');
+		const name = document.querySelector('#models h2 .name');
+		return { node: card.querySelector('.node').textContent, nodeTitle: card.querySelector('.node').title,
+			modelTitle: name.title, modelWidth: name.getBoundingClientRect().width,
+			scrollWidth: document.documentElement.scrollWidth,
+			barWidth: card.querySelector('.weightbar > span').getBoundingClientRect().width };
+	})()`)
+	want := `gpu-a\u{202e}gnp.exe\u{0007}\u{200b}`
+	t.Logf("node shown as %q; model heading %.0f px wide (title %d characters); page %.0f px wide in a %d px window",
+		got.Node, got.ModelWidth, len(got.ModelTitle), got.ScrollWidth, width)
+	if got.Node != want || got.NodeTitle != want {
+		t.Errorf("node shown as %q (title %q), want %q", got.Node, got.NodeTitle, want)
+	}
+	if strings.ContainsAny(got.Node, "\u202e\u0007\u200b") {
+		t.Error("a control or bidi character reached the page as itself")
+	}
+	if got.ModelTitle != longModel {
+		t.Errorf("the model heading's title holds %d characters, want the whole %d", len(got.ModelTitle), len(longModel))
+	}
+	if got.ScrollWidth > width || got.ModelWidth > width {
+		t.Errorf("a long model name widened the page to %.0f px (heading %.0f px)", got.ScrollWidth, got.ModelWidth)
+	}
+	if got.BarWidth <= 0 {
+		t.Error("the weight bar has no width: bars are sized through the CSSOM under the policy")
+	}
+	// The policy refuses an inline script.
+	ran := eval[bool](t, ctx, `(() => {
+		const s = document.createElement('script');
+		s.textContent = 'window.inlineRan = true';
+		document.body.appendChild(s);
+		return window.inlineRan === true;
+	})()`)
+	if ran {
+		t.Error("an inline script ran: the Content-Security-Policy is not in force")
+	}
+	pageErrs.check(t)
+}
+
+// With approve_new_nodes the dashboard lists a node awaiting approval,
+// and an admin approves it from there; the node's agent is then admitted.
+func TestDashboardApprovesPendingNode(t *testing.T) {
+	c := startCoordinatorWith(t, func(cfg *config.Config) { cfg.ApproveNewNodes = true })
+	wsURL := "ws" + strings.TrimPrefix(c.base, "http") + "/api/v1/agent"
+	hello := func(cred string) (*wire.Welcome, websocket.StatusCode) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, _, err := websocket.Dial(ctx, wsURL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + agentToken}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.CloseNow()
+		data, _ := wire.Encode(&wire.Hello{Node: "gpu-new", AgentVersion: "test", Host: testHost("gpu-new"), NodeCredential: cred, KeepsCredential: true})
+		if err := conn.Write(ctx, websocket.MessageText, data); err != nil {
+			t.Fatal(err)
+		}
+		var welcome *wire.Welcome
+		for {
+			_, data, err := conn.Read(ctx)
+			if err != nil {
+				return welcome, websocket.CloseStatus(err)
+			}
+			if env, err := wire.Decode(data); err == nil && env.Type == wire.TypeWelcome {
+				welcome = env.Welcome
+				if cred != "" {
+					return welcome, -1
+				}
+			}
+		}
+	}
+	w, code := hello("")
+	if w == nil || w.NodeCredential == "" || code != wire.CloseNodePending {
+		t.Fatalf("a new node: welcome %+v, close %d; want a credential, then 4005", w, code)
+	}
+
+	ctx, pageErrs := browser(t, 1280, 900)
+	if err := chromedp.Do(ctx, chromedp.Navigate(c.base+"/")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "the pending node listed", `document.querySelector('#pending li[data-pending-node="gpu-new"]') !== null`)
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS("#admin-token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "admin unlocked", `document.body.classList.contains('admin')`)
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#pending button[data-node-action="approve"]`))); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, "the pending list emptied", `document.querySelector('#pending').classList.contains('hidden')`)
+	if w2, code := hello(w.NodeCredential); w2 == nil {
+		t.Errorf("the approved node was refused (close %d)", code)
+	}
+	pageErrs.check(t)
+}
