@@ -114,8 +114,12 @@ func (r *rogue) snapshot(gpus []wire.GPU, engines ...wire.Engine) error {
 func (r *rogue) closeStatus(d time.Duration) (websocket.StatusCode, string) {
 	select {
 	case <-r.closed:
-	case <-time.After(d):
-		return -1, ""
+	default:
+		select {
+		case <-r.closed:
+		case <-time.After(d):
+			return -1, ""
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -124,6 +128,13 @@ func (r *rogue) closeStatus(d time.Duration) (websocket.StatusCode, string) {
 		return ce.Code, ce.Reason
 	}
 	return -1, fmt.Sprint(r.closeErr)
+}
+
+// welcomed reports whether the coordinator welcomed the rogue.
+func (r *rogue) welcomed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.welcome != nil
 }
 
 func (r *rogue) probeRequests() []wire.ProbeRequest {
