@@ -83,6 +83,10 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 	if err != nil {
 		return err
 	}
+	creds, err := link.CredentialFile(cfg.StateDir, cfg.Node.Name)
+	if err != nil {
+		return err
+	}
 	// A port that is taken stops the start before anything runs: an
 	// operator who asked for /healthz relies on it.
 	var ln net.Listener
@@ -145,7 +149,7 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 		wg.Go(func() { sd.run(ctx, w.stuck) })
 	}
 	err = link.Run(ctx, link.Config{
-		URL: coordURL, Token: token, TLS: tlsCfg, Status: board,
+		URL: coordURL, Token: token, TLS: tlsCfg, Status: board, Credentials: creds,
 		Node: cfg.Node.Name, AgentVersion: version.Version, Host: h,
 		SnapshotEvery: cfg.SnapshotInterval, PollEvery: cfg.PollInterval,
 		Significant: collect.Significant,

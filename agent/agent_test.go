@@ -43,6 +43,7 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 	coord := fakecoord.Start(t, token)
 
 	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
 	cfg.Coordinator.URL, cfg.Coordinator.Token = coord.URL, token
 	cfg.Node.Name = "gpu-test"
 	cfg.Engines = []config.Engine{{Kind: "vllm", URL: s.URL()}}
@@ -118,6 +119,7 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 
 func TestRunRefusesABadConfig(t *testing.T) {
 	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
 	cfg.Engines = []config.Engine{{Kind: "no-such-engine", URL: "http://127.0.0.1:1"}}
 	err := Run(context.Background(), cfg, nil, WithGPUs(oneGPU{}))
 	if err == nil || !strings.Contains(err.Error(), "no coordinator URL") || !strings.Contains(err.Error(), `unknown kind "no-such-engine"`) {
@@ -127,6 +129,7 @@ func TestRunRefusesABadConfig(t *testing.T) {
 
 func TestEngines(t *testing.T) {
 	cfg := config.Default()
+	cfg.StateDir = t.TempDir()
 	cfg.Node.Name = "n1"
 	cfg.Engines = []config.Engine{{Kind: "ollama", URL: "http://127.0.0.1:11434", Model: "qwen3:8b"}, {Kind: "vllm", URL: "http://h:8000", Log: "/var/log/vllm.log"}}
 	want := []engine.Config{

@@ -170,7 +170,7 @@ func (e *env) startAgent(dir, node string, co *coordinator, kind string, s *simP
 		return nil, err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "[coordinator]\nurl = %q\ntoken = %q\n\n[node]\nname = %q\n\n", co.ws, agentToken, node)
+	fmt.Fprintf(&b, "state_dir = %q\n\n[coordinator]\nurl = %q\ntoken = %q\n\n[node]\nname = %q\n\n", filepath.Join(dir, node+"-state"), co.ws, agentToken, node)
 	fmt.Fprintf(&b, "[[engine]]\nkind = %q\nurl = %q\nlog = %q\n", kind, s.url, s.log)
 	if e.tokens != 128 {
 		fmt.Fprintf(&b, "\n[probe]\ntokens = %d\n", e.tokens)

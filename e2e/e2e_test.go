@@ -283,7 +283,12 @@ func startAgentWith(t *testing.T, coordURL, extra, node, kind, engineURL, logPat
 // runAgentConfig runs heft-agent on a whole configuration file's text.
 func runAgentConfig(t *testing.T, text string) *agent {
 	t.Helper()
-	cfgPath := filepath.Join(t.TempDir(), "agent.toml")
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "agent.toml")
+	if !strings.Contains(text, "state_dir") {
+		// Where the agent keeps its node credential: the test's, not the host's.
+		text = fmt.Sprintf("state_dir = %q\n", filepath.Join(dir, "state")) + text
+	}
 	if err := os.WriteFile(cfgPath, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,7 @@ func startSimAgent(t *testing.T, coordURL, node string, engines []config.Engine)
 	cfg := config.Default()
 	cfg.Coordinator.URL, cfg.Coordinator.Token = coordURL, agentToken
 	cfg.Node.Name, cfg.Engines = node, engines
+	cfg.StateDir = t.TempDir()
 	cfg.PollInterval = 100 * time.Millisecond
 	a := &simAgent{probes: map[string]int{}}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -10,6 +10,7 @@ import (
 
 	"heft/agent"
 	"heft/agent/config"
+	"heft/agent/link"
 	"heft/shared/logging"
 	"heft/shared/settings"
 )
@@ -34,6 +35,10 @@ func runAgent(ctx context.Context, args []string, env func(string) string, stdio
 	}
 	if err == nil {
 		_, err = cfg.TLSConfig()
+	}
+	if err == nil {
+		// So is state_dir, where the node credential is kept.
+		_, err = link.CredentialFile(cfg.StateDir, cfg.Node.Name)
 	}
 	if err != nil {
 		return settings.Exit("heft-agent run", err, config.Usage, stdio.Out, stdio.Err)

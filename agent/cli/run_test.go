@@ -104,7 +104,7 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 	exit := make(chan int, 1)
 	go func() {
 		exit <- runAgent(ctx, []string{
-			"--coordinator", coord.URL,
+			"--coordinator", coord.URL, "--state-dir", t.TempDir(),
 			"--token-file", runTokenFile(t, 0o600),
 			"--node", "gpu-test",
 			"--engine", "vllm=" + engine.URL(),
@@ -187,7 +187,7 @@ func TestRunPlainTextWarning(t *testing.T) {
 	cancel()
 	var out bytes.Buffer
 	errOut := &testutil.SyncBuffer{}
-	code := runAgent(ctx, []string{"--coordinator", "ws://192.0.2.1:7070/api/v1/agent",
+	code := runAgent(ctx, []string{"--coordinator", "ws://192.0.2.1:7070/api/v1/agent", "--state-dir", t.TempDir(),
 		"--token-file", runTokenFile(t, 0o600), "--node", "gpu-test"}, runNoEnv, IO{Out: &out, Err: errOut})
 	if code != 0 {
 		t.Fatalf("exit %d, want 0; stderr:\n%s", code, errOut.String())

@@ -98,6 +98,10 @@ type Config struct {
 	Probe       Probe
 	Log         Log
 	// SnapshotInterval is the heartbeat: a snapshot is sent at least this often.
+	// StateDir is where the agent keeps what must survive a restart: the
+	// node credential the coordinator hands it at enrolment.
+	StateDir string
+
 	SnapshotInterval time.Duration
 	// PollInterval is how often facts are compared to spot a change.
 	PollInterval time.Duration
@@ -122,10 +126,14 @@ func Default() Config {
 			PodsRoot: logsource.DefaultPodsRoot},
 		Probe:            Probe{Concurrency: probe.DefaultConcurrency, Tokens: probe.DefaultTokens},
 		Log:              Log{Level: logging.DefaultLevel},
+		StateDir:         DefaultStateDir,
 		SnapshotInterval: link.DefaultSnapshotEvery,
 		PollInterval:     link.DefaultPollEvery,
 	}
 }
+
+// DefaultStateDir is the packaged unit's StateDirectory=heft-agent.
+const DefaultStateDir = "/var/lib/heft-agent"
 
 // EngineSyntax is how an engine is written on the command line and in
 // HEFT_ENGINES (entries separated by ';').
@@ -166,6 +174,7 @@ func (c *Config) command() settings.Command {
 			settings.String("probe.prompt", &c.Probe.Prompt, "probe prompt (default: the probe package's)"),
 			settings.String("log.level", &c.Log.Level, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log.json", &c.Log.JSON, "log JSON lines even on a terminal"),
+			settings.String("state_dir", &c.StateDir, "directory for the node credential (the packaged unit's StateDirectory)").Meta("DIR"),
 			settings.Duration("snapshot_interval", &c.SnapshotInterval, "heartbeat: a snapshot at least this often"),
 			settings.Duration("poll_interval", &c.PollInterval, "how often to look for changed facts"),
 			settings.String("listen", &c.Listen, "serve /metrics and /healthz on this host:port, e.g. 127.0.0.1:7071 (default: off)").Meta("ADDR"),
@@ -371,6 +380,9 @@ func (c Config) Validate() error {
 	}
 	if err := logging.CheckLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)
+	}
+	if strings.TrimSpace(c.StateDir) == "" {
+		add("state_dir is empty: the agent keeps its node credential there")
 	}
 	if c.SnapshotInterval <= 0 {
 		add("snapshot_interval must be positive, got %s", c.SnapshotInterval)

@@ -76,6 +76,10 @@ type Config struct {
 	// Status receives the link's state (status.AreaCoordinator, named by
 	// URL), which logs each change once; nil: a board of its own.
 	Status *status.Board
+	// Credentials keeps the node credential the coordinator hands out at
+	// enrolment (CredentialFile in the agent's state_dir); nil keeps it
+	// in memory, for this process only.
+	Credentials Credentials
 
 	// SnapshotEvery is the heartbeat: a snapshot goes out at least this
 	// often. The coordinator's Welcome may ask for another interval.
@@ -160,6 +164,7 @@ type link struct {
 	outbox  []outMsg
 	nextID  uint64
 	slot    *wire.Snapshot // the newest snapshot not yet written
+	cred    string         // the node credential, "" before enrolment
 }
 
 // outMsg is a probe message waiting for the writer. Durable messages (the
@@ -188,6 +193,13 @@ func newLink(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) (*
 		tr.TLSClientConfig = cfg.TLS
 		client = &http.Client{Transport: tr}
 	}
+	if cfg.Credentials == nil {
+		cfg.Credentials = &memCredentials{}
+	}
+	cred, err := cfg.Credentials.Load()
+	if err != nil {
+		return nil, fmt.Errorf("link: %w", err)
+	}
 	board := cfg.Status
 	if board == nil {
 		board = status.New()
@@ -202,7 +214,29 @@ func newLink(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) (*
 		randN:   rand.Int64N,
 		wake:    make(chan struct{}, 1),
 		probing: map[string]bool{},
+		cred:    cred,
 	}, nil
+}
+
+func (l *link) credential() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cred
+}
+
+// enrolled keeps the credential the coordinator handed this node. If it
+// cannot be kept on disk it is still used for as long as the agent runs,
+// and the log says what a restart will then need.
+func (l *link) enrolled(cred string) {
+	l.mu.Lock()
+	l.cred = cred
+	l.mu.Unlock()
+	if err := l.cfg.Credentials.Save(cred); err != nil {
+		l.log.Error("cannot keep the node credential: after a restart the coordinator will refuse this node until an admin releases its name",
+			"node", l.cfg.Node, "error", err)
+		return
+	}
+	l.log.Info("enrolled: the coordinator handed this node its credential, kept in state_dir", "node", l.cfg.Node)
 }
 
 func (l *link) run() error {
@@ -222,10 +256,12 @@ func (l *link) run() error {
 			b.Reset()
 		}
 		wait := b.Next()
-		switch websocket.CloseStatus(err) {
-		case wire.CloseProtocolVersion, wire.CloseSuperseded:
+		code := websocket.CloseStatus(err)
+		switch code {
+		case wire.CloseProtocolVersion, wire.CloseSuperseded, wire.CloseNodeCredential, wire.CloseNodePending, wire.CloseLimit:
 			// Reconnecting soon cannot help: another agent holds this node
-			// name, or one side must be upgraded. Back off all the way.
+			// name, one side must be upgraded, or an admin must act. Back
+			// off all the way.
 			wait = l.cfg.MaxBackoff
 		}
 		// One line when the link goes down or the reason changes; each

@@ -21,6 +21,7 @@ const (
 	ReasonNotEndpoint = "not_endpoint" // the URL answered, but not as the agent endpoint
 	ReasonVersion     = "version"      // the two sides speak different protocol versions
 	ReasonSuperseded  = "superseded"   // another agent connected with this node name
+	ReasonPending     = "pending"      // the node awaits an admin's approval
 	ReasonLost        = "lost"         // a working link ended
 )
 
@@ -59,6 +60,13 @@ func (l *link) failure(err error) status.Failure {
 		f.Reason, f.Msg, f.Error = ReasonVersion, "coordinator refused this agent's protocol version; upgrade the older of the two", true
 	case errors.As(err, &closed) && closed.Code == wire.CloseSuperseded:
 		f.Reason, f.Msg, f.Error = ReasonSuperseded, "another agent connected with this node name and replaced this one; give each agent its own [node] name", true
+	case errors.As(err, &closed) && closed.Code == wire.CloseNodeCredential:
+		f.Reason, f.Msg, f.Error = ReasonRefused, "coordinator refused this node name's credential: if this host was reinstalled or lost its state_dir, "+
+			"an admin releases the name (DELETE /api/v1/nodes/NAME on the coordinator)", true
+		f.Args = []any{"node", l.cfg.Node}
+	case errors.As(err, &closed) && closed.Code == wire.CloseNodePending:
+		f.Reason, f.Msg = ReasonPending, "this node awaits an admin's approval on the coordinator (POST /api/v1/nodes/NAME/approve); retrying"
+		f.Args = []any{"node", l.cfg.Node}
 	case errors.As(err, &closed) && closed.Code >= 4000 && closed.Code != wire.CloseSlowConsumer:
 		// heft's other refusals (a node credential that does not match).
 		f.Reason, f.Msg, f.Error = ReasonRefused, "coordinator refused this agent", true

@@ -108,11 +108,13 @@ func TestRefusalsByCloseCode(t *testing.T) {
 	}{
 		{wire.CloseProtocolVersion, ReasonVersion, true},
 		{wire.CloseSuperseded, ReasonSuperseded, true},
-		{4004, ReasonRefused, true},
+		{wire.CloseNodeCredential, ReasonRefused, true},
+		{wire.CloseNodePending, ReasonPending, false},
+		{wire.CloseLimit, ReasonRefused, true},
 		{wire.CloseSlowConsumer, ReasonLost, false},
 		{websocket.StatusGoingAway, ReasonLost, false},
 	} {
-		f := l.failure(readError(websocket.CloseError{Code: tc.code, Reason: "x"}))
+		f := l.failure((&session{}).readError(websocket.CloseError{Code: tc.code, Reason: "x"}))
 		if f.Reason != tc.reason || f.Error != tc.error || f.Msg == "" {
 			t.Errorf("close %d: %+v, want reason %s, error %v", tc.code, f, tc.reason, tc.error)
 		}

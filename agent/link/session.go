@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -50,6 +53,9 @@ type session struct {
 	end       context.CancelCauseFunc
 	heartbeat atomic.Int64 // time.Duration
 	prev      atomic.Pointer[last]
+	// peerClose is the coordinator's close frame, as the reader read it:
+	// the reason a session ended even when a write noticed first.
+	peerClose atomic.Pointer[error]
 	started   chan struct{} // closed once Hello and the first snapshot are out
 }
 
@@ -106,10 +112,24 @@ func (l *link) session() error {
 	case errors.As(cause, &bad):
 		conn.Close(websocket.StatusPolicyViolation, closeReason(bad.Error()))
 	default:
+		// A write that failed because the coordinator closed the link:
+		// its close frame says why (a refused credential, say), so let the
+		// reader read it before the connection is cut.
+		if closedUnder(cause) {
+			t := time.NewTimer(closeGrace)
+			select {
+			case <-readDone:
+			case <-t.C:
+			}
+			t.Stop()
+		}
 		conn.CloseNow()
 	}
 	<-readDone
 	l.dropTransient()
+	if pc := s.peerClose.Load(); pc != nil && websocket.CloseStatus(cause) == -1 {
+		cause = *pc
+	}
 	return cause
 }
 
@@ -134,7 +154,9 @@ func waitFor(wg *sync.WaitGroup, d time.Duration) bool {
 // the coordinator knew nothing.
 func (s *session) start() error {
 	cfg := s.l.cfg
-	if err := s.write(&wire.Hello{Node: cfg.Node, AgentVersion: cfg.AgentVersion, Host: cfg.Host}); err != nil {
+	hello := &wire.Hello{Node: cfg.Node, AgentVersion: cfg.AgentVersion, Host: cfg.Host,
+		NodeCredential: s.l.credential(), KeepsCredential: true}
+	if err := s.write(hello); err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
 	snap := s.l.h.Snapshot(s.ctx)
@@ -158,7 +180,7 @@ func (s *session) readLoop() {
 	for {
 		_, data, err := s.conn.Read(context.Background())
 		if err != nil {
-			s.end(readError(err))
+			s.end(s.readError(err))
 			return
 		}
 		env, err := wire.Decode(data)
@@ -173,10 +195,22 @@ func (s *session) readLoop() {
 	}
 }
 
-func readError(err error) error {
+// closedUnder reports whether err is a write that found the connection
+// closed by the other side, whose close frame may be waiting to be read.
+func closedUnder(err error) bool {
+	return !errors.Is(err, errPeerClosed) && (errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET))
+}
+
+// errPeerClosed marks the coordinator's close frame.
+var errPeerClosed = errors.New("coordinator closed the link")
+
+func (s *session) readError(err error) error {
 	var ce websocket.CloseError
 	if errors.As(err, &ce) {
-		return fmt.Errorf("coordinator closed the link: %q (code %d): %w", ce.Reason, int(ce.Code), err)
+		err = fmt.Errorf("%w: %q (code %d): %w", errPeerClosed, ce.Reason, int(ce.Code), err)
+		s.peerClose.Store(&err)
+		return err
 	}
 	return fmt.Errorf("read: %w", err)
 }
@@ -187,6 +221,9 @@ func (s *session) dispatch(env *wire.Envelope) error {
 		s.l.welcomed(env.Welcome)
 		if sec := env.Welcome.SnapshotSeconds; sec > 0 {
 			s.heartbeat.Store(int64(time.Duration(sec) * time.Second))
+		}
+		if c := env.Welcome.NodeCredential; c != "" {
+			s.l.enrolled(c)
 		}
 	case wire.TypeCached:
 		s.l.h.Cached(*env.Cached)

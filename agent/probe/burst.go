@@ -82,6 +82,12 @@ func doRequest(ctx context.Context, client *http.Client, url string, body []byte
 		return res
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		loc := resp.Header.Get("Location")
+		res.Err = fmt.Errorf("engine answered %s, redirecting to %q: the probe measures the engine at its configured URL and does not follow redirects",
+			resp.Status, clip(loc))
+		return res
+	}
 	if resp.StatusCode != http.StatusOK {
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		res.Err = fmt.Errorf("engine answered %s: %s", resp.Status, clip(strings.TrimSpace(string(snippet))))
@@ -109,6 +115,20 @@ type burstSummary struct {
 	// Errors and Shortfalls describe failed and short requests, grouped.
 	Errors, Shortfalls []string
 	Decode, TTFT       []float64
+	// Fastest is the request that delivered its tokens at the highest
+	// rate, from its sending to its last token: what one stream did.
+	Fastest streamRate
+}
+
+// streamRate is one request's tokens over its whole time, sending to last
+// token: a buffering proxy in front of an engine delays tokens but cannot
+// shorten this.
+type streamRate struct {
+	Request  int // 1-based
+	Tokens   int
+	Duration time.Duration
+	TPS      float64       // +Inf for tokens in no time at all
+	Span     time.Duration // from its first token to its last
 }
 
 // summarize counts a burst's tokens, from the first request sent to the
@@ -149,6 +169,16 @@ func summarize(results []reqResult, want int) burstSummary {
 		}
 		if !st.FirstToken.IsZero() {
 			s.TTFT = append(s.TTFT, st.FirstToken.Sub(r.Sent).Seconds())
+		}
+		if got > 1 && !st.LastToken.IsZero() {
+			d := st.LastToken.Sub(r.Sent)
+			rate := math.Inf(1)
+			if d > 0 {
+				rate = float64(got) / d.Seconds()
+			}
+			if rate > s.Fastest.TPS {
+				s.Fastest = streamRate{Request: i + 1, Tokens: got, Duration: d, TPS: rate, Span: st.LastToken.Sub(st.FirstToken)}
+			}
 		}
 		if d := st.LastToken.Sub(st.FirstToken).Seconds(); st.Chunks > 1 && d > 0 {
 			s.Decode = append(s.Decode, float64(st.Chunks-1)/d)

@@ -176,6 +176,9 @@ func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
 		client = &http.Client{Transport: tr}
 		defer tr.CloseIdleConnections()
 	}
+	noFollow := *client
+	noFollow.CheckRedirect = noRedirects
+	client = &noFollow
 	p := &prober{cfg: cfg, form: form, client: client}
 	m := wire.Measurement{
 		CapacityKey:    cfg.CapacityKey,
@@ -350,8 +353,26 @@ func (p *prober) verdict(m *wire.Measurement, meas burstSummary) error {
 			p.cfg.Kind, meas.Tokens, m.ExpectedTokens))
 	}
 	m.ThroughputTPS = meas.TPS
+	if f := meas.Fastest; f.TPS > MaxStreamTPS {
+		// No engine streams this fast: what answered is not measuring an
+		// engine's decoding (a cache, a replay, a fake). The coordinator
+		// holds the worker until an admin admits it.
+		m.Implausible = fmt.Sprintf("request %d delivered %d tokens %s after it was sent (the last %d within %s of the first): "+
+			"%.0f tok/s for one stream; no engine streams faster than %d", f.Request, f.Tokens, f.Duration.Round(time.Microsecond),
+			f.Tokens-1, f.Span.Round(time.Microsecond), f.TPS, MaxStreamTPS)
+	}
 	return nil
 }
+
+// MaxStreamTPS is the fastest one request's stream can plausibly deliver
+// tokens, from its sending to its last token: far above any engine today
+// (the fastest decode one request at a few thousand tokens a second).
+const MaxStreamTPS = 5000
+
+// noRedirects makes a client answer a redirect as it is: the probe
+// measures the engine at the URL it was given, never wherever that engine
+// points it (another host, perhaps not an engine at all).
+func noRedirects(req *http.Request, via []*http.Request) error { return http.ErrUseLastResponse }
 
 // fail marks m as not valid and keeps its throughput out of reach.
 func fail(m *wire.Measurement, code, why string) error {

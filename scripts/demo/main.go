@@ -128,8 +128,8 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 		}
 		kind := e.args[1]
 		agentCfg := filepath.Join(dir, e.node+"-agent.toml")
-		if err := os.WriteFile(agentCfg, fmt.Appendf(nil, "[coordinator]\nurl = %q\ntoken = %q\n[node]\nname = %q\n[[engine]]\nkind = %q\nurl = %q\nlog = %q\n",
-			"ws://"+addr+"/api/v1/agent", agentToken, e.node, kind, url, logPath), 0o600); err != nil {
+		if err := os.WriteFile(agentCfg, fmt.Appendf(nil, "state_dir = %q\n[coordinator]\nurl = %q\ntoken = %q\n[node]\nname = %q\n[[engine]]\nkind = %q\nurl = %q\nlog = %q\n",
+			filepath.Join(dir, e.node+"-state"), "ws://"+addr+"/api/v1/agent", agentToken, e.node, kind, url, logPath), 0o600); err != nil {
 			return err
 		}
 		if _, out, err = start(e.node+"-agent", "heft-agent", "run", "--config", agentCfg); err != nil {
