@@ -3,15 +3,18 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -152,16 +155,39 @@ func (c *coordinator) waitFor(t *testing.T, what string, limit time.Duration, ok
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 64<<20)
+	// The stream starts with the whole fleet ("workers"), then sends what
+	// changed ("changes": changed workers and removed IDs).
 	var ws view.Workers
+	byID := map[string]view.Worker{}
+	name := ""
 	for sc.Scan() {
+		if n, isName := strings.CutPrefix(sc.Text(), "event: "); isName {
+			name = n
+			continue
+		}
 		data, isData := strings.CutPrefix(sc.Text(), "data: ")
 		if !isData {
 			continue
 		}
-		ws = view.Workers{}
-		if err := json.Unmarshal([]byte(data), &ws); err != nil {
+		var ev struct {
+			Workers []view.Worker `json:"workers"`
+			Removed []string      `json:"removed"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
 			t.Fatalf("event stream: %v", err)
 		}
+		if name == "workers" {
+			clear(byID)
+		}
+		for _, w := range ev.Workers {
+			byID[w.ID] = w
+		}
+		for _, id := range ev.Removed {
+			delete(byID, id)
+		}
+		ws.Workers = slices.SortedFunc(maps.Values(byID), func(a, b view.Worker) int {
+			return cmp.Or(strings.Compare(a.Model, b.Model), strings.Compare(a.Node, b.Node), strings.Compare(a.URL, b.URL), strings.Compare(a.ID, b.ID))
+		})
 		if ok(ws.Workers) {
 			return ws.Workers
 		}
