@@ -130,13 +130,6 @@ func (r *rogue) closeStatus(d time.Duration) (websocket.StatusCode, string) {
 	return -1, fmt.Sprint(r.closeErr)
 }
 
-// welcomed reports whether the coordinator welcomed the rogue.
-func (r *rogue) welcomed() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.welcome != nil
-}
-
 func (r *rogue) probeRequests() []wire.ProbeRequest {
 	r.mu.Lock()
 	defer r.mu.Unlock()
