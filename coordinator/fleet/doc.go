@@ -16,11 +16,34 @@
 // could not be read, so its model is unknown) updates the readiness of the
 // node's worker at the same URL, or, if there is none, shows as a
 // placeholder worker with the ID "unkeyed:<node>:<url>" that is never
-// measured, pinned or admitted. A capacity key that arrives from a
-// different node than before moves to that node unless its current node is
-// still connected on a newer connection (the newer claim wins). An offline
-// worker not seen for ForgetAfter (24h) is dropped; its pins, decisions
-// and measurements stay stored for the day it returns.
+// measured, pinned or admitted. An offline worker not seen for ForgetAfter
+// (24h) is dropped, and its stored record deleted; its pins and decisions
+// stay stored for the day it returns.
+//
+// # Whose worker it is
+//
+// A capacity key belongs to the node that first listed it (the key is a
+// hash of the node name among the rest, so no other node can list it
+// honestly). While the fleet remembers the key (a worker, or cached
+// measurements), another node listing it is refused for that engine,
+// logged and counted (ClaimsRefused), and nothing of the owner's changes.
+// Once the owner's worker is forgotten and its measurement is older than
+// CacheTTL, the key is released; a node that lists it then is measured
+// afresh. The server has already checked that a connection may speak for
+// its node name (package nodes).
+//
+// # Bounds on what agents send
+//
+// A node's capacity keys (its workers and the keys it has cached
+// measurements of) are at most MaxKeysPerNode; a new key past it forgets
+// the one the node listed least recently (KeysEvicted). Measurements are
+// cut to what the fleet keeps (16 problems of 512 bytes, 16 clock reasons,
+// texts of 512 bytes; MeasurementsCut), and their history keeps only the
+// numbers (HistoryEntry). Cached measurements of a key no agent lists are
+// dropped once older than CacheTTL. A node with neither a connection nor
+// a worker is forgotten. A worker shows its engine's own GPUs: those it
+// lists, or the host's when it is the host's only engine, never the
+// host's whole set once per engine.
 //
 // # States, in the order they are decided
 //
@@ -39,6 +62,11 @@
 //     probe_failed or probe_incomplete_output, critical. A fresh probe is
 //     requested FailRetry later; a valid newer measurement replaces it. An
 //     admin "admit" does not override this: there is no number to weight.
+//   - held: the newest measurement is implausible (implausible_measurement,
+//     critical), unless an admin admitted the worker: the agent's probe
+//     flagged a stream faster than any engine's, or its throughput is above
+//     MaxTPSPerGPU per GPU of the engine or MaxStreamTPS per concurrent
+//     request. The verdict is stored with the measurement.
 //   - held: the data-parallel pools are uneven below Thresholds.PoolHold
 //     (dp_pool_imbalance, critical), unless an admin admitted the worker.
 //     Below PoolWarn the same code is a warning and the worker is admitted.
@@ -81,7 +109,11 @@
 //
 // # Weights
 //
-// Only admitted workers get a weight. Weight = throughput / the median
+// Only admitted workers get a weight. A worker whose throughput is more
+// than ImplausibleFactor (4) × its model's median, with at least three
+// workers of the model measured, is held as implausible (critical) until
+// the median catches up with it or an admin admits it; it stays in the
+// median, which one outlier cannot move. Weight = throughput / the median
 // throughput of the admitted workers of the same model, the worker itself
 // included (the mean of the two middle values for an even count), clamped
 // to [WeightMin, WeightMax]; weight_clamped (warning) says so when the
@@ -132,7 +164,11 @@
 // answers deferred_busy otherwise, and the fleet asks again BusyRetry
 // later. Meanwhile the worker keeps its last valid measurement and weight.
 // Probes go only to workers the agent has listed on its current
-// connection, never from facts remembered across a restart.
+// connection, never from facts remembered across a restart. A probe
+// result is taken only as the answer to one of the last two requests the
+// fleet sent that node for that worker, once, within ProbeTimeout of its
+// sending (ResultsRefused counts the others); a status only for the
+// worker's current request.
 // A failed probe status is retried FailRetry later, a request without an
 // answer is re-sent after ProbeTimeout, and an admin's on-demand probe is
 // sent at once and runs even on a busy engine. Measurement times from an
@@ -141,9 +177,9 @@
 //
 // # Admin decisions
 //
-// Hold stores "hold". Admit stores "admit" when the worker's pools would
-// hold it; otherwise it clears any decision, returning the worker to the
-// automatic rules. Decisions and pins are written to the Store before
+// Hold stores "hold". Admit stores "admit" when the worker's pools, or an
+// implausible measurement, would hold it; otherwise it clears any
+// decision, returning the worker to the automatic rules. Decisions and pins are written to the Store before
 // memory changes: when the write fails the call returns the error and the
 // fleet is as it was. The write waits for the disk outside the fleet's
 // lock, so agents' reports and API reads go on meanwhile; admin actions
@@ -158,4 +194,12 @@
 // ignored unless conn is still current, so a late Disconnect of a replaced
 // connection does not mark the node offline. Probe requests outstanding
 // on a connection are forgotten when a new one starts.
+//
+// # Changes
+//
+// Every change to a worker's view takes a sequence number, and a worker
+// that leaves leaves a tombstone (the last 4,096 are kept). Since(seq)
+// returns the workers changed after seq and the IDs removed, or the whole
+// fleet when seq is 0 or older than the oldest tombstone: the live event
+// stream sends one node's heartbeat as that node's workers, not the fleet.
 package fleet

@@ -1,0 +1,136 @@
+package nodes
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"heft/shared/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }
+
+// memStore records what a registry wrote.
+type memStore struct {
+	mu   sync.Mutex
+	recs map[string]Record
+	fail error
+}
+
+func (m *memStore) SaveNode(r Record) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail != nil {
+		return m.fail
+	}
+	m.recs[r.Name] = r
+	return nil
+}
+
+func (m *memStore) DeleteNode(name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.recs, name)
+	return nil
+}
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func newRegistry(t *testing.T, cfg Config) (*Registry, *memStore, *clock) {
+	t.Helper()
+	st, clk := &memStore{recs: map[string]Record{}}, &clock{t: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
+	r, err := New(cfg, st, nil, clk.now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, st, clk
+}
+
+// The credential is stored only as its hash; a restart over the stored
+// records knows the node by it.
+func TestEnrolStoresOnlyAHash(t *testing.T) {
+	r, st, clk := newRegistry(t, DefaultConfig())
+	d := r.Admit(Hello{Node: "gpu-a", KeepsCredential: true, Hostname: "a"})
+	if d.Outcome != Accept || len(d.Credential) != 43 {
+		t.Fatalf("enrol: %+v", d)
+	}
+	rec := st.recs["gpu-a"]
+	if rec.State != StateEnrolled || rec.CredentialSHA256 == d.Credential || len(rec.CredentialSHA256) != 64 {
+		t.Fatalf("stored %+v", rec)
+	}
+	again, err := New(DefaultConfig(), st, st.recs, clk.now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.Admit(Hello{Node: "gpu-a", Credential: d.Credential, KeepsCredential: true}); got.Outcome != Accept || got.Credential != "" {
+		t.Errorf("after a restart: %+v", got)
+	}
+	if got := again.Admit(Hello{Node: "gpu-a", Credential: d.Credential + "x", KeepsCredential: true}); got.Outcome != Refuse || got.Label != LabelCredential {
+		t.Errorf("a wrong credential: %+v", got)
+	}
+	if len(d.Close) > 123 {
+		t.Errorf("close reason of %d bytes", len(d.Close))
+	}
+}
+
+// A node unseen for ForgetAfter is forgotten; a connected one counts as
+// seen; a failed store write refuses the enrolment and keeps nothing.
+func TestForgetAndStoreFailure(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ForgetAfter = 48 * time.Hour
+	r, st, clk := newRegistry(t, cfg)
+	r.Admit(Hello{Node: "gone", KeepsCredential: true})
+	r.Admit(Hello{Node: "here", KeepsCredential: true})
+	clk.t = clk.t.Add(49 * time.Hour)
+	r.Tick(func(n string) bool { return n == "here" })
+	if _, ok := r.Get("gone"); ok {
+		t.Error("a node unseen past forget_nodes_after is remembered")
+	}
+	if _, ok := st.recs["gone"]; ok {
+		t.Error("its stored record is kept")
+	}
+	if rec, ok := st.recs["here"]; !ok || !rec.LastSeen.Equal(clk.t) {
+		t.Errorf("the connected node's stored last-seen %v, want %v", rec.LastSeen, clk.t)
+	}
+	st.fail = errors.New("disk full")
+	if d := r.Admit(Hello{Node: "new", KeepsCredential: true}); d.Outcome != Refuse || d.Label != LabelStore {
+		t.Errorf("enrolment with a failing store: %+v", d)
+	}
+	if _, ok := r.Get("new"); ok {
+		t.Error("a record that was not stored is kept in memory")
+	}
+}
+
+// The pending list is bounded: the oldest waiting name goes first.
+func TestPendingIsBounded(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ApproveNew, cfg.MaxPending = true, 3
+	r, _, clk := newRegistry(t, cfg)
+	for i := range 5 {
+		clk.t = clk.t.Add(time.Minute)
+		if d := r.Admit(Hello{Node: fmt.Sprintf("n%d", i), KeepsCredential: true}); d.Outcome != Pending || d.Credential == "" {
+			t.Fatalf("n%d: %+v", i, d)
+		}
+	}
+	if c := r.Counts(); c[StatePending] != 3 {
+		t.Errorf("%d pending, want 3", c[StatePending])
+	}
+	for _, gone := range []string{"n0", "n1"} {
+		if _, ok := r.Get(gone); ok {
+			t.Errorf("%s, the oldest, is still pending", gone)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, bad := range []Config{{MaxNodes: 0, MaxPending: 1, ForgetAfter: time.Hour}, {MaxNodes: 5, MaxPending: 6, ForgetAfter: time.Hour},
+		{MaxNodes: 5, MaxPending: 1}} {
+		if bad.Validate() == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
