@@ -320,3 +320,30 @@ func TestReloadRefusesShortTokens(t *testing.T) {
 		t.Errorf("a reload to a 5-byte admin token: %v", err)
 	}
 }
+
+// The trust settings reach the packages whose behaviour they set: the
+// plausibility limits and the key bound the fleet, the node settings the
+// registry (through NodesConfig), the caps the server.
+func TestTrustSettingsReachTheirPackages(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.ImplausibleFactor, cfg.MaxTPSPerGPU, cfg.MaxStreamTPS, cfg.MaxKeysPerNode = 6, 2e5, 9000, 100
+	cfg.ApproveNewNodes, cfg.RequireNodeCredential, cfg.MaxNodes, cfg.MaxPendingNodes = true, true, 10, 5
+	cfg.MaxAgentConnections, cfg.MaxEventStreams, cfg.MaxAPIRequests = 7, 8, 9
+	fc := FleetConfig(cfg)
+	if fc.ImplausibleFactor != 6 || fc.MaxTPSPerGPU != 2e5 || fc.MaxStreamTPS != 9000 || fc.MaxKeysPerNode != 100 {
+		t.Errorf("fleet config %+v", fc)
+	}
+	nc := NodesConfig(cfg)
+	if !nc.ApproveNew || !nc.RequireCredential || nc.MaxNodes != 10 || nc.MaxPending != 5 || nc.ForgetAfter != cfg.ForgetNodesAfter {
+		t.Errorf("nodes config %+v", nc)
+	}
+	so, err := serverOptions(cfg)
+	if err != nil || so.MaxAgentConnections != 7 || so.MaxEventStreams != 8 || so.MaxAPIRequests != 9 {
+		t.Errorf("server options %+v (%v)", so, err)
+	}
+	c, err := New(cfg, WithLogger(testLogger(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}
