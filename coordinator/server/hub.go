@@ -79,17 +79,25 @@ func newHub(s *Server) *hub {
 	return &hub{s: s, all: map[*agentConn]struct{}{}, byNode: map[string]*agentConn{}}
 }
 
-// agentConn is one agent's websocket. The handler goroutine reads; a
-// writer goroutine drains the bounded queue; a pinger checks liveness.
+// agentConn is one agent's websocket. The handler goroutine reads, and is
+// the connection's only long-lived goroutine (at 10,000 agents every
+// goroutine's stack counts): a flusher runs only while messages wait in
+// the bounded queue, and a ping runs on a timer, each in a goroutine that
+// ends when it is done.
 type agentConn struct {
 	h      *hub
 	id     uint64
 	source string
 	ws     *websocket.Conn
-	out    chan []byte
 	ctx    context.Context
 	cancel context.CancelFunc
 	node   string // set once, by the reader, before registration
+
+	qmu      sync.Mutex
+	queue    [][]byte // messages waiting for the flusher, oldest first
+	flushing bool
+	tasks    sync.WaitGroup // the flusher and a ping, while they run
+	pinger   *time.Timer
 
 	endOnce sync.Once
 	label   string        // why it ended, for the metric; written in endOnce
@@ -114,15 +122,90 @@ func (c *agentConn) end(code websocket.StatusCode, reason, label string, gracefu
 	})
 }
 
-// enqueue hands a message to the writer; a full queue means the peer is
-// not reading, and it is dropped rather than allowed to hold memory.
+// enqueue hands a message to the flusher, starting one if none runs; a
+// full queue means the peer is not reading, and it is dropped rather than
+// allowed to hold memory.
 func (c *agentConn) enqueue(msg []byte) {
-	select {
-	case c.out <- msg:
-	default:
+	c.qmu.Lock()
+	if c.ctx.Err() != nil {
+		c.qmu.Unlock()
+		return
+	}
+	if len(c.queue) >= c.h.s.lim.queueSize {
+		c.qmu.Unlock()
 		c.h.s.log.Warn("agent not reading: outgoing queue full, closing", "node", c.node, "conn", c.id)
 		c.end(CloseSlowConsumer, "outgoing queue full: the agent is not reading", dropQueueFull, false)
+		return
 	}
+	c.queue = append(c.queue, msg)
+	start := !c.flushing
+	if start {
+		c.flushing = true
+		c.tasks.Add(1)
+	}
+	c.qmu.Unlock()
+	if start {
+		go c.flush()
+	}
+}
+
+// flush writes queued messages, one at a time, until the queue is empty.
+func (c *agentConn) flush() {
+	defer c.tasks.Done()
+	lim := c.h.s.lim
+	for {
+		c.qmu.Lock()
+		if len(c.queue) == 0 || c.ctx.Err() != nil {
+			c.flushing = false
+			c.qmu.Unlock()
+			return
+		}
+		msg := c.queue[0]
+		c.queue[0] = nil
+		c.queue = c.queue[1:]
+		c.qmu.Unlock()
+		// A deadline on Write's context would close the socket before the
+		// reason is recorded; a timer records it first.
+		stall := time.AfterFunc(lim.writeTimeout, func() {
+			c.end(CloseSlowConsumer, "write timed out", dropWriteTimeout, false)
+		})
+		err := c.ws.Write(c.ctx, websocket.MessageText, msg)
+		stall.Stop()
+		if err != nil {
+			c.end(websocket.StatusInternalError, "write failed", dropWriteFailed, false)
+			c.qmu.Lock()
+			c.flushing = false
+			c.qmu.Unlock()
+			return
+		}
+	}
+}
+
+// pingSoon arms the next ping.
+func (c *agentConn) pingSoon() {
+	c.pinger = time.AfterFunc(c.h.s.lim.pingEvery, c.pingOnce)
+}
+
+// pingOnce runs on the ping timer's own goroutine: it checks the peer
+// answers (the reader delivers the pong) and arms the next ping, or ends
+// the connection.
+func (c *agentConn) pingOnce() {
+	c.qmu.Lock()
+	if c.ctx.Err() != nil {
+		c.qmu.Unlock()
+		return
+	}
+	c.tasks.Add(1)
+	c.qmu.Unlock()
+	defer c.tasks.Done()
+	if !c.ping() {
+		return
+	}
+	c.qmu.Lock()
+	if c.ctx.Err() == nil { // serve has not stopped the timer for good
+		c.pinger.Reset(c.h.s.lim.pingEvery)
+	}
+	c.qmu.Unlock()
 }
 
 func truncateReason(s string) string { return wire.Clip(s, maxCloseReasonSz) }
@@ -197,19 +280,28 @@ func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 	if !s.agentAuth(w, r) {
 		return
 	}
+	// Counted here rather than by limitConns: the connection outlives
+	// this handler.
+	cp := s.caps[connAgent]
+	if !cp.take() {
+		s.refuseConn(w, r, cp)
+		return
+	}
 	h.mu.Lock()
 	if h.closing {
 		h.mu.Unlock()
+		cp.release()
 		writeError(w, http.StatusServiceUnavailable, "coordinator shutting down")
 		return
 	}
 	h.serving.Add(1)
 	h.mu.Unlock()
-	defer h.serving.Done()
 
-	ws, err := websocket.Accept(w, r, nil)
+	ws, err := websocket.Accept(smallBuffers{w}, r, nil)
 	if err != nil {
 		s.log.Debug("websocket upgrade failed", "source", s.clientIP(r), "error", err)
+		cp.release()
+		h.serving.Done()
 		return
 	}
 	ws.SetReadLimit(wire.MaxMessageBytes)
@@ -217,7 +309,7 @@ func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(s.base)
 	c := &agentConn{
 		h: h, id: h.nextID.Add(1), source: s.clientIP(r), ws: ws,
-		out: make(chan []byte, s.lim.queueSize), ctx: ctx, cancel: cancel, closed: make(chan struct{}),
+		ctx: ctx, cancel: cancel, closed: make(chan struct{}),
 	}
 	h.mu.Lock()
 	if h.closing {
@@ -225,21 +317,31 @@ func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 		c.end(websocket.StatusServiceRestart, "coordinator shutting down", dropShutdown, true)
 		<-c.closed
 		cancel()
+		cp.release()
+		h.serving.Done()
 		return
 	}
 	h.all[c] = struct{}{}
 	h.mu.Unlock()
-	h.serve(c)
+	// The connection is served on a goroutine of its own and this handler
+	// returns, so that net/http lets go of the request, the response and
+	// the handler chain's stack: at 10,000 agents each of those counts.
+	go func() {
+		defer h.serving.Done()
+		defer cp.release()
+		h.serve(c)
+	}()
 }
 
 // serve runs one connection to its end, then cleans up after it.
 func (h *hub) serve(c *agentConn) {
 	s := h.s
-	log := s.log.With("conn", c.id, "source", c.source)
-	var workers sync.WaitGroup
-	workers.Go(func() { c.writeLoop() })
+	log := c.log()
+	c.qmu.Lock()
+	c.pingSoon()
+	c.qmu.Unlock()
 
-	h.read(c, log)
+	h.read(c)
 
 	// The reader has stopped; make sure the socket goes too.
 	c.end(websocket.StatusInternalError, "connection ended", dropReadError, false)
@@ -257,13 +359,17 @@ func (h *hub) serve(c *agentConn) {
 	log.Info("agent disconnected", "node", c.node, "reason", c.label)
 	<-c.closed
 	c.cancel()
-	workers.Wait()
+	c.qmu.Lock() // an enqueue or ping that saw the context alive has registered its task
+	c.pinger.Stop()
+	c.queue = nil
+	c.qmu.Unlock()
+	c.tasks.Wait()
 }
 
 // read is the connection's reader: hello first, then the agent's reports.
 // It returns when the connection is over, having called end with the
 // reason if the reason is this side's.
-func (h *hub) read(c *agentConn, log hclog.Logger) {
+func (h *hub) read(c *agentConn) {
 	s := h.s
 	helloTimer := time.AfterFunc(s.lim.helloTimeout, func() {
 		c.end(websocket.StatusPolicyViolation, fmt.Sprintf("no hello within %s", s.lim.helloTimeout), dropNoHello, true)
@@ -285,39 +391,57 @@ func (h *hub) read(c *agentConn, log hclog.Logger) {
 			return
 		}
 		if !rate.take(time.Now(), s.lim.msgRate, s.lim.msgBurst) {
-			log.Warn("agent exceeded the message rate, closing", "node", c.node)
+			c.log().Warn("agent exceeded the message rate, closing", "node", c.node)
 			c.end(websocket.StatusPolicyViolation, "message rate exceeded", dropRate, true)
 			return
 		}
-		env, err := wire.Decode(data)
-		if err != nil {
-			log.Warn("bad message from agent, closing", "node", c.node, "error", err)
-			if errors.Is(err, wire.ErrVersion) {
-				msg := strings.TrimPrefix(err.Error(), wire.ErrVersion.Error()+": ")
-				c.end(CloseProtocolVersion, "protocol version: "+msg, dropVersion, true)
-			} else {
-				c.end(websocket.StatusPolicyViolation, err.Error(), dropInvalid, true)
-			}
-			return
-		}
-		s.metrics.messages.WithLabelValues(env.Type).Inc()
-		if c.node == "" {
-			if env.Type != wire.TypeHello {
-				c.end(websocket.StatusPolicyViolation, fmt.Sprintf("first message must be hello, got %s", env.Type), dropNoHello, true)
-				return
-			}
-			helloTimer.Stop()
-			if !h.hello(c, env.Hello, log) {
-				return
-			}
-			continue
-		}
-		if reason := h.dispatch(c, env); reason != "" {
-			log.Warn("protocol violation from agent, closing", "node", c.node, "reason", reason)
-			c.end(websocket.StatusPolicyViolation, reason, dropInvalid, true)
+		// Decoding and applying a message takes a deep stack (JSON, the
+		// fleet); the reader spends its life waiting in Read with a
+		// shallow one. Handled on a goroutine of its own, which ends with
+		// the message, the deep stack is not kept once per agent.
+		keep := true
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			keep = h.handle(c, data, helloTimer)
+		}()
+		<-done
+		if !keep {
 			return
 		}
 	}
+}
+
+// handle decodes and applies one message from an agent; false ends the
+// connection (handle has called end with the reason).
+func (h *hub) handle(c *agentConn, data []byte, helloTimer *time.Timer) bool {
+	s, log := h.s, c.log()
+	env, err := wire.Decode(data)
+	if err != nil {
+		log.Warn("bad message from agent, closing", "node", c.node, "error", err)
+		if errors.Is(err, wire.ErrVersion) {
+			msg := strings.TrimPrefix(err.Error(), wire.ErrVersion.Error()+": ")
+			c.end(CloseProtocolVersion, "protocol version: "+msg, dropVersion, true)
+		} else {
+			c.end(websocket.StatusPolicyViolation, err.Error(), dropInvalid, true)
+		}
+		return false
+	}
+	s.metrics.messages.WithLabelValues(env.Type).Inc()
+	if c.node == "" {
+		if env.Type != wire.TypeHello {
+			c.end(websocket.StatusPolicyViolation, fmt.Sprintf("first message must be hello, got %s", env.Type), dropNoHello, true)
+			return false
+		}
+		helloTimer.Stop()
+		return h.hello(c, env.Hello, log)
+	}
+	if reason := h.dispatch(c, env); reason != "" {
+		log.Warn("protocol violation from agent, closing", "node", c.node, "reason", reason)
+		c.end(websocket.StatusPolicyViolation, reason, dropInvalid, true)
+		return false
+	}
+	return true
 }
 
 // hello decides whether the connection may speak for the node it names
@@ -375,6 +499,12 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 	return true
 }
 
+// log is the connection's logger, made when there is something to log:
+// one kept per connection would cost every agent its fields.
+func (c *agentConn) log() hclog.Logger {
+	return c.h.s.log.With("conn", c.id, "source", c.source)
+}
+
 // kick closes a node's connection, if it has one, for an admin's action
 // on its name.
 func (h *hub) kick(node string, code websocket.StatusCode, reason, label string) {
@@ -413,37 +543,6 @@ func (h *hub) dispatch(c *agentConn, env *wire.Envelope) string {
 		return fmt.Sprintf("unexpected message type %s from an agent", env.Type)
 	}
 	return ""
-}
-
-// writeLoop sends queued messages and, between them, pings the peer: one
-// goroutine for both keeps a connection to two goroutines (the reader and
-// this), which counts at 10,000 agents.
-func (c *agentConn) writeLoop() {
-	lim := c.h.s.lim
-	ping := time.NewTicker(lim.pingEvery)
-	defer ping.Stop()
-	for {
-		select {
-		case <-c.ctx.Done():
-			return
-		case <-ping.C:
-			if !c.ping() {
-				return
-			}
-		case msg := <-c.out:
-			// A deadline on Write's context would close the socket before the
-			// reason is recorded; a timer records it first.
-			stall := time.AfterFunc(lim.writeTimeout, func() {
-				c.end(CloseSlowConsumer, "write timed out", dropWriteTimeout, false)
-			})
-			err := c.ws.Write(c.ctx, websocket.MessageText, msg)
-			stall.Stop()
-			if err != nil {
-				c.end(websocket.StatusInternalError, "write failed", dropWriteFailed, false)
-				return
-			}
-		}
-	}
 }
 
 // ping checks the peer answers (the reader delivers the pong); false ends

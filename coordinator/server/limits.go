@@ -1,8 +1,11 @@
 package server
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -66,26 +69,43 @@ func (s *Server) limitConns(next http.Handler) http.Handler {
 		kind := connAPI
 		switch r.URL.Path {
 		case "/api/v1/agent":
-			kind = connAgent
+			next.ServeHTTP(w, r) // the hub counts agents: they outlive their handler
+			return
 		case "/api/v1/events":
 			kind = connEvents
 		}
 		c := s.caps[kind]
-		if c.n.Add(1) > c.max {
-			c.n.Add(-1)
-			c.refused.Add(1)
-			if now := time.Now().UnixNano(); now-c.warned.Load() >= int64(warnEvery) {
-				c.warned.Store(now)
-				s.log.Warn("connection cap reached: refusing new connections of this kind", "kind", kind, "max", c.max,
-					"setting", c.key, "refused_so_far", c.refused.Load(), "source", s.clientIP(r))
-			}
-			w.Header().Set("Retry-After", strconv.Itoa(int(warnEvery.Seconds())))
-			writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("too many %s connections at once (%s = %d); retry later", kind, c.key, c.max))
+		if !c.take() {
+			s.refuseConn(w, r, c)
 			return
 		}
-		defer c.n.Add(-1)
+		defer c.release()
 		next.ServeHTTP(w, r)
 	})
+}
+
+// take counts a new connection, or reports that the cap is reached.
+func (c *connCap) take() bool {
+	if c.n.Add(1) > c.max {
+		c.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (c *connCap) release() { c.n.Add(-1) }
+
+// refuseConn answers 503 for a connection past its kind's cap, with a
+// warning in the log (spaced out).
+func (s *Server) refuseConn(w http.ResponseWriter, r *http.Request, c *connCap) {
+	c.refused.Add(1)
+	if now := time.Now().UnixNano(); now-c.warned.Load() >= int64(warnEvery) {
+		c.warned.Store(now)
+		s.log.Warn("connection cap reached: refusing new connections of this kind", "kind", c.kind, "max", c.max,
+			"setting", c.key, "refused_so_far", c.refused.Load(), "source", s.clientIP(r))
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(int(warnEvery.Seconds())))
+	writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("too many %s connections at once (%s = %d); retry later", c.kind, c.key, c.max))
 }
 
 // warnListener logs accept errors at warn (spaced out): at the open-file
@@ -113,4 +133,40 @@ func (l *warnListener) Accept() (net.Conn, error) {
 		l.mu.Unlock()
 	}
 	return c, err
+}
+
+// agentBufferSize is the read and write buffer of an agent's websocket.
+// net/http hands a hijacked connection its 4 KiB buffers each way; an
+// agent sends a snapshot every 15 s and is sent a message now and then,
+// so at 10,000 agents those 80 MB mostly sit idle. A bigger message
+// bypasses the buffer.
+const agentBufferSize = 1024
+
+// smallBuffers gives the websocket library a hijacked connection with
+// agentBufferSize buffers instead of net/http's, which are dropped.
+type smallBuffers struct{ http.ResponseWriter }
+
+func (w smallBuffers) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (w smallBuffers) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := brw.Writer.Flush(); err != nil { // net/http flushed its 101 already; be sure
+		conn.Close()
+		return nil, nil, err
+	}
+	br := bufio.NewReaderSize(conn, agentBufferSize)
+	if n := brw.Reader.Buffered(); n > 0 {
+		// Frames the agent sent right after the handshake: buffered in the
+		// new reader, where the library looks for them.
+		early, _ := brw.Reader.Peek(n)
+		br = bufio.NewReaderSize(io.MultiReader(bytes.NewReader(bytes.Clone(early)), conn), max(agentBufferSize, n))
+		if _, err := br.Peek(n); err != nil {
+			conn.Close()
+			return nil, nil, err
+		}
+	}
+	return conn, bufio.NewReadWriter(br, bufio.NewWriterSize(conn, agentBufferSize)), nil
 }

@@ -246,6 +246,15 @@ func TestConnectionCaps(t *testing.T) {
 	if v := ts.counter(t, "heft_connections_refused_total", map[string]string{"kind": connEvents}); v != 1 {
 		t.Errorf("heft_connections_refused_total{events} = %g", v)
 	}
+	// Agents have their cap too, counted for as long as their connection
+	// lasts, not only while the upgrade is handled.
+	opts = testOptions()
+	opts.MaxAgentConnections = 1
+	ts2 := startServer(t, opts, nil)
+	connectAgent(t, ts2, "gpu-a")
+	if _, resp, err := dial(t, ts2, agentToken); err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("a second agent past max_agent_connections 1: %v %v", resp, err)
+	}
 	if v := ts.counter(t, "heft_connections", map[string]string{"kind": connEvents}); v != 2 {
 		t.Errorf("heft_connections{events} = %g", v)
 	}
