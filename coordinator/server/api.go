@@ -254,14 +254,6 @@ func decodeCursor(c string) (string, bool) {
 	return id, ok && id != ""
 }
 
-func (s *Server) workers() view.Workers {
-	ws := s.fleet.Workers()
-	if ws == nil {
-		ws = []view.Worker{}
-	}
-	return view.Workers{Workers: ws}
-}
-
 // Worker IDs are capacity keys and model names hold slashes, so the
 // routes take the rest of the path; an escaped %2F works as well.
 func (s *Server) getWorker(w http.ResponseWriter, r *http.Request) {
