@@ -26,6 +26,8 @@ type rogue struct {
 	// onProbe answers a probe request; nil leaves requests unanswered.
 	onProbe func(req wire.ProbeRequest) *wire.ProbeResult
 
+	sending sync.WaitGroup
+
 	mu       sync.Mutex
 	welcome  *wire.Welcome
 	requests []wire.ProbeRequest
@@ -49,7 +51,7 @@ func dialRogue(t *testing.T, url, node string, onProbe func(wire.ProbeRequest) *
 	ws.SetReadLimit(wire.MaxMessageBytes)
 	r := &rogue{t: t, node: node, ws: ws, onProbe: onProbe, closed: make(chan struct{})}
 	go r.read()
-	t.Cleanup(func() { r.ws.CloseNow(); <-r.closed })
+	t.Cleanup(func() { r.ws.CloseNow(); <-r.closed; r.sending.Wait() })
 	return r, nil
 }
 
@@ -78,7 +80,9 @@ func (r *rogue) read() {
 			r.mu.Unlock()
 			if r.onProbe != nil {
 				if res := r.onProbe(*env.ProbeRequest); res != nil {
-					_ = r.send(res)
+					// Sent aside, so that the reader keeps reading (and
+					// answering pings) while big results go out.
+					r.sending.Go(func() { _ = r.send(res) })
 				}
 			}
 		}

@@ -174,8 +174,12 @@ func (f *Fleet) makeRoom(node string, listed map[string]bool) {
 		f.release(victim)
 		f.forgets = append(f.forgets, forget{key: victim, worker: true})
 		f.keysEvicted++
-		f.log.Warn("node has too many capacity keys; forgetting its least recently listed one", "node", node,
-			"capacity_key", victim, "last_listed", oldest, "max_keys_per_node", f.cfg.MaxKeysPerNode)
+		// Once a minute at most: a node cycling keys would fill the log.
+		if now := f.now(); now.Sub(f.evictionLogged) >= time.Minute {
+			f.evictionLogged = now
+			f.log.Warn("node has too many capacity keys; forgetting the least recently listed (logged once a minute; heft_capacity_keys_evicted_total counts them)",
+				"node", node, "capacity_key", victim, "last_listed", oldest, "max_keys_per_node", f.cfg.MaxKeysPerNode, "evicted_so_far", f.keysEvicted)
+		}
 	}
 }
 

@@ -202,6 +202,8 @@ type Fleet struct {
 	owner     map[string]string
 	keys      map[string]map[string]time.Time
 	nextSweep time.Time
+	// evictionLogged is when a key eviction was last logged.
+	evictionLogged time.Time
 	// counters for /metrics
 	claimsRefused   int
 	keysEvicted     int
