@@ -61,6 +61,7 @@ func TestSystemdReadyAndWatchdog(t *testing.T) {
 	coord := fakecoord.Start(t, token)
 	cfg := config.Default()
 	cfg.Coordinator.URL, cfg.Coordinator.Token, cfg.Node.Name = coord.URL, token, "n"
+	cfg.StateDir = t.TempDir()
 	vars := env{"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

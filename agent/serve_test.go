@@ -46,6 +46,9 @@ var servingRE = regexp.MustCompile(`serving /metrics and /healthz: addr=(\S+)`)
 
 func runAgent(t *testing.T, cfg config.Config) *runningAgent {
 	t.Helper()
+	if cfg.StateDir == config.DefaultStateDir {
+		cfg.StateDir = t.TempDir() // the node credential: the test's, not the host's
+	}
 	r := &runningAgent{log: &testutil.SyncBuffer{}, done: make(chan error, 1)}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "heft-agent", Output: r.log, Level: hclog.Debug})
 	ctx, cancel := context.WithCancel(context.Background())
