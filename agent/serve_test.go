@@ -276,7 +276,7 @@ func TestListenTakenRefusesToStart(t *testing.T) {
 	coord := fakecoord.Start(t, token)
 	cfg := config.Default()
 	cfg.Coordinator.URL, cfg.Coordinator.Token, cfg.Node.Name = coord.URL, token, "n"
-	cfg.Listen = ln.Addr().String()
+	cfg.Listen, cfg.StateDir = ln.Addr().String(), t.TempDir()
 	err = Run(context.Background(), cfg, nil, WithGPUs(oneGPU{}))
 	if err == nil || !strings.Contains(err.Error(), "cannot serve /metrics and /healthz") {
 		t.Errorf("Run = %v", err)
