@@ -134,7 +134,10 @@ func defaultLimits() limits {
 		msgRate:         50,
 		msgBurst:        100,
 		snapshotSeconds: 15,
-		tickEvery:       time.Second,
+		// A quarter second, so a worker goes offline (and gateways stop
+		// sending to it) within the offline grace plus a beat, not plus a
+		// whole second; a Tick with nothing due returns at once.
+		tickEvery:       250 * time.Millisecond,
 		sseMinGap:       250 * time.Millisecond,
 		ssePingEvery:    15 * time.Second,
 		sseWriteTimeout: 10 * time.Second,
