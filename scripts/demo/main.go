@@ -128,8 +128,15 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 		}
 		kind := e.args[1]
 		agentCfg := filepath.Join(dir, e.node+"-agent.toml")
-		if err := os.WriteFile(agentCfg, fmt.Appendf(nil, "state_dir = %q\n[coordinator]\nurl = %q\ntoken = %q\n[node]\nname = %q\n[[engine]]\nkind = %q\nurl = %q\nlog = %q\n",
-			filepath.Join(dir, e.node+"-state"), "ws://"+addr+"/api/v1/agent", agentToken, e.node, kind, url, logPath), 0o600); err != nil {
+		// A one-host fleet: gateways run here too, so the loopback URL is
+		// what they dial (said on purpose: advertise_url). Only vLLM's and
+		// SGLang's start-up logs carry KV pools.
+		engineCfg := fmt.Sprintf("[[engine]]\nkind = %q\nurl = %q\nadvertise_url = %q\n", kind, url, url)
+		if kind == "vllm" || kind == "sglang" {
+			engineCfg += fmt.Sprintf("log = %q\n", logPath)
+		}
+		if err := os.WriteFile(agentCfg, fmt.Appendf(nil, "state_dir = %q\n[coordinator]\nurl = %q\ntoken = %q\n[node]\nname = %q\n%s",
+			filepath.Join(dir, e.node+"-state"), "ws://"+addr+"/api/v1/agent", agentToken, e.node, engineCfg), 0o600); err != nil {
 			return err
 		}
 		if _, out, err = start(e.node+"-agent", "heft-agent", "run", "--config", agentCfg); err != nil {

@@ -147,15 +147,18 @@ func Engine(e wire.Engine, gpus []wire.GPU, th Thresholds) []Finding {
 // Routable warns when a gateway on another node could not reach the
 // engine: the URL offered to gateways (its advertise URL, else the URL
 // the agent dials) names this node's loopback. A gateway on the same node
-// still can, so the worker is not held.
+// still can, so the worker is not held; a loopback advertise_url set in
+// the config is a choice, so it is only info.
 func Routable(e wire.Engine) *Finding {
 	const fix = "Set advertise_url in its [[engine]] table to an address gateways reach"
 	if e.AdvertiseURL != "" {
 		if !address.IsLoopback(urlHost(e.AdvertiseURL)) {
 			return nil
 		}
-		return &Finding{Code: wire.CodeNotRoutable, Severity: wire.SeverityWarning, Message: "the engine is advertised to gateways at " +
-			e.AdvertiseURL + ", a loopback address: only a gateway on this node can reach it. " + fix + "."}
+		// Configured on purpose (a gateway on the same node, as in a
+		// one-host fleet): said, but only as info.
+		return &Finding{Code: wire.CodeNotRoutable, Severity: wire.SeverityInfo, Message: "the engine is advertised to gateways at " +
+			e.AdvertiseURL + ", a loopback address: only a gateway on this node can reach it. " + fix + " if gateways run elsewhere."}
 	}
 	host := urlHost(e.URL)
 	if !address.IsLoopback(host) && !isUnspecified(host) {

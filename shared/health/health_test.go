@@ -145,26 +145,30 @@ func TestMeasurementMessageStaysShort(t *testing.T) {
 
 func TestRoutable(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		e    wire.Engine
-		want string // part of the message, "" for no finding
+		name     string
+		e        wire.Engine
+		want     string // part of the message, "" for no finding
+		severity string
 	}{
 		{"derived from every interface", wire.Engine{URL: "http://127.0.0.1:8000", AdvertiseURL: "http://10.0.0.5:8000",
-			AdvertiseSource: wire.AdvertiseNodeAddress, Listen: []string{"0.0.0.0:8000"}}, ""},
-		{"routable URL, older agent", wire.Engine{URL: "http://10.0.0.5:8000"}, ""},
+			AdvertiseSource: wire.AdvertiseNodeAddress, Listen: []string{"0.0.0.0:8000"}}, "", ""},
+		{"routable URL, older agent", wire.Engine{URL: "http://10.0.0.5:8000"}, "", ""},
 		{"configured loopback", wire.Engine{URL: "http://127.0.0.1:8000", AdvertiseURL: "http://localhost:8000",
-			AdvertiseSource: wire.AdvertiseConfig}, "advertised to gateways at http://localhost:8000, a loopback address"},
+			AdvertiseSource: wire.AdvertiseConfig}, "advertised to gateways at http://localhost:8000, a loopback address", wire.SeverityInfo},
 		{"listens on loopback only", wire.Engine{URL: "http://127.0.0.1:8000", Listen: []string{"127.0.0.1:8000", "[::1]:8000"}},
-			"listens on 127.0.0.1:8000, [::1]:8000 only"},
-		{"sockets unseen", wire.Engine{URL: "http://localhost:8000"}, "could not see where the engine listens"},
-		{"unspecified URL host", wire.Engine{URL: "http://0.0.0.0:8000"}, "could not see"},
+			"listens on 127.0.0.1:8000, [::1]:8000 only", ""},
+		{"sockets unseen", wire.Engine{URL: "http://localhost:8000"}, "could not see where the engine listens", ""},
+		{"unspecified URL host", wire.Engine{URL: "http://0.0.0.0:8000"}, "could not see", ""},
 	} {
+		if tc.severity == "" {
+			tc.severity = wire.SeverityWarning
+		}
 		f := Routable(tc.e)
 		switch {
 		case tc.want == "" && f != nil:
 			t.Errorf("%s: %+v, want none", tc.name, f)
-		case tc.want != "" && (f == nil || f.Code != wire.CodeNotRoutable || f.Severity != wire.SeverityWarning || !strings.Contains(f.Message, tc.want)):
-			t.Errorf("%s: %+v, want a not_routable warning saying %q", tc.name, f, tc.want)
+		case tc.want != "" && (f == nil || f.Code != wire.CodeNotRoutable || f.Severity != tc.severity || !strings.Contains(f.Message, tc.want)):
+			t.Errorf("%s: %+v, want a not_routable %s saying %q", tc.name, f, tc.severity, tc.want)
 		case f != nil && !strings.Contains(f.Message, "advertise_url"):
 			t.Errorf("%s: %q names no fix", tc.name, f.Message)
 		}
