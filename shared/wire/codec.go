@@ -273,6 +273,12 @@ func (e *Engine) Validate() error {
 	if e.PID < 0 {
 		return invalid("engine.pid is negative")
 	}
+	if e.MaxModelLen < 0 {
+		return invalid("engine.max_model_len is negative")
+	}
+	if err := checkString("engine.max_model_len_source", e.MaxModelLenSource); err != nil {
+		return err
+	}
 	if err := checkProcesses("engine.foreign_processes", e.ForeignProcesses); err != nil {
 		return err
 	}
@@ -431,7 +437,40 @@ func (m *Measurement) Validate() error {
 	if err := checkStrings("measurement.clock_event_reasons", m.ClockEventReasons); err != nil {
 		return err
 	}
+	if m.Prefill != nil {
+		if err := m.Prefill.Validate(); err != nil {
+			return err
+		}
+	}
 	return m.LoadBefore.Validate()
+}
+
+// Validate checks a measurement's prefill part like the rest: finite,
+// non-negative numbers, bounded texts, and a throughput only with prompt
+// tokens to show for it.
+func (p *Prefill) Validate() error {
+	for name, v := range map[string]float64{"prefill_tps": p.ThroughputTPS, "warmup_tps": p.WarmupTPS,
+		"wall_seconds": p.WallSeconds, "ttft_seconds_p50": p.TTFTP50, "ttft_seconds_p95": p.TTFTP95} {
+		if err := checkNumber("measurement.prefill."+name, v); err != nil {
+			return err
+		}
+	}
+	if p.PromptTokens < 0 || p.ExpectedPromptTokens < 0 || p.PromptLength < 0 || p.Requests < 0 ||
+		p.Concurrency < 0 || p.CachedTokens < 0 {
+		return invalid("measurement.prefill has negative counts")
+	}
+	if p.ThroughputTPS > 0 && p.PromptTokens == 0 {
+		return invalid("measurement.prefill has a throughput but no prompt tokens")
+	}
+	for name, s := range map[string]string{"measurement.prefill.failure": p.Failure, "measurement.prefill.token_source": p.TokenSource} {
+		if err := checkString(name, s); err != nil {
+			return err
+		}
+	}
+	if len(p.Problems) > MaxProblemCount {
+		return invalid("measurement.prefill has %d problems, at most %d", len(p.Problems), MaxProblemCount)
+	}
+	return checkStrings("measurement.prefill.problems", p.Problems)
 }
 
 // Validate checks a probe status.

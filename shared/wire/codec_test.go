@@ -201,3 +201,71 @@ func TestPoolCheckAndLogSourceChecked(t *testing.T) {
 		})
 	}
 }
+
+func TestPrefillValidation(t *testing.T) {
+	good := func() Measurement {
+		m := validMeasurement()
+		m.Prefill = &Prefill{ThroughputTPS: 9000, WarmupTPS: 8800, PromptTokens: 32768, ExpectedPromptTokens: 32768,
+			WallSeconds: 3.6, PromptLength: 8192, Requests: 4, Concurrency: 4, TokenSource: "usage", Complete: true}
+		return m
+	}
+	if m := good(); !m.PrefillValid() || m.Validate() != nil {
+		t.Fatalf("a good prefill part: valid %v, validate %v", m.PrefillValid(), m.Validate())
+	}
+	for name, spoil := range map[string]func(*Prefill){
+		"NaN throughput":        func(p *Prefill) { p.ThroughputTPS = math.NaN() },
+		"negative wall":         func(p *Prefill) { p.WallSeconds = -1 },
+		"negative tokens":       func(p *Prefill) { p.PromptTokens = -3 },
+		"throughput, no tokens": func(p *Prefill) { p.PromptTokens = 0 },
+		"long failure":          func(p *Prefill) { p.Failure = strings.Repeat("x", MaxStringBytes+1) },
+		"too many problems":     func(p *Prefill) { p.Problems = make([]string, MaxProblemCount+1) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := good()
+			spoil(m.Prefill)
+			data, _ := json.Marshal(Envelope{Type: TypeProbeResult, Version: ProtocolVersion, ProbeResult: &ProbeResult{Measurement: m}})
+			if _, err := Decode(data); !errors.Is(err, ErrInvalid) {
+				t.Errorf("decode: err = %v, want ErrInvalid", err)
+			}
+		})
+	}
+	// A failed prefill part keeps the decode part valid, and gives no
+	// prefill throughput to use.
+	m := good()
+	m.Prefill.Failure = PrefillCached
+	if !m.Valid() || m.PrefillValid() {
+		t.Errorf("failed prefill: decode valid %v (want true), prefill valid %v (want false)", m.Valid(), m.PrefillValid())
+	}
+	// An invalid decode part takes the prefill part with it.
+	m = good()
+	m.Failure = CodeProbeFailed
+	if m.PrefillValid() {
+		t.Error("prefill valid under a failed decode part")
+	}
+	m = good()
+	m.Prefill = nil
+	if m.PrefillValid() {
+		t.Error("prefill valid without a prefill part")
+	}
+}
+
+func TestMaxContextTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		maxLen int64
+		ranks  []Rank
+		want   int64
+	}{
+		{"unknown", 0, nil, 0},
+		{"model length only", 40960, nil, 40960},
+		{"pool only", 0, []Rank{{0, 24094}}, 24094},
+		{"pool holds the model length", 32768, []Rank{{0, 200000}}, 32768},
+		{"smallest rank decides", 40960, []Rank{{0, 24094}, {1, 2925}}, 2925},
+		{"smallest rank, first listed", 40960, []Rank{{0, 2925}, {1, 24094}}, 2925},
+	} {
+		e := Engine{MaxModelLen: tc.maxLen, Ranks: tc.ranks}
+		if got := e.MaxContextTokens(); got != tc.want {
+			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

@@ -21,6 +21,25 @@ const (
 	CodeNotRoutable            = "not_routable"
 	CodeContextExceedsPool     = "context_exceeds_pool"
 	CodeImplausibleMeasurement = "implausible_measurement"
+	// CodePrefillFailed: the probe's prefill burst gave no prefill
+	// throughput (Prefill.Failure says how); the decode part may be fine.
+	CodePrefillFailed = "prefill_failed"
+)
+
+// Why a probe's prefill part failed (Prefill.Failure), besides
+// CodeProbeFailed and CodeProbeIncompleteOutput.
+const (
+	// PrefillRejected: the engine refused the long prompts (its context is
+	// smaller than it says, or a limit of its own).
+	PrefillRejected = "prefill_rejected"
+	// PrefillTruncated: usage counts fewer prompt tokens than were sent.
+	PrefillTruncated = "prefill_truncated"
+	// PrefillUsageMismatch: usage counts more prompt tokens than were sent.
+	PrefillUsageMismatch = "prefill_usage_mismatch"
+	// PrefillCached: prompts with a unique random prefix came back as if
+	// read from a cache (the engine said so, or the first token came as
+	// fast as a short prompt's).
+	PrefillCached = "prefill_cached"
 )
 
 // Severities, most severe first.

@@ -30,7 +30,11 @@ func fullMessages() map[string]any {
 		SMClockMinMHz: 1980, SMClockMedianMHz: 2010, SMClockMaxMHz: 2040, ClockEventReasons: []string{"sw_power_cap"},
 		LoadBefore: load, Busy: true, Complete: true, Failure: "probe_incomplete_output", Problems: []string{"1 token short"},
 		Implausible: "every token of a request arrived in one instant",
-		Trigger:     ReasonScheduled, StartedAt: at, FinishedAt: at.Add(4500 * time.Millisecond)}
+		Trigger:     ReasonScheduled, StartedAt: at, FinishedAt: at.Add(4500 * time.Millisecond),
+		Prefill: &Prefill{ThroughputTPS: 17580.25, WarmupTPS: 17001.5, PromptTokens: 32768, ExpectedPromptTokens: 32768,
+			WallSeconds: 1.875, PromptLength: 8192, Requests: 4, Concurrency: 4, TTFTP50: 0.9375, TTFTP95: 1.8125,
+			CachedTokens: 12, TokenSource: "usage", Complete: true, Failure: PrefillTruncated,
+			Problems: []string{"request 2: usage says 4096 prompt tokens, 8192 were sent"}}}
 	return map[string]any{
 		TypeHello: &Hello{Node: "gpu-a", AgentVersion: "0.2.0", Host: host, NodeCredential: "hn1-credential", KeepsCredential: true},
 		TypeSnapshot: &Snapshot{Node: "gpu-a", At: at, Host: host, GPUError: "GPU 1 could not be read",
@@ -48,7 +52,8 @@ func fullMessages() map[string]any {
 				ExpectedRanks: 2, Complete: new(false), MissingRanks: []int{0},
 				PoolCheck: &PoolCheck{Source: "metrics", Ranks: []Rank{{DPRank: 1, KVTokens: 2925}}},
 				LogSource: &LogSource{Spec: "k8s:inference/sglang-0/sglang", Resolved: "/var/log/pods/inference_sglang-0_5f1c/sglang/0.log",
-					Via: "pod log", Wrapper: "cri", Lines: 34, Skipped: 1, Error: "rank 0 still starting"}}}},
+					Via: "pod log", Wrapper: "cri", Lines: 34, Skipped: 1, Error: "rank 0 still starting"},
+				MaxModelLen: 40960, MaxModelLenSource: "v1_models"}}},
 		TypeProbeResult:  &ProbeResult{RequestID: "r-17", Measurement: measurement},
 		TypeProbeStatus:  &ProbeStatus{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", State: ProbeDeferredBusy, Message: "3 requests running"},
 		TypeWelcome:      &Welcome{CoordinatorVersion: "0.2.0", SnapshotSeconds: 15, NodeCredential: "hn1-credential"},

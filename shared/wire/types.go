@@ -198,6 +198,12 @@ type Engine struct {
 	// LogSource says where the engine's start-up log is read from and how
 	// that goes; nil when no log is configured.
 	LogSource *LogSource `json:"log_source,omitempty"`
+
+	// MaxModelLen is the longest sequence (prompt + output) the engine
+	// accepts for its model: vLLM's max_model_len, SGLang's context_length,
+	// a llama.cpp slot's n_ctx, Ollama's context_length; 0 = unknown.
+	MaxModelLen       int64  `json:"max_model_len,omitempty"`
+	MaxModelLenSource string `json:"max_model_len_source,omitempty"` // v1_models | server_info | props | api_ps | cmdline | log
 }
 
 // PoolCheck is the KV pools per rank as the engine's endpoints report them.
@@ -222,6 +228,28 @@ type LogSource struct {
 	Skipped int64 `json:"skipped,omitempty"`
 	// Error says why the source cannot be read now; "" once lines come.
 	Error string `json:"error,omitempty"`
+}
+
+// MaxContextTokens is the longest sequence the worker can really hold: its
+// maximum model length, or the smallest data-parallel rank's KV pool when
+// that is smaller (round-robin dealing can put any request on the smallest
+// rank). With only one of the two known it is that one; 0 = unknown.
+// While the pools are incomplete (Complete false) it is taken over the
+// ranks known, and a missing rank may hold less.
+func (e Engine) MaxContextTokens() int64 {
+	smallest := int64(0)
+	for i, r := range e.Ranks {
+		if i == 0 || r.KVTokens < smallest {
+			smallest = r.KVTokens
+		}
+	}
+	switch {
+	case e.MaxModelLen <= 0:
+		return max(smallest, 0)
+	case smallest <= 0:
+		return e.MaxModelLen
+	}
+	return min(e.MaxModelLen, smallest)
 }
 
 // Load is how busy an engine is right now.
@@ -307,6 +335,11 @@ type Measurement struct {
 	Trigger    string    `json:"trigger,omitempty"` // registration | scheduled | on_demand | cli
 	StartedAt  time.Time `json:"started_at"`
 	FinishedAt time.Time `json:"finished_at"`
+
+	// Prefill is the prefill burst sent after the decode burst in the same
+	// probe; nil when none was sent (an agent told not to, or an older one).
+	// Its failure leaves the decode measurement valid.
+	Prefill *Prefill `json:"prefill,omitempty"`
 }
 
 // Valid reports whether the measurement may be used for a weight. An
@@ -315,6 +348,50 @@ type Measurement struct {
 // Failure and is not valid.
 func (m Measurement) Valid() bool {
 	return m.Failure == "" && m.ThroughputTPS > 0 && m.OutputTokens > 0
+}
+
+// PrefillValid reports whether the measurement's prefill part may be used
+// for a prefill weight: the decode part is valid too (a worker is admitted
+// on its decode measurement), and the prefill burst read every prompt as
+// sent.
+func (m Measurement) PrefillValid() bool {
+	p := m.Prefill
+	return m.Valid() && p != nil && p.Failure == "" && p.ThroughputTPS > 0 && p.PromptTokens > 0
+}
+
+// Prefill is how fast an engine reads long prompts: a warm-up burst and a
+// measured burst of concurrent chat requests, each with a long prompt that
+// begins with a unique random prefix and asks for one output token.
+// ThroughputTPS is the measured burst's prompt tokens over its wall time.
+type Prefill struct {
+	ThroughputTPS float64 `json:"prefill_tps"`
+	WarmupTPS     float64 `json:"warmup_tps"`
+	// PromptTokens is what the measured burst's requests read, from usage
+	// (or the engine's tokenizer, see TokenSource).
+	PromptTokens int `json:"prompt_tokens"`
+	// ExpectedPromptTokens is what the prompts sent hold, by the engine's
+	// tokenizer where it has one, else by heft's estimate.
+	ExpectedPromptTokens int     `json:"expected_prompt_tokens"`
+	WallSeconds          float64 `json:"wall_seconds"`
+	// PromptLength is the tokens per prompt asked for: the configured
+	// length, or less where the worker cannot hold it.
+	PromptLength int     `json:"prompt_length"`
+	Requests     int     `json:"requests"`
+	Concurrency  int     `json:"concurrency"`
+	TTFTP50      float64 `json:"ttft_seconds_p50"`
+	TTFTP95      float64 `json:"ttft_seconds_p95"`
+	// CachedTokens are prompt tokens the engine says its cache served.
+	CachedTokens int `json:"cached_tokens,omitempty"`
+	// TokenSource says where PromptTokens came from: "usage" or "tokenizer".
+	TokenSource string `json:"token_source,omitempty"`
+	// Complete is true when every request read its whole prompt and
+	// said so in usage.
+	Complete bool `json:"complete"`
+	// Failure is set when the prefill part is not valid: one of the
+	// Prefill* reasons, probe_incomplete_output (no prompt usage and no
+	// tokenizer) or probe_failed; Problems says why.
+	Failure  string   `json:"failure,omitempty"`
+	Problems []string `json:"problems,omitempty"`
 }
 
 // Probe states reported in ProbeStatus.
