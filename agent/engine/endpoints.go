@@ -11,23 +11,34 @@ import (
 // The endpoints more than one kind serves; each kind's own are in its
 // file. See shared/reference/engines.md for what each one really says.
 
-// models reads /v1/models (every kind serves it).
-func (c *Client) models(ctx context.Context) ([]string, error) {
+// models reads /v1/models (every kind serves it): the model IDs, and the
+// max_model_len of those that list one (vLLM, SGLang).
+func (c *Client) models(ctx context.Context) ([]string, map[string]int64, error) {
 	var resp struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID          string  `json:"id"`
+			MaxModelLen float64 `json:"max_model_len"`
 		} `json:"data"`
 	}
 	if err := c.getJSON(ctx, "/v1/models", &resp); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out []string
+	var lens map[string]int64
 	for _, m := range resp.Data {
-		if m.ID != "" && len(out) < wire.MaxListItems {
-			out = append(out, bound(m.ID))
+		if m.ID == "" || len(out) >= wire.MaxListItems {
+			continue
+		}
+		id := bound(m.ID)
+		out = append(out, id)
+		if n := tokens(m.MaxModelLen); n > 0 {
+			if lens == nil {
+				lens = map[string]int64{}
+			}
+			lens[id] = n
 		}
 	}
-	return out, nil
+	return out, lens, nil
 }
 
 // version reads {"version": ...} from path.

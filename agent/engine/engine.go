@@ -42,6 +42,7 @@ const (
 	SourceLoads      = "v1_loads"
 	SourceProps      = "props"
 	SourceAPIPS      = "api_ps"
+	SourceModels     = "v1_models"
 )
 
 // Config names one engine.
@@ -204,6 +205,12 @@ type reading struct {
 	runningSrc string
 	// loadsRead: SGLang's /v1/loads was read already.
 	loadsRead bool
+	// modelLens are /v1/models' max_model_len by model, where listed.
+	modelLens map[string]int64
+	// maxModelLen is the maximum model length the kind's own endpoints
+	// state, and where from.
+	maxModelLen    int64
+	maxModelLenSrc string
 }
 
 // note records a failure. Endpoints the engine does not serve are not
@@ -221,9 +228,9 @@ func (r *reading) note(err error) {
 // read asks the endpoints every kind serves, then the kind's own.
 func (c *Client) read(ctx context.Context) *reading {
 	r := &reading{}
-	models, err := c.models(ctx)
+	models, lens, err := c.models(ctx)
 	r.note(err)
-	r.models = models
+	r.models, r.modelLens = models, lens
 	if r.down {
 		return r
 	}

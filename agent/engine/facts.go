@@ -65,6 +65,7 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog
 	e.Load = r.load
 	e.Model = c.pickModel(r, cmdArgs, logFacts, args)
 	e.Ranks, e.RanksSource = c.pickRanks(r, logFacts)
+	e.MaxModelLen, e.MaxModelLenSource = c.pickMaxModelLen(r, e.Model, args, e.LaunchArgsSource)
 	if len(e.Ranks) > 0 {
 		e.RanksAt = time.Now().UTC()
 	}
@@ -167,6 +168,30 @@ func completeness(e *wire.Engine, lf *enginelog.Facts, args []string) {
 	}
 	complete := len(e.Ranks) > 0 && len(missing) == 0
 	e.ExpectedRanks, e.Complete, e.MissingRanks = expected, &complete, missing
+}
+
+// pickMaxModelLen chooses the maximum model length: what the engine serves
+// in /v1/models for the model (the length it runs with), then what its
+// own endpoints state, then the launch argument that sets it.
+func (c *Client) pickMaxModelLen(r *reading, model string, args []string, argsSrc string) (int64, string) {
+	if n := r.modelLens[model]; c.kind.context.models && n > 0 {
+		return n, SourceModels
+	}
+	if r.maxModelLen > 0 {
+		return r.maxModelLen, r.maxModelLenSrc
+	}
+	for _, key := range c.kind.context.args {
+		for _, a := range args {
+			v, ok := strings.CutPrefix(a, key+"=")
+			if !ok {
+				continue
+			}
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 && n <= maxKVTokens {
+				return n, argsSrc
+			}
+		}
+	}
+	return 0, ""
 }
 
 // stickyArgs keeps the command-line arguments of the last read while the

@@ -24,6 +24,17 @@ var llamaCpp = descriptor{
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"n_predict": n, "ignore_eos": true}
 	}},
+	prefill: OutputForm{Exact: true, Fields: func(n int) map[string]any {
+		return map[string]any{"n_predict": n, "ignore_eos": true}
+	}},
+	// POST /tokenize counts {"content"} without the chat template and
+	// answers the tokens themselves.
+	tokenize: &Tokenizer{Path: "/tokenize", Count: countField, Body: func(_, text string) map[string]any {
+		return map[string]any{"content": text}
+	}},
+	// A request runs in one slot: the maximum model length is a slot's
+	// n_ctx from /props (read by the adapter), not --ctx-size, which all
+	// slots share.
 	detect: detection{ownedBy: "llamacpp",
 		probes: []probe{{"/props", []string{"default_generation_settings", "total_slots"}}}},
 	running: llamaRunning,
@@ -48,6 +59,9 @@ func (a llamaAdapter) read(ctx context.Context, c *Client, r *reading) {
 		}
 		if p := props; p.NCtx > 0 && p.TotalSlots > 0 && p.NCtx <= maxKVTokens/p.TotalSlots {
 			r.pools, r.poolsSrc = []wire.Rank{{DPRank: 0, KVTokens: p.NCtx * p.TotalSlots}}, SourceProps
+		}
+		if props.NCtx > 0 {
+			r.maxModelLen, r.maxModelLenSrc = props.NCtx, SourceProps
 		}
 	}
 	if r.down {

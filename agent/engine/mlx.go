@@ -12,11 +12,14 @@ import (
 // control beyond a cap. Nothing it serves is its own, so Detect knows it
 // only as the last resort.
 var mlx = descriptor{
-	name:             wire.EngineMLX,
-	port:             8080,
-	programs:         []string{"mlx_lm"},
-	health:           "/health",
-	output:           OutputForm{Exact: false},
+	name:     wire.EngineMLX,
+	port:     8080,
+	programs: []string{"mlx_lm"},
+	health:   "/health",
+	output:   OutputForm{Exact: false},
+	// No tokenizer endpoint and no stated context: its KV cache grows per
+	// request, so heft cannot say what one request can hold.
+	prefill:          OutputForm{Exact: false},
 	detect:           detection{fallback: true},
 	modelFromCmdline: true,
 	running:          mlxRunning,

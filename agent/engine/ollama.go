@@ -19,9 +19,13 @@ var ollama = descriptor{
 	programs: []string{"ollama"},
 	health:   "/api/version",
 	output:   OutputForm{Exact: false},
-	detect:   detection{probes: []probe{{"/api/version", []string{"version"}}}},
-	running:  ollamaRunning,
-	adapter:  ollamaAdapter{},
+	// max_tokens caps the answer at one token; there is no tokenizer
+	// endpoint, and the model's context is /api/ps' context_length (read
+	// by the adapter).
+	prefill: OutputForm{Exact: false},
+	detect:  detection{probes: []probe{{"/api/version", []string{"version"}}}},
+	running: ollamaRunning,
+	adapter: ollamaAdapter{},
 }
 
 // ollamaRunning reads OLLAMA_NUM_PARALLEL from the server's environment
@@ -58,6 +62,7 @@ func (ollamaAdapter) read(ctx context.Context, c *Client, r *reading) {
 	for _, m := range ps {
 		if (c.cfg.Model == "" || m.Name == c.cfg.Model) && m.ContextLength > 0 {
 			r.pools, r.poolsSrc = []wire.Rank{{DPRank: 0, KVTokens: m.ContextLength}}, SourceAPIPS
+			r.maxModelLen, r.maxModelLenSrc = m.ContextLength, SourceAPIPS
 			break
 		}
 	}

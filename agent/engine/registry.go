@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -34,6 +36,14 @@ type descriptor struct {
 	metrics *metricNames
 	// output is how a chat request asks for an exact output length.
 	output OutputForm
+	// prefill is how a prefill request (a long prompt) asks for its one
+	// output token.
+	prefill OutputForm
+	// tokenize is the kind's tokenizer endpoint; nil for none.
+	tokenize *Tokenizer
+	// context says where the kind tells its maximum model length, besides
+	// what its adapter reads from its own endpoints.
+	context contextSource
 	// detect tells the kind from the others.
 	detect detection
 	// modelFromCmdline: the served model is the --model launch argument,
@@ -68,6 +78,28 @@ type OutputForm struct {
 	Exact bool
 	// Fields returns what a request adds to max_tokens = n, nil for none.
 	Fields func(n int) map[string]any
+}
+
+// contextSource is where a kind tells its maximum model length.
+type contextSource struct {
+	// models: /v1/models lists max_model_len per model.
+	models bool
+	// args are the normalised launch arguments that set it.
+	args []string
+}
+
+// Tokenizer is a kind's endpoint that counts a prompt's tokens: the
+// prefill probe counts its prompts with it when usage does not say.
+type Tokenizer struct {
+	Path string
+	// Chat is true when the count includes the chat template, so that it
+	// equals usage.prompt_tokens for the same messages; false when it
+	// counts the text alone.
+	Chat bool
+	// Body is the request that counts one user message of text.
+	Body func(model, text string) map[string]any
+	// Count reads the count from the answer.
+	Count func(answer []byte) (int, error)
 }
 
 // anyKind is the output form for an engine of unknown kind: every length
@@ -130,6 +162,44 @@ func OutputFor(kind string) (OutputForm, error) {
 		return OutputForm{}, fmt.Errorf("engine kind %q is not one of %s", kind, strings.Join(wire.EngineKinds, ", "))
 	}
 	return d.output, nil
+}
+
+// PrefillFor returns how to ask an engine of the given kind for the one
+// output token of a prefill request, and its tokenizer endpoint (nil when
+// it has none); "" is an engine of unknown kind, sent every length field,
+// with no tokenizer.
+func PrefillFor(kind string) (OutputForm, *Tokenizer, error) {
+	if kind == "" {
+		return anyKind, nil, nil
+	}
+	d, ok := lookup(kind)
+	if !ok {
+		return OutputForm{}, nil, fmt.Errorf("engine kind %q is not one of %s", kind, strings.Join(wire.EngineKinds, ", "))
+	}
+	return d.prefill, d.tokenize, nil
+}
+
+// countField reads {"count": n} or, failing that, the length of
+// {"tokens": [...]}: the answers of vLLM's, SGLang's and llama.cpp's
+// /tokenize.
+func countField(answer []byte) (int, error) {
+	var resp struct {
+		Count  *float64          `json:"count"`
+		Tokens []json.RawMessage `json:"tokens"`
+	}
+	if looksLikeHTML(answer) {
+		return 0, errors.New("the tokenizer answered HTML, not JSON")
+	}
+	if err := json.Unmarshal(answer, &resp); err != nil {
+		return 0, fmt.Errorf("the tokenizer's answer is not the expected JSON: %v", err)
+	}
+	switch {
+	case resp.Count != nil && *resp.Count >= 0 && *resp.Count <= maxKVTokens:
+		return int(*resp.Count), nil
+	case resp.Count == nil && resp.Tokens != nil:
+		return len(resp.Tokens), nil
+	}
+	return 0, errors.New("the tokenizer's answer holds no token count")
 }
 
 // Port is a default engine port and the kinds that listen there.

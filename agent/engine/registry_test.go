@@ -24,8 +24,11 @@ func TestRegistryMatchesWire(t *testing.T) {
 		if d.port <= 0 || d.health == "" || d.adapter == nil || len(d.programs) == 0 {
 			t.Errorf("%s: incomplete descriptor %+v", d.name, d)
 		}
-		if d.output.Exact && d.output.Fields == nil {
+		if d.output.Exact && d.output.Fields == nil || d.prefill.Exact && d.prefill.Fields == nil {
 			t.Errorf("%s: exact output with no fields to ask for it", d.name)
+		}
+		if tok := d.tokenize; tok != nil && (tok.Path == "" || tok.Body == nil || tok.Count == nil) {
+			t.Errorf("%s: incomplete tokenizer %+v", d.name, tok)
 		}
 		if len(d.detect.probes) == 0 && d.detect.ownedBy == "" && !d.detect.fallback {
 			t.Errorf("%s: Detect cannot recognise it", d.name)

@@ -31,6 +31,17 @@ var sglang = descriptor{
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}
 	}},
+	prefill: OutputForm{Exact: true, Fields: func(n int) map[string]any {
+		return map[string]any{"min_tokens": n, "ignore_eos": true}
+	}},
+	// POST /tokenize counts text without the chat template.
+	tokenize: &Tokenizer{Path: "/tokenize", Count: countField, Body: func(model, text string) map[string]any {
+		return map[string]any{"model": model, "prompt": text}
+	}},
+	// /v1/models' max_model_len is the context the model runs with;
+	// context_length (a launch argument, also in /server_info) is null
+	// unless it was set.
+	context: contextSource{models: true, args: []string{"context_length"}},
 	detect: detection{ownedBy: "sglang", probes: []probe{
 		{"/server_info", []string{"tp_size", "model_path"}},
 		{"/get_server_info", []string{"tp_size", "model_path"}},

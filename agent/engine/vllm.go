@@ -25,6 +25,16 @@ var vllm = descriptor{
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}
 	}},
+	prefill: OutputForm{Exact: true, Fields: func(n int) map[string]any {
+		return map[string]any{"min_tokens": n, "ignore_eos": true}
+	}},
+	// POST /tokenize with messages applies the chat template: its count is
+	// what usage.prompt_tokens says for the same request.
+	tokenize: &Tokenizer{Path: "/tokenize", Chat: true, Count: countField, Body: func(model, text string) map[string]any {
+		return map[string]any{"model": model, "messages": []map[string]string{{"role": "user", "content": text}},
+			"add_generation_prompt": true}
+	}},
+	context: contextSource{models: true, args: []string{"max_model_len"}},
 	detect:  detection{ownedBy: "vllm", probes: []probe{{"/version", []string{"version"}}}},
 	running: vllmRunning,
 	adapter: vllmAdapter{},
