@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"heft/agent/engine"
+	"heft/shared/wire"
 )
 
 // requestBody builds the chat request every request of a burst sends:
@@ -48,23 +49,35 @@ type reqResult struct {
 // counters are the live progress of a burst, read by the reporter.
 type counters struct {
 	done, tokens atomic.Int64
+	// prompt counts the prompt tokens of finished requests, by usage.
+	prompt atomic.Int64
 }
 
-// runBurst sends n identical streamed requests at once and waits for all
-// of them. It never cancels the others when one fails, so the result can
-// say how many failed; ctx bounds the whole burst.
-func runBurst(ctx context.Context, client *http.Client, url string, body []byte, n int, c *counters) []reqResult {
-	results := make([]reqResult, n)
+// runBurst sends one streamed request per body, all at once, and waits for
+// all of them. It never cancels the others when one fails, so the result
+// can say how many failed; ctx bounds the whole burst.
+func runBurst(ctx context.Context, client *http.Client, url string, bodies [][]byte, c *counters) []reqResult {
+	results := make([]reqResult, len(bodies))
 	var wg sync.WaitGroup
 	for i := range results {
 		wg.Go(func() {
-			results[i] = doRequest(ctx, client, url, body, c)
+			results[i] = doRequest(ctx, client, url, bodies[i], c)
 			c.done.Add(1)
 		})
 	}
 	wg.Wait()
 	return results
 }
+
+// answerError is an engine's answer other than 200: its status and the
+// start of its body, which says why (a context limit, for one).
+type answerError struct {
+	status string
+	code   int
+	body   string
+}
+
+func (e *answerError) Error() string { return fmt.Sprintf("engine answered %s: %s", e.status, e.body) }
 
 func doRequest(ctx context.Context, client *http.Client, url string, body []byte, c *counters) reqResult {
 	var res reqResult
@@ -89,8 +102,8 @@ func doRequest(ctx context.Context, client *http.Client, url string, body []byte
 		return res
 	}
 	if resp.StatusCode != http.StatusOK {
-		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		res.Err = fmt.Errorf("engine answered %s: %s", resp.Status, clip(strings.TrimSpace(string(snippet))))
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		res.Err = &answerError{status: resp.Status, code: resp.StatusCode, body: wire.Clip(strings.TrimSpace(string(snippet)), 400)}
 		return res
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
@@ -99,6 +112,9 @@ func doRequest(ctx context.Context, client *http.Client, url string, body []byte
 		return res
 	}
 	res.Stats, res.Err = readChat(resp.Body, time.Now, func() { c.tokens.Add(1) })
+	if res.Err == nil && res.Stats.HasPromptUsage {
+		c.prompt.Add(int64(res.Stats.PromptUsage))
+	}
 	return res
 }
 

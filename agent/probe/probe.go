@@ -2,11 +2,14 @@
 // the engine to be ready, sends the standard burst (16 concurrent streamed
 // chat requests of exactly 128 output tokens) once to warm the engine and
 // once more to measure it, and returns total tokens / wall time of the
-// second burst as a wire.Measurement.
+// second burst as a wire.Measurement. With Config.Prefill it then sends the
+// prefill burst the same way (prefill.go): a few long prompts with one
+// output token, prompt tokens / wall time in Measurement.Prefill.
 //
-// A probe costs two bursts and nothing more. A burst that comes back short,
-// with errors, or with usage and stream disagreeing is reported as a
-// failure with its reasons, never as a throughput.
+// A probe costs two bursts (four with the prefill burst) and nothing more.
+// A burst that comes back short, with errors, or with usage and stream
+// disagreeing is reported as a failure with its reasons, never as a
+// throughput; a failed prefill burst leaves the decode measurement valid.
 package probe
 
 import (
@@ -92,6 +95,18 @@ type Config struct {
 	// WaitNoticeEvery while the wait lasts, from Run's goroutine.
 	OnWaiting  func(Waiting)
 	HTTPClient *http.Client // default: a client with enough idle connections for the burst
+
+	// Prefill sends the prefill burst (prefill.go) after a valid decode
+	// burst, into Measurement.Prefill.
+	Prefill bool
+	// PrefillConcurrency is the requests of a prefill burst; default 4.
+	PrefillConcurrency int
+	// PrefillTokens is the tokens of each prompt; default 8192.
+	PrefillTokens int
+	// MaxContextTokens is the longest sequence the worker can hold
+	// (wire.Engine.MaxContextTokens); prompts stay TemplateMargin below it.
+	// 0 = unknown.
+	MaxContextTokens int64
 }
 
 // Progress is a live view of a running probe.
@@ -141,6 +156,9 @@ func (c *Config) normalize() error {
 	if c.BurstTimeout == 0 {
 		c.BurstTimeout = DefaultBurstTimeout
 	}
+	if c.Prefill {
+		return c.normalizePrefill()
+	}
 	return nil
 }
 
@@ -172,7 +190,7 @@ func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
 			tr = &http.Transport{}
 		}
 		// Keep every connection of the warm-up for the measured burst.
-		tr.MaxIdleConnsPerHost = cfg.Concurrency
+		tr.MaxIdleConnsPerHost = max(cfg.Concurrency, cfg.PrefillConcurrency)
 		client = &http.Client{Transport: tr}
 		defer tr.CloseIdleConnections()
 	}
@@ -239,7 +257,13 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 	if err != nil || !measured {
 		return err
 	}
-	return p.verdict(m, meas)
+	if err := p.verdict(m, meas); err != nil {
+		return err
+	}
+	if p.cfg.Prefill && m.Valid() {
+		return p.prefill(ctx, m)
+	}
+	return nil
 }
 
 // checkIdle reads the engine's load just before the probe. A busy engine
@@ -383,10 +407,32 @@ func fail(m *wire.Measurement, code, why string) error {
 	return nil
 }
 
-// burst runs one burst bounded by BurstTimeout, reporting progress. It
-// returns an error only when ctx ends.
+// burst runs one decode burst: n copies of body.
 func (p *prober) burst(ctx context.Context, phase, url string, body []byte) (burstSummary, error) {
-	n := p.cfg.Concurrency
+	bodies := make([][]byte, p.cfg.Concurrency)
+	for i := range bodies {
+		bodies[i] = body
+	}
+	start := time.Now()
+	results, timedOut, err := p.send(ctx, phase, url, bodies, func(c *counters) int { return int(c.tokens.Load()) })
+	if err != nil {
+		return burstSummary{}, err
+	}
+	s := summarize(results, p.cfg.Tokens)
+	if timedOut {
+		s.Errors = append([]string{fmt.Sprintf("the burst did not finish within %v", p.cfg.BurstTimeout)}, s.Errors...)
+	}
+	n := len(bodies)
+	p.report(Progress{Phase: phase, Done: n, Total: n, Tokens: s.Tokens, TPS: s.TPS, Elapsed: time.Since(start)})
+	return s, nil
+}
+
+// send sends one request per body at once, bounded by BurstTimeout, and
+// reports progress about ten times a second, counting tokens(c). It
+// returns an error only when ctx ends; timedOut says the burst's own
+// bound cut it short.
+func (p *prober) send(ctx context.Context, phase, url string, bodies [][]byte, tokens func(*counters) int) (results []reqResult, timedOut bool, err error) {
+	n := len(bodies)
 	bctx, cancel := context.WithTimeout(ctx, p.cfg.BurstTimeout)
 	defer cancel()
 	var c counters
@@ -405,25 +451,20 @@ func (p *prober) burst(ctx context.Context, phase, url string, body []byte) (bur
 					return
 				case <-t.C:
 					el := time.Since(start)
-					tok := int(c.tokens.Load())
+					tok := tokens(&c)
 					p.report(Progress{Phase: phase, Done: int(c.done.Load()), Total: n, Tokens: tok,
 						TPS: float64(tok) / el.Seconds(), Elapsed: el})
 				}
 			}
 		})
 	}
-	results := runBurst(bctx, p.client, url, body, n, &c)
+	results = runBurst(bctx, p.client, url, bodies, &c)
 	close(stopReporter)
 	wg.Wait()
 	if ctx.Err() != nil {
-		return burstSummary{}, ctx.Err()
+		return nil, false, ctx.Err()
 	}
-	s := summarize(results, p.cfg.Tokens)
-	if bctx.Err() != nil {
-		s.Errors = append([]string{fmt.Sprintf("the burst did not finish within %v", p.cfg.BurstTimeout)}, s.Errors...)
-	}
-	p.report(Progress{Phase: phase, Done: n, Total: n, Tokens: int(c.tokens.Load()), TPS: s.TPS, Elapsed: time.Since(start)})
-	return s, nil
+	return results, bctx.Err() != nil, nil
 }
 
 func (p *prober) report(pr Progress) {

@@ -22,6 +22,15 @@ type streamStats struct {
 	HasUsage bool
 	// FirstToken and LastToken are when the first and last text chunks arrived.
 	FirstToken, LastToken time.Time
+	// Done is when "[DONE]" arrived.
+	Done time.Time
+	// PromptUsage is usage.prompt_tokens from the last usage block.
+	PromptUsage    int
+	HasPromptUsage bool
+	// Cached is the prompt tokens the engine says its cache served:
+	// usage.prompt_tokens_details.cached_tokens (vLLM, SGLang when told
+	// to report it) or llama.cpp's timings.cache_n.
+	Cached int
 }
 
 // chatChunk is the part of an OpenAI-style chat.completion.chunk the probe
@@ -35,8 +44,16 @@ type chatChunk struct {
 		} `json:"delta"`
 	} `json:"choices"`
 	Usage *struct {
-		CompletionTokens *int `json:"completion_tokens"`
+		CompletionTokens    *int `json:"completion_tokens"`
+		PromptTokens        *int `json:"prompt_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens *int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
+	// Timings is llama-server's: cache_n prompt tokens came from its cache.
+	Timings *struct {
+		CacheN *int `json:"cache_n"`
+	} `json:"timings"`
 	Error json.RawMessage `json:"error"`
 }
 
@@ -59,6 +76,7 @@ func readChat(r io.Reader, now func() time.Time, onToken func()) (streamStats, e
 			return st, fmt.Errorf("engine sent an error event: %s", clip(ev.Data))
 		}
 		if strings.TrimSpace(ev.Data) == "[DONE]" {
+			st.Done = now()
 			return st, nil
 		}
 		var c chatChunk
@@ -74,6 +92,9 @@ func readChat(r io.Reader, now func() time.Time, onToken func()) (streamStats, e
 			}
 			st.Usage, st.HasUsage = *c.Usage.CompletionTokens, true
 		}
+		if err := readPromptUsage(&st, c); err != nil {
+			return st, err
+		}
 		for _, ch := range c.Choices {
 			if nonEmpty(ch.Delta.Content) || nonEmpty(ch.Delta.ReasoningContent) || nonEmpty(ch.Delta.Reasoning) {
 				t := now()
@@ -88,6 +109,31 @@ func readChat(r io.Reader, now func() time.Time, onToken func()) (streamStats, e
 			}
 		}
 	}
+}
+
+// readPromptUsage takes what a chunk says about the prompt: its token
+// count and the part of it a cache served.
+func readPromptUsage(st *streamStats, c chatChunk) error {
+	if c.Usage != nil && c.Usage.PromptTokens != nil {
+		if *c.Usage.PromptTokens < 0 {
+			return fmt.Errorf("%w: negative prompt_tokens %d", errMalformedSSE, *c.Usage.PromptTokens)
+		}
+		st.PromptUsage, st.HasPromptUsage = *c.Usage.PromptTokens, true
+	}
+	var cached *int
+	if c.Usage != nil && c.Usage.PromptTokensDetails != nil {
+		cached = c.Usage.PromptTokensDetails.CachedTokens
+	}
+	if c.Timings != nil && c.Timings.CacheN != nil {
+		cached = c.Timings.CacheN
+	}
+	if cached != nil {
+		if *cached < 0 {
+			return fmt.Errorf("%w: negative cached prompt tokens %d", errMalformedSSE, *cached)
+		}
+		st.Cached = *cached
+	}
+	return nil
 }
 
 func nonEmpty(s *string) bool { return s != nil && *s != "" }
