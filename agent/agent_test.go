@@ -13,6 +13,7 @@ import (
 	"heft/agent/config"
 	"heft/agent/engine"
 	"heft/agent/internal/fakecoord"
+	"heft/agent/probe"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
@@ -35,7 +36,9 @@ func (oneGPU) Close() error { return nil }
 // (and the hook sees it), every part names its own logger under the
 // root's, and the link closes cleanly when ctx ends.
 func TestRunAssemblesTheAgent(t *testing.T) {
-	s, err := sim.Start(sim.Config{Flavor: sim.FlavorVLLM, Model: "test/model", SingleTPS: 400, Batch16TPS: 3200}, "127.0.0.1:0")
+	// A context of 2,048 tokens: the prefill burst must send shorter prompts.
+	s, err := sim.Start(sim.Config{Flavor: sim.FlavorVLLM, Model: "test/model", SingleTPS: 400, Batch16TPS: 3200,
+		PrefillTPS: 20000, MaxModelLen: 2048}, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +94,10 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 	res := fc.Next(t, wire.TypeProbeResult).ProbeResult
 	if m := res.Measurement; res.RequestID != "r1" || !m.Valid() || m.OutputTokens != 64 || m.Model != "test/model" || m.Node != "gpu-test" {
 		t.Errorf("result %+v", res)
+	}
+	// The prefill burst ran by default, within what the engine holds.
+	if m := res.Measurement; !m.PrefillValid() || m.Prefill.PromptLength != 2048-probe.TemplateMargin-1 {
+		t.Errorf("prefill %+v, want prompts of %d tokens", m.Prefill, 2048-probe.TemplateMargin-1)
 	}
 	mu.Lock()
 	if len(hooked) != 1 || hooked[0] != req {

@@ -84,17 +84,18 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 	if !ok {
 		return wire.Measurement{}, fmt.Errorf("no engine on this node has capacity key %q", req.CapacityKey)
 	}
-	model, uuids := client.Config().Model, []string(nil)
+	model, uuids, maxContext := client.Config().Model, []string(nil), int64(0)
 	h.mu.Lock()
 	for _, e := range h.last.Engines {
 		if e.CapacityKey == req.CapacityKey {
-			model, uuids = e.Model, e.GPUUUIDs
+			model, uuids, maxContext = e.Model, e.GPUUUIDs, e.MaxContextTokens()
 		}
 	}
 	h.mu.Unlock()
+	pc := h.cfg.Probe
 	m, err := probe.Run(ctx, probe.Config{
 		URL: client.URL(), Kind: client.Kind(), Model: model,
-		Concurrency: h.cfg.Probe.Concurrency, Tokens: h.cfg.Probe.Tokens, Prompt: h.cfg.Probe.Prompt,
+		Concurrency: pc.Concurrency, Tokens: pc.Tokens, Prompt: pc.Prompt,
 		CapacityKey: req.CapacityKey, Node: h.cfg.Node.Name, Trigger: req.Reason,
 		RequireIdle: req.Reason == wire.ReasonScheduled,
 		Load:        client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids,
@@ -102,6 +103,8 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 			h.probeLog.Info("engine not ready; the probe waits", "url", w.URL, "reason", w.Reason,
 				"waited", w.Waited.Round(time.Second).String(), "waits_up_to", w.Left.Round(time.Second).String()+" more")
 		},
+		Prefill: pc.Prefill, PrefillConcurrency: pc.PrefillConcurrency, PrefillTokens: pc.PrefillTokens,
+		MaxContextTokens: maxContext,
 	})
 	if ctx.Err() == nil {
 		h.recordProbe(client.URL(), req.CapacityKey, m, err)
@@ -130,7 +133,14 @@ func (h *Handler) recordProbe(url, key string, m wire.Measurement, err error) {
 		}
 		h.probes.Fail(url, status.Failure{Reason: outcome, Msg: "probe failed", Err: first, Args: []any{"capacity_key", key}})
 	default:
-		h.probes.OK(url, "probe measured the engine again", "capacity_key", key, "throughput_tps", m.ThroughputTPS)
+		kv := []any{"capacity_key", key, "throughput_tps", m.ThroughputTPS}
+		switch p := m.Prefill; {
+		case m.PrefillValid():
+			kv = append(kv, "prefill_tps", p.ThroughputTPS)
+		case p != nil:
+			kv = append(kv, "prefill_failure", p.Failure)
+		}
+		h.probes.OK(url, "probe measured the engine again", kv...)
 	}
 	h.mu.Lock()
 	if h.counts[url] == nil {

@@ -141,8 +141,9 @@ func TestGoldenInspectJSON(t *testing.T) {
 // measured time and speed; the rest (what was asked, what came back,
 // the verdict) is fixed by the request.
 func TestGoldenProbeJSON(t *testing.T) {
-	s := probeSim(t, sim.Faults{})
-	code, out, errOut := probeMain("--url", s.URL(), "--engine", "vllm", "--concurrency", "4", "--tokens", "16", "--json")
+	s := prefillProbeSim(t, sim.Faults{})
+	code, out, errOut := probeMain("--url", s.URL(), "--engine", "vllm", "--concurrency", "4", "--tokens", "16",
+		"--prefill", "--prefill-tokens", "1024", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d; stderr %s", code, errOut)
 	}
@@ -161,6 +162,13 @@ func TestGoldenProbeJSON(t *testing.T) {
 			t.Errorf("%s = %v, want a measured value", key, v)
 		}
 		m[key] = "(measured)"
+	}
+	pf, _ := m["prefill"].(map[string]any)
+	for _, key := range []string{"prefill_tps", "warmup_tps", "wall_seconds", "ttft_seconds_p50", "ttft_seconds_p95"} {
+		if v, ok := pf[key].(float64); !ok || v <= 0 {
+			t.Errorf("prefill.%s = %v, want a measured value", key, pf[key])
+		}
+		pf[key] = "(measured)"
 	}
 	masked, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {

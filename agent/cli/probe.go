@@ -30,6 +30,9 @@ type probeArgs struct {
 	json                     bool
 	timeout                  time.Duration
 	wait                     time.Duration // for the engine to be ready
+	// The prefill burst, after the decode burst.
+	prefill                           bool
+	prefillConcurrency, prefillTokens int
 }
 
 // runProbe warms an engine and measures it with the standard burst.
@@ -69,12 +72,17 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 	fs.IntVar(&a.concurrency, "concurrency", probe.DefaultConcurrency, "concurrent requests per burst")
 	fs.IntVar(&a.tokens, "tokens", probe.DefaultTokens, "output tokens per request")
 	fs.StringVar(&a.prompt, "prompt", probe.DefaultPrompt, "the prompt every request sends")
+	fs.BoolVar(&a.prefill, "prefill", false, "also send the prefill burst: long prompts with one output token, twice")
+	fs.IntVar(&a.prefillConcurrency, "prefill-concurrency", probe.DefaultPrefillConcurrency, "concurrent requests per prefill burst")
+	fs.IntVar(&a.prefillTokens, "prefill-tokens", probe.DefaultPrefillTokens, "prompt tokens per prefill request (fewer where the engine cannot hold them)")
 	fs.BoolVar(&a.json, "json", false, "print the measurement as JSON")
 	fs.DurationVar(&a.timeout, "timeout", probe.DefaultBurstTimeout, "how long each burst may take (and the wait for the engine, unless --wait)")
 	fs.DurationVar(&a.wait, "wait", probe.DefaultBurstTimeout, "how long to wait for the engine to be ready (default: --timeout); the wait is shown every few seconds")
 	usage := func(w io.Writer) {
-		fmt.Fprintln(w, "usage: heft-agent probe --url URL [--model M] [--engine KIND] [--concurrency 16] [--tokens 128] [--prompt P] [--json] [--timeout D] [--wait D]")
+		fmt.Fprintln(w, "usage: heft-agent probe --url URL [--model M] [--engine KIND] [--concurrency 16] [--tokens 128] [--prompt P]")
+		fmt.Fprintln(w, "                         [--prefill [--prefill-concurrency 4] [--prefill-tokens 8192]] [--json] [--timeout D] [--wait D]")
 		fmt.Fprintln(w, "\nSends the standard burst twice, keeps the second, and prints what the engine carries.")
+		fmt.Fprintln(w, "With --prefill it then sends the prefill burst twice too, and prints how fast the engine reads prompts.")
 		fmt.Fprintln(w)
 		settings.PrintFlags(w, fs)
 	}
@@ -98,6 +106,10 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 		problem = fmt.Sprintf("--timeout must be positive, got %v", a.timeout)
 	case a.wait <= 0:
 		problem = fmt.Sprintf("--wait must be positive, got %v", a.wait)
+	case a.prefillConcurrency < 1 || a.prefillConcurrency > probe.MaxPrefillConcurrency:
+		problem = fmt.Sprintf("--prefill-concurrency must be 1..%d, got %d", probe.MaxPrefillConcurrency, a.prefillConcurrency)
+	case a.prefillTokens < probe.MinPrefillTokens || a.prefillTokens > probe.MaxPrefillTokens:
+		problem = fmt.Sprintf("--prefill-tokens must be %d..%d, got %d", probe.MinPrefillTokens, probe.MaxPrefillTokens, a.prefillTokens)
 	default:
 		return a, 0, true
 	}
@@ -119,6 +131,10 @@ func (a probeArgs) run(ctx context.Context, stdio IO, openGPUs func(hclog.Logger
 		CapacityKey: "cli:" + a.url, Trigger: "cli",
 		ReadyTimeout: a.wait, BurstTimeout: a.timeout,
 		Progress: view.update, OnWaiting: view.notice,
+		Prefill: a.prefill, PrefillConcurrency: a.prefillConcurrency, PrefillTokens: a.prefillTokens,
+	}
+	if a.prefill {
+		cfg.MaxContextTokens = engineContext(ctx, a.url, a.kind)
 	}
 	if src := probeLocalGPUs(a.url, openGPUs); src != nil {
 		defer src.Close()
@@ -127,6 +143,25 @@ func (a probeArgs) run(ctx context.Context, stdio IO, openGPUs func(hclog.Logger
 	m, err := probe.Run(ctx, cfg)
 	view.finish()
 	return m, err
+}
+
+// engineContext reads what the engine can hold (wire.Engine's
+// MaxContextTokens), as the agent would report it, so that prefill
+// prompts stay within it: 0 when the engine cannot be read or says
+// nothing. An engine of unknown kind is detected first.
+func engineContext(ctx context.Context, url, kind string) int64 {
+	if kind == "" {
+		k, err := engine.Detect(ctx, url, engine.DefaultTimeout)
+		if err != nil {
+			return 0
+		}
+		kind = k
+	}
+	c, err := engine.New(engine.Config{Kind: kind, URL: url}, nil)
+	if err != nil {
+		return 0
+	}
+	return c.Facts(ctx, nil, nil).MaxContextTokens()
 }
 
 // render prints the measurement, and why the engine could not be
@@ -142,8 +177,19 @@ func (a probeArgs) render(stdio IO, m wire.Measurement) int {
 	} else {
 		printProbeMeasurement(stdio.Out, m)
 	}
-	if m.Valid() {
+	if m.Valid() && (!a.prefill || m.PrefillValid()) {
 		return 0
+	}
+	if m.Valid() {
+		fmt.Fprintf(stdio.Err, "heft-agent probe: %s: decode measured, prefill not", m.EngineURL)
+		if p := m.Prefill; p != nil {
+			fmt.Fprintf(stdio.Err, " (%s)", probeOrUnknown(p.Failure))
+			if len(p.Problems) > 0 {
+				fmt.Fprintf(stdio.Err, ": %s", p.Problems[0])
+			}
+		}
+		fmt.Fprintln(stdio.Err)
+		return 1
 	}
 	fmt.Fprintf(stdio.Err, "heft-agent probe: %s could not be measured (%s)", m.EngineURL, probeOrUnknown(m.Failure))
 	if len(m.Problems) > 0 {
@@ -197,10 +243,12 @@ type probeView struct {
 }
 
 var probePhaseLabel = map[string]string{
-	probe.PhaseWaitingReady: "waiting",
-	probe.PhaseWarmup:       "warm-up",
-	probe.PhaseMeasure:      "measuring",
-	probe.PhaseDone:         "done",
+	probe.PhaseWaitingReady:   "waiting",
+	probe.PhaseWarmup:         "warm-up",
+	probe.PhaseMeasure:        "measuring",
+	probe.PhasePrefillWarmup:  "prefill warm-up",
+	probe.PhasePrefillMeasure: "prefill",
+	probe.PhaseDone:           "done",
 }
 
 func (v *probeView) update(p probe.Progress) {
@@ -224,8 +272,8 @@ func (v *probeView) update(p probe.Progress) {
 	}
 	if changed {
 		if probeIsBurst(prev) {
-			fmt.Fprintf(v.w, "%s done: %d/%d requests, %d tokens in %.2f s, %.1f tok/s\n",
-				probePhaseLabel[prev], v.last.Done, v.last.Total, v.last.Tokens, v.last.Elapsed.Seconds(), v.last.TPS)
+			fmt.Fprintf(v.w, "%s done: %d/%d requests, %d %s in %.2f s, %.1f tok/s\n",
+				probePhaseLabel[prev], v.last.Done, v.last.Total, v.last.Tokens, probeTokenWord(prev), v.last.Elapsed.Seconds(), v.last.TPS)
 		}
 		switch p.Phase {
 		case probe.PhaseWaitingReady:
@@ -234,6 +282,10 @@ func (v *probeView) update(p probe.Progress) {
 			fmt.Fprintf(v.w, "warm-up burst: %d requests\n", p.Total)
 		case probe.PhaseMeasure:
 			fmt.Fprintf(v.w, "measured burst: %d requests\n", p.Total)
+		case probe.PhasePrefillWarmup:
+			fmt.Fprintf(v.w, "prefill warm-up burst: %d long prompts\n", p.Total)
+		case probe.PhasePrefillMeasure:
+			fmt.Fprintf(v.w, "measured prefill burst: %d long prompts\n", p.Total)
 		}
 	}
 	v.last = p
@@ -256,7 +308,20 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 }
 
 func probeIsBurst(phase string) bool {
-	return phase == probe.PhaseWarmup || phase == probe.PhaseMeasure
+	switch phase {
+	case probe.PhaseWarmup, probe.PhaseMeasure, probe.PhasePrefillWarmup, probe.PhasePrefillMeasure:
+		return true
+	}
+	return false
+}
+
+// probeTokenWord is what a burst's tokens are: output tokens of a decode
+// burst, prompt tokens read of a prefill burst.
+func probeTokenWord(phase string) string {
+	if phase == probe.PhasePrefillWarmup || phase == probe.PhasePrefillMeasure {
+		return "prompt tokens"
+	}
+	return "tokens"
 }
 
 func (v *probeView) draw(p probe.Progress) {
@@ -268,8 +333,8 @@ func (v *probeView) draw(p probe.Progress) {
 	case p.Phase == probe.PhaseWaitingReady:
 		line = fmt.Sprintf("%-9s for the engine to be ready  %5.1f s", probePhaseLabel[p.Phase], p.Elapsed.Seconds())
 	default:
-		line = fmt.Sprintf("%-9s %3d/%d requests  %6d tokens  %8.1f tok/s  %5.1f s",
-			probePhaseLabel[p.Phase], p.Done, p.Total, p.Tokens, p.TPS, p.Elapsed.Seconds())
+		line = fmt.Sprintf("%-9s %3d/%d requests  %6d %s  %8.1f tok/s  %5.1f s",
+			probePhaseLabel[p.Phase], p.Done, p.Total, p.Tokens, probeTokenWord(p.Phase), p.TPS, p.Elapsed.Seconds())
 	}
 	pad := max(0, v.drawn-len(line))
 	fmt.Fprintf(v.w, "\r%s%s", line, strings.Repeat(" ", pad))
@@ -324,12 +389,64 @@ func printProbeMeasurement(w io.Writer, m wire.Measurement) {
 	if m.Busy {
 		fmt.Fprintf(w, "load before  %d running, %d waiting: the engine was busy\n", m.LoadBefore.Running, m.LoadBefore.Waiting)
 	}
+	printProbePrefill(w, m)
 	fmt.Fprintf(w, "when         %s, %.1f s in all\n", m.StartedAt.Format(time.RFC3339), m.FinishedAt.Sub(m.StartedAt).Seconds())
 	if m.Valid() {
 		for _, p := range m.Problems {
 			fmt.Fprintf(w, "note         %s\n", p)
 		}
+		if m.Prefill != nil {
+			for _, p := range m.Prefill.Problems[min(len(m.Prefill.Problems), probeFirstIfFailed(m.Prefill)):] {
+				fmt.Fprintf(w, "note         prefill: %s\n", p)
+			}
+		}
 	}
+}
+
+// printProbePrefill writes the prefill burst's part of the summary.
+func printProbePrefill(w io.Writer, m wire.Measurement) {
+	p := m.Prefill
+	if p == nil {
+		return
+	}
+	switch {
+	case m.PrefillValid():
+		fmt.Fprintf(w, "prefill      %.1f tok/s  (%d prompt tokens in %.3f s; %d requests x %d tokens)\n",
+			p.ThroughputTPS, p.PromptTokens, p.WallSeconds, p.Requests, p.PromptLength)
+	case p.Failure != "":
+		why := ""
+		if len(p.Problems) > 0 {
+			why = ": " + p.Problems[0]
+		}
+		fmt.Fprintf(w, "prefill      not measured: %s%s\n", p.Failure, why)
+	}
+	if p.WarmupTPS > 0 {
+		fmt.Fprintf(w, "  warm-up    %.1f tok/s", p.WarmupTPS)
+		if m.PrefillValid() {
+			fmt.Fprintf(w, "  (measured / warm-up = %.2f)", p.ThroughputTPS/p.WarmupTPS)
+		}
+		fmt.Fprintln(w)
+	}
+	if p.PromptTokens > 0 {
+		fmt.Fprintf(w, "  prompts    %d of %d tokens expected, counted by %s", p.PromptTokens, p.ExpectedPromptTokens, probeOrDash(p.TokenSource))
+		if p.CachedTokens > 0 {
+			fmt.Fprintf(w, "; %d served by the engine's cache", p.CachedTokens)
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "  first token p50 %.3f s, p95 %.3f s\n", p.TTFTP50, p.TTFTP95)
+	}
+	if m.Valid() && m.PrefillValid() {
+		fmt.Fprintf(w, "  prefill / decode throughput = %.1f\n", p.ThroughputTPS/m.ThroughputTPS)
+	}
+}
+
+// probeFirstIfFailed skips a failed prefill part's first problem, which
+// its "not measured" line already shows.
+func probeFirstIfFailed(p *wire.Prefill) int {
+	if p.Failure != "" {
+		return 1
+	}
+	return 0
 }
 
 func probeOrDash(s string) string {

@@ -26,6 +26,18 @@ func probeSim(t *testing.T, faults sim.Faults) *sim.Server {
 	return s
 }
 
+// prefillProbeSim is probeSim reading prompts at 50,000 tok/s, so that a
+// prefill burst of 4 × 1,024 tokens takes about 80 ms.
+func prefillProbeSim(t *testing.T, faults sim.Faults) *sim.Server {
+	t.Helper()
+	s, err := sim.Start(sim.Config{SingleTPS: 2000, Batch16TPS: 16000, PrefillTPS: 50000, Seed: 3, Faults: faults}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // probeMain runs the probe command on a host without GPUs, so that what
 // it prints does not depend on the machine the tests run on.
 func probeMain(args ...string) (code int, stdout, stderr string) {
@@ -84,6 +96,69 @@ func TestProbeHumanOutput(t *testing.T) {
 	}
 }
 
+func TestProbePrefillHumanOutput(t *testing.T) {
+	s := prefillProbeSim(t, sim.Faults{})
+	code, out, errOut := probeMain("--url", s.URL(), "--engine", "vllm", "--concurrency", "4", "--tokens", "16",
+		"--prefill", "--prefill-concurrency", "2", "--prefill-tokens", "1024")
+	if code != 0 {
+		t.Fatalf("exit %d; stderr %s\n%s", code, errOut, out)
+	}
+	for _, want := range []string{
+		"measuring done: 4/4 requests, 64 tokens",
+		"prefill warm-up burst: 2 long prompts\n",
+		"prefill warm-up done: 2/2 requests, 2048 prompt tokens",
+		"measured prefill burst: 2 long prompts\n",
+		"prefill done: 2/2 requests, 2048 prompt tokens",
+		"throughput   ", "prefill      ", "tok/s  (2048 prompt tokens in ", "2 requests x 1024 tokens)",
+		"  prompts    2048 of 2048 tokens expected, counted by usage\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestProbePrefillCannotMeasure(t *testing.T) {
+	// The decode burst is fine; the prefill burst is served from a cache.
+	// Decode steps of 20 ms make its instant answer stand out.
+	s, err := sim.Start(sim.Config{SingleTPS: 50, Batch16TPS: 600, PrefillTPS: 50000, Faults: sim.Faults{PrefillCached: true}}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	code, out, errOut := probeMain("--url", s.URL(), "--engine", "vllm", "--concurrency", "4", "--tokens", "8",
+		"--prefill", "--prefill-tokens", "2048")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1; stdout %s", code, out)
+	}
+	if !strings.Contains(errOut, "decode measured, prefill not (prefill_cached)") {
+		t.Errorf("stderr %q", errOut)
+	}
+	if !strings.Contains(out, "throughput   ") || !strings.Contains(out, "prefill      not measured: prefill_cached") {
+		t.Errorf("stdout %q", out)
+	}
+	// The engine's context decides the prompts' length: a vLLM of 1,000
+	// tokens gets prompts of 1,000 − 129.
+	small, err := sim.Start(sim.Config{SingleTPS: 2000, Batch16TPS: 16000, PrefillTPS: 50000, MaxModelLen: 1000}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { small.Close() })
+	code, out, errOut = probeMain("--url", small.URL(), "--concurrency", "4", "--tokens", "16", "--prefill", "--json")
+	var m struct {
+		Prefill struct {
+			PromptLength int    `json:"prompt_length"`
+			Failure      string `json:"failure"`
+		} `json:"prefill"`
+	}
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("exit %d: %v\n%s\n%s", code, err, out, errOut)
+	}
+	if m.Prefill.PromptLength != 1000-probe.TemplateMargin-1 {
+		t.Errorf("exit %d, prompt length %d (failure %q); stderr %s", code, m.Prefill.PromptLength, m.Prefill.Failure, errOut)
+	}
+}
+
 func TestProbeCannotMeasure(t *testing.T) {
 	t.Run("engine ignores min_tokens", func(t *testing.T) {
 		s := probeSim(t, sim.Faults{IgnoreMinTokens: true})
@@ -132,6 +207,8 @@ func TestProbeBadFlags(t *testing.T) {
 		{"negative tokens", []string{"--url", "http://127.0.0.1:1", "--tokens", "-3"}, "--tokens"},
 		{"bad timeout", []string{"--url", "http://127.0.0.1:1", "--timeout", "0s"}, "--timeout"},
 		{"bad wait", []string{"--url", "http://127.0.0.1:1", "--wait", "-1s"}, "--wait must be positive"},
+		{"short prefill prompts", []string{"--url", "http://127.0.0.1:1", "--prefill", "--prefill-tokens", "10"}, "--prefill-tokens"},
+		{"no prefill requests", []string{"--url", "http://127.0.0.1:1", "--prefill-concurrency", "0"}, "--prefill-concurrency"},
 		{"not a url", []string{"--url", "ftp://127.0.0.1"}, "not an http(s) URL"},
 		{"stray argument", []string{"--url", "http://127.0.0.1:1", "extra"}, "unexpected argument"},
 		{"unknown flag", []string{"--fast"}, "unknown flag: --fast"},

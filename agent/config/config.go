@@ -76,11 +76,15 @@ type EngineLogs struct {
 	PodsRoot string
 }
 
-// Probe shapes the measurement burst.
+// Probe shapes the measurement burst, and the prefill burst after it.
 type Probe struct {
 	Concurrency int
 	Tokens      int
 	Prompt      string
+	// Prefill sends the prefill burst in every probe.
+	Prefill            bool
+	PrefillConcurrency int
+	PrefillTokens      int
 }
 
 // Log configures the agent's own logging.
@@ -124,7 +128,8 @@ func Default() Config {
 		Node: Node{Name: host},
 		EngineLogs: EngineLogs{DockerSocket: logsource.DefaultDockerSocket, DockerRoot: logsource.DefaultDockerRoot,
 			PodsRoot: logsource.DefaultPodsRoot},
-		Probe:            Probe{Concurrency: probe.DefaultConcurrency, Tokens: probe.DefaultTokens},
+		Probe: Probe{Concurrency: probe.DefaultConcurrency, Tokens: probe.DefaultTokens,
+			Prefill: true, PrefillConcurrency: probe.DefaultPrefillConcurrency, PrefillTokens: probe.DefaultPrefillTokens},
 		Log:              Log{Level: logging.DefaultLevel},
 		StateDir:         DefaultStateDir,
 		SnapshotInterval: link.DefaultSnapshotEvery,
@@ -172,6 +177,9 @@ func (c *Config) command() settings.Command {
 			settings.Int("probe.concurrency", &c.Probe.Concurrency, "concurrent requests in a probe burst"),
 			settings.Int("probe.tokens", &c.Probe.Tokens, "output tokens per probe request"),
 			settings.String("probe.prompt", &c.Probe.Prompt, "probe prompt (default: the probe package's)"),
+			settings.Bool("probe.prefill", &c.Probe.Prefill, "send the prefill burst (long prompts, one output token) after the decode burst"),
+			settings.Int("probe.prefill_concurrency", &c.Probe.PrefillConcurrency, "concurrent requests in a prefill burst"),
+			settings.Int("probe.prefill_tokens", &c.Probe.PrefillTokens, "prompt tokens per prefill request (fewer where the worker cannot hold them)"),
 			settings.String("log.level", &c.Log.Level, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log.json", &c.Log.JSON, "log JSON lines even on a terminal"),
 			settings.String("state_dir", &c.StateDir, "directory for the node credential (the packaged unit's StateDirectory)").Meta("DIR"),
@@ -377,6 +385,12 @@ func (c Config) Validate() error {
 	}
 	if len(c.Probe.Prompt) > wire.MaxStringBytes {
 		add("probe prompt is %d bytes, at most %d", len(c.Probe.Prompt), wire.MaxStringBytes)
+	}
+	if c.Probe.PrefillConcurrency < 1 || c.Probe.PrefillConcurrency > probe.MaxPrefillConcurrency {
+		add("probe prefill_concurrency must be 1..%d, got %d", probe.MaxPrefillConcurrency, c.Probe.PrefillConcurrency)
+	}
+	if c.Probe.PrefillTokens < probe.MinPrefillTokens || c.Probe.PrefillTokens > probe.MaxPrefillTokens {
+		add("probe prefill_tokens must be %d..%d, got %d", probe.MinPrefillTokens, probe.MaxPrefillTokens, c.Probe.PrefillTokens)
 	}
 	if err := logging.CheckLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)

@@ -99,6 +99,9 @@ insecure_skip_verify = true
 concurrency = 8
 tokens = 64
 prompt = "count"
+prefill = false
+prefill_concurrency = 2
+prefill_tokens = 4096
 [log]
 level = "debug"
 json = true
@@ -120,7 +123,8 @@ url = "http://127.0.0.1:11434"
 	if c.TokenFile != "/etc/heft/agent.token" || c.CAFile != "/etc/heft/ca.pem" || !c.InsecureSkipVerify {
 		t.Errorf("coordinator = %+v", c)
 	}
-	if cfg.Probe != (Probe{Concurrency: 8, Tokens: 64, Prompt: "count"}) || cfg.Log != (Log{Level: "debug", JSON: true}) {
+	if cfg.Probe != (Probe{Concurrency: 8, Tokens: 64, Prompt: "count", PrefillConcurrency: 2, PrefillTokens: 4096}) ||
+		cfg.Log != (Log{Level: "debug", JSON: true}) {
 		t.Errorf("probe %+v log %+v", cfg.Probe, cfg.Log)
 	}
 	if len(cfg.Engines) != 2 || cfg.Engines[0].Model != "qwen" || cfg.Engines[1].Kind != "ollama" {
@@ -348,6 +352,8 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		{"no host", func(c *Config) { c.Coordinator.URL = "ws:///api" }, "no host"},
 		{"unparseable", func(c *Config) { c.Coordinator.URL = "ws://%zz" }, "coordinator URL"},
 		{"too many probe tokens", func(c *Config) { c.Probe.Tokens = 1 << 20 }, "probe tokens must be 1.."},
+		{"too short prefill prompts", func(c *Config) { c.Probe.PrefillTokens = 100 }, "probe prefill_tokens must be 256.."},
+		{"no prefill requests", func(c *Config) { c.Probe.PrefillConcurrency = 0 }, "probe prefill_concurrency must be 1.."},
 		{"missing CA", func(c *Config) { c.Coordinator.CAFile = "/does/not/exist" }, "ca file"},
 		{"CA not PEM", func(c *Config) { c.Coordinator.CAFile = writeFile(t, "ca", "nope", 0o644) }, "no PEM"},
 		{"listen without a port", func(c *Config) { c.Listen = "127.0.0.1" }, `listen "127.0.0.1": want host:port, e.g. 127.0.0.1:7071`},
@@ -499,7 +505,7 @@ func TestHelp(t *testing.T) {
 	Usage(&buf)
 	for _, want := range []string{"usage: heft-agent run", "--coordinator URL", "HEFT_COORDINATOR_URL", "--token-file FILE",
 		"--engine KIND=URL[,log=SOURCE][,model=NAME][,advertise=URL]", "HEFT_ENGINES", "--engine-logs-pods-root DIR", "default /var/log/pods", "--probe-concurrency N", "HEFT_PROBE_CONCURRENCY; default 16",
-		"--log-json ", "--snapshot-interval DURATION", "default 15s", "-h, --help"} {
+		"--probe-prefill", "--probe-prefill-tokens N", "default 8192", "--log-json ", "--snapshot-interval DURATION", "default 15s", "-h, --help"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("help lacks %q:\n%s", want, buf.String())
 		}
@@ -510,7 +516,8 @@ func TestHelp(t *testing.T) {
 	want := []string{"HEFT_CONFIG", "HEFT_COORDINATOR_URL", "HEFT_TOKEN", "HEFT_TOKEN_FILE", "HEFT_CA_FILE",
 		"HEFT_INSECURE_SKIP_VERIFY", "HEFT_NODE", "HEFT_ENGINES", "HEFT_ENGINE_LOGS_JOURNAL_DIRECTORY", "HEFT_ENGINE_LOGS_DOCKER_SOCKET",
 		"HEFT_ENGINE_LOGS_DOCKER_ROOT", "HEFT_ENGINE_LOGS_PODS_ROOT", "HEFT_PROBE_CONCURRENCY", "HEFT_PROBE_TOKENS",
-		"HEFT_PROBE_PROMPT", "HEFT_LOG_LEVEL", "HEFT_LOG_JSON", "HEFT_STATE_DIR", "HEFT_SNAPSHOT_INTERVAL", "HEFT_POLL_INTERVAL", "HEFT_LISTEN"}
+		"HEFT_PROBE_PROMPT", "HEFT_PROBE_PREFILL", "HEFT_PROBE_PREFILL_CONCURRENCY", "HEFT_PROBE_PREFILL_TOKENS", "HEFT_LOG_LEVEL", "HEFT_LOG_JSON",
+		"HEFT_STATE_DIR", "HEFT_SNAPSHOT_INTERVAL", "HEFT_POLL_INTERVAL", "HEFT_LISTEN"}
 	if got := EnvVars(); !slices.Equal(got, want) {
 		t.Errorf("EnvVars = %v\nwant       %v", got, want)
 	}

@@ -60,12 +60,15 @@ const (
 	// cachedShare: a unique prompt of which the engine says its cache
 	// served more than this share was not read.
 	cachedShare = 0.10
-	// cachedTTFTRatio: a unique prompt of at least cachedTTFTMin tokens
-	// whose first token comes back within this many times the decode
-	// burst's first token (short prompts) cannot have been read: reading
-	// it costs many engine steps on any engine heft knows.
-	cachedTTFTRatio = 3
-	cachedTTFTMin   = 1024
+	// cachedSteps: unique prompts of at least cachedTTFTMin tokens whose
+	// first tokens come back (median) within this many of the decode
+	// burst's steps (the gap between two tokens of one request, at the
+	// decode burst's batch) cannot have been read: an engine reads a
+	// prompt in steps of at most a few thousand tokens, each at least a
+	// decode step long, so reading four long prompts takes tens of steps
+	// on any engine heft knows; a cache answers in one or two.
+	cachedSteps   = 4
+	cachedTTFTMin = 1024
 )
 
 func (c *Config) normalizePrefill() error {
@@ -411,9 +414,9 @@ func (p *prober) prefillVerdict(m *wire.Measurement, pf *wire.Prefill, s prefill
 	case s.PromptTokens > 0 && float64(s.Cached) > cachedShare*float64(s.PromptTokens):
 		_ = failPrefill(pf, wire.PrefillCached, fmt.Sprintf("the engine says its cache served %d of %d prompt tokens, although every prompt began with a unique random prefix; %s",
 			s.Cached, s.PromptTokens, raw))
-	case length >= cachedTTFTMin && m.TTFTP50 > 0 && len(s.TTFT) > 0 && pf.TTFTP50 < cachedTTFTRatio*m.TTFTP50:
-		_ = failPrefill(pf, wire.PrefillCached, fmt.Sprintf("the first token of a unique %d-token prompt came back in %.3f s (median), within %d× the decode burst's first token of a short prompt (%.3f s): "+
-			"the engine cannot have read the prompt, it answered as if from a cache; %s", length, pf.TTFTP50, cachedTTFTRatio, m.TTFTP50, raw))
+	case length >= cachedTTFTMin && m.DecodeTPSP50 > 0 && len(s.TTFT) > 0 && pf.TTFTP50 < cachedSteps/m.DecodeTPSP50:
+		_ = failPrefill(pf, wire.PrefillCached, fmt.Sprintf("the first token of a unique %d-token prompt came back in %.3f s (median), within %d of the engine's decode steps (%.3f s each): "+
+			"the engine cannot have read the prompt, it answered as if from a cache; %s", length, pf.TTFTP50, cachedSteps, 1/m.DecodeTPSP50, raw))
 	case s.NoUsage > 0:
 		_ = failPrefill(pf, wire.CodeProbeIncompleteOutput, fmt.Sprintf("the engine reported no prompt usage for %d of %d requests and has no tokenizer endpoint to count them; %s",
 			s.NoUsage, s.Requests, raw))

@@ -30,9 +30,12 @@ func prefillCfg(url, kind string) Config {
 		Prefill: true, PrefillConcurrency: 4, PrefillTokens: 2048}
 }
 
+// prefillSim decodes in steps of about 20 ms, long beside what HTTP and
+// JSON of a long prompt cost even under -race, so that a cache's instant
+// answer stands out from them.
 func prefillSim(t *testing.T, mod func(*sim.Config)) *sim.Server {
 	t.Helper()
-	cfg := sim.Config{Flavor: sim.FlavorVLLM, SingleTPS: 200, Batch16TPS: 2400, PrefillTPS: prefillRate()}
+	cfg := sim.Config{Flavor: sim.FlavorVLLM, SingleTPS: 50, Batch16TPS: 600, PrefillTPS: prefillRate()}
 	if mod != nil {
 		mod(&cfg)
 	}
