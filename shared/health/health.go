@@ -125,7 +125,70 @@ func Measurement(m wire.Measurement, th Thresholds) []Finding {
 	if m.Failure == "" {
 		out = append(out, Clocks(m, th)...)
 	}
+	if f := Prefill(m); f != nil {
+		out = append(out, *f)
+	}
 	return out
+}
+
+// Prefill warns when a probe's prefill burst gave no prefill throughput
+// while its decode burst did: the worker keeps its decode weight and has
+// no prefill weight.
+func Prefill(m wire.Measurement) *Finding {
+	p := m.Prefill
+	if p == nil || p.Failure == "" || m.Failure != "" {
+		return nil
+	}
+	what := map[string]string{
+		wire.PrefillRejected:           "the engine refused the long prompts",
+		wire.PrefillTruncated:          "the engine cut the long prompts short",
+		wire.PrefillUsageMismatch:      "the engine's usage counts more prompt tokens than were sent",
+		wire.PrefillCached:             "the long prompts came back as if read from a cache",
+		wire.CodeProbeIncompleteOutput: "the engine does not say how many prompt tokens it read",
+	}[p.Failure]
+	if what == "" {
+		what = "the prefill requests failed"
+	}
+	parts := make([]string, 0, 3)
+	for i, x := range p.Problems {
+		if i == 3 {
+			parts = append(parts, fmt.Sprintf("and %d more", len(p.Problems)-3))
+			break
+		}
+		parts = append(parts, wire.Clip(x, 300))
+	}
+	msg := fmt.Sprintf("the prefill burst gave no prefill weight: %s (%s). The decode measurement stands; the worker has no prefill weight until a probe reads its prompts as sent.",
+		what, strings.Join(parts, "; "))
+	return &Finding{Code: wire.CodePrefillFailed, Severity: wire.SeverityWarning, Message: msg}
+}
+
+// ContextExceedsPool warns when the engine accepts longer sequences than
+// its smallest data-parallel rank's KV pool holds: a long request dealt
+// to that rank cannot run, so what the worker really holds
+// (max_context_tokens) is the pool.
+func ContextExceedsPool(e wire.Engine) *Finding {
+	if e.MaxModelLen <= 0 || len(e.Ranks) == 0 {
+		return nil
+	}
+	small := e.Ranks[0]
+	for _, r := range e.Ranks[1:] {
+		if r.KVTokens < small.KVTokens {
+			small = r
+		}
+	}
+	if small.KVTokens <= 0 || small.KVTokens >= e.MaxModelLen {
+		return nil
+	}
+	where := "its KV pool"
+	if len(e.Ranks) > 1 {
+		where = fmt.Sprintf("its smallest data-parallel rank's KV pool (rank %d)", small.DPRank)
+	}
+	msg := fmt.Sprintf("the engine accepts sequences of up to %s tokens (max model length) but %s holds only %s tokens: "+
+		"a longer request cannot run there, and requests are dealt to ranks in turn. What the worker really holds (max_context_tokens) is %s tokens; "+
+		"gateways should send longer prompts to workers that hold them. Fix: set the max model length to what the pool holds "+
+		"(vLLM --max-model-len, SGLang --context-length), or give the rank more KV memory.",
+		Thousands(e.MaxModelLen), where, Thousands(small.KVTokens), Thousands(small.KVTokens))
+	return &Finding{Code: wire.CodeContextExceedsPool, Severity: wire.SeverityWarning, Message: msg}
 }
 
 // Engine turns an engine's current facts into findings.
@@ -135,6 +198,9 @@ func Engine(e wire.Engine, gpus []wire.GPU, th Thresholds) []Finding {
 		out = append(out, Finding{Code: wire.CodeEngineUnreachable, Severity: wire.SeverityCritical, Message: "the engine at " + e.URL + " cannot be read: " + e.Error})
 	}
 	out = append(out, PoolFindings(e, th)...)
+	if f := ContextExceedsPool(e); f != nil {
+		out = append(out, *f)
+	}
 	if f := ForeignProcesses(e, gpus, th); f != nil {
 		out = append(out, *f)
 	}

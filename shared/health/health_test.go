@@ -1,6 +1,7 @@
 package health
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -175,5 +176,55 @@ func TestRoutable(t *testing.T) {
 	}
 	if fs := Engine(wire.Engine{URL: "http://127.0.0.1:8000", Listen: []string{"127.0.0.1:8000"}}, nil, DefaultThresholds()); len(fs) != 1 || fs[0].Code != wire.CodeNotRoutable {
 		t.Errorf("Engine: %+v", fs)
+	}
+}
+
+func TestContextExceedsPool(t *testing.T) {
+	e := wire.Engine{MaxModelLen: 40960, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}}
+	f := ContextExceedsPool(e)
+	if f == nil || f.Code != wire.CodeContextExceedsPool || f.Severity != wire.SeverityWarning {
+		t.Fatalf("finding %+v", f)
+	}
+	for _, want := range []string{"40,960 tokens (max model length)", "rank 1", "only 2,925 tokens", "(max_context_tokens) is 2,925"} {
+		if !strings.Contains(f.Message, want) {
+			t.Errorf("message lacks %q: %s", want, f.Message)
+		}
+	}
+	for name, e := range map[string]wire.Engine{
+		"pool holds it":      {MaxModelLen: 32768, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 200000}}},
+		"equal":              {MaxModelLen: 8192, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 8192}}},
+		"no model length":    {Ranks: []wire.Rank{{DPRank: 0, KVTokens: 2925}}},
+		"no pools":           {MaxModelLen: 40960},
+		"pool of 0 (unread)": {MaxModelLen: 40960, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 0}}},
+	} {
+		if f := ContextExceedsPool(e); f != nil {
+			t.Errorf("%s: %+v", name, f)
+		}
+	}
+	one := ContextExceedsPool(wire.Engine{MaxModelLen: 40960, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 6000}}})
+	if one == nil || !strings.Contains(one.Message, "its KV pool holds only 6,000") || strings.Contains(one.Message, "rank 0") {
+		t.Errorf("one rank: %+v", one)
+	}
+	if fs := Engine(e, nil, DefaultThresholds()); !slices.ContainsFunc(fs, func(x Finding) bool { return x.Code == wire.CodeContextExceedsPool }) {
+		t.Errorf("Engine findings lack it: %+v", fs)
+	}
+}
+
+func TestPrefillFinding(t *testing.T) {
+	m := wire.Measurement{ThroughputTPS: 900, OutputTokens: 2048, ExpectedTokens: 2048, Complete: true,
+		Prefill: &wire.Prefill{Failure: wire.PrefillCached, Problems: []string{"the first token came back in 0.014 s"}}}
+	fs := Measurement(m, DefaultThresholds())
+	if len(fs) != 1 || fs[0].Code != wire.CodePrefillFailed || fs[0].Severity != wire.SeverityWarning ||
+		!strings.Contains(fs[0].Message, "as if read from a cache") || !strings.Contains(fs[0].Message, "0.014 s") {
+		t.Fatalf("findings %+v", fs)
+	}
+	m.Prefill.Failure = ""
+	if fs := Measurement(m, DefaultThresholds()); len(fs) != 0 {
+		t.Errorf("a good prefill part: %+v", fs)
+	}
+	// A failed decode part says it all; no second warning.
+	m.Failure, m.Prefill.Failure = wire.CodeProbeFailed, wire.PrefillRejected
+	if f := Prefill(m); f != nil {
+		t.Errorf("prefill warning under a failed decode part: %+v", f)
 	}
 }
