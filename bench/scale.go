@@ -376,6 +376,8 @@ type nopStore struct{}
 func (nopStore) Load() (fleet.State, error)                  { return fleet.State{}, nil }
 func (nopStore) SavePin(string, float64) error               { return nil }
 func (nopStore) DeletePin(string) error                      { return nil }
+func (nopStore) SavePrefillPin(string, float64) error        { return nil }
+func (nopStore) DeletePrefillPin(string) error               { return nil }
 func (nopStore) SaveDecision(string, string) error           { return nil }
 func (nopStore) DeleteDecision(string) error                 { return nil }
 func (nopStore) SaveMeasurement(wire.Measurement, int) error { return nil }

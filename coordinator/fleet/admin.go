@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 
+	"heft/coordinator/view"
 	"heft/shared/wire"
 )
 
@@ -15,36 +16,51 @@ import (
 
 // Pin replaces a worker's computed weight with weight, which must be a
 // finite number above zero, until Unpin.
-func (f *Fleet) Pin(id string, weight float64) error {
+func (f *Fleet) Pin(id string, weight float64) error { return f.PinKind(id, view.WeightDecode, weight) }
+
+// Unpin clears a pin. Clearing a worker that has none is not an error; a
+// pin may be cleared even after its worker was forgotten.
+func (f *Fleet) Unpin(id string) error { return f.UnpinKind(id, view.WeightDecode) }
+
+// PinKind pins one kind of a worker's weight (view.WeightDecode, as Pin, or
+// view.WeightPrefill); the two kinds are pinned and cleared apart.
+func (f *Fleet) PinKind(id, kind string, weight float64) error {
+	save, _, err := f.pinStore(kind)
+	if err != nil {
+		return err
+	}
 	if !validWeight(weight) {
 		return fmt.Errorf("%w: pinned weight %v must be a finite number above zero", ErrInvalid, weight)
 	}
 	f.adminMu.Lock()
 	defer f.adminMu.Unlock()
 	f.mu.Lock()
-	_, err := f.keyed(id)
+	_, err = f.keyed(id)
 	f.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if err := f.st.SavePin(id, weight); err != nil {
-		return fmt.Errorf("fleet: pin %q: %w", id, err)
+	if err := save(id, weight); err != nil {
+		return fmt.Errorf("fleet: pin %s weight of %q: %w", kind, id, err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.pins[id] = weight
-	f.log.Info("weight pinned", "worker", id, "weight", weight)
+	f.pinsOf(kind)[id] = weight
+	f.log.Info("weight pinned", "worker", id, "kind", kind, "weight", weight)
 	f.changedAdmin(id)
 	return nil
 }
 
-// Unpin clears a pin. Clearing a worker that has none is not an error; a
-// pin may be cleared even after its worker was forgotten.
-func (f *Fleet) Unpin(id string) error {
+// UnpinKind clears one kind of pin, as Unpin does.
+func (f *Fleet) UnpinKind(id, kind string) error {
+	_, del, err := f.pinStore(kind)
+	if err != nil {
+		return err
+	}
 	f.adminMu.Lock()
 	defer f.adminMu.Unlock()
 	f.mu.Lock()
-	_, pinned := f.pins[id]
+	_, pinned := f.pinsOf(kind)[id]
 	known := f.workers[id] != nil
 	f.mu.Unlock()
 	if !known && !pinned {
@@ -53,15 +69,35 @@ func (f *Fleet) Unpin(id string) error {
 	if !pinned {
 		return nil
 	}
-	if err := f.st.DeletePin(id); err != nil {
-		return fmt.Errorf("fleet: unpin %q: %w", id, err)
+	if err := del(id); err != nil {
+		return fmt.Errorf("fleet: unpin %s weight of %q: %w", kind, id, err)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.pins, id)
-	f.log.Info("pin cleared", "worker", id)
+	delete(f.pinsOf(kind), id)
+	f.log.Info("pin cleared", "worker", id, "kind", kind)
 	f.changedAdmin(id)
 	return nil
+}
+
+// pinStore returns the store's writes for one kind of pin.
+func (f *Fleet) pinStore(kind string) (save func(string, float64) error, del func(string) error, err error) {
+	switch kind {
+	case view.WeightDecode:
+		return f.st.SavePin, f.st.DeletePin, nil
+	case view.WeightPrefill:
+		return f.st.SavePrefillPin, f.st.DeletePrefillPin, nil
+	}
+	return nil, nil, fmt.Errorf("%w: weight kind %q is not %q or %q", ErrInvalid, kind, view.WeightDecode, view.WeightPrefill)
+}
+
+// pinsOf returns one kind's pins; the caller holds mu (or adminMu, to
+// read), and kind is valid.
+func (f *Fleet) pinsOf(kind string) map[string]float64 {
+	if kind == view.WeightPrefill {
+		return f.prefillPins
+	}
+	return f.pins
 }
 
 // Admit lets a worker that its uneven pools, or an implausible

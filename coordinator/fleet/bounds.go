@@ -47,6 +47,18 @@ func cutMeasurement(m *wire.Measurement) bool {
 	if len(m.LoadBefore.Ranks) > keptLoadRanks {
 		m.LoadBefore.Ranks, cut = m.LoadBefore.Ranks[:keptLoadRanks:keptLoadRanks], true
 	}
+	if p := m.Prefill; p != nil {
+		clip(&p.Failure, keptTextBytes)
+		clip(&p.TokenSource, keptTextBytes)
+		if len(p.Problems) > keptProblems {
+			n := len(p.Problems) - keptProblems + 1
+			p.Problems = append(p.Problems[:keptProblems-1:keptProblems-1], fmt.Sprintf("(%d more problems not kept)", n))
+			cut = true
+		}
+		for i := range p.Problems {
+			clip(&p.Problems[i], keptProblemBytes)
+		}
+	}
 	return cut
 }
 
@@ -56,5 +68,10 @@ func cutMeasurement(m *wire.Measurement) bool {
 func HistoryEntry(m wire.Measurement) wire.Measurement {
 	m.Problems, m.ClockEventReasons, m.Prompt, m.LoadBefore = nil, nil, "", wire.Load{}
 	m.Implausible = wire.Clip(m.Implausible, keptProblemBytes)
+	if m.Prefill != nil {
+		p := *m.Prefill
+		p.Problems = nil
+		m.Prefill = &p
+	}
 	return m
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"heft/coordinator/view"
@@ -12,9 +13,10 @@ import (
 
 // verdict is a worker's freshly derived state.
 type verdict struct {
-	state    string
-	findings []health.Finding
-	tps      float64 // valid throughput of an admitted worker, else 0
+	state      string
+	findings   []health.Finding
+	tps        float64 // valid throughput of an admitted worker, else 0
+	prefillTPS float64 // valid prefill throughput of an admitted worker, else 0
 }
 
 // refresh re-derives the given workers and publishes what changed. A model
@@ -26,7 +28,7 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 	changed := false
 	for _, w := range ws {
 		v := f.evaluate(w, now)
-		if v.tps != w.tps {
+		if v.tps != w.tps || v.prefillTPS != w.prefill.tps {
 			f.dirty[w.eng.Model] = true
 		}
 		if w.outlierHeld() && v.state == view.StateAdmitted {
@@ -35,7 +37,7 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 		if v.state != w.state {
 			changed = true
 		}
-		w.state, w.base, w.tps = v.state, v.findings, v.tps
+		w.state, w.base, w.tps, w.prefill.tps = v.state, v.findings, v.tps, v.prefillTPS
 		f.touch(w)
 	}
 	for _, w := range ws {
@@ -74,7 +76,8 @@ func (f *Fleet) refreshNode(n *node, now time.Time) bool {
 
 // reweigh sets the weights of a model's workers from the median throughput
 // of its admitted workers, found by sorting that model's throughputs only,
-// and publishes every worker of the model.
+// and the prefill weights from the median prefill throughput of those with
+// a valid prefill part, and publishes every worker of the model.
 func (f *Fleet) reweigh(model string, now time.Time) bool {
 	ws := f.byModel[model]
 	tps := make([]float64, 0, len(ws))
@@ -84,17 +87,30 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 		}
 	}
 	med := median(tps)
-	changed := false
+	wasHeld := make(map[*worker]bool, len(ws))
 	for _, w := range ws {
-		held := w.state == view.StateHeld && w.outlierHeld()
+		wasHeld[w] = w.state == view.StateHeld && w.outlierHeld()
 		f.weigh(w, model, med, len(tps))
 		switch {
 		case w.outlierHeld() && w.state == view.StateAdmitted:
 			w.state = view.StateHeld
-		case !w.outlierHeld() && held:
+		case !w.outlierHeld() && wasHeld[w]:
 			w.state = view.StateAdmitted // its model's median caught up with it, or an admin admitted it
 		}
-		if f.publish(w, now) || held != w.outlierHeld() {
+	}
+	// The prefill median counts the workers the decode rules leave in the
+	// weight table.
+	var prefill []float64
+	for _, w := range ws {
+		if w.prefill.tps > 0 && !w.outlierHeld() {
+			prefill = append(prefill, w.prefill.tps)
+		}
+	}
+	prefillMed := median(prefill)
+	changed := false
+	for _, w := range ws {
+		f.weighPrefill(w, model, prefillMed, len(prefill))
+		if f.publish(w, now) || wasHeld[w] != w.outlierHeld() {
 			changed = true
 			f.touch(w)
 		}
@@ -154,6 +170,7 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 	default:
 		v.state = view.StateAdmitted
 		v.tps = m.ThroughputTPS
+		v.prefillTPS = prefillTPS(*m)
 	}
 	return v
 }
@@ -227,15 +244,15 @@ func (f *Fleet) weigh(w *worker, model string, med float64, n int) {
 // deadline. It reports whether its warnings or weight changed.
 func (f *Fleet) publish(w *worker, now time.Time) bool {
 	fs := w.base
-	if w.clamp != nil {
-		fs = append(slices.Clip(fs), *w.clamp)
+	if c := clampFindings(w.clamp, w.prefill.clamp); c != nil {
+		fs = append(slices.Clip(fs), *c)
 	}
 	if w.outlier != nil {
 		fs = append(slices.Clip(fs), *w.outlier)
 	}
 	health.Sort(fs)
-	changed := !slices.Equal(fs, w.findings) || !sameFloat(w.weight, w.shownWeight)
-	w.findings, w.shownWeight = fs, w.weight
+	changed := !slices.Equal(fs, w.findings) || !sameFloat(w.weight, w.shownWeight) || !sameFloat(w.prefill.weight, w.shownPrefill)
+	w.findings, w.shownWeight, w.shownPrefill = fs, w.weight, w.prefill.weight
 	stamp(w, now)
 	f.schedule(w, now)
 	return changed
@@ -250,6 +267,49 @@ func clampFinding(model string, tps, med float64, n int, raw, clamped, lo, hi fl
 		" (weights stay within [%g, %g]). Check the measurement, and pin a weight if the gap is real.",
 		tps, med, n, model, raw, clamped, lo, hi)
 	return health.Finding{Code: wire.CodeWeightClamped, Severity: wire.SeverityWarning, Message: msg}
+}
+
+// weighPrefill sets a worker's prefill weight from its model's median
+// prefill throughput, as weigh sets the decode weight: clamped to the same
+// range, replaced by a prefill pin.
+func (f *Fleet) weighPrefill(w *worker, model string, med float64, n int) {
+	p := &w.prefill
+	p.computed, p.weight, p.clamp = nil, nil, nil
+	if p.tps <= 0 || med <= 0 || w.outlierHeld() {
+		return
+	}
+	raw := p.tps / med
+	c := min(max(raw, f.cfg.WeightMin), f.cfg.WeightMax)
+	weight := c
+	if pin, ok := f.prefillPins[w.id]; ok {
+		weight = pin
+	} else if c != raw {
+		cf := clampFinding(model, p.tps, med, n, raw, c, f.cfg.WeightMin, f.cfg.WeightMax)
+		cf.Message = "prefill weight: measured " + strings.TrimPrefix(cf.Message, "measured ")
+		cf.Message = strings.Replace(cf.Message, " tok/s against", " prompt tok/s against", 1)
+		cf.Message = strings.Replace(cf.Message, "admitted workers of", "admitted workers with a prefill measurement of", 1)
+		p.clamp = &cf
+	}
+	if !validWeight(weight) || !validWeight(c) {
+		f.log.Error("refusing a prefill weight that is not a finite number above zero", "worker", w.id, "weight", weight, "computed", c)
+		p.clamp = nil
+		return
+	}
+	p.computed, p.weight = &c, &weight
+}
+
+// clampFindings is the worker's weight_clamped warning: the decode
+// weight's, the prefill weight's, or both in one.
+func clampFindings(decode, prefill *health.Finding) *health.Finding {
+	switch {
+	case decode == nil:
+		return prefill
+	case prefill == nil:
+		return decode
+	}
+	both := *decode
+	both.Message = "decode weight: " + decode.Message + " " + strings.ToUpper(prefill.Message[:1]) + prefill.Message[1:]
+	return &both
 }
 
 // stamp keeps, for each warning code, the time it was first seen on the

@@ -377,7 +377,7 @@ func (f *Fleet) ProbeResult(nodeName string, r wire.ProbeResult) ([]Action, erro
 			"throughput_tps", m.ThroughputTPS, "why", m.Implausible)
 	case m.Valid():
 		w.probe.retryAt, w.probe.failure = time.Time{}, ""
-		f.log.Info("measured", "worker", w.id, "throughput_tps", m.ThroughputTPS, "trigger", m.Trigger)
+		f.log.Info("measured", "worker", w.id, "throughput_tps", m.ThroughputTPS, "prefill_tps", prefillTPS(m), "trigger", m.Trigger)
 	default:
 		w.probe.retryAt = now.Add(f.cfg.FailRetry)
 		f.log.Warn("measurement not valid", "worker", w.id, "failure", m.Failure, "problems", m.Problems)
@@ -530,7 +530,7 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 	}
 	r := WorkerRecord{ID: w.id, Node: w.node, Model: w.eng.Model, Engine: w.eng.Kind, URL: w.eng.URL,
 		EngineVersion: w.eng.Version, LaunchArgs: w.eng.LaunchArgs, Ranks: w.eng.Ranks, FirstSeen: w.firstSeen, LastSeen: w.lastSeen,
-		ExpectedRanks: w.eng.ExpectedRanks, Complete: w.eng.Complete, MissingRanks: w.eng.MissingRanks}
+		ExpectedRanks: w.eng.ExpectedRanks, Complete: w.eng.Complete, MissingRanks: w.eng.MissingRanks, MaxModelLen: w.eng.MaxModelLen}
 	if !force && sameRecord(r, w.saved) && now.Sub(w.savedAt) < recordEvery {
 		return
 	}
@@ -580,12 +580,17 @@ func sameRecord(a, b WorkerRecord) bool {
 	return a.ID == b.ID && a.Node == b.Node && a.Model == b.Model && a.Engine == b.Engine && a.URL == b.URL &&
 		a.EngineVersion == b.EngineVersion && slices.Equal(a.LaunchArgs, b.LaunchArgs) && slices.Equal(a.Ranks, b.Ranks) &&
 		a.ExpectedRanks == b.ExpectedRanks && (a.Complete == nil) == (b.Complete == nil) && (a.Complete == nil || *a.Complete == *b.Complete) &&
-		slices.Equal(a.MissingRanks, b.MissingRanks) && a.FirstSeen.Equal(b.FirstSeen)
+		slices.Equal(a.MissingRanks, b.MissingRanks) && a.MaxModelLen == b.MaxModelLen && a.FirstSeen.Equal(b.FirstSeen)
 }
 
 func cloneMeasurement(m wire.Measurement) wire.Measurement {
 	m.Problems = slices.Clone(m.Problems)
 	m.ClockEventReasons = slices.Clone(m.ClockEventReasons)
 	m.LoadBefore.Ranks = slices.Clone(m.LoadBefore.Ranks)
+	if m.Prefill != nil {
+		p := *m.Prefill
+		p.Problems = slices.Clone(p.Problems)
+		m.Prefill = &p
+	}
 	return m
 }

@@ -175,15 +175,17 @@ type Fleet struct {
 	// is taken before mu and held across their store writes. See admin.go.
 	adminMu sync.Mutex
 
-	mu        sync.Mutex
-	workers   map[string]*worker
-	byModel   map[string]map[string]*worker
-	nodes     map[string]*node
-	cache     map[string]*cached
-	pins      map[string]float64
-	decisions map[string]string
-	connSeq   uint64
-	reqSeq    uint64
+	mu      sync.Mutex
+	workers map[string]*worker
+	byModel map[string]map[string]*worker
+	nodes   map[string]*node
+	cache   map[string]*cached
+	pins    map[string]float64
+	// prefillPins are the prefill weight's pins, apart from pins.
+	prefillPins map[string]float64
+	decisions   map[string]string
+	connSeq     uint64
+	reqSeq      uint64
 	// probeRequests counts the requests made, by reason: each asks an
 	// agent for a burst on its engine.
 	probeRequests map[string]int
@@ -302,6 +304,19 @@ type worker struct {
 	// ImplausibleFactor × its model's median: it is held.
 	outlier *health.Finding
 	rev     uint64 // f.seq of its last change
+	// The prefill weight, derived the same way from the prefill
+	// throughput of an admitted worker with a valid prefill part.
+	prefill      weighed
+	shownPrefill *float64
+}
+
+// weighed is one weight of a worker: what it is counted with in its
+// model's median, and what that made of it.
+type weighed struct {
+	tps      float64         // counted in the model's median: admitted and valid, else 0
+	computed *float64        // clamped tps / median, before a pin
+	weight   *float64        // what the weight table shows
+	clamp    *health.Finding // weight_clamped, when the clamp set the weight
 }
 
 // New builds a fleet from what st holds: pins, decisions, cached
@@ -328,7 +343,8 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 	f := &Fleet{
 		cfg: cfg, st: st, now: now, log: logger.Named("fleet"),
 		workers: map[string]*worker{}, byModel: map[string]map[string]*worker{}, nodes: map[string]*node{},
-		cache: map[string]*cached{}, pins: map[string]float64{}, decisions: map[string]string{}, dirty: map[string]bool{},
+		cache: map[string]*cached{}, pins: map[string]float64{}, prefillPins: map[string]float64{},
+		decisions: map[string]string{}, dirty: map[string]bool{},
 		probeRequests: map[string]int{},
 		owner:         map[string]string{}, keys: map[string]map[string]time.Time{},
 		seq:       1, // 0 is a subscriber that has seen nothing
@@ -338,7 +354,8 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 	f.restore(state, start)
 	f.refreshAll(start)
 	f.writeRecords()
-	f.log.Info("fleet loaded", "workers", len(f.workers), "pins", len(f.pins), "decisions", len(f.decisions), "cached_measurements", len(state.Latest))
+	f.log.Info("fleet loaded", "workers", len(f.workers), "pins", len(f.pins), "prefill_pins", len(f.prefillPins),
+		"decisions", len(f.decisions), "cached_measurements", len(state.Latest))
 	return f, nil
 }
 
@@ -352,6 +369,13 @@ func (f *Fleet) restore(state State, start time.Time) {
 			f.pins[id] = w
 		} else {
 			f.log.Warn("ignoring stored pin", "worker", id, "weight", w)
+		}
+	}
+	for id, w := range state.PrefillPins {
+		if validWeight(w) {
+			f.prefillPins[id] = w
+		} else {
+			f.log.Warn("ignoring stored prefill pin", "worker", id, "weight", w)
 		}
 	}
 	for id, d := range state.Decisions {
@@ -431,7 +455,7 @@ func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time)
 		n.since = start
 		eng := wire.Engine{Kind: r.Engine, URL: r.URL, Model: r.Model, Version: r.EngineVersion, Ready: true,
 			CapacityKey: id, LaunchArgs: r.LaunchArgs, Ranks: r.Ranks,
-			ExpectedRanks: r.ExpectedRanks, Complete: r.Complete, MissingRanks: r.MissingRanks}
+			ExpectedRanks: r.ExpectedRanks, Complete: r.Complete, MissingRanks: r.MissingRanks, MaxModelLen: max(r.MaxModelLen, 0)}
 		if wire.CheckCompleteness(eng.Ranks, eng.ExpectedRanks, eng.Complete, eng.MissingRanks) != nil {
 			// Say nothing of completeness rather than something wrong.
 			eng.ExpectedRanks, eng.Complete, eng.MissingRanks = 0, nil, nil
@@ -491,7 +515,8 @@ func (c *cached) setHistory(list []wire.Measurement, limit int) {
 	}
 	c.points = make([]view.MeasurementPoint, len(c.history))
 	for i, h := range c.history {
-		c.points[i] = view.MeasurementPoint{At: h.FinishedAt, ThroughputTPS: h.ThroughputTPS, WarmupTPS: h.WarmupTPS, Valid: h.Valid()}
+		c.points[i] = view.MeasurementPoint{At: h.FinishedAt, ThroughputTPS: h.ThroughputTPS, WarmupTPS: h.WarmupTPS, Valid: h.Valid(),
+			PrefillTPS: prefillTPS(h)}
 	}
 }
 
@@ -621,6 +646,15 @@ func (f *Fleet) notify() {
 		default:
 		}
 	}
+}
+
+// prefillTPS is a measurement's prefill throughput where it may be used
+// for a prefill weight, else 0.
+func prefillTPS(m wire.Measurement) float64 {
+	if !m.PrefillValid() {
+		return 0
+	}
+	return m.Prefill.ThroughputTPS
 }
 
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }

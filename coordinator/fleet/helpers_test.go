@@ -26,7 +26,7 @@ type memStore struct {
 }
 
 func newMemStore() *memStore {
-	return &memStore{st: State{Pins: map[string]float64{}, Decisions: map[string]string{},
+	return &memStore{st: State{Pins: map[string]float64{}, PrefillPins: map[string]float64{}, Decisions: map[string]string{},
 		Latest: map[string]wire.Measurement{}, History: map[string][]wire.Measurement{}, Workers: map[string]WorkerRecord{}}}
 }
 
@@ -37,7 +37,7 @@ func (s *memStore) Load() (State, error) {
 	for k, v := range s.st.History {
 		hist[k] = slices.Clone(v)
 	}
-	return State{Pins: maps.Clone(s.st.Pins), Decisions: maps.Clone(s.st.Decisions), Latest: maps.Clone(s.st.Latest),
+	return State{Pins: maps.Clone(s.st.Pins), PrefillPins: maps.Clone(s.st.PrefillPins), Decisions: maps.Clone(s.st.Decisions), Latest: maps.Clone(s.st.Latest),
 		History: hist, Workers: maps.Clone(s.st.Workers)}, nil
 }
 
@@ -73,6 +73,14 @@ func (s *memStore) SavePin(id string, w float64) error {
 func (s *memStore) DeletePin(id string) error {
 	s.gate()
 	return s.write(func() { delete(s.st.Pins, id) })
+}
+func (s *memStore) SavePrefillPin(id string, w float64) error {
+	s.gate()
+	return s.write(func() { s.st.PrefillPins[id] = w })
+}
+func (s *memStore) DeletePrefillPin(id string) error {
+	s.gate()
+	return s.write(func() { delete(s.st.PrefillPins, id) })
 }
 func (s *memStore) SaveDecision(id, d string) error {
 	s.gate()

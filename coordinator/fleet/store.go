@@ -13,6 +13,10 @@ type Store interface {
 	Load() (State, error)
 	SavePin(id string, weight float64) error
 	DeletePin(id string) error
+	// SavePrefillPin and DeletePrefillPin keep the prefill weight's pins,
+	// apart from the decode weight's.
+	SavePrefillPin(id string, weight float64) error
+	DeletePrefillPin(id string) error
 	SaveDecision(id, decision string) error
 	DeleteDecision(id string) error
 	// SaveMeasurement makes m its key's latest measurement and appends
@@ -34,11 +38,12 @@ const (
 
 // State is everything a Store holds. History lists are oldest first.
 type State struct {
-	Pins      map[string]float64
-	Decisions map[string]string
-	Latest    map[string]wire.Measurement
-	History   map[string][]wire.Measurement
-	Workers   map[string]WorkerRecord
+	Pins        map[string]float64
+	PrefillPins map[string]float64
+	Decisions   map[string]string
+	Latest      map[string]wire.Measurement
+	History     map[string][]wire.Measurement
+	Workers     map[string]WorkerRecord
 }
 
 // WorkerRecord is what the coordinator last knew about a worker, so that
@@ -53,6 +58,7 @@ type WorkerRecord struct {
 	EngineVersion string      `json:"engine_version,omitempty"`
 	LaunchArgs    []string    `json:"launch_args,omitempty"`
 	Ranks         []wire.Rank `json:"ranks,omitempty"`
+	MaxModelLen   int64       `json:"max_model_len,omitempty"`
 	FirstSeen     time.Time   `json:"first_seen"`
 	LastSeen      time.Time   `json:"last_seen"`
 

@@ -156,31 +156,62 @@ func (f *Fleet) Worker(id string) (view.Worker, bool) {
 // weights, sorted by node and URL. ok is false for a model no worker
 // serves; a known model with no admitted worker has an empty table.
 func (f *Fleet) Weights(model string) (view.Weights, bool) {
+	w, ok, _ := f.WeightsOf(model, view.WeightDecode)
+	return w, ok
+}
+
+// WeightsOf returns a model's table of one kind of weight: view.WeightDecode
+// (as Weights) or view.WeightPrefill, the admitted workers with a valid
+// prefill measurement and their prefill weights. An unknown kind is an
+// error wrapping ErrInvalid.
+func (f *Fleet) WeightsOf(model, kind string) (view.Weights, bool, error) {
+	if kind != view.WeightDecode && kind != view.WeightPrefill {
+		return view.Weights{}, false, fmt.Errorf("%w: weight kind %q is not %q or %q", ErrInvalid, kind, view.WeightDecode, view.WeightPrefill)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	ws := f.byModel[model]
 	if model == "" || len(ws) == 0 {
-		return view.Weights{}, false
+		return view.Weights{}, false, nil
 	}
-	out := view.Weights{Model: model, Workers: []view.WeightEntry{}}
+	prefill := kind == view.WeightPrefill
+	weightOf := func(w *worker) *float64 {
+		if prefill {
+			return w.prefill.weight
+		}
+		return w.weight
+	}
+	out := view.Weights{Model: model, Kind: kind, Workers: []view.WeightEntry{}}
 	var in []*worker
 	for _, w := range ws {
-		if w.weight != nil {
+		if weightOf(w) != nil {
 			in = append(in, w)
 		}
 	}
 	sort.Slice(in, func(i, j int) bool { return less(in[i], in[j]) })
+	pins := f.pinsOf(kind)
 	for _, w := range in {
-		_, pinned := f.pins[w.id]
-		e := view.WeightEntry{ID: w.id, Node: w.node, URL: w.eng.URL, Address: Address(w.eng), Weight: *w.weight, Pinned: pinned,
-			MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, w.weight)}
+		_, pinned := pins[w.id]
+		e := view.WeightEntry{ID: w.id, Node: w.node, URL: w.eng.URL, Address: Address(w.eng), Weight: *weightOf(w), Pinned: pinned,
+			MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, weightOf(w)), MaxContextTokens: maxContext(w.eng)}
 		if m := f.newest(w.id); m != nil {
 			tps, at := m.ThroughputTPS, m.FinishedAt
+			if prefill {
+				tps = prefillTPS(*m)
+			}
 			e.Throughput, e.MeasuredAt = &tps, &at
 		}
 		out.Workers = append(out.Workers, e)
 	}
-	return out, true
+	return out, true, nil
+}
+
+// maxContext is what the worker can hold, nil while unknown.
+func maxContext(e wire.Engine) *int64 {
+	if n := e.MaxContextTokens(); n > 0 {
+		return &n
+	}
+	return nil
 }
 
 // Models returns the models workers serve, sorted.
@@ -237,7 +268,8 @@ type WarningStats struct{ Code, Severity string }
 var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire.CodeGPUThrottled,
 	wire.CodeForeignGPUProcess, wire.CodeProbeIncompleteOutput, wire.CodeProbeFailed,
 	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped,
-	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree, wire.CodeNotRoutable, wire.CodeImplausibleMeasurement}
+	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree, wire.CodeNotRoutable, wire.CodeImplausibleMeasurement,
+	wire.CodeContextExceedsPool, wire.CodePrefillFailed}
 
 // ProbeReasons lists every reason a probe is requested for.
 var ProbeReasons = []string{wire.ReasonRegistration, wire.ReasonScheduled, wire.ReasonOnDemand}
@@ -338,6 +370,14 @@ func (f *Fleet) view(w *worker) view.Worker {
 	if p, ok := f.pins[w.id]; ok {
 		v.PinnedWeight = &p
 	}
+	if p, ok := f.prefillPins[w.id]; ok {
+		v.PinnedPrefillWeight = &p
+	}
+	v.PrefillWeight, v.ComputedPrefillWeight = clonePtr(w.prefill.weight), clonePtr(w.prefill.computed)
+	v.MaxContextTokens = maxContext(w.eng)
+	if n := w.eng.MaxModelLen; n > 0 {
+		v.MaxModelLen = &n
+	}
 	for i, r := range w.eng.Ranks {
 		v.Ranks[i] = view.Rank{DPRank: r.DPRank, KVTokens: r.KVTokens}
 	}
@@ -363,11 +403,18 @@ func (f *Fleet) view(w *worker) view.Worker {
 		if m := c.latest; m != nil {
 			mc := cloneMeasurement(*m)
 			mc.Problems = clipProblems(mc.Problems)
+			if mc.Prefill != nil {
+				mc.Prefill.Problems = clipProblems(mc.Prefill.Problems)
+			}
 			at := m.FinishedAt
 			v.Measurement, v.MeasuredAt = &mc, &at
 			if m.Valid() {
 				tps, warm := m.ThroughputTPS, m.WarmupTPS
 				v.Throughput, v.WarmupTPS = &tps, &warm
+			}
+			if m.PrefillValid() {
+				tps := m.Prefill.ThroughputTPS
+				v.PrefillTPS = &tps
 			}
 		}
 		if c.points != nil {

@@ -1,7 +1,8 @@
 // Package store keeps the coordinator's state in one bbolt file under
-// state_dir: admin pins and admit/hold decisions, the latest measurement of
-// every capacity key with a bounded history, what was last known about
-// each worker, and the node records (enrolment and credential hashes).
+// state_dir: admin pins (of the decode and the prefill weight) and
+// admit/hold decisions, the latest measurement of every capacity key with
+// a bounded history, what was last known about each worker, and the node
+// records (enrolment and credential hashes).
 //
 // Every write is one bbolt transaction, synced to disk before it returns,
 // so an acknowledged write survives a crash. Every value carries a
@@ -28,6 +29,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -54,18 +56,25 @@ const FileName = "heft.db"
 var lockTimeout = 2 * time.Second
 
 var (
-	bucketMeta      = []byte("meta")
-	bucketPins      = []byte("pins")
-	bucketDecisions = []byte("decisions")
-	bucketLatest    = []byte("latest")
-	bucketHistory   = []byte("history")
-	bucketWorkers   = []byte("workers")
-	bucketNodes     = []byte("nodes")
-	keySchema       = []byte("schema_version")
+	bucketMeta = []byte("meta")
+	bucketPins = []byte("pins")
+	// bucketPrefillPins holds the prefill weight's pins. A file from before
+	// it gains it at Open; an older coordinator ignores it.
+	bucketPrefillPins = []byte("prefill_pins")
+	bucketDecisions   = []byte("decisions")
+	bucketLatest      = []byte("latest")
+	bucketHistory     = []byte("history")
+	bucketWorkers     = []byte("workers")
+	bucketNodes       = []byte("nodes")
+	keySchema         = []byte("schema_version")
 
-	allBuckets = [][]byte{bucketMeta, bucketPins, bucketDecisions, bucketLatest, bucketHistory, bucketWorkers, bucketNodes}
+	allBuckets = [][]byte{bucketMeta, bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketHistory, bucketWorkers, bucketNodes}
 	// dataBuckets hold checksummed values (history's are in sub-buckets).
-	dataBuckets = [][]byte{bucketPins, bucketDecisions, bucketLatest, bucketWorkers, bucketNodes}
+	dataBuckets = [][]byte{bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketWorkers, bucketNodes}
+	// laterBuckets came after their schema: a file of that schema may lack
+	// them, and gains them empty at Open (an older coordinator ignores
+	// them), where a missing bucket of the schema means lost records.
+	laterBuckets = [][]byte{bucketPrefillPins}
 )
 
 // ErrRefused marks a state file Open will not use as it is: corrupt, from
@@ -155,7 +164,8 @@ func Open(dir string, logger hclog.Logger, opts ...Option) (*Bolt, error) {
 	b := &Bolt{db: db, path: path, logger: log}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, name := range allBuckets {
-			if tx.Bucket(name) == nil && found.schema > 0 {
+			later := slices.ContainsFunc(laterBuckets, func(l []byte) bool { return bytes.Equal(l, name) })
+			if tx.Bucket(name) == nil && found.schema > 0 && !later {
 				log.Warn("recreating a missing bucket of the state file (--init)", "bucket", string(name))
 			}
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
@@ -395,7 +405,7 @@ func verify(path string, size int64) (info fileInfo, err error) {
 		}
 		info.schema = n
 		for _, name := range allBuckets {
-			if tx.Bucket(name) == nil && !(n == 1 && bytes.Equal(name, bucketNodes)) {
+			if tx.Bucket(name) == nil && !(n == 1 && bytes.Equal(name, bucketNodes)) && !slices.ContainsFunc(laterBuckets, func(l []byte) bool { return bytes.Equal(l, name) }) {
 				info.missing = append(info.missing, string(name))
 			}
 		}
@@ -464,24 +474,31 @@ func (b *Bolt) Close() error {
 // is never served and does not stop a start.
 func (b *Bolt) Load() (fleet.State, error) {
 	st := fleet.State{
-		Pins:      map[string]float64{},
-		Decisions: map[string]string{},
-		Latest:    map[string]wire.Measurement{},
-		History:   map[string][]wire.Measurement{},
-		Workers:   map[string]fleet.WorkerRecord{},
+		Pins:        map[string]float64{},
+		PrefillPins: map[string]float64{},
+		Decisions:   map[string]string{},
+		Latest:      map[string]wire.Measurement{},
+		History:     map[string][]wire.Measurement{},
+		Workers:     map[string]fleet.WorkerRecord{},
 	}
 	err := b.db.View(func(tx *bolt.Tx) error {
-		b.each(tx.Bucket(bucketPins), bucketPins, "pin", func(k, v []byte) error {
-			var w float64
-			if err := json.Unmarshal(v, &w); err != nil {
-				return err
+		for _, bucket := range [][]byte{bucketPins, bucketPrefillPins} {
+			pins := st.Pins
+			if string(bucket) == string(bucketPrefillPins) {
+				pins = st.PrefillPins
 			}
-			if err := checkWeight(w); err != nil {
-				return err
-			}
-			st.Pins[string(k)] = w
-			return nil
-		})
+			b.each(tx.Bucket(bucket), bucket, "pin", func(k, v []byte) error {
+				var w float64
+				if err := json.Unmarshal(v, &w); err != nil {
+					return err
+				}
+				if err := checkWeight(w); err != nil {
+					return err
+				}
+				pins[string(k)] = w
+				return nil
+			})
+		}
 		b.each(tx.Bucket(bucketDecisions), bucketDecisions, "decision", func(k, v []byte) error {
 			var d string
 			if err := json.Unmarshal(v, &d); err != nil {
@@ -619,6 +636,24 @@ func (b *Bolt) SavePin(id string, w float64) error {
 // DeletePin clears a pin; clearing one that is not there is not an error.
 func (b *Bolt) DeletePin(id string) error {
 	return b.delete("delete pin", bucketPins, id)
+}
+
+// SavePrefillPin records an admin's prefill weight for a worker, as
+// SavePin does the decode weight.
+func (b *Bolt) SavePrefillPin(id string, w float64) error {
+	if err := checkID(id); err != nil {
+		return fmt.Errorf("store: save prefill pin: %w", err)
+	}
+	if err := checkWeight(w); err != nil {
+		return fmt.Errorf("store: save prefill pin for %q: %w", id, err)
+	}
+	return b.put("save prefill pin", bucketPrefillPins, id, w)
+}
+
+// DeletePrefillPin clears a prefill pin; clearing one that is not there is
+// not an error.
+func (b *Bolt) DeletePrefillPin(id string) error {
+	return b.delete("delete prefill pin", bucketPrefillPins, id)
 }
 
 // SaveDecision records an admin's "admit" or "hold" for a worker.

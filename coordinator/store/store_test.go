@@ -65,11 +65,13 @@ func TestRoundTrip(t *testing.T) {
 	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	rec := fleet.WorkerRecord{ID: "k1", Node: "gpu-a", Model: "m", Engine: "sglang", URL: "http://127.0.0.1:30000",
 		EngineVersion: "0.4.1", LaunchArgs: []string{"--dp-size=2"}, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}},
-		FirstSeen: at, LastSeen: at.Add(time.Hour)}
+		MaxModelLen: 40960, FirstSeen: at, LastSeen: at.Add(time.Hour)}
 	m1 := measurement("k1", 992, at)
+	m1.Prefill = &wire.Prefill{ThroughputTPS: 17580, PromptTokens: 32768, WallSeconds: 1.86, PromptLength: 8192, Requests: 4, Concurrency: 4, Complete: true}
 	m2 := measurement("k2", 453, at)
 	for _, err := range []error{
 		b.SavePin("k1", 1.5), b.SavePin("k2", 0.5), b.DeletePin("k2"), b.DeletePin("never-pinned"),
+		b.SavePrefillPin("k2", 2.5), b.SavePrefillPin("k1", 0.75), b.DeletePrefillPin("k1"), b.DeletePrefillPin("never-pinned"),
 		b.SaveDecision("k1", fleet.DecisionAdmit), b.SaveDecision("k2", fleet.DecisionHold), b.DeleteDecision("k1"),
 		b.SaveMeasurement(m1, 10), b.SaveMeasurement(m2, 10), b.SaveWorker(rec),
 	} {
@@ -84,6 +86,12 @@ func TestRoundTrip(t *testing.T) {
 	if len(st.Pins) != 1 || st.Pins["k1"] != 1.5 {
 		t.Errorf("pins = %v, want k1=1.5 only", st.Pins)
 	}
+	if len(st.PrefillPins) != 1 || st.PrefillPins["k2"] != 2.5 {
+		t.Errorf("prefill pins = %v, want k2=2.5 only", st.PrefillPins)
+	}
+	if p := st.Latest["k1"].Prefill; p == nil || p.ThroughputTPS != 17580 {
+		t.Errorf("latest k1 prefill = %+v", p)
+	}
 	if len(st.Decisions) != 1 || st.Decisions["k2"] != fleet.DecisionHold {
 		t.Errorf("decisions = %v, want k2=hold only", st.Decisions)
 	}
@@ -94,7 +102,8 @@ func TestRoundTrip(t *testing.T) {
 		t.Errorf("history k2 = %+v", st.History["k2"])
 	}
 	got := st.Workers["k1"]
-	if got.URL != rec.URL || len(got.Ranks) != 2 || got.Ranks[1].KVTokens != 2925 || !got.LastSeen.Equal(rec.LastSeen) || got.LaunchArgs[0] != "--dp-size=2" {
+	if got.URL != rec.URL || len(got.Ranks) != 2 || got.Ranks[1].KVTokens != 2925 || !got.LastSeen.Equal(rec.LastSeen) || got.LaunchArgs[0] != "--dp-size=2" ||
+		got.MaxModelLen != 40960 {
 		t.Errorf("worker = %+v", got)
 	}
 	if fi, err := os.Stat(filepath.Join(dir, FileName)); err != nil || fi.Mode().Perm() != 0o600 {
@@ -158,6 +167,7 @@ func TestInvalidWritesRejected(t *testing.T) {
 	inf := measurement("k", math.Inf(1), time.Now())
 	cases := map[string]error{
 		"NaN pin":            b.SavePin("k", math.NaN()),
+		"zero prefill pin":   b.SavePrefillPin("k", 0),
 		"negative pin":       b.SavePin("k", -1),
 		"zero pin":           b.SavePin("k", 0),
 		"infinite pin":       b.SavePin("k", math.Inf(1)),
@@ -713,5 +723,35 @@ func TestWriteSurvivesKill(t *testing.T) {
 	}
 	if st.Pins["k"] != 2.5 || st.Latest["k"].ThroughputTPS != 812 {
 		t.Errorf("after SIGKILL: pins %v latest %v", st.Pins, st.Latest["k"].ThroughputTPS)
+	}
+}
+
+// A schema-2 file from before the prefill weight has no prefill_pins
+// bucket: it opens as it is, gains the bucket, and keeps its records.
+func TestPrefillPinsBucketAddedToOlderFile(t *testing.T) {
+	dir := t.TempDir()
+	b := open(t, dir)
+	if err := b.SavePin("k", 1.5); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	path := filepath.Join(dir, FileName)
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketPrefillPins) }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	b = open(t, dir)
+	defer b.Close()
+	if err := b.SavePrefillPin("k", 2.5); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Load()
+	if err != nil || st.Pins["k"] != 1.5 || st.PrefillPins["k"] != 2.5 {
+		t.Errorf("pins %v, prefill pins %v (%v)", st.Pins, st.PrefillPins, err)
 	}
 }

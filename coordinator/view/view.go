@@ -38,6 +38,9 @@ type MeasurementPoint struct {
 	ThroughputTPS float64   `json:"throughput_tps"`
 	WarmupTPS     float64   `json:"warmup_tps"`
 	Valid         bool      `json:"valid"`
+	// PrefillTPS is the measurement's prefill throughput where it may be
+	// used for a prefill weight.
+	PrefillTPS float64 `json:"prefill_tps,omitempty"`
 }
 
 // Worker is one engine endpoint as GET /api/v1/workers shows it. The first
@@ -92,6 +95,18 @@ type Worker struct {
 	// AdvertiseSource says how the agent chose the address: config, url,
 	// node_address or listen_address; "" when it offered none.
 	AdvertiseSource string `json:"advertise_source,omitempty"`
+
+	// What the worker can hold: its maximum model length, and the smaller
+	// of that and its smallest data-parallel rank's KV pool.
+	MaxModelLen      *int64 `json:"max_model_len"`
+	MaxContextTokens *int64 `json:"max_context_tokens"`
+	// The prefill weight: prefill throughput over the model's median, for
+	// gateways that route long prompts apart; null without a valid
+	// prefill measurement or outside the weight table.
+	PrefillTPS            *float64 `json:"prefill_tps"`
+	PrefillWeight         *float64 `json:"prefill_weight"`
+	PinnedPrefillWeight   *float64 `json:"pinned_prefill_weight"`
+	ComputedPrefillWeight *float64 `json:"computed_prefill_weight"`
 }
 
 // Workers is the body of GET /api/v1/workers.
@@ -102,23 +117,33 @@ type Workers struct {
 	NextCursor string `json:"next_cursor,omitempty"`
 }
 
+// Weight kinds: the decode weight (the default) and the prefill weight.
+const (
+	WeightDecode  = "decode"
+	WeightPrefill = "prefill"
+)
+
 // WeightEntry is one admitted worker in a model's weight table.
 type WeightEntry struct {
-	ID         string     `json:"id"`
-	Node       string     `json:"node"`
-	URL        string     `json:"url"`
-	Address    string     `json:"address"`
-	Weight     float64    `json:"weight"`
-	Pinned     bool       `json:"pinned"`
+	ID      string  `json:"id"`
+	Node    string  `json:"node"`
+	URL     string  `json:"url"`
+	Address string  `json:"address"`
+	Weight  float64 `json:"weight"`
+	Pinned  bool    `json:"pinned"`
+	// Throughput is the measured throughput the weight comes from: decode
+	// tok/s, or prompt tok/s for the prefill weight.
 	Throughput *float64   `json:"throughput_tps"`
 	MeasuredAt *time.Time `json:"measured_at"`
 	// MaxConcurrency as in Worker.
-	MaxConcurrency *int `json:"max_concurrency"`
+	MaxConcurrency   *int   `json:"max_concurrency"`
+	MaxContextTokens *int64 `json:"max_context_tokens"`
 }
 
-// Weights is the body of GET /api/v1/models/{model}/weights.
+// Weights is the body of GET /api/v1/models/{model}/weights[?kind=prefill].
 type Weights struct {
 	Model   string        `json:"model"`
+	Kind    string        `json:"kind"` // WeightDecode or WeightPrefill
 	Workers []WeightEntry `json:"workers"`
 }
 
