@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,9 +29,34 @@ import (
 // 404, one that fits several is 409 with the candidates, so an operator
 // never acts on a worker they did not mean.
 
-// pinBody is the body of POST .../pin.
+// pinBody is the body of POST .../pin: {"weight": 1.5} pins the decode
+// weight (PRODUCT.md), {"weight": 1.5, "kind": "prefill"} the prefill
+// weight. The kind may come as ?kind= instead, the way DELETE .../pin
+// names it.
 type pinBody struct {
 	Weight *float64 `json:"weight"`
+	Kind   string   `json:"kind"`
+}
+
+// weightKind reads a weight kind from the ?kind= query and the pin body's
+// "kind" (either may be empty, both must agree); empty is the decode
+// weight. A non-empty message is the 400 to answer.
+func weightKind(query, body string) (string, string) {
+	if query != "" && body != "" && query != body {
+		return "", fmt.Sprintf("kind %q in the query and %q in the body disagree", query, body)
+	}
+	kind := cmp.Or(query, body, view.WeightDecode)
+	if kind != view.WeightDecode && kind != view.WeightPrefill {
+		return "", fmt.Sprintf("kind %q is not %q or %q", kind, view.WeightDecode, view.WeightPrefill)
+	}
+	return kind, ""
+}
+
+// adminArg is what an admin request carries for its action: a pin's
+// weight and the kind of weight it is for.
+type adminArg struct {
+	weight float64
+	kind   string
 }
 
 // adminRoute is a method and the last segment of an admin route.
@@ -38,24 +64,40 @@ type adminRoute struct{ method, action string }
 
 // adminAction is what one admin route does.
 type adminAction struct {
-	// decode reads the body into the action's argument; nil means the body
-	// carries nothing and is drained. A non-zero status refuses the
-	// request before the worker is looked up.
-	decode func(s *Server, body io.Reader) (arg float64, status int, msg string)
+	// decode reads the request's body (and the query parameters in
+	// params) into the action's argument; nil means the body carries
+	// nothing and is drained. A non-zero status refuses the request
+	// before the worker is looked up.
+	decode func(s *Server, r *http.Request) (arg adminArg, status int, msg string)
+	// params are the query parameters the action itself reads, besides
+	// those that name the worker.
+	params []string
 	// run applies the action to a worker that exists.
-	run func(s *Server, wk view.Worker, arg float64) error
+	run func(s *Server, wk view.Worker, arg adminArg) error
 }
 
 var adminActions = map[adminRoute]adminAction{
 	{http.MethodPost, "pin"}: {
-		decode: func(s *Server, body io.Reader) (float64, int, string) {
-			return decodePin(body, s.opts.PinMin, s.opts.PinMax)
+		decode: func(s *Server, r *http.Request) (adminArg, int, string) {
+			return decodePin(r.Body, r.URL.Query().Get("kind"), s.opts.PinMin, s.opts.PinMax)
 		},
-		run: func(s *Server, wk view.Worker, weight float64) error { return s.fleet.Pin(wk.ID, weight) },
+		params: []string{"kind"},
+		run:    func(s *Server, wk view.Worker, a adminArg) error { return s.fleet.PinKind(wk.ID, a.kind, a.weight) },
 	},
-	{http.MethodDelete, "pin"}: {run: func(s *Server, wk view.Worker, _ float64) error { return s.fleet.Unpin(wk.ID) }},
-	{http.MethodPost, "admit"}: {run: func(s *Server, wk view.Worker, _ float64) error { return s.fleet.Admit(wk.ID) }},
-	{http.MethodPost, "hold"}:  {run: func(s *Server, wk view.Worker, _ float64) error { return s.fleet.Hold(wk.ID) }},
+	{http.MethodDelete, "pin"}: {
+		decode: func(s *Server, r *http.Request) (adminArg, int, string) {
+			kind, msg := weightKind(r.URL.Query().Get("kind"), "")
+			if msg != "" {
+				return adminArg{}, http.StatusBadRequest, msg
+			}
+			status, msg := drainBody(r.Body)
+			return adminArg{kind: kind}, status, msg
+		},
+		params: []string{"kind"},
+		run:    func(s *Server, wk view.Worker, a adminArg) error { return s.fleet.UnpinKind(wk.ID, a.kind) },
+	},
+	{http.MethodPost, "admit"}: {run: func(s *Server, wk view.Worker, _ adminArg) error { return s.fleet.Admit(wk.ID) }},
+	{http.MethodPost, "hold"}:  {run: func(s *Server, wk view.Worker, _ adminArg) error { return s.fleet.Hold(wk.ID) }},
 	{http.MethodPost, "probe"}: {run: (*Server).probe},
 }
 
@@ -141,15 +183,15 @@ func (s *Server) actionMethods(action string, params []string, find func(url.Val
 func (s *Server) runAction(w http.ResponseWriter, r *http.Request, route adminRoute, act adminAction,
 	params []string, find func(url.Values) (view.Worker, error)) {
 	q := r.URL.Query()
-	if err := onlyParams(q, params); err != nil {
+	if err := onlyParams(q, append(slices.Clone(params), act.params...)); err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	var arg float64
+	var arg adminArg
 	var status int
 	var msg string
 	if act.decode != nil {
-		arg, status, msg = act.decode(s, r.Body)
+		arg, status, msg = act.decode(s, r)
 	} else {
 		status, msg = drainBody(r.Body)
 	}
@@ -179,6 +221,8 @@ func (s *Server) runAction(w http.ResponseWriter, r *http.Request, route adminRo
 func onlyParams(q url.Values, allowed []string) error {
 	for _, key := range slices.Sorted(maps.Keys(q)) {
 		switch {
+		case key == "weight" && !slices.Contains(allowed, key):
+			return fmt.Errorf("unknown parameter %q: pin's weight goes in the body, {\"weight\": N}", key)
 		case !slices.Contains(allowed, key) && len(allowed) == 0:
 			return fmt.Errorf("unknown parameter %q: a route by ID takes none (the path names the worker; pin's weight goes in the body)", key)
 		case !slices.Contains(allowed, key):
@@ -275,7 +319,7 @@ type httpError struct {
 func (e *httpError) Error() string { return e.msg }
 
 // probe asks the worker's agent for an on-demand measurement.
-func (s *Server) probe(wk view.Worker, _ float64) error {
+func (s *Server) probe(wk view.Worker, _ adminArg) error {
 	if !s.hub.connected(wk.Node) {
 		return &httpError{http.StatusConflict, fmt.Sprintf("the agent of node %q is not connected; probe once it is back", wk.Node)}
 	}
@@ -321,36 +365,41 @@ func actionStatus(err error) int {
 	}
 }
 
-// decodePin reads {"weight": number} with the number within [lo, hi], the
-// range computed weights are clamped to. A non-zero status is the error.
-func decodePin(body io.Reader, lo, hi float64) (float64, int, string) {
+// decodePin reads {"weight": number[, "kind": "decode"|"prefill"]} with
+// the number within [lo, hi], the range computed weights are clamped to;
+// the kind may come as ?kind= instead. A non-zero status is the error.
+func decodePin(body io.Reader, queryKind string, lo, hi float64) (adminArg, int, string) {
 	data, err := io.ReadAll(body)
 	if err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return 0, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", mbe.Limit)
+			return adminArg{}, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", mbe.Limit)
 		}
-		return 0, http.StatusBadRequest, "read body: " + err.Error()
+		return adminArg{}, http.StatusBadRequest, "read body: " + err.Error()
 	}
 	const want = `body must be {"weight": <positive number>}`
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	var p pinBody
 	if err := dec.Decode(&p); err != nil {
-		return 0, http.StatusBadRequest, fmt.Sprintf("%s: %v", want, err)
+		return adminArg{}, http.StatusBadRequest, fmt.Sprintf("%s: %v", want, err)
 	}
 	if err := dec.Decode(new(json.RawMessage)); err != io.EOF {
-		return 0, http.StatusBadRequest, want + ": trailing data after the object"
+		return adminArg{}, http.StatusBadRequest, want + ": trailing data after the object"
+	}
+	kind, msg := weightKind(queryKind, p.Kind)
+	if msg != "" {
+		return adminArg{}, http.StatusBadRequest, msg
 	}
 	if p.Weight == nil {
-		return 0, http.StatusBadRequest, want + ": weight is missing"
+		return adminArg{}, http.StatusBadRequest, want + ": weight is missing"
 	}
 	if v := *p.Weight; math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
-		return 0, http.StatusBadRequest, fmt.Sprintf("%s: got %g", want, v)
+		return adminArg{}, http.StatusBadRequest, fmt.Sprintf("%s: got %g", want, v)
 	}
 	if v := *p.Weight; v < lo || v > hi {
-		return 0, http.StatusBadRequest, fmt.Sprintf("weight %g is outside [%g, %g] (weight_min, weight_max)", v, lo, hi)
+		return adminArg{}, http.StatusBadRequest, fmt.Sprintf("weight %g is outside [%g, %g] (weight_min, weight_max)", v, lo, hi)
 	}
-	return *p.Weight, 0, ""
+	return adminArg{weight: *p.Weight, kind: kind}, 0, ""
 }
 
 // drainBody reads and ignores a body, answering 413 for an oversized one.

@@ -285,10 +285,19 @@ func (s *Server) modelWeights(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such route: use /api/v1/models/{model}/weights")
 		return
 	}
+	kind, msg := weightKind(r.URL.Query().Get("kind"), "")
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
 	if s.renderWeights(w, r, model) { // ?format=haproxy|nginx|litellm (formats.go)
 		return
 	}
-	wt, ok := s.fleet.Weights(model)
+	wt, ok, err := s.fleet.WeightsOf(model, kind)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	if !ok {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no model %q", model))
 		return

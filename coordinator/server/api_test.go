@@ -537,3 +537,63 @@ func TestRunTwice(t *testing.T) {
 		t.Errorf("second Run: %v", err)
 	}
 }
+
+// The prefill weight has its own table (?kind=prefill) and its own pin
+// ({"kind":"prefill"} or ?kind=prefill), beside the decode weight's.
+func TestPrefillWeightRoutes(t *testing.T) {
+	ts := startServer(t, testOptions(), nil)
+	a := connectAgent(t, ts, "gpu-a")
+	a.snapshot("m", "e0")
+	a.send(&wire.ProbeResult{Measurement: wire.Measurement{CapacityKey: "gpu-a/e0", ThroughputTPS: 992, OutputTokens: 2048}})
+	testutil.Eventually(t, "the measurement", 10*time.Second, func() bool { w, _ := ts.fleet.Worker("gpu-a/e0"); return w.Throughput != nil })
+
+	var w view.Worker
+	status, body, _ := ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/pin", adminToken, strings.NewReader(`{"weight":2.5,"kind":"prefill"}`))
+	if status != http.StatusOK || json.Unmarshal(body, &w) != nil || w.PinnedPrefillWeight == nil || *w.PinnedPrefillWeight != 2.5 || w.PinnedWeight != nil {
+		t.Fatalf("prefill pin: %d %s", status, body)
+	}
+	status, body, _ = ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/pin?kind=prefill", adminToken, strings.NewReader(`{"weight":3}`))
+	if status != http.StatusOK || json.Unmarshal(body, &w) != nil || *w.PinnedPrefillWeight != 3 {
+		t.Fatalf("prefill pin by query: %d %s", status, body)
+	}
+	// {"weight": ...} alone stays the decode pin (PRODUCT.md).
+	status, body, _ = ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/pin", adminToken, strings.NewReader(`{"weight":1.5}`))
+	if status != http.StatusOK || json.Unmarshal(body, &w) != nil || w.PinnedWeight == nil || *w.PinnedWeight != 1.5 || *w.PinnedPrefillWeight != 3 {
+		t.Fatalf("decode pin: %d %s", status, body)
+	}
+	for _, kind := range []string{"decode", "prefill"} {
+		status, body, _ = ts.do(t, "GET", "/api/v1/models/m/weights?kind="+kind, "", nil)
+		var wt view.Weights
+		if status != http.StatusOK || json.Unmarshal(body, &wt) != nil || wt.Kind != kind || len(wt.Workers) != 1 {
+			t.Fatalf("%s weights: %d %s", kind, status, body)
+		}
+		if want := map[string]float64{"decode": 1.5, "prefill": 3}[kind]; wt.Workers[0].Weight != want {
+			t.Errorf("%s weight %v, want %v", kind, wt.Workers[0].Weight, want)
+		}
+	}
+	status, body, _ = ts.do(t, "DELETE", "/api/v1/workers/gpu-a/e0/pin?kind=prefill", adminToken, nil)
+	if status != http.StatusOK || json.Unmarshal(body, &w) != nil || w.PinnedPrefillWeight != nil || w.PinnedWeight == nil {
+		t.Fatalf("prefill unpin: %d %s", status, body)
+	}
+
+	for _, tc := range []struct {
+		name, method, path, body string
+		want                     string
+	}{
+		{"unknown kind in the body", "POST", "/api/v1/workers/gpu-a/e0/pin", `{"weight":1,"kind":"speed"}`, `kind "speed" is not "decode" or "prefill"`},
+		{"unknown kind in the query", "POST", "/api/v1/workers/gpu-a/e0/pin?kind=speed", `{"weight":1}`, `kind "speed"`},
+		{"kinds disagree", "POST", "/api/v1/workers/gpu-a/e0/pin?kind=decode", `{"weight":1,"kind":"prefill"}`, "disagree"},
+		{"unknown kind to clear", "DELETE", "/api/v1/workers/gpu-a/e0/pin?kind=speed", "", `kind "speed"`},
+		{"unknown kind of weights", "GET", "/api/v1/models/m/weights?kind=speed", "", `kind "speed"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body, _ := ts.do(t, tc.method, tc.path, adminToken, strings.NewReader(tc.body))
+			if status != http.StatusBadRequest || !strings.Contains(errorMessage(t, body), tc.want) {
+				t.Errorf("got %d %s, want 400 with %q", status, body, tc.want)
+			}
+		})
+	}
+	if w, _ := ts.fleet.Worker("gpu-a/e0"); w.PinnedWeight == nil || *w.PinnedWeight != 1.5 || w.PinnedPrefillWeight != nil {
+		t.Errorf("a refused request changed the pins: %v %v", w.PinnedWeight, w.PinnedPrefillWeight)
+	}
+}

@@ -169,6 +169,60 @@ func (f *fakeFleet) Unpin(id string) error {
 	return nil
 }
 
+func (f *fakeFleet) PinKind(id, kind string, weight float64) error {
+	if kind == view.WeightDecode {
+		return f.Pin(id, weight)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", fleet.ErrNotFound, id)
+	}
+	f.record("pin %s %s %g", kind, id, weight)
+	w.PinnedPrefillWeight, w.PrefillWeight = &weight, &weight
+	f.notify()
+	return nil
+}
+
+func (f *fakeFleet) UnpinKind(id, kind string) error {
+	if kind == view.WeightDecode {
+		return f.Unpin(id)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[id]
+	if !ok {
+		return fleet.ErrNotFound
+	}
+	f.record("unpin %s %s", kind, id)
+	w.PinnedPrefillWeight = nil
+	return nil
+}
+
+func (f *fakeFleet) WeightsOf(model, kind string) (view.Weights, bool, error) {
+	if kind == view.WeightDecode {
+		wt, ok := f.Weights(model)
+		wt.Kind = kind
+		return wt, ok, nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := view.Weights{Model: model, Kind: kind}
+	found := false
+	for _, w := range f.workers {
+		if w.Model != model {
+			continue
+		}
+		found = true
+		if w.State == view.StateAdmitted && w.PrefillWeight != nil {
+			out.Workers = append(out.Workers, view.WeightEntry{ID: w.ID, Node: w.Node, URL: w.URL, Weight: *w.PrefillWeight,
+				Throughput: w.PrefillTPS, MaxContextTokens: w.MaxContextTokens})
+		}
+	}
+	return out, found, nil
+}
+
 func (f *fakeFleet) setDecision(id, d, state string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

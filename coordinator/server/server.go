@@ -34,6 +34,8 @@ type fleetAPI interface {
 	Tick() []fleet.Action
 	Pin(id string, weight float64) error
 	Unpin(id string) error
+	PinKind(id, kind string, weight float64) error
+	UnpinKind(id, kind string) error
 	Admit(id string) error
 	Hold(id string) error
 	Probe(id string) ([]fleet.Action, error)
@@ -41,6 +43,7 @@ type fleetAPI interface {
 	Find(q fleet.Query) ([]view.Worker, bool)
 	Worker(id string) (view.Worker, bool)
 	Weights(model string) (view.Weights, bool)
+	WeightsOf(model, kind string) (view.Weights, bool, error)
 	Models() []string
 	Changes() (<-chan struct{}, func())
 	Since(seq uint64) fleet.Delta
