@@ -3,6 +3,7 @@ package web_test
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -60,6 +61,7 @@ func TestDashboard(t *testing.T) {
 		{Code: wire.CodeDPPoolImbalance, Worker: d.id("gpu-d")},
 		{Code: wire.CodeForeignGPUProcess, Worker: d.id("gpu-d")},
 		{Code: wire.CodeProbeIncompleteOutput, Worker: d.id("mac-c")},
+		{Code: wire.CodeContextExceedsPool, Worker: d.id("gpu-d")},
 	} {
 		if !slices.ContainsFunc(want, func(p pageWarning) bool { return p.Code == must.Code && p.Worker == must.Worker }) {
 			t.Fatalf("the API has no %s warning for %s: %+v", must.Code, must.Worker, want)
@@ -126,6 +128,55 @@ func TestDashboard(t *testing.T) {
 		state := eval[string](t, ctx, `document.querySelector(`+jsString(card(d.id("gpu-d")))+`).dataset.state`)
 		if state != view.StateHeld {
 			t.Errorf("gpu-d card state %q", state)
+		}
+	})
+
+	t.Run("prefill and context", func(t *testing.T) {
+		type row struct {
+			TPS     string `json:"tps"`
+			Weight  string `json:"weight"`
+			Context string `json:"context"`
+			Text    string `json:"text"`
+		}
+		read := func(id string) row {
+			return eval[row](t, ctx, `(() => { const c = document.querySelector(`+jsString(card(id))+`);
+				const w = c.querySelector('[data-prefill-weight]');
+				return { tps: c.querySelector('[data-prefill-tps]').dataset.prefillTps, weight: w ? w.dataset.prefillWeight : '',
+					context: c.querySelector('[data-max-context]').dataset.maxContext,
+					text: c.querySelector('[data-prefill-tps]').textContent + ' | ' + c.querySelector('[data-max-context]').textContent }; })()`)
+		}
+		str := func(p *float64) string {
+			if p == nil {
+				return ""
+			}
+			return strconv.FormatFloat(*p, 'f', -1, 64)
+		}
+		for _, w := range ws {
+			got := read(w.ID)
+			ctxWant := ""
+			if w.MaxContextTokens != nil {
+				ctxWant = strconv.FormatInt(*w.MaxContextTokens, 10)
+			}
+			if got.TPS != str(w.PrefillTPS) || got.Weight != str(w.PrefillWeight) || got.Context != ctxWant {
+				t.Errorf("%s: page %+v, API prefill %s weight %s context %s", w.ID, got, str(w.PrefillTPS), str(w.PrefillWeight), ctxWant)
+			}
+		}
+		// gpu-b reads prompts fastest of the admitted: the higher prefill
+		// weight, though it decodes slower than gpu-a.
+		a, b := read(d.id("gpu-a")), read(d.id("gpu-b"))
+		wa, errA := strconv.ParseFloat(a.Weight, 64)
+		wb, errB := strconv.ParseFloat(b.Weight, 64)
+		if errA != nil || errB != nil || wa >= wb || !strings.Contains(b.Text, "14,200 prompt tok/s") {
+			t.Errorf("gpu-a %+v, gpu-b %+v", a, b)
+		}
+		// gpu-d's small rank holds less than its model length; it is held,
+		// so it has a prefill throughput but no prefill weight.
+		dd := read(d.id("gpu-d"))
+		if dd.Context != "2925" || !strings.Contains(dd.Text, "max model length 40,960") || dd.Weight != "" {
+			t.Errorf("gpu-d %+v", dd)
+		}
+		if !strings.Contains(read(d.id("mac-c")).Text, "no prefill burst") {
+			t.Errorf("mac-c %+v", read(d.id("mac-c")))
 		}
 	})
 

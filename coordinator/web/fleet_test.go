@@ -35,8 +35,10 @@ func startDemo(t *testing.T, c *coordinator, history int) *demo {
 		gpus   []wire.GPU
 		tps    float64
 		warmup float64
-		edit   func(*wire.Measurement)
-		host   func(*wire.Host)
+		// prefill is the prefill burst's prompt tok/s; 0 = no prefill part.
+		prefill float64
+		edit    func(*wire.Measurement)
+		host    func(*wire.Host)
 	}
 	h100 := gpu(0, "NVIDIA H100 80GB HBM3", "GPU-5b1a0c3e-a", 79.6, 6.1, 1980, 1980)
 	l40s := gpu(0, "NVIDIA L40S", "GPU-77c2e0d1-b", 44.4, 4.9, 2490, 2520)
@@ -54,11 +56,14 @@ func startDemo(t *testing.T, c *coordinator, history int) *demo {
 	dp.Ranks = []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}
 	dp.RanksSource = "/var/log/sglang/server.log"
 	dp.GPUUUIDs = []string{l4a.UUID, l4b.UUID}
+	dp.MaxModelLen, dp.MaxModelLenSource = 40960, "v1_models" // more than its small rank holds
+	fast := engine("gpu-a", wire.EngineVLLM, demoModel, "0.11.0", 8000, "--max-num-seqs=256")
+	fast.MaxModelLen, fast.MaxModelLenSource = 40960, "v1_models"
+	mid := engine("gpu-b", wire.EngineSGLang, demoModel, "0.5.3", 30000, "--mem-fraction-static=0.88")
+	mid.MaxModelLen, mid.MaxModelLenSource = 32768, "v1_models"
 	specs := []spec{
-		{node: "gpu-a", eng: engine("gpu-a", wire.EngineVLLM, demoModel, "0.11.0", 8000, "--max-num-seqs=256"),
-			gpus: []wire.GPU{h100}, tps: 1984, warmup: 551},
-		{node: "gpu-b", eng: engine("gpu-b", wire.EngineSGLang, demoModel, "0.5.3", 30000, "--mem-fraction-static=0.88"),
-			gpus: []wire.GPU{l40s}, tps: 884, warmup: 861},
+		{node: "gpu-a", eng: fast, gpus: []wire.GPU{h100}, tps: 1984, warmup: 551, prefill: 9800},
+		{node: "gpu-b", eng: mid, gpus: []wire.GPU{l40s}, tps: 884, warmup: 861, prefill: 14200},
 		{node: "mac-c", eng: engine("mac-c", wire.EngineMLX, demoModel, "0.28.1", 8080),
 			gpus: []wire.GPU{m4}, tps: 296, warmup: 288,
 			edit: func(m *wire.Measurement) {
@@ -66,7 +71,7 @@ func startDemo(t *testing.T, c *coordinator, history int) *demo {
 				m.Problems = []string{"mlx-lm has no min_tokens: 3 of 16 responses stopped early at an end-of-sequence token"}
 			},
 			host: func(h *wire.Host) { h.OS, h.Arch, h.UnifiedMemory = "darwin", "arm64", true }},
-		{node: "gpu-d", eng: dp, gpus: []wire.GPU{l4a, l4b}, tps: 613, warmup: 598},
+		{node: "gpu-d", eng: dp, gpus: []wire.GPU{l4a, l4b}, tps: 613, warmup: 598, prefill: 7100},
 	}
 	now := time.Now()
 	for _, s := range specs {
@@ -86,6 +91,11 @@ func startDemo(t *testing.T, c *coordinator, history int) *demo {
 		}
 		a.before(s.eng.CapacityKey, past)
 		m := measurement(s.node, s.eng, s.tps, s.warmup)
+		if s.prefill > 0 {
+			m.Prefill = &wire.Prefill{ThroughputTPS: s.prefill, WarmupTPS: s.prefill * 0.97, PromptTokens: 4 * 8192,
+				ExpectedPromptTokens: 4 * 8192, WallSeconds: 4 * 8192 / s.prefill, PromptLength: 8192, Requests: 4, Concurrency: 4,
+				TTFTP50: 2 * 8192 / s.prefill, TTFTP95: 4 * 8192 / s.prefill, TokenSource: "usage", Complete: true}
+		}
 		if s.edit != nil {
 			s.edit(&m)
 		}

@@ -380,6 +380,8 @@ function workerCard(w, maxWeight) {
   <div class="row"><span class="label">Weight</span><div class="val">
     <div class="weightbar${pinned ? ' pinned' : ''}" title="${pinned ? 'pinned by an admin' : 'throughput / model median'}"><span data-w="${weight != null ? Math.min(100, 100 * weight / maxWeight).toFixed(1) : 0}"></span></div></div>
     <span class="num weight" data-weight="${weight ?? ''}" data-pinned="${pinned}">${weight != null ? num(weight, 2) : `<span class="meta">${esc(noWeight(w))}</span>`}${pinned ? ` <span class="chip pin" title="pinned by an admin; computed ${num(w.computed_weight, 2)}">pinned</span>` : ''}</span></div>
+  ${prefill(w)}
+  ${context(w)}
   ${history(w.history)}
   ${pools(w)}
   ${gpus(w.gpus)}
@@ -409,6 +411,36 @@ function noWeight(w) {
     case 'measuring': case 'pending': return 'not yet';
     default: return '—';
   }
+}
+
+// prefill shows how fast the worker reads prompts and the prefill weight
+// gateways that route long prompts apart use.
+function prefill(w) {
+  const p = w.measurement && w.measurement.prefill;
+  const pinned = w.pinned_prefill_weight !== null && w.pinned_prefill_weight !== undefined;
+  let text;
+  if (w.prefill_tps != null) {
+    text = `<strong>${num(w.prefill_tps)}</strong> prompt tok/s · weight <span class="num weight" data-prefill-weight="${w.prefill_weight ?? ''}" data-prefill-pinned="${pinned}">${w.prefill_weight != null ? num(w.prefill_weight, 2) : esc(noWeight(w))}</span>` +
+      (pinned ? ` <span class="chip pin" title="pinned by an admin; computed ${num(w.computed_prefill_weight, 2)}">pinned</span>` : '') +
+      (p ? `<span class="meta" title="${p.requests} prompts of ${num(p.prompt_length)} tokens, ${num(p.wall_seconds, 2)} s"> · ${p.requests}×${num(p.prompt_length)} tokens</span>` : '');
+  } else if (p && p.failure) {
+    text = `<span class="meta" title="${esc((p.problems || [])[0] || '')}">not measured: ${esc(p.failure)}</span>`;
+  } else {
+    text = `<span class="meta">${w.measurement ? 'no prefill burst in the last probe' : 'not measured yet'}</span>`;
+  }
+  return `<div class="row"><span class="label">Prefill</span><span class="val num" data-prefill-tps="${w.prefill_tps ?? ''}">${text}</span></div>`;
+}
+
+// context shows the longest sequence the worker really holds: its maximum
+// model length, or its smallest pool where that is smaller.
+function context(w) {
+  const ctx = w.max_context_tokens, len = w.max_model_len;
+  let text = '<span class="meta">unknown</span>';
+  if (ctx != null) {
+    text = `<strong>${num(ctx)}</strong> tokens`;
+    if (len != null && len > ctx) text += ` <span class="meta">(max model length ${num(len)}; the smallest pool holds less)</span>`;
+  }
+  return `<div class="row"><span class="label">Context</span><span class="val num" data-max-context="${ctx ?? ''}">${text}</span></div>`;
 }
 
 function history(points) {
