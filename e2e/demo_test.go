@@ -4,6 +4,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -49,6 +51,23 @@ func TestDemo(t *testing.T) {
 	}
 	if !strings.Contains(last["gpu-d"], "dp_pool_imbalance") {
 		t.Errorf("gpu-d is not held for its pools: %q", last["gpu-d"])
+	}
+	// gpu-a decodes fastest, gpu-b reads prompts fastest: the two weights
+	// rank them apart.
+	weight := func(node, which string) float64 {
+		m := regexp.MustCompile(`  ` + which + ` ([0-9.]+)`).FindStringSubmatch(last[node])
+		if m == nil {
+			t.Errorf("%s: no %s in %q", node, which, last[node])
+			return 0
+		}
+		v, _ := strconv.ParseFloat(m[1], 64)
+		return v
+	}
+	if a, b := weight("gpu-a", "weight"), weight("gpu-b", "weight"); a <= b {
+		t.Errorf("decode weights gpu-a %v, gpu-b %v: gpu-a decodes faster", a, b)
+	}
+	if a, b := weight("gpu-a", "prefill weight"), weight("gpu-b", "prefill weight"); a >= b {
+		t.Errorf("prefill weights gpu-a %v, gpu-b %v: gpu-b reads prompts faster", a, b)
 	}
 	t.Logf("demo output:\n%s", text)
 }

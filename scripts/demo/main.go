@@ -33,12 +33,16 @@ type engine struct {
 	args []string
 }
 
-// The fleet: one model served by four very different workers.
+// The fleet: one model served by four very different workers. gpu-a
+// decodes fastest but gpu-b reads long prompts fastest: their decode and
+// prefill weights rank them apart.
 var fleet = []engine{
-	{"gpu-a", []string{"--flavor", "vllm", "--single-tps", "150", "--batch16-tps", "2000", "--cold-factor", "3.6", "--cold-seconds", "3"}},
-	{"gpu-b", []string{"--flavor", "sglang", "--single-tps", "80", "--batch16-tps", "900"}},
-	{"mac-c", []string{"--flavor", "mlx", "--single-tps", "45", "--batch16-tps", "300"}},
-	{"gpu-d", []string{"--flavor", "sglang", "--single-tps", "80", "--batch16-tps", "900", "--dp", "2", "--kv-tokens", "24094,2925"}},
+	{"gpu-a", []string{"--flavor", "vllm", "--single-tps", "150", "--batch16-tps", "2000", "--prefill-tps", "12000",
+		"--cold-factor", "3.6", "--cold-seconds", "3"}},
+	{"gpu-b", []string{"--flavor", "sglang", "--single-tps", "80", "--batch16-tps", "900", "--prefill-tps", "30000"}},
+	{"mac-c", []string{"--flavor", "mlx", "--single-tps", "45", "--batch16-tps", "300", "--prefill-tps", "6000"}},
+	{"gpu-d", []string{"--flavor", "sglang", "--single-tps", "80", "--batch16-tps", "900", "--prefill-tps", "20000",
+		"--dp", "2", "--kv-tokens", "24094,2925"}},
 }
 
 const model = "Qwen/Qwen3-8B"
@@ -146,8 +150,9 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 		fmt.Printf("started %-6s %-7s engine at %s with its agent\n", e.node, kind, url)
 	}
 
-	fmt.Printf("\nheft demo fleet is up.\n  dashboard:  %s/\n  workers:    curl -s %s/api/v1/workers\n  weights:    curl -s %s/api/v1/models/%s/weights\n  admin token (for pins in the dashboard): %s\n  logs:       %s\nPress Ctrl-C to stop.\n\n",
-		base, base, base, model, adminToken, dir)
+	fmt.Printf("\nheft demo fleet is up.\n  dashboard:  %s/\n  workers:    curl -s %s/api/v1/workers\n  weights:    curl -s %s/api/v1/models/%s/weights\n"+
+		"  prefill:    curl -s '%s/api/v1/models/%s/weights?kind=prefill'\n  admin token (for pins in the dashboard): %s\n  logs:       %s\nPress Ctrl-C to stop.\n\n",
+		base, base, base, model, base, model, adminToken, dir)
 	return watch(ctx, base, settle)
 }
 
@@ -195,6 +200,8 @@ type worker struct {
 	State      string   `json:"state"`
 	Throughput *float64 `json:"throughput_tps"`
 	Weight     *float64 `json:"weight"`
+	Prefill    *float64 `json:"prefill_tps"`
+	PrefillW   *float64 `json:"prefill_weight"`
 	Warnings   []struct {
 		Code     string `json:"code"`
 		Severity string `json:"severity"`
@@ -208,6 +215,12 @@ func describe(w worker) string {
 	}
 	if w.Weight != nil {
 		s += fmt.Sprintf("  weight %.2f", *w.Weight)
+	}
+	if w.Prefill != nil {
+		s += fmt.Sprintf("  prefill %.0f tok/s", *w.Prefill)
+	}
+	if w.PrefillW != nil {
+		s += fmt.Sprintf("  prefill weight %.2f", *w.PrefillW)
 	}
 	var codes []string
 	for _, x := range w.Warnings {
