@@ -77,7 +77,7 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 			errs = append(errs, err)
 			continue
 		}
-		b.Targets = append(b.Targets, t)
+		b.Targets = append(b.Targets, target.WithSelection(t, target.Selection{Kind: h.Kind, MinContextTokens: int64(h.MinContextTokens)}))
 	}
 	for _, n := range cfg.Nginx {
 		t, err := nginx.New(nginx.Config{Model: n.Model, File: n.File, Upstream: n.Upstream, Directives: n.Directives,
@@ -86,7 +86,7 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 			errs = append(errs, err)
 			continue
 		}
-		b.Targets = append(b.Targets, t)
+		b.Targets = append(b.Targets, target.WithSelection(t, target.Selection{Kind: n.Kind, MinContextTokens: int64(n.MinContextTokens)}))
 	}
 	servers := map[string]*envoy.Server{}
 	for _, e := range cfg.Envoy {
@@ -100,7 +100,8 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 			servers[e.Listen] = s
 			b.Envoys = append(b.Envoys, s)
 		}
-		b.Targets = append(b.Targets, s.Cluster(e.Model, e.ClusterName()))
+		b.Targets = append(b.Targets, target.WithSelection(s.Cluster(e.Model, e.ClusterName()),
+			target.Selection{Kind: e.Kind, MinContextTokens: int64(e.MinContextTokens)}))
 	}
 	files := map[string]*litellm.File{}
 	for _, l := range cfg.LiteLLM {
@@ -118,7 +119,7 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 			errs = append(errs, err)
 			continue
 		}
-		b.Targets = append(b.Targets, t)
+		b.Targets = append(b.Targets, target.WithSelection(t, target.Selection{Kind: l.Kind, MinContextTokens: int64(l.MinContextTokens)}))
 	}
 	if err := errors.Join(errs...); err != nil {
 		b.Close()

@@ -19,6 +19,7 @@ import (
 	"heft/gateway/config"
 	"heft/gateway/gwtest"
 	"heft/gateway/syncer"
+	"heft/gateway/target"
 	"heft/shared/testutil"
 )
 
@@ -345,4 +346,36 @@ func grep(text, word string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A table's kind and min_context_tokens make its target apply that weight
+// to the workers that hold that many tokens.
+func TestBuildWeightKinds(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := config.Parse(fmt.Sprintf(`
+[coordinator]
+url = "http://127.0.0.1:1"
+[[litellm]]
+model = %[1]q
+file = %[2]q
+model_name = "qwen"
+[[litellm]]
+model = %[1]q
+file = %[2]q
+model_name = "qwen-long"
+kind = "prefill"
+min_context_tokens = 32768
+`, model, filepath.Join(dir, "models.yaml")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	built, err := app.Build(cfg, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer built.Close()
+	want := []target.Selection{{Kind: view.WeightDecode}, {Kind: view.WeightPrefill, MinContextTokens: 32768}}
+	if len(built.Targets) != 2 || target.SelectionOf(built.Targets[0]) != want[0] || target.SelectionOf(built.Targets[1]) != want[1] {
+		t.Errorf("targets %+v, %+v", target.SelectionOf(built.Targets[0]), target.SelectionOf(built.Targets[1]))
+	}
 }

@@ -14,11 +14,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/coordinator/view"
 	"heft/shared/address"
 	"heft/shared/logging"
 	"heft/shared/settings"
@@ -61,36 +63,50 @@ type HAProxy struct {
 	AddServers bool
 	MaxConn    bool
 	Timeout    time.Duration
+	Kind       string // WeightKinds: which weight the backend applies
+	// MinContextTokens serves only workers that hold this many tokens.
+	MinContextTokens int
 }
+
+// WeightKinds are what a gateway table's kind may name: the decode weight
+// (the default) or the prefill weight, for a backend that takes long
+// prompts apart.
+var WeightKinds = []string{view.WeightDecode, view.WeightPrefill}
 
 // Nginx is one [[nginx]] table.
 type Nginx struct {
-	Model      string
-	File       string
-	Upstream   string
-	Directives []string
-	Check      []string
-	Reload     []string
-	MaxConns   bool
-	Timeout    time.Duration
+	Model            string
+	File             string
+	Upstream         string
+	Directives       []string
+	Check            []string
+	Reload           []string
+	MaxConns         bool
+	Timeout          time.Duration
+	Kind             string
+	MinContextTokens int
 }
 
 // Envoy is one [[envoy]] table: one model served as one cluster.
 type Envoy struct {
-	Listen  string
-	Model   string
-	Cluster string // default: the model name
+	Listen           string
+	Model            string
+	Cluster          string // default: the model name
+	Kind             string
+	MinContextTokens int
 }
 
 // LiteLLM is one [[litellm]] table.
 type LiteLLM struct {
-	Model     string
-	File      string
-	Command   []string
-	ModelName string
-	Provider  string
-	APIKey    string
-	Timeout   time.Duration
+	Model            string
+	File             string
+	Command          []string
+	ModelName        string
+	Provider         string
+	APIKey           string
+	Timeout          time.Duration
+	Kind             string
+	MinContextTokens int
 }
 
 // Defaults.
@@ -130,6 +146,7 @@ func (c *Config) command() settings.Command {
 					settings.String("backend", &h.Backend, ""), settings.String("slots", &h.Slots, ""),
 					settings.String("order", &h.Order, ""), settings.Bool("add_servers", &h.AddServers, ""),
 					settings.Bool("maxconn", &h.MaxConn, ""), settings.Duration("timeout", &h.Timeout, ""),
+					settings.String("kind", &h.Kind, ""), settings.Int("min_context_tokens", &h.MinContextTokens, ""),
 				}
 			}})),
 			fileOnly(settings.List("nginx", &c.Nginx, "an nginx upstream file", settings.ListOf[Nginx]{Fields: func(n *Nginx) []settings.Setting {
@@ -138,12 +155,13 @@ func (c *Config) command() settings.Command {
 					settings.String("upstream", &n.Upstream, ""), settings.Strings("directives", &n.Directives, ""),
 					settings.Strings("check", &n.Check, ""), settings.Strings("reload", &n.Reload, ""),
 					settings.Bool("max_conns", &n.MaxConns, ""), settings.Duration("timeout", &n.Timeout, ""),
+					settings.String("kind", &n.Kind, ""), settings.Int("min_context_tokens", &n.MinContextTokens, ""),
 				}
 			}})),
 			fileOnly(settings.List("envoy", &c.Envoy, "an Envoy cluster over xDS", settings.ListOf[Envoy]{Fields: func(e *Envoy) []settings.Setting {
 				return []settings.Setting{
 					settings.String("listen", &e.Listen, ""), settings.String("model", &e.Model, ""),
-					settings.String("cluster", &e.Cluster, ""),
+					settings.String("cluster", &e.Cluster, ""), settings.String("kind", &e.Kind, ""), settings.Int("min_context_tokens", &e.MinContextTokens, ""),
 				}
 			}})),
 			fileOnly(settings.List("litellm", &c.LiteLLM, "a LiteLLM model_list file", settings.ListOf[LiteLLM]{Fields: func(l *LiteLLM) []settings.Setting {
@@ -151,7 +169,7 @@ func (c *Config) command() settings.Command {
 					settings.String("model", &l.Model, ""), settings.String("file", &l.File, ""),
 					settings.Strings("command", &l.Command, ""), settings.String("model_name", &l.ModelName, ""),
 					settings.String("provider", &l.Provider, ""), settings.String("api_key", &l.APIKey, "").Secret(),
-					settings.Duration("timeout", &l.Timeout, ""),
+					settings.Duration("timeout", &l.Timeout, ""), settings.String("kind", &l.Kind, ""), settings.Int("min_context_tokens", &l.MinContextTokens, ""),
 				}
 			}})),
 		},
@@ -245,6 +263,14 @@ func (c Config) Validate() error {
 	if len(c.HAProxy)+len(c.Nginx)+len(c.Envoy)+len(c.LiteLLM) == 0 {
 		bad("no gateway: add a [[haproxy]], [[nginx]], [[envoy]] or [[litellm]] table")
 	}
+	weightKind := func(at, kind string, minContext int) {
+		if kind != "" && !slices.Contains(WeightKinds, kind) {
+			bad("%s: kind %q: want %q (the default) or %q", at, kind, WeightKinds[0], WeightKinds[1])
+		}
+		if minContext < 0 {
+			bad("%s: min_context_tokens %d is negative", at, minContext)
+		}
+	}
 	seen := map[string]bool{}
 	dup := func(kind, key string) {
 		if seen[kind+"\x00"+key] {
@@ -260,6 +286,7 @@ func (c Config) Validate() error {
 		if h.Order != "" && h.Order != "address" && h.Order != "weight" {
 			bad("%s: order %q: want \"address\" or \"weight\"", at, h.Order)
 		}
+		weightKind(at, h.Kind, h.MinContextTokens)
 		dup("haproxy", "socket "+h.Socket+" backend "+h.Backend)
 	}
 	for i, n := range c.Nginx {
@@ -273,6 +300,7 @@ func (c Config) Validate() error {
 		if len(n.Check) == 0 && n.Check != nil || len(n.Reload) == 0 && n.Reload != nil {
 			bad("%s: check and reload must name a command (leave them out for nginx -t and nginx -s reload)", at)
 		}
+		weightKind(at, n.Kind, n.MinContextTokens)
 		dup("nginx", "file "+n.File)
 	}
 	for i, e := range c.Envoy {
@@ -283,6 +311,7 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(e.Listen); e.Listen != "" && err != nil {
 			bad("%s: listen %q is not host:port", at, e.Listen)
 		}
+		weightKind(at, e.Kind, e.MinContextTokens)
 		dup("envoy", "listen "+e.Listen+" cluster "+e.ClusterName())
 	}
 	commands := map[string]string{}
@@ -298,6 +327,7 @@ func (c Config) Validate() error {
 		if name == "" {
 			name = l.Model
 		}
+		weightKind(at, l.Kind, l.MinContextTokens)
 		dup("litellm", "file "+l.File+" model_name "+name)
 		cmd := strings.Join(l.Command, "\x00")
 		if prev, ok := commands[l.File]; ok && prev != cmd {

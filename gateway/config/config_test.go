@@ -167,3 +167,47 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		}
 	}
 }
+
+func TestWeightKind(t *testing.T) {
+	c, err := Parse(`
+[coordinator]
+url = "http://x:1"
+[[haproxy]]
+model = "m"
+socket = "/run/haproxy.sock"
+backend = "m-long"
+kind = "prefill"
+[[nginx]]
+model = "m"
+file = "/etc/nginx/conf.d/m.conf"
+upstream = "m"
+kind = "decode"
+[[envoy]]
+model = "m"
+listen = "127.0.0.1:18000"
+cluster = "m-long"
+kind = "prefill"
+[[litellm]]
+model = "m"
+file = "/etc/litellm/heft.yaml"
+model_name = "m-long"
+kind = "prefill"
+min_context_tokens = 65536
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.HAProxy[0].Kind != "prefill" || c.Nginx[0].Kind != "decode" || c.Envoy[0].Kind != "prefill" || c.LiteLLM[0].Kind != "prefill" ||
+		c.LiteLLM[0].MinContextTokens != 65536 {
+		t.Errorf("kinds: %+v", c)
+	}
+	c.Nginx[0].Kind, c.HAProxy[0].MinContextTokens = "speed", -1
+	err = c.Validate()
+	if err == nil || !strings.Contains(err.Error(), `[[nginx]] #1: kind "speed": want "decode" (the default) or "prefill"`) ||
+		!strings.Contains(err.Error(), "[[haproxy]] #1: min_context_tokens -1 is negative") {
+		t.Errorf("a bad kind: %v", err)
+	}
+}

@@ -7,7 +7,8 @@
 // LiteLLM's default routing (simple-shuffle) picks a Deployment at random
 // in proportion to litellm_params.weight, a float, so heft's weights are
 // written as they are, rounded to three decimals. Drained workers are left
-// out of the list.
+// out of the list. Each worker's max_context_tokens is its
+// model_info.max_input_tokens, for the router's pre-call checks.
 package litellm
 
 import (
@@ -53,7 +54,7 @@ type File struct {
 	log     hclog.Logger
 
 	mu             sync.Mutex
-	models         map[string][]Deployment // by Config.Model
+	models         map[string][]Deployment // by Config.ModelName: two tables may follow one model (decode and prefill)
 	commandPending bool
 }
 
@@ -113,15 +114,15 @@ func Deployments(cfg Config, m target.Model) ([]Deployment, float64) {
 func (t *Target) Apply(ctx context.Context, m target.Model) (target.Result, error) {
 	ds, rounding := Deployments(t.cfg, m)
 	res := target.Result{RoundingError: rounding, Serving: len(ds)}
-	changes, err := t.f.put(ctx, t.cfg.Model, ds)
+	changes, err := t.f.put(ctx, t.cfg.ModelName, ds)
 	res.Changes = changes
 	return res, err
 }
 
-func (f *File) put(ctx context.Context, model string, ds []Deployment) ([]string, error) {
+func (f *File) put(ctx context.Context, modelName string, ds []Deployment) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.models[model] = ds
+	f.models[modelName] = ds
 	data, err := f.render()
 	if err != nil {
 		return nil, target.Fail(target.ReasonOther, err)

@@ -126,3 +126,56 @@ func TestNewFileRefusesBadPaths(t *testing.T) {
 		}
 	}
 }
+
+// Two tables of one model, its decode and its prefill backend under two
+// names, share a file without writing over each other, and every
+// deployment carries what its worker can hold.
+func TestPrefillBackendBesideDecode(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "heft-models.yaml")
+	f, err := litellm.NewFile(path, nil, 0, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	decode, err := f.Target(litellm.Config{Model: model, ModelName: "qwen"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := f.Target(litellm.Config{Model: model, ModelName: "qwen-long"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fast, slow := gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1.35), gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 0.65)
+	p1, p2, c1, c2 := 0.41, 1.59, int64(40960), int64(2925)
+	fast.PrefillWeight, slow.PrefillWeight, fast.MaxContextTokens, slow.MaxContextTokens = &p1, &p2, &c1, &c2
+	ws := []coord.Worker{fast, slow}
+	dm, _ := target.ForModel(model, ws)
+	pm, _ := target.ForSelection(model, target.Selection{Kind: view.WeightPrefill}, ws)
+	if _, err := decode.Apply(context.Background(), dm); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := long.Apply(context.Background(), pm); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(path)
+	var got struct {
+		ModelList []struct {
+			ModelName     string         `yaml:"model_name"`
+			LiteLLMParams map[string]any `yaml:"litellm_params"`
+			ModelInfo     map[string]any `yaml:"model_info"`
+		} `yaml:"model_list"`
+	}
+	if err := yaml.Unmarshal(data, &got); err != nil || len(got.ModelList) != 4 {
+		t.Fatalf("model_list (%v):\n%s", err, data)
+	}
+	want := []struct {
+		name   string
+		weight float64
+		maxIn  int
+	}{{"qwen", 1.35, 40960}, {"qwen", 0.65, 2925}, {"qwen-long", 0.41, 40960}, {"qwen-long", 1.59, 2925}}
+	for i, w := range want {
+		d := got.ModelList[i]
+		if d.ModelName != w.name || d.LiteLLMParams["weight"] != w.weight || d.ModelInfo["max_input_tokens"] != w.maxIn {
+			t.Errorf("deployment %d: %+v, want %+v\n%s", i, d, w, data)
+		}
+	}
+}

@@ -181,8 +181,19 @@ type LiteLLM struct {
 
 // Deployment is one entry of LiteLLM's model_list.
 type Deployment struct {
-	ModelName     string `yaml:"model_name"`
-	LiteLLMParams Params `yaml:"litellm_params"`
+	ModelName     string     `yaml:"model_name"`
+	LiteLLMParams Params     `yaml:"litellm_params"`
+	ModelInfo     *ModelInfo `yaml:"model_info,omitempty"`
+}
+
+// ModelInfo is a deployment's model_info. LiteLLM's router, with
+// enable_pre_call_checks, leaves out a deployment whose max_input_tokens a
+// request's prompt exceeds, so long prompts go only to workers that can
+// hold them.
+type ModelInfo struct {
+	// MaxInputTokens is the worker's max_context_tokens: what it holds of
+	// prompt and answer together.
+	MaxInputTokens int64 `yaml:"max_input_tokens"`
 }
 
 // Params are a deployment's litellm_params.
@@ -212,13 +223,17 @@ func Deployments(cfg LiteLLM, m target.Model) ([]Deployment, float64) {
 	for _, b := range m.Serving() {
 		w := math.Round(b.Weight*1000) / 1000
 		want, got = append(want, b.Weight), append(got, int(math.Round(w*1000)))
-		out = append(out, Deployment{ModelName: cfg.ModelName, LiteLLMParams: Params{
+		d := Deployment{ModelName: cfg.ModelName, LiteLLMParams: Params{
 			Model:               cfg.Provider + "/" + m.Name,
 			APIBase:             b.Scheme + "://" + b.Address + "/v1",
 			APIKey:              cfg.APIKey,
 			Weight:              w,
 			MaxParallelRequests: b.MaxConcurrency,
-		}})
+		}}
+		if b.MaxContextTokens > 0 {
+			d.ModelInfo = &ModelInfo{MaxInputTokens: b.MaxContextTokens}
+		}
+		out = append(out, d)
 	}
 	return out, scale.ShareError(want, got)
 }

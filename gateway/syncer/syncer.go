@@ -81,7 +81,7 @@ func (s *Syncer) Update(snap coord.Snapshot) {
 		}
 	}
 	for _, r := range s.runners {
-		m, problems := target.ForModel(r.t.Model(), snap.Workers)
+		m, problems := target.ForSelection(r.t.Model(), target.SelectionOf(r.t), snap.Workers)
 		s.m.workers.WithLabelValues(r.t.Name()).Set(float64(len(m.Backends)))
 		s.m.setAside.WithLabelValues(r.t.Name()).Set(float64(len(problems)))
 		r.offer(m, problems, models)

@@ -127,3 +127,24 @@ func value(t *testing.T, m *Metrics, name, label, val string) float64 {
 	}
 	return -1
 }
+
+// A target told to apply the prefill weight gets the prefill weights.
+func TestPrefillTargetGetsPrefillWeights(t *testing.T) {
+	f := &fake{}
+	m := NewMetrics([]string{f.Name()})
+	s := New([]target.Target{target.WithSelection(f, target.Selection{Kind: view.WeightPrefill})}, m, time.Hour, hclog.NewNullLogger())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	w := coord.Worker{ID: "a", Model: "m", URL: "http://10.0.0.1:8000", State: view.StateAdmitted}
+	one, pre := 1.0, 1.8
+	w.Weight, w.PrefillWeight = &one, &pre
+	s.Update(snap(w))
+	htest.Eventually(t, "the prefill weight applied", 5*time.Second, func() bool { return f.count() > 0 })
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if got := f.applied[0].Serving(); len(got) != 1 || got[0].Weight != 1.8 {
+		t.Errorf("applied %+v, want the prefill weight 1.8", got)
+	}
+}

@@ -27,6 +27,9 @@ type Backend struct {
 	Weight  float64
 	// MaxConcurrency is what the worker runs at once; 0 while unknown.
 	MaxConcurrency int
+	// MaxContextTokens is the longest sequence the worker can hold (its
+	// max_context_tokens); 0 while unknown.
+	MaxContextTokens int64
 }
 
 // Model is a gateway's desired state for one model: every worker of the
@@ -51,16 +54,26 @@ func (m Model) Serving() []Backend {
 }
 
 // ForModel builds the desired state of model from the coordinator's
-// workers. Workers of other models are ignored. Problems are workers the
-// gateway cannot use as the coordinator gives them, with why: left out
-// (an address that cannot be read) or drained (admitted with a weight
-// that is not above zero, which heft's own rules never give).
+// workers, with their decode weights. Workers of other models are ignored.
+// Problems are workers the gateway cannot use as the coordinator gives
+// them, with why: left out (an address that cannot be read) or drained
+// (admitted with a weight that is not above zero, which heft's own rules
+// never give).
 //
 // Two workers can share an address: an engine restarted with other launch
 // arguments is a new worker while the old one shows offline for a while.
 // Then a serving worker wins over one that is not, and among equals the
 // one measured last, so the gateway follows what runs there now.
 func ForModel(model string, ws []view.Worker) (Model, []string) {
+	return ForSelection(model, Selection{}, ws)
+}
+
+// ForSelection is ForModel for a target's Selection: with Kind
+// view.WeightPrefill (a backend that takes long prompts) an admitted
+// worker serves with its prefill weight, and one without (no valid prefill
+// measurement yet) is drained; with MinContextTokens a worker not known to
+// hold that many tokens is drained.
+func ForSelection(model string, sel Selection, ws []view.Worker) (Model, []string) {
 	m := Model{Name: model}
 	var problems []string
 	byAddr := map[string]int{}
@@ -75,14 +88,25 @@ func ForModel(model string, ws []view.Worker) (Model, []string) {
 			continue
 		}
 		b := Backend{Address: addr, Scheme: scheme, WorkerID: w.ID, Node: w.Node, State: w.State}
+		if w.MaxContextTokens != nil && *w.MaxContextTokens > 0 {
+			b.MaxContextTokens = *w.MaxContextTokens
+		}
+		weight, which := w.Weight, "weight"
+		if sel.Kind == view.WeightPrefill {
+			weight, which = w.PrefillWeight, "prefill weight"
+		}
 		switch {
 		case w.State != view.StateAdmitted:
-		case w.Weight != nil && *w.Weight > 0:
-			b.Serving, b.Weight = true, *w.Weight
-		case w.Weight == nil:
+		case b.MaxContextTokens < sel.MinContextTokens:
+			// Not known to hold this backend's conversations: drained.
+		case weight != nil && *weight > 0:
+			b.Serving, b.Weight = true, *weight
+		case weight == nil && sel.Kind == view.WeightPrefill:
+			// No valid prefill measurement yet: drained until it has one.
+		case weight == nil:
 			problems = append(problems, fmt.Sprintf("worker %s is admitted without a weight: drained", w.ID))
 		default:
-			problems = append(problems, fmt.Sprintf("worker %s is admitted with weight %g: drained", w.ID, *w.Weight))
+			problems = append(problems, fmt.Sprintf("worker %s is admitted with %s %g: drained", w.ID, which, *weight))
 		}
 		if w.MaxConcurrency != nil {
 			b.MaxConcurrency = *w.MaxConcurrency

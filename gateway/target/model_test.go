@@ -152,3 +152,49 @@ func TestReasons(t *testing.T) {
 		t.Fatalf("Reason = %q", got)
 	}
 }
+
+// A prefill backend serves each admitted worker with its prefill weight;
+// one without a prefill weight yet is drained there, while it serves in
+// the decode backend.
+func TestForModelKindPrefill(t *testing.T) {
+	a := worker("a", "http://10.0.0.1:8000", view.StateAdmitted, f(1.35))
+	a.PrefillWeight, a.MaxContextTokens = f(0.41), func(n int64) *int64 { return &n }(40960)
+	b := worker("b", "http://10.0.0.2:8000", view.StateAdmitted, f(0.65)) // no prefill measurement yet
+	c := worker("c", "http://10.0.0.3:8000", view.StateHeld, nil)
+	c.PrefillWeight = f(2) // a held worker never serves
+	ws := []coord.Worker{a, b, c}
+	m, _ := ForSelection(model, Selection{Kind: view.WeightPrefill}, ws)
+	if s := m.Serving(); len(s) != 1 || s[0].WorkerID != "a" || s[0].Weight != 0.41 || s[0].MaxContextTokens != 40960 {
+		t.Fatalf("prefill serving %+v", s)
+	}
+	if len(m.Backends) != 3 {
+		t.Errorf("every worker is listed, drained where it does not serve: %+v", m.Backends)
+	}
+	d, _ := ForModel(model, ws)
+	if s := d.Serving(); len(s) != 2 || s[0].Weight != 1.35 || s[1].Weight != 0.65 {
+		t.Errorf("decode serving %+v", s)
+	}
+	// A long-context backend serves only the workers known to hold its
+	// longest conversations: b's context is unknown.
+	long, _ := ForSelection(model, Selection{MinContextTokens: 32768}, ws)
+	if s := long.Serving(); len(s) != 1 || s[0].WorkerID != "a" || s[0].Weight != 1.35 {
+		t.Errorf("min context 32,768: serving %+v", s)
+	}
+	if none, _ := ForSelection(model, Selection{MinContextTokens: 65536}, ws); len(none.Serving()) != 0 || len(none.Backends) != 3 {
+		t.Errorf("min context 65,536: %+v", none)
+	}
+}
+
+type plain struct{ Target }
+
+func TestWithSelection(t *testing.T) {
+	var base Target = plain{}
+	if SelectionOf(base) != (Selection{Kind: view.WeightDecode}) || WithSelection(base, Selection{}) != base ||
+		WithSelection(base, Selection{Kind: view.WeightDecode}) != base {
+		t.Error("a plain target applies the decode weight to every worker, unwrapped")
+	}
+	want := Selection{Kind: view.WeightPrefill, MinContextTokens: 8192}
+	if got := SelectionOf(WithSelection(base, want)); got != want {
+		t.Errorf("selection %+v", got)
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"heft/coordinator/view"
 )
 
 // Target keeps one gateway's view of one model in step with heft.
@@ -22,6 +24,48 @@ type Target interface {
 	// with a partial Result: what was changed before it.
 	Apply(ctx context.Context, m Model) (Result, error)
 }
+
+// Selection is which of a model's weights a target applies, and which
+// workers it serves: a gateway table's kind and min_context_tokens.
+type Selection struct {
+	// Kind is view.WeightDecode ("" too) or view.WeightPrefill.
+	Kind string
+	// MinContextTokens serves only workers known to hold sequences this
+	// long (max_context_tokens); the others are drained. 0 = every worker.
+	MinContextTokens int64
+}
+
+// Selected is a Target with a Selection; a Target that is not applies the
+// decode weight to every worker.
+type Selected interface {
+	Selection() Selection
+}
+
+// SelectionOf is what t applies.
+func SelectionOf(t Target) Selection {
+	if s, ok := t.(Selected); ok {
+		return s.Selection()
+	}
+	return Selection{Kind: view.WeightDecode}
+}
+
+// WithSelection makes t apply sel: t itself for the default selection.
+func WithSelection(t Target, sel Selection) Target {
+	if sel.Kind == "" {
+		sel.Kind = view.WeightDecode
+	}
+	if sel == (Selection{Kind: view.WeightDecode}) {
+		return t
+	}
+	return selected{Target: t, sel: sel}
+}
+
+type selected struct {
+	Target
+	sel Selection
+}
+
+func (s selected) Selection() Selection { return s.sel }
 
 // Result is what one Apply did.
 type Result struct {
