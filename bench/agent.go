@@ -119,7 +119,7 @@ func (e *env) agentFootprint(ctx context.Context, window time.Duration) (Usage, 
 		return Usage{}, 0, err
 	}
 	procs = append(procs, sp.child)
-	ag, err := e.startAgent(dir, "bench-footprint", co, footprintWorker.Flavor, sp)
+	ag, err := e.startAgent(dir, "bench-footprint", co, footprintWorker.Flavor, sp, true)
 	if err != nil {
 		return Usage{}, 0, err
 	}

@@ -31,10 +31,14 @@ const (
 	AreaWeights  = 4
 	AreaScale    = 5
 	AreaAgent    = 6
+	// AreaPrefill and AreaPrefillCost share their probes, as areas 1 and
+	// 3 do.
+	AreaPrefill     = 7
+	AreaPrefillCost = 8
 )
 
 // AllAreas lists every area.
-var AllAreas = []int{AreaFidelity, AreaCold, AreaCost, AreaWeights, AreaScale, AreaAgent}
+var AllAreas = []int{AreaFidelity, AreaCold, AreaCost, AreaWeights, AreaScale, AreaAgent, AreaPrefill, AreaPrefillCost}
 
 // Options configure a run.
 type Options struct {
@@ -76,6 +80,10 @@ type env struct {
 	fidelityOnce sync.Once
 	fidelity     []workerRuns // area 1's probes, reused by area 3
 	fidelityErr  error
+
+	prefillOnce sync.Once
+	prefill     []prefillWorker // area 7's probes, reused by area 8
+	prefillErr  error
 }
 
 func (e *env) logf(format string, args ...any) {
@@ -92,7 +100,7 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	for _, a := range opts.Areas {
 		if !slices.Contains(AllAreas, a) {
-			return nil, fmt.Errorf("bench: unknown area %d (areas are 1 to 6)", a)
+			return nil, fmt.Errorf("bench: unknown area %d (areas are 1 to %d)", a, len(AllAreas))
 		}
 	}
 	if opts.Bin == "" {
@@ -149,6 +157,10 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			s = e.areaScale(ctx)
 		case AreaAgent:
 			s = e.areaAgent(ctx)
+		case AreaPrefill:
+			s = e.areaPrefill(ctx)
+		case AreaPrefillCost:
+			s = e.areaPrefillCost(ctx)
 		}
 		s.Area = a
 		s.Elapsed = time.Since(t0)
@@ -194,6 +206,17 @@ func (e *env) estimate(areas []int) time.Duration {
 			sec += window.Seconds() + 20
 			if !e.opts.Quick {
 				sec += 10 // a gigabyte of log
+			}
+		case AreaPrefill, AreaPrefillCost:
+			if a == AreaPrefillCost && slices.Contains(areas, AreaPrefill) {
+				continue // shares area 7's probes
+			}
+			cals, n, length := e.prefillSetup()
+			for _, c := range cals {
+				sec += runs * (2*c.IdealBurstSeconds(e.conc, e.tokens) + 0.1)
+				if p, err := c.SimConfig("", Cold{}).IdealBurstSeconds(n, length, 1); err == nil {
+					sec += runs * 2 * p
+				}
 			}
 		}
 	}

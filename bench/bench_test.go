@@ -106,7 +106,7 @@ func TestQuickRun(t *testing.T) {
 	}
 	secs := parseReport(t, md)
 	titles := map[int]string{1: "Probe fidelity", 2: "Cold-start immunity", 3: "Probe cost", 4: "Weight accuracy",
-		5: "Coordinator scale", 6: "Agent footprint"}
+		5: "Coordinator scale", 6: "Agent footprint", 7: "Prefill fidelity", 8: "Prefill probe cost"}
 	for n, title := range titles {
 		s := secs[n]
 		if s == nil {
@@ -160,6 +160,25 @@ func TestQuickRun(t *testing.T) {
 	positive(3, "probe wall s")
 	positive(4, "heft weight")
 	positive(4, "ready → admitted s")
+	positive(8, "prefill adds s")
+	positive(8, "measured prefill burst s")
+	prefill := secs[7]
+	for _, r := range prefill.rows {
+		if r[0] == "ranking" {
+			if !strings.Contains(r[1], "decode weight: ") || !strings.Contains(r[3], "prefill weight: ") {
+				t.Errorf("area 7 ranking row %q", r)
+			}
+			continue
+		}
+		for _, c := range []string{"true prefill tok/s", "measured prefill tok/s", "decode weight", "prefill weight"} {
+			if v, ok := number(r[col(prefill, c)]); !ok || v <= 0 {
+				t.Errorf("area 7, %s, %q: %q is not a measured positive number", r[0], c, r[col(prefill, c)])
+			}
+		}
+	}
+	if len(prefill.rows) != 3 {
+		t.Errorf("quick mode: %d prefill rows, want two calibrations and the ranking", len(prefill.rows))
+	}
 	if len(secs[1].rows) != 2 || len(secs[4].rows) != 3 {
 		t.Errorf("quick mode: %d fidelity workers and %d weighted workers, want 2 and 3", len(secs[1].rows), len(secs[4].rows))
 	}
@@ -196,9 +215,9 @@ func tableText(text string) string {
 }
 
 func TestRunRejectsBadOptions(t *testing.T) {
-	if _, err := Run(context.Background(), Options{Areas: []int{7}, Bin: t.TempDir()}); err == nil ||
-		!strings.Contains(err.Error(), "unknown area 7") {
-		t.Errorf("area 7: err = %v", err)
+	if _, err := Run(context.Background(), Options{Areas: []int{9}, Bin: t.TempDir()}); err == nil ||
+		!strings.Contains(err.Error(), "unknown area 9 (areas are 1 to 8)") {
+		t.Errorf("area 9: err = %v", err)
 	}
 	if _, err := Run(context.Background(), Options{}); err == nil {
 		t.Error("no binaries folder: want an error")

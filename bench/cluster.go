@@ -163,8 +163,9 @@ func (e *env) startSimProc(dir, name string, c Calibration, notReady time.Durati
 
 func ftoa(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 
-// startAgent starts heft-agent run for one engine.
-func (e *env) startAgent(dir, node string, co *coordinator, kind string, s *simProc) (*child, error) {
+// startAgent starts heft-agent run for one engine; prefill false turns
+// the prefill burst off (area 4 times the decode probe alone).
+func (e *env) startAgent(dir, node string, co *coordinator, kind string, s *simProc, prefill bool) (*child, error) {
 	bin, err := binPath(e.bin, "heft-agent")
 	if err != nil {
 		return nil, err
@@ -172,8 +173,9 @@ func (e *env) startAgent(dir, node string, co *coordinator, kind string, s *simP
 	var b strings.Builder
 	fmt.Fprintf(&b, "state_dir = %q\n\n[coordinator]\nurl = %q\ntoken = %q\n\n[node]\nname = %q\n\n", filepath.Join(dir, node+"-state"), co.ws, agentToken, node)
 	fmt.Fprintf(&b, "[[engine]]\nkind = %q\nurl = %q\nlog = %q\n", kind, s.url, s.log)
+	fmt.Fprintf(&b, "\n[probe]\nprefill = %v\n", prefill)
 	if e.tokens != 128 {
-		fmt.Fprintf(&b, "\n[probe]\ntokens = %d\n", e.tokens)
+		fmt.Fprintf(&b, "tokens = %d\n", e.tokens)
 	}
 	cfgPath := filepath.Join(dir, node+"-agent.toml")
 	if err := os.WriteFile(cfgPath, []byte(b.String()), 0o600); err != nil {

@@ -87,7 +87,8 @@ func (e *env) areaWeights(ctx context.Context) *Section {
 			within(rs, 0.03), Summarize(lat).Format(2), num(ideal2, 2), ov.Format(2), "< 1 s", atMost(ov, 1, 2, " s"))
 	}
 	s.Notes = append(s.Notes, "The overhead includes the agent noticing readiness (it polls its engine every second by default), "+
-		"the coordinator's probe request, the readiness check of the probe, and the result's way back.")
+		"the coordinator's probe request, the readiness check of the probe, and the result's way back. The agents run with "+
+		"[probe] prefill = false: this area times the decode probe; area 8 gives what the prefill burst adds.")
 	return s
 }
 
@@ -123,7 +124,7 @@ func (e *env) weightRun(ctx context.Context, run int, ws []Calibration, notReady
 		watch.Go(func() { readyAt[i] = waitHealthy(rctx, sp.url) })
 	}
 	for i, c := range ws {
-		ag, err := e.startAgent(dir, fmt.Sprintf("bench-%s", c.Name), co, c.Flavor, sims[i])
+		ag, err := e.startAgent(dir, fmt.Sprintf("bench-%s", c.Name), co, c.Flavor, sims[i], false)
 		if err != nil {
 			return nil, err
 		}

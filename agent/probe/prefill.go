@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"heft/agent/engine"
@@ -126,7 +127,19 @@ func (p *prober) prefill(ctx context.Context, m *wire.Measurement) error {
 	}
 	estimate := estimateFor(length)
 
+	// The tokenizer counts the measured burst's prompts while the warm-up
+	// burst runs, so the count adds no time of its own to the probe.
+	expects := repeat(estimate, n)
+	var counting sync.WaitGroup
+	var countProblem string
+	if tok != nil {
+		counting.Go(func() { expects, countProblem = p.countPrompts(ctx, tok, m.Model, texts[n:], estimate) })
+	}
 	warm, err := p.prefillBurst(ctx, PhasePrefillWarmup, chatURL, bodies[:n], repeat(estimate, n))
+	counting.Wait()
+	if countProblem != "" {
+		pf.Problems = append(pf.Problems, countProblem)
+	}
 	if err != nil {
 		return err
 	}
@@ -142,10 +155,6 @@ func (p *prober) prefill(ctx context.Context, m *wire.Measurement) error {
 		return failPrefill(pf, wire.CodeProbeFailed, "every prefill warm-up request failed; the measured burst was not sent")
 	}
 
-	expects := repeat(estimate, n)
-	if tok != nil {
-		expects = p.countPrompts(ctx, tok, m.Model, texts[n:], estimate, pf)
-	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -234,8 +243,8 @@ func (p *prober) calibrate(ctx context.Context, tok *engine.Tokenizer, model str
 
 // countPrompts counts the measured burst's prompts with the engine's
 // tokenizer before they are sent; a prompt it cannot count keeps heft's
-// estimate.
-func (p *prober) countPrompts(ctx context.Context, tok *engine.Tokenizer, model string, texts []string, estimate promptExpect, pf *wire.Prefill) []promptExpect {
+// estimate, and the problem says so.
+func (p *prober) countPrompts(ctx context.Context, tok *engine.Tokenizer, model string, texts []string, estimate promptExpect) ([]promptExpect, string) {
 	out := make([]promptExpect, len(texts))
 	var failed error
 	for i, text := range texts {
@@ -247,9 +256,9 @@ func (p *prober) countPrompts(ctx context.Context, tok *engine.Tokenizer, model 
 		out[i] = counted(tok, n)
 	}
 	if failed != nil {
-		pf.Problems = append(pf.Problems, fmt.Sprintf("the engine's tokenizer did not count every prompt (%v); those are judged by heft's estimate", failed))
+		return out, fmt.Sprintf("the engine's tokenizer did not count every prompt (%v); those are judged by heft's estimate", failed)
 	}
-	return out
+	return out, ""
 }
 
 // tokenize asks the engine's tokenizer endpoint for the tokens of one
