@@ -73,9 +73,10 @@
 //   - admitted.
 //
 // Warnings from the agent's facts (foreign_gpu_process, gpu_clock_low,
-// gpu_throttled, a warning-level probe_incomplete_output from an engine that
-// cannot be told an exact length, and the pool warnings below) do not hold
-// a worker. Every warning carries Since, the first time its code was seen
+// gpu_throttled, context_exceeds_pool, a warning-level
+// probe_incomplete_output from an engine that cannot be told an exact
+// length, prefill_failed from a failed prefill burst, and the pool warnings
+// below) do not hold a worker. Every warning carries Since, the first time its code was seen
 // on the worker without a break; it is stable across snapshots.
 //
 // # Pools
@@ -123,6 +124,28 @@
 // worker. Numbers are validated on every way in, and a weight that is not
 // a finite number above zero never reaches the table.
 //
+// The prefill weight is the same rule over the prefill burst: an admitted
+// worker whose newest measurement has a valid prefill part
+// (wire.Measurement.PrefillValid) counts its prefill throughput in its
+// model's median prefill throughput (over those workers only), and its
+// prefill weight is its prefill throughput over that median, clamped to
+// the same range (a clamp of either weight is one weight_clamped warning
+// that says which). It has pins of its own (PinKind, UnpinKind with
+// view.WeightPrefill), stored apart from the decode pins and restored the
+// same way. A worker whose prefill part failed keeps its decode weight
+// and has no prefill weight (prefill_failed); a measurement without a
+// prefill part (an agent told not to send it) gives none either, and the
+// fleet never asks for a probe only to get one. WeightsOf serves either
+// table.
+//
+// What a worker can hold, max_context_tokens, is the smaller of its
+// engine's maximum model length and its smallest data-parallel rank's KV
+// pool (wire.Engine.MaxContextTokens): requests are dealt to ranks in
+// turn, so any one may land on the smallest. When the pool is the
+// smaller, context_exceeds_pool (warning) names both numbers. The maximum
+// model length is kept in the worker record, so the number survives a
+// restart.
+//
 // # What gateways dial, and how much they may send
 //
 // A worker's address (Address) is the host:port of its agent's advertise
@@ -152,8 +175,8 @@
 //
 // # Measurements
 //
-// The newest measurement of each capacity key is cached with a bounded
-// history. When an agent (re)connects, a worker whose newest measurement
+// The newest measurement of each capacity key, decode and prefill parts
+// together, is cached with a bounded history. When an agent (re)connects, a worker whose newest measurement
 // is valid and younger than CacheTTL is sent a CachedMeasurement and not
 // probed, so a reconnect or a coordinator restart costs no burst. Otherwise
 // it is sent a ProbeRequest: "registration" when it has no valid
@@ -177,7 +200,8 @@
 //
 // # Admin decisions
 //
-// Hold stores "hold". Admit stores "admit" when the worker's pools, or an
+// Pins of either weight, holds and admits are admin decisions. Hold
+// stores "hold". Admit stores "admit" when the worker's pools, or an
 // implausible measurement, would hold it; otherwise it clears any
 // decision, returning the worker to the automatic rules. Decisions and pins are written to the Store before
 // memory changes: when the write fails the call returns the error and the
