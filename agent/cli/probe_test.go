@@ -298,3 +298,29 @@ func TestProbeLiveViewWhileWaiting(t *testing.T) {
 		t.Errorf("live line %q, want %q", last, want)
 	}
 }
+
+func TestProbeLiveViewPrefill(t *testing.T) {
+	var b bytes.Buffer
+	v := &probeView{w: &b, live: true, url: "http://x"}
+	for _, p := range []probe.Progress{
+		{Phase: probe.PhaseMeasure, Done: 16, Total: 16, Tokens: 2048, TPS: 1200, Elapsed: 1700 * time.Millisecond},
+		{Phase: probe.PhasePrefillWarmup, Total: 4},
+		{Phase: probe.PhasePrefillWarmup, Done: 4, Total: 4, Tokens: 32768, TPS: 17001.5, Elapsed: 1900 * time.Millisecond},
+		{Phase: probe.PhasePrefillMeasure, Total: 4},
+		{Phase: probe.PhasePrefillMeasure, Done: 2, Total: 4, Tokens: 16384, TPS: 17580.2, Elapsed: 930 * time.Millisecond},
+		{Phase: probe.PhaseDone},
+	} {
+		v.update(p)
+	}
+	v.finish()
+	lines := strings.Split(b.String(), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("want the decode and both prefill bursts on their own lines, got %q", b.String())
+	}
+	if !strings.Contains(lines[1], "prefill warm-up   4/4 requests   32768 prompt tokens   17001.5 tok/s") {
+		t.Errorf("prefill warm-up line %q", lines[1])
+	}
+	if last := lines[2][strings.LastIndex(lines[2], "\r")+1:]; !strings.HasPrefix(last, "prefill     2/4 requests   16384 prompt tokens") {
+		t.Errorf("prefill line ends with %q", last)
+	}
+}
