@@ -127,8 +127,8 @@ func (e *env) areaPrefill(ctx context.Context) *Section {
 		Intro: fmt.Sprintf("Each calibration of bench/prefill.go is a fresh heft-sim with a prefill rate, probed by heft/agent/probe as "+
 			"the agent probes it: the decode burst (%d × %d tokens, twice), then the prefill burst (%d prompts of %d tokens with a unique "+
 			"random prefix and one output token, twice), within the max_context_tokens the agent reads from the engine. True prefill "+
-			"capacity is sim.Config.PrefillCapacity (see README). Weights are each throughput over the median of the five, as the "+
-			"coordinator computes them, over the median of the workers below. Median of %d run(s), min–max in brackets.", e.conc, e.tokens, n, length, e.runs),
+			"capacity is sim.Config.PrefillCapacity (see README). Each weight is the worker's throughput over the median of the workers "+
+			"below, as the coordinator computes it. Median of %d run(s), min–max in brackets.", e.conc, e.tokens, n, length, e.runs),
 		Table: Table{Columns: []string{"worker", "calibration", "true prefill tok/s", "measured prefill tok/s", "measured / true − 1",
 			"decode weight", "prefill weight", "target", "verdict"}},
 	}
@@ -196,8 +196,8 @@ func (e *env) areaPrefillCost(ctx context.Context) *Section {
 		Title: "Prefill probe cost",
 		Intro: "What the prefill burst adds to a probe (same probes as area 7): from the end of the measured decode burst to the end " +
 			"of the probe, over the wall time of its measured prefill burst. The prefill burst is a warm-up and a measured burst of the " +
-			"same prompts' size, and the tokenizer counts the measured prompts while the warm-up runs, so it adds two bursts and the " +
-			"few milliseconds of building the prompts. Target: two bursts, with 1 % for the noise between two bursts of one engine " +
+			"same prompts' size; the measured prompts are built and counted by the tokenizer while the warm-up runs, so it adds two " +
+			"bursts and the few milliseconds of sizing and building the warm-up's prompts. Target: two bursts, with 1 % for the noise between two bursts of one engine " +
 			"(verdict against 2.02). The decode probe's own cost (readiness, both decode bursts) is shown beside it.",
 		Table: Table{Columns: []string{"worker", "decode probe s", "prefill adds s", "measured prefill burst s",
 			"prefill adds / measured burst", "target", "verdict"}},

@@ -25,7 +25,8 @@ import (
 // random prefix (so no prefix cache can serve it) and asks for one output
 // token. It is sent twice, with new prompts, and the second burst counts:
 // its prompt tokens (from usage) over its wall time. The prefill burst costs
-// two bursts and a few tokenizer calls, nothing more.
+// two bursts and one tokenizer call, nothing more: the measured burst's
+// prompts are built and counted while the warm-up burst runs.
 const (
 	DefaultPrefillConcurrency = 4
 	DefaultPrefillTokens      = 8192
@@ -117,31 +118,48 @@ func (p *prober) prefill(ctx context.Context, m *wire.Measurement) error {
 		return ctx.Err()
 	}
 	chatURL := p.cfg.URL + "/v1/chat/completions"
-	bodies := make([][]byte, 2*n)
-	texts := make([]string, 2*n)
-	for i := range bodies {
-		texts[i] = prompts.text(i, words)
-		if bodies[i], err = requestBody(form, m.Model, texts[i], 1); err != nil {
-			return fmt.Errorf("probe: build prefill request: %w", err)
+	build := func(from, to int) ([][]byte, []string, error) {
+		bodies, texts := make([][]byte, 0, to-from), make([]string, 0, to-from)
+		for i := from; i < to; i++ {
+			text := prompts.text(i, words)
+			body, err := requestBody(form, m.Model, text, 1)
+			if err != nil {
+				return nil, nil, fmt.Errorf("probe: build prefill request: %w", err)
+			}
+			bodies, texts = append(bodies, body), append(texts, text)
 		}
+		return bodies, texts, nil
+	}
+	warmBodies, _, err := build(0, n)
+	if err != nil {
+		return err
 	}
 	estimate := estimateFor(length)
 
-	// The tokenizer counts the measured burst's prompts while the warm-up
-	// burst runs, so the count adds no time of its own to the probe.
+	// The measured burst's prompts are built, and counted by the
+	// tokenizer, while the warm-up burst runs: neither adds time of its
+	// own to the probe.
 	expects := repeat(estimate, n)
-	var counting sync.WaitGroup
+	var measBodies [][]byte
+	var buildErr error
 	var countProblem string
-	if tok != nil {
-		counting.Go(func() { expects, countProblem = p.countPrompts(ctx, tok, m.Model, texts[n:], estimate) })
-	}
-	warm, err := p.prefillBurst(ctx, PhasePrefillWarmup, chatURL, bodies[:n], repeat(estimate, n))
-	counting.Wait()
+	var prepare sync.WaitGroup
+	prepare.Go(func() {
+		var texts []string
+		if measBodies, texts, buildErr = build(n, 2*n); buildErr == nil && tok != nil {
+			expects, countProblem = p.countPrompts(ctx, tok, m.Model, texts, estimate)
+		}
+	})
+	warm, err := p.prefillBurst(ctx, PhasePrefillWarmup, chatURL, warmBodies, repeat(estimate, n))
+	prepare.Wait()
 	if countProblem != "" {
 		pf.Problems = append(pf.Problems, countProblem)
 	}
 	if err != nil {
 		return err
+	}
+	if buildErr != nil {
+		return buildErr
 	}
 	pf.WarmupTPS = warm.TPS
 	for _, line := range append(warm.Errors, warm.Shortfalls...) {
@@ -158,7 +176,7 @@ func (p *prober) prefill(ctx context.Context, m *wire.Measurement) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	meas, err := p.prefillBurst(ctx, PhasePrefillMeasure, chatURL, bodies[n:], expects)
+	meas, err := p.prefillBurst(ctx, PhasePrefillMeasure, chatURL, measBodies, expects)
 	if err != nil {
 		return err
 	}
