@@ -109,57 +109,86 @@ func (p *prober) prefill(ctx context.Context, m *wire.Measurement) error {
 		return nil
 	}
 	pf.PromptLength = length
-	prompts := newPromptSet(2 * n)
-	words := length - templateTokens
+	pl := prefillPlan{form: form, tok: tok, model: m.Model, prompts: newPromptSet(2 * n), words: length - templateTokens,
+		estimate: estimateFor(length), url: p.cfg.URL + "/v1/chat/completions"}
 	if tok != nil {
-		words = p.calibrate(ctx, tok, m.Model, prompts, words, length, pf)
+		pl.words = p.calibrate(ctx, tok, m.Model, pl.prompts, pl.words, length, pf)
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	chatURL := p.cfg.URL + "/v1/chat/completions"
-	build := func(from, to int) ([][]byte, []string, error) {
-		bodies, texts := make([][]byte, 0, to-from), make([]string, 0, to-from)
-		for i := from; i < to; i++ {
-			text := prompts.text(i, words)
-			body, err := requestBody(form, m.Model, text, 1)
-			if err != nil {
-				return nil, nil, fmt.Errorf("probe: build prefill request: %w", err)
-			}
-			bodies, texts = append(bodies, body), append(texts, text)
-		}
-		return bodies, texts, nil
+	bodies, expects, err := p.prefillWarmup(ctx, pl, pf)
+	if err != nil || bodies == nil {
+		return err
 	}
-	warmBodies, _, err := build(0, n)
+	meas, err := p.prefillBurst(ctx, PhasePrefillMeasure, pl.url, bodies, expects)
 	if err != nil {
 		return err
 	}
-	estimate := estimateFor(length)
+	p.prefillVerdict(m, pf, meas)
+	return nil
+}
 
-	// The measured burst's prompts are built, and counted by the
-	// tokenizer, while the warm-up burst runs: neither adds time of its
-	// own to the probe.
-	expects := repeat(estimate, n)
+// prefillPlan is what a probe's prefill bursts send: 2n prompts of words
+// words, in the kind's request form.
+type prefillPlan struct {
+	form     engine.OutputForm
+	tok      *engine.Tokenizer
+	model    string
+	prompts  promptSet
+	words    int
+	estimate promptExpect
+	url      string
+}
+
+// build makes the requests of prompts from..to-1, and their texts.
+func (pl prefillPlan) build(from, to int) ([][]byte, []string, error) {
+	bodies, texts := make([][]byte, 0, to-from), make([]string, 0, to-from)
+	for i := from; i < to; i++ {
+		text := pl.prompts.text(i, pl.words)
+		body, err := requestBody(pl.form, pl.model, text, 1)
+		if err != nil {
+			return nil, nil, fmt.Errorf("probe: build prefill request: %w", err)
+		}
+		bodies, texts = append(bodies, body), append(texts, text)
+	}
+	return bodies, texts, nil
+}
+
+// prefillWarmup sends the warm-up prefill burst, meanwhile building the
+// measured burst's requests and counting their prompts with the tokenizer,
+// so that neither adds time of its own to the probe. It returns the
+// measured burst's requests and what each prompt should cost; no requests
+// (and no error) when the warm-up failed pf.
+func (p *prober) prefillWarmup(ctx context.Context, pl prefillPlan, pf *wire.Prefill) ([][]byte, []promptExpect, error) {
+	n := pf.Requests
+	warmBodies, _, err := pl.build(0, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	expects := repeat(pl.estimate, n)
 	var measBodies [][]byte
 	var buildErr error
 	var countProblem string
 	var prepare sync.WaitGroup
 	prepare.Go(func() {
 		var texts []string
-		if measBodies, texts, buildErr = build(n, 2*n); buildErr == nil && tok != nil {
-			expects, countProblem = p.countPrompts(ctx, tok, m.Model, texts, estimate)
+		if measBodies, texts, buildErr = pl.build(n, 2*n); buildErr == nil && pl.tok != nil {
+			expects, countProblem = p.countPrompts(ctx, pl.tok, pl.model, texts, pl.estimate)
 		}
 	})
-	warm, err := p.prefillBurst(ctx, PhasePrefillWarmup, chatURL, warmBodies, repeat(estimate, n))
+	warm, err := p.prefillBurst(ctx, PhasePrefillWarmup, pl.url, warmBodies, repeat(pl.estimate, n))
 	prepare.Wait()
 	if countProblem != "" {
 		pf.Problems = append(pf.Problems, countProblem)
 	}
-	if err != nil {
-		return err
-	}
-	if buildErr != nil {
-		return buildErr
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case buildErr != nil:
+		return nil, nil, buildErr
+	case ctx.Err() != nil:
+		return nil, nil, ctx.Err()
 	}
 	pf.WarmupTPS = warm.TPS
 	for _, line := range append(warm.Errors, warm.Shortfalls...) {
@@ -167,21 +196,14 @@ func (p *prober) prefill(ctx context.Context, m *wire.Measurement) error {
 	}
 	switch {
 	case warm.Rejected > 0:
-		return failPrefill(pf, wire.PrefillRejected, fmt.Sprintf("the engine refused %d of %d prompts of %d tokens in the warm-up burst; the measured burst was not sent: %s",
-			warm.Rejected, warm.Requests, length, warm.Rejection))
+		failPrefill(pf, wire.PrefillRejected, fmt.Sprintf("the engine refused %d of %d prompts of %d tokens in the warm-up burst; the measured burst was not sent: %s",
+			warm.Rejected, warm.Requests, pf.PromptLength, warm.Rejection))
+		return nil, nil, nil
 	case warm.Failed == warm.Requests:
-		return failPrefill(pf, wire.CodeProbeFailed, "every prefill warm-up request failed; the measured burst was not sent")
+		failPrefill(pf, wire.CodeProbeFailed, "every prefill warm-up request failed; the measured burst was not sent")
+		return nil, nil, nil
 	}
-
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	meas, err := p.prefillBurst(ctx, PhasePrefillMeasure, chatURL, measBodies, expects)
-	if err != nil {
-		return err
-	}
-	p.prefillVerdict(m, pf, meas)
-	return nil
+	return measBodies, expects, nil
 }
 
 // prefillLength is the prompt length to send: the configured one, or less
@@ -192,7 +214,7 @@ func (p *prober) prefillLength(pf *wire.Prefill) int {
 	if limit := p.cfg.MaxContextTokens; limit > 0 && limit-TemplateMargin-1 < int64(length) {
 		room := int(max(limit-TemplateMargin-1, 0))
 		if room < MinPrefillTokens {
-			_ = failPrefill(pf, wire.PrefillRejected, fmt.Sprintf("the worker holds at most %d tokens (max_context_tokens), too few for prompts of at least %d tokens with a margin of %d for the chat template; the prefill burst was not sent",
+			failPrefill(pf, wire.PrefillRejected, fmt.Sprintf("the worker holds at most %d tokens (max_context_tokens), too few for prompts of at least %d tokens with a margin of %d for the chat template; the prefill burst was not sent",
 				limit, MinPrefillTokens, TemplateMargin))
 			return 0
 		}
@@ -429,26 +451,26 @@ func (p *prober) prefillVerdict(m *wire.Measurement, pf *wire.Prefill, s prefill
 	length := pf.PromptLength
 	switch {
 	case s.Rejected > 0:
-		_ = failPrefill(pf, wire.PrefillRejected, fmt.Sprintf("the engine refused %d of %d prompts of %d tokens: %s", s.Rejected, s.Requests, length, s.Rejection))
+		failPrefill(pf, wire.PrefillRejected, fmt.Sprintf("the engine refused %d of %d prompts of %d tokens: %s", s.Rejected, s.Requests, length, s.Rejection))
 	case s.Failed > 0:
-		_ = failPrefill(pf, wire.CodeProbeFailed, fmt.Sprintf("%d of %d measured prefill requests failed; %s", s.Failed, s.Requests, raw))
+		failPrefill(pf, wire.CodeProbeFailed, fmt.Sprintf("%d of %d measured prefill requests failed; %s", s.Failed, s.Requests, raw))
 	case s.Truncated > 0:
-		_ = failPrefill(pf, wire.PrefillTruncated, fmt.Sprintf("the engine read fewer prompt tokens than were sent in %d of %d requests: it cut the prompts; %s",
+		failPrefill(pf, wire.PrefillTruncated, fmt.Sprintf("the engine read fewer prompt tokens than were sent in %d of %d requests: it cut the prompts; %s",
 			s.Truncated, s.Requests, raw))
 	case s.Over > 0:
-		_ = failPrefill(pf, wire.PrefillUsageMismatch, fmt.Sprintf("usage counts more prompt tokens than were sent in %d of %d requests; %s",
+		failPrefill(pf, wire.PrefillUsageMismatch, fmt.Sprintf("usage counts more prompt tokens than were sent in %d of %d requests; %s",
 			s.Over, s.Requests, raw))
 	case s.PromptTokens > 0 && float64(s.Cached) > cachedShare*float64(s.PromptTokens):
-		_ = failPrefill(pf, wire.PrefillCached, fmt.Sprintf("the engine says its cache served %d of %d prompt tokens, although every prompt began with a unique random prefix; %s",
+		failPrefill(pf, wire.PrefillCached, fmt.Sprintf("the engine says its cache served %d of %d prompt tokens, although every prompt began with a unique random prefix; %s",
 			s.Cached, s.PromptTokens, raw))
 	case length >= cachedTTFTMin && m.DecodeTPSP50 > 0 && len(s.TTFT) > 0 && pf.TTFTP50 < cachedSteps/m.DecodeTPSP50:
-		_ = failPrefill(pf, wire.PrefillCached, fmt.Sprintf("the first token of a unique %d-token prompt came back in %.3f s (median), within %d of the engine's decode steps (%.3f s each): "+
+		failPrefill(pf, wire.PrefillCached, fmt.Sprintf("the first token of a unique %d-token prompt came back in %.3f s (median), within %d of the engine's decode steps (%.3f s each): "+
 			"the engine cannot have read the prompt, it answered as if from a cache; %s", length, pf.TTFTP50, cachedSteps, 1/m.DecodeTPSP50, raw))
 	case s.NoUsage > 0:
-		_ = failPrefill(pf, wire.CodeProbeIncompleteOutput, fmt.Sprintf("the engine reported no prompt usage for %d of %d requests and has no tokenizer endpoint to count them; %s",
+		failPrefill(pf, wire.CodeProbeIncompleteOutput, fmt.Sprintf("the engine reported no prompt usage for %d of %d requests and has no tokenizer endpoint to count them; %s",
 			s.NoUsage, s.Requests, raw))
 	case s.PromptTokens == 0 || s.TPS <= 0:
-		_ = failPrefill(pf, wire.CodeProbeFailed, "the measured prefill burst read no prompt tokens")
+		failPrefill(pf, wire.CodeProbeFailed, "the measured prefill burst read no prompt tokens")
 	default:
 		pf.ThroughputTPS = s.TPS
 		pf.Complete = s.FromTokenizer == 0
@@ -460,12 +482,11 @@ func (p *prober) prefillVerdict(m *wire.Measurement, pf *wire.Prefill, s prefill
 }
 
 // failPrefill marks the prefill part as not valid, with why first.
-func failPrefill(pf *wire.Prefill, code, why string) error {
+func failPrefill(pf *wire.Prefill, code, why string) {
 	pf.Failure = code
 	pf.ThroughputTPS = 0
 	pf.Complete = false
 	pf.Problems = append([]string{why}, pf.Problems...)
-	return nil
 }
 
 // clipProblems bounds a problem list as wire accepts it.
