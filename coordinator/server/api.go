@@ -290,7 +290,7 @@ func (s *Server) modelWeights(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
-	if s.renderWeights(w, r, model) { // ?format=haproxy|nginx|litellm (formats.go)
+	if s.renderWeights(w, r, model, kind) { // ?format=haproxy|nginx|litellm (formats.go)
 		return
 	}
 	wt, ok, err := s.fleet.WeightsOf(model, kind)

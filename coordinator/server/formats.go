@@ -24,14 +24,17 @@ import (
 // render every worker of the model as heft-sync would apply it (package
 // gateway/render): serving workers with their weights and caps, held,
 // offline and unmeasured ones disabled or down (left out for LiteLLM).
-// format=json, or none, is the JSON weight table.
+// format=json, or none, is the JSON weight table. With ?kind=prefill every
+// format renders the prefill weights instead, as a heft-sync table with
+// kind = "prefill" applies them, and LiteLLM's deployments carry each
+// worker's max_context_tokens as model_info.max_input_tokens.
 
 // Formats lists the renderings, for the error that names them.
 var formats = []string{"json", "haproxy", "nginx", "litellm"}
 
 // renderWeights answers a ?format= other than json. It reports whether
 // the request was one (false: serve the JSON table).
-func (s *Server) renderWeights(w http.ResponseWriter, r *http.Request, model string) bool {
+func (s *Server) renderWeights(w http.ResponseWriter, r *http.Request, model, kind string) bool {
 	q := r.URL.Query()
 	format := q.Get("format")
 	if format == "" || format == "json" {
@@ -47,10 +50,14 @@ func (s *Server) renderWeights(w http.ResponseWriter, r *http.Request, model str
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no model %q", model))
 		return true
 	}
-	m, problems := target.ForModel(model, ws)
+	m, problems := target.ForSelection(model, target.Selection{Kind: kind}, ws)
+	which := "weights"
+	if kind == view.WeightPrefill {
+		which = "prefill weights"
+	}
 	var head bytes.Buffer
-	fmt.Fprintf(&head, "# heft weights of model %q, rendered %s: %d of %d workers serve.\n",
-		model, time.Now().UTC().Format(time.RFC3339), len(m.Serving()), len(m.Backends))
+	fmt.Fprintf(&head, "# heft %s of model %q, rendered %s: %d of %d workers serve.\n",
+		which, model, time.Now().UTC().Format(time.RFC3339), len(m.Serving()), len(m.Backends))
 	for _, p := range problems {
 		fmt.Fprintf(&head, "# %s\n", p)
 	}

@@ -149,3 +149,38 @@ func TestWeightsFormatErrors(t *testing.T) {
 		t.Errorf("format=json: %d %s", status, body)
 	}
 }
+
+// ?kind=prefill renders the prefill weights: the worker without one is
+// left out (drained), and LiteLLM's deployments say what each holds.
+func TestWeightsPrefillKind(t *testing.T) {
+	ts := formatsFleet(t)
+	ts.fleet.update("gpu-a/slow", func(w *view.Worker) {
+		p, c := 2.5, int64(40960)
+		w.PrefillWeight, w.MaxContextTokens = &p, &c
+	})
+	status, body, _ := ts.do(t, "GET", weightsPath+"?format=litellm&kind=prefill&model_name=qwen-long", "", nil)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, body)
+	}
+	var doc struct {
+		ModelList []struct {
+			ModelName string         `yaml:"model_name"`
+			Params    map[string]any `yaml:"litellm_params"`
+			Info      map[string]any `yaml:"model_info"`
+		} `yaml:"model_list"`
+	}
+	if err := yaml.Unmarshal(body, &doc); err != nil {
+		t.Fatalf("not YAML: %v\n%s", err, body)
+	}
+	if len(doc.ModelList) != 1 || doc.ModelList[0].Params["api_base"] != "http://10.0.0.2:8000/v1" || doc.ModelList[0].Params["weight"] != 2.5 ||
+		doc.ModelList[0].Info["max_input_tokens"] != 40960 || !strings.Contains(string(body), "# heft prefill weights of model") {
+		t.Errorf("prefill model_list:\n%s", body)
+	}
+	status, body, _ = ts.do(t, "GET", weightsPath+"?format=nginx&kind=prefill&upstream=qwen_long", "", nil)
+	if status != http.StatusOK || !strings.Contains(string(body), "server 10.0.0.2:8000 weight=") || !strings.Contains(string(body), "server 10.0.0.1:8000 down;") {
+		t.Errorf("prefill nginx: %d\n%s", status, body)
+	}
+	if status, body, _ := ts.do(t, "GET", weightsPath+"?format=nginx&kind=speed", "", nil); status != http.StatusBadRequest {
+		t.Errorf("kind=speed: %d %s", status, body)
+	}
+}
