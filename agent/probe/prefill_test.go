@@ -166,9 +166,12 @@ func TestSimPrefillBadInput(t *testing.T) {
 			wire.PrefillUsageMismatch, "more prompt tokens than were sent"},
 		{"reports extra, text tokenizer", sim.FlavorSGLang, func(c *sim.Config) { c.Faults.PromptUsageExtra = 400 },
 			wire.PrefillUsageMismatch, "more prompt tokens than were sent"},
-		{"serves prompts from a cache", sim.FlavorVLLM, func(c *sim.Config) { c.Faults.PrefillCached = true },
+		// A cache's answer is judged against the decode step: steps of
+		// 50 ms stand out from what HTTP and JSON of a long prompt cost on
+		// a loaded machine under -race.
+		{"serves prompts from a cache", sim.FlavorVLLM, func(c *sim.Config) { c.Faults.PrefillCached, c.SingleTPS, c.Batch16TPS = true, 20, 240 },
 			wire.PrefillCached, "cannot have read the prompt"},
-		{"reads prompts for free", sim.FlavorSGLang, func(c *sim.Config) { c.PrefillTPS = 0 },
+		{"reads prompts for free", sim.FlavorSGLang, func(c *sim.Config) { c.PrefillTPS, c.SingleTPS, c.Batch16TPS = 0, 20, 240 },
 			wire.PrefillCached, "cannot have read the prompt"},
 		// Requests 1–8 are the decode bursts, 9–12 the prefill warm-up:
 		// the 13th is the first of the measured prefill burst.
