@@ -35,10 +35,11 @@ const (
 	// 3 do.
 	AreaPrefill     = 7
 	AreaPrefillCost = 8
+	AreaRouting     = 9
 )
 
 // AllAreas lists every area.
-var AllAreas = []int{AreaFidelity, AreaCold, AreaCost, AreaWeights, AreaScale, AreaAgent, AreaPrefill, AreaPrefillCost}
+var AllAreas = []int{AreaFidelity, AreaCold, AreaCost, AreaWeights, AreaScale, AreaAgent, AreaPrefill, AreaPrefillCost, AreaRouting}
 
 // Options configure a run.
 type Options struct {
@@ -48,8 +49,8 @@ type Options struct {
 	Quick bool
 	// Areas to run; empty = all.
 	Areas []int
-	// Bin is the folder with heft-agent, heft-coordinator, heft-sim, swarm
-	// and heftbench (see Build).
+	// Bin is the folder with heft-agent, heft-coordinator, heft-sim,
+	// heft-sync, swarm and heftbench (see Build).
 	Bin string
 	// Runs per cell; 0 = 3 (1 in quick mode).
 	Runs int
@@ -62,6 +63,12 @@ type Options struct {
 	// AgentWindow is how long the agent's footprint is sampled; 0 = 60s
 	// (3s in quick mode).
 	AgentWindow time.Duration
+	// RoutingSeeds is how many arrival schedules area 9 offers at each
+	// load; 0 = 2 (1 in quick mode).
+	RoutingSeeds int
+	// RoutingCell is how long arrivals last in each of area 9's cells;
+	// 0 = 30s (3s in quick mode).
+	RoutingCell time.Duration
 	// Progress receives one line per step; nil = silent.
 	Progress io.Writer
 	// Out receives each area's section as soon as it is done; nil = none.
@@ -161,6 +168,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			s = e.areaPrefill(ctx)
 		case AreaPrefillCost:
 			s = e.areaPrefillCost(ctx)
+		case AreaRouting:
+			s = e.areaRouting(ctx)
 		}
 		s.Area = a
 		s.Elapsed = time.Since(t0)
@@ -218,6 +227,8 @@ func (e *env) estimate(areas []int) time.Duration {
 					sec += runs * 2 * p
 				}
 			}
+		case AreaRouting:
+			sec += e.routingPlanFor().estimate().Seconds()
 		}
 	}
 	return time.Duration(sec * float64(time.Second))

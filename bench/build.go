@@ -15,6 +15,7 @@ var binaries = map[string]string{
 	"heft-agent":       "./agent/cmd/heft-agent",
 	"heft-coordinator": "./coordinator/cmd/heft-coordinator",
 	"heft-sim":         "./sim/cmd/heft-sim",
+	"heft-sync":        "./gateway/cmd/heft-sync",
 	"swarm":            "./bench/cmd/swarm",
 	"heftbench":        "./bench/cmd/heftbench",
 }

@@ -43,7 +43,8 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-func (e *env) startCoordinator(ctx context.Context, name string) (*coordinator, error) {
+// startCoordinator starts a coordinator; extra is appended to its TOML.
+func (e *env) startCoordinator(ctx context.Context, name string, extra ...string) (*coordinator, error) {
 	bin, err := binPath(e.bin, "heft-coordinator")
 	if err != nil {
 		return nil, err
@@ -58,7 +59,7 @@ func (e *env) startCoordinator(ctx context.Context, name string) (*coordinator, 
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	cfg := fmt.Sprintf("listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\n",
-		addr, filepath.Join(dir, "state"), agentToken, adminToken)
+		addr, filepath.Join(dir, "state"), agentToken, adminToken) + strings.Join(extra, "\n")
 	cfgPath := filepath.Join(dir, "coordinator.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -142,6 +143,12 @@ func (e *env) startSimProc(dir, name string, c Calibration, notReady time.Durati
 	args := []string{"--flavor", c.Flavor, "--listen", "127.0.0.1:0", "--model", benchModel,
 		"--single-tps", ftoa(c.SingleTPS), "--batch16-tps", ftoa(c.Batch16TPS), "--dp", strconv.Itoa(c.ranks()),
 		"--log", logPath, "--seed", "1"}
+	if c.MaxRunning > 0 {
+		args = append(args, "--max-running", strconv.Itoa(c.MaxRunning))
+	}
+	if len(c.KVTokens) > 0 {
+		args = append(args, "--kv-tokens", joinInts(c.KVTokens, ","))
+	}
 	if notReady > 0 {
 		args = append(args, "--fault-not-ready-for", notReady.String())
 	}

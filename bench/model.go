@@ -3,6 +3,8 @@ package bench
 import (
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"heft/sim"
 )
@@ -14,6 +16,11 @@ type Calibration struct {
 	SingleTPS  float64 // S1: one request alone, tok/s
 	Batch16TPS float64 // S16: sixteen together, tok/s in total, per rank
 	DP         int     // data-parallel ranks, default 1
+	// MaxRunning caps the running sequences per rank (0 = the flavour's
+	// default). TrueCapacity assumes it is at least the burst's share of
+	// a rank.
+	MaxRunning int
+	KVTokens   []int64 // KV pool per rank (nil = the sim's default)
 }
 
 func (c Calibration) ranks() int { return max(c.DP, 1) }
@@ -24,6 +31,12 @@ func (c Calibration) String() string {
 	if c.ranks() > 1 {
 		s += fmt.Sprintf(" dp=%d", c.ranks())
 	}
+	if len(c.KVTokens) > 0 {
+		s += " kv=" + joinInts(c.KVTokens, ",")
+	}
+	if c.MaxRunning > 0 {
+		s += fmt.Sprintf(" max-running=%d", c.MaxRunning)
+	}
 	return s
 }
 
@@ -31,8 +44,16 @@ func (c Calibration) String() string {
 func (c Calibration) simConfig(model string, cold Cold) sim.Config {
 	return sim.Config{
 		Flavor: c.Flavor, Model: model, SingleTPS: c.SingleTPS, Batch16TPS: c.Batch16TPS,
-		DP: c.ranks(), ColdFactor: cold.Factor, ColdSeconds: cold.Seconds, Seed: 1,
+		DP: c.ranks(), MaxRunning: c.MaxRunning, KVTokens: c.KVTokens, ColdFactor: cold.Factor, ColdSeconds: cold.Seconds, Seed: 1,
 	}
+}
+
+func joinInts(xs []int64, sep string) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.FormatInt(x, 10)
+	}
+	return strings.Join(parts, sep)
 }
 
 // Cold is a cold start: every step Factor times slower for Seconds.

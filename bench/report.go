@@ -14,6 +14,7 @@ import (
 
 // Table is one markdown table.
 type Table struct {
+	Caption string // a bold line above the table; "" = none
 	Columns []string
 	Rows    [][]string
 }
@@ -28,6 +29,9 @@ func (t *Table) Add(cells ...string) {
 // Markdown renders the table.
 func (t *Table) Markdown() string {
 	var b strings.Builder
+	if t.Caption != "" {
+		b.WriteString("**" + t.Caption + "**\n\n")
+	}
 	line := func(cells []string) {
 		b.WriteString("|")
 		for _, c := range cells {
@@ -55,6 +59,7 @@ type Section struct {
 	Title   string
 	Intro   string // one line: what was measured and how
 	Table   Table
+	More    []Table // further tables, after the first
 	Notes   []string
 	Elapsed time.Duration
 	Err     error // the area could not finish; the table holds what it got
@@ -67,9 +72,11 @@ func (s *Section) Markdown() string {
 	if s.Intro != "" {
 		b.WriteString(s.Intro + "\n\n")
 	}
-	if len(s.Table.Rows) > 0 {
-		b.WriteString(s.Table.Markdown())
-		b.WriteString("\n")
+	for _, t := range append([]Table{s.Table}, s.More...) {
+		if len(t.Rows) > 0 {
+			b.WriteString(t.Markdown())
+			b.WriteString("\n")
+		}
 	}
 	for _, n := range s.Notes {
 		b.WriteString("- " + n + "\n")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make bench: measure what heft claims about itself (see bench/README.md).
 # Builds the binaries, runs every benchmark area on loopback, prints one
-# table per area and writes them to bench/results/latest.md. About 9–10
+# table per area and writes them to bench/results/latest.md. About 60
 # minutes on 2 cores; Linux (reads /proc). Extra arguments go to heftbench,
 # e.g. ./scripts/bench.sh --quick, or ./scripts/bench.sh --areas 1,5.
 set -euo pipefail
@@ -18,6 +18,6 @@ bin=$(mktemp -d "${TMPDIR:-/tmp}/heft-bench-bin.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
 echo "bench: building binaries into $bin" >&2
 go build -o "$bin/" ./agent/cmd/heft-agent ./coordinator/cmd/heft-coordinator ./sim/cmd/heft-sim \
-  ./bench/cmd/heftbench ./bench/cmd/swarm
+  ./gateway/cmd/heft-sync ./bench/cmd/heftbench ./bench/cmd/swarm
 
 "$bin/heftbench" --bin "$bin" --out bench/results/latest.md "$@"

@@ -57,6 +57,20 @@ type Config struct {
 	BackendHeader string
 	Seed          uint64
 	Client        *http.Client // default: a client without timeouts
+	// KeepRequests keeps a record of every request in Result.Requests,
+	// for questions about when a backend got its requests.
+	KeepRequests bool
+}
+
+// Request is one request's record (Result.Requests, with KeepRequests).
+type Request struct {
+	Backend string    `json:"backend"`
+	Start   time.Time `json:"start"` // when it was sent
+	End     time.Time `json:"end"`
+	Tokens  int64     `json:"tokens"`
+	// Outcome is "completed", "unfinished" or the failure's class (as in
+	// Result.Errors).
+	Outcome string `json:"outcome"`
 }
 
 // Summary is the distribution of one duration over requests.
@@ -96,6 +110,7 @@ type Result struct {
 	TTFT            Summary             `json:"ttft"`    // of completed requests
 	Backends        map[string]*Backend `json:"backends"`
 	Errors          map[string]int      `json:"errors"` // failure class → count
+	Requests        []Request           `json:"requests,omitempty"`
 }
 
 // outcome is one request's.
@@ -105,7 +120,7 @@ type outcome struct {
 	ttft, lat  time.Duration
 	err        error
 	unfinished bool
-	end        time.Time
+	start, end time.Time
 }
 
 // Run runs the load and returns what happened. It returns early, with
@@ -195,18 +210,24 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		b.Requests++
 		b.Tokens += o.tokens
+		outcome := "completed"
 		switch {
 		case o.unfinished:
 			res.Unfinished++
+			outcome = "unfinished"
 		case o.err != nil:
 			res.Failed++
-			res.Errors[errorClass(o.err)]++
+			outcome = errorClass(o.err)
+			res.Errors[outcome]++
 		default:
 			res.Completed++
 			b.Completed++
 			lat = append(lat, o.lat)
 			ttft = append(ttft, o.ttft)
 			per[o.backend] = append(per[o.backend], o.lat)
+		}
+		if cfg.KeepRequests {
+			res.Requests = append(res.Requests, Request{Backend: o.backend, Start: o.start, End: o.end, Tokens: o.tokens, Outcome: outcome})
 		}
 	}
 	for name, ls := range per {
@@ -309,6 +330,7 @@ type streamChunk struct {
 // do sends one request and reads its stream to the end.
 func do(ctx context.Context, cfg Config, body []byte) (o outcome) {
 	t0 := time.Now()
+	o.start = t0
 	defer func() {
 		o.end = time.Now()
 		o.lat = o.end.Sub(t0)

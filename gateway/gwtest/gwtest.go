@@ -11,8 +11,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,6 +19,7 @@ import (
 
 	"heft/coordinator/view"
 	"heft/gateway/coord"
+	"heft/gateway/gwproc"
 	"heft/shared/testutil"
 )
 
@@ -29,21 +28,7 @@ import (
 // it, so a missing install fails loudly there).
 func RequireBinary(t testing.TB, name string) string {
 	t.Helper()
-	path, err := exec.LookPath(name)
-	if err == nil {
-		return path
-	}
-	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/local/sbin"} {
-		p := dir + "/" + name
-		if st, err := os.Stat(p); err == nil && !st.IsDir() {
-			return p
-		}
-	}
-	if os.Getenv("HEFT_REQUIRE_GATEWAYS") != "" {
-		t.Fatalf("%s is not installed and HEFT_REQUIRE_GATEWAYS is set: apt-get install -y haproxy nginx", name)
-	}
-	t.Skipf("%s is not installed (apt-get install -y haproxy nginx); set HEFT_REQUIRE_GATEWAYS=1 to make this a failure", name)
-	return ""
+	return gwproc.Require(t, name)
 }
 
 // FreePort returns a loopback port that was free a moment ago.

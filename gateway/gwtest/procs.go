@@ -1,6 +1,7 @@
 package gwtest
 
 import (
+	"context"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"heft/gateway/gwproc"
 	"heft/shared/testutil"
 )
 
@@ -48,8 +50,8 @@ func StartHAProxy(t testing.TB, cfg string) *HAProxy {
 	if err := os.WriteFile(h.Config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(bin, "-c", "-f", h.Config).CombinedOutput(); err != nil {
-		t.Fatalf("haproxy -c: %v\n%s", err, out)
+	if err := gwproc.CheckHAProxy(context.Background(), bin, h.Config); err != nil {
+		t.Fatal(err)
 	}
 	h.Start()
 	t.Cleanup(h.Stop)
@@ -61,7 +63,7 @@ func (h *HAProxy) Start() {
 	h.t.Helper()
 	os.Remove(h.Socket)
 	h.log = &testutil.SyncBuffer{}
-	h.cmd = exec.Command(h.bin, "-f", h.Config, "-db")
+	h.cmd = exec.Command(h.bin, gwproc.HAProxyArgs(h.Config)...)
 	h.cmd.Stdout, h.cmd.Stderr = h.log, h.log
 	if err := h.cmd.Start(); err != nil {
 		h.t.Fatal(err)
@@ -158,24 +160,7 @@ type Nginx struct {
 
 // NginxConf writes nginx.conf around an http block body; {{front}} and
 // {{upstream_file}} are replaced.
-func NginxConf(httpBody string) string {
-	return `daemon off;
-master_process on;
-worker_processes 1;
-pid {{dir}}/nginx.pid;
-error_log {{dir}}/error.log warn;
-events { worker_connections 256; }
-http {
-    access_log off;
-    client_body_temp_path {{dir}}/tmp/body;
-    proxy_temp_path {{dir}}/tmp/proxy;
-    fastcgi_temp_path {{dir}}/tmp/fastcgi;
-    uwsgi_temp_path {{dir}}/tmp/uwsgi;
-    scgi_temp_path {{dir}}/tmp/scgi;
-` + httpBody + `
-}
-`
-}
+func NginxConf(httpBody string) string { return gwproc.NginxConf("{{dir}}", httpBody) }
 
 // StartNginx writes conf (see NginxConf) and the first upstream file, and
 // starts nginx. upstream is the upstream file's first content: nginx must
@@ -197,7 +182,7 @@ func StartNginx(t testing.TB, conf, upstream string) *Nginx {
 		t.Fatal(err)
 	}
 	n.log = &testutil.SyncBuffer{}
-	n.cmd = exec.Command(bin, "-p", dir, "-c", n.Conf)
+	n.cmd = exec.Command(bin, gwproc.NginxArgs(dir, n.Conf)...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -215,10 +200,10 @@ func StartNginx(t testing.TB, conf, upstream string) *Nginx {
 }
 
 // Check is the "nginx -t" command for this nginx.
-func (n *Nginx) Check() []string { return []string{n.bin, "-t", "-q", "-p", n.Dir, "-c", n.Conf} }
+func (n *Nginx) Check() []string { return gwproc.NginxCheck(n.bin, n.Dir, n.Conf) }
 
 // Reload is the "nginx -s reload" command for this nginx.
-func (n *Nginx) Reload() []string { return []string{n.bin, "-p", n.Dir, "-c", n.Conf, "-s", "reload"} }
+func (n *Nginx) Reload() []string { return gwproc.NginxReload(n.bin, n.Dir, n.Conf) }
 
 // Stop ends nginx (the one this test started) and waits for it.
 func (n *Nginx) Stop() {

@@ -3,6 +3,7 @@
 // them all to a file. See bench/README.md.
 //
 //	heftbench [--quick] [--areas 1,2,5] [--bin DIR] [--out FILE] [--runs N] [--agents 1000,5000,10000]
+//	          [--routing-seeds N] [--routing-cell 30s]
 //
 // Without --bin it builds the binaries it needs into a temporary folder.
 // `heftbench follow-log` is the child process of area 6's log benchmark.
@@ -41,13 +42,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("heftbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "run a reduced version of every area (exercises the harness; not the product's numbers)")
-	areas := fs.String("areas", "", "comma-separated areas to run, 1–8 (default all)")
-	bin := fs.String("bin", "", "folder with heft-agent, heft-coordinator, heft-sim, swarm, heftbench (default: build them)")
+	areas := fs.String("areas", "", "comma-separated areas to run, 1–9 (default all)")
+	bin := fs.String("bin", "", "folder with heft-agent, heft-coordinator, heft-sim, heft-sync, swarm, heftbench (default: build them)")
 	out := fs.String("out", "", "also write the report to this markdown file")
 	runs := fs.Int("runs", 0, "runs per cell (default 3, quick 1)")
 	agents := fs.String("agents", "", "area 5 swarm sizes, comma-separated (default 1000,5000,10000; quick 50)")
 	logMB := fs.Int64("log-mb", 0, "area 6: how many MB the followed log grows (default 1000; quick 20)")
 	window := fs.Duration("agent-window", 0, "area 6: how long the agent is sampled (default 60s; quick 3s)")
+	routingSeeds := fs.Int("routing-seeds", 0, "area 9: arrival schedules per load (default 2; quick 1)")
+	routingCell := fs.Duration("routing-cell", 0, "area 9: how long arrivals last in each cell (default 30s; quick 3s)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -59,7 +62,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	opts := bench.Options{Quick: *quick, Runs: *runs, Bin: *bin, LogBytes: *logMB * 1_000_000, AgentWindow: *window,
-		Progress: stderr, Out: stdout}
+		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, Progress: stderr, Out: stdout}
 	var err error
 	if opts.Areas, err = ints(*areas); err != nil {
 		fmt.Fprintf(stderr, "heftbench: --areas: %v\n", err)
