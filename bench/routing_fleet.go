@@ -110,7 +110,7 @@ func (e *env) startRoutingFleet(ctx context.Context, plan routingPlan) (_ *routi
 		f.procs = append(f.procs, sp.child)
 	}
 	for i, c := range routingWorkers {
-		ag, err := e.startAgent(f.dir, "route-"+c.Name, f.co, c.Flavor, f.sims[i])
+		ag, err := e.startAgent(f.dir, "route-"+c.Name, f.co, c.Flavor, f.sims[i], false) // the routing cells use the decode weight
 		if err != nil {
 			return nil, err
 		}
