@@ -27,7 +27,12 @@ func TestImplausibleStreamsAndRedirects(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	m, err := Run(ctx, Config{URL: instant.URL(), Kind: "vllm", CapacityKey: "k"})
+	// One request of 512 tokens: what bounds an instant stream's rate here
+	// is the probe parsing it, and under -race sixteen streams parsed at
+	// once on two cores come out near 1,500 tok/s each (no verdict on the
+	// engine). One stream parses at about 30,000 tok/s under -race on a
+	// loaded machine, six times the bound; without -race, sixteen do.
+	m, err := Run(ctx, Config{URL: instant.URL(), Kind: "vllm", CapacityKey: "k", Tokens: 512, Concurrency: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
