@@ -245,7 +245,7 @@ func (f *Fleet) probeDue(w *worker) (at time.Time, reason string, ok bool) {
 	}
 	p := w.probe
 	m := f.newest(w.id)
-	reason = f.neededReason(w)
+	reason = neededReason(m)
 	switch {
 	case p.outstanding:
 		return p.sentAt.Add(f.cfg.ProbeTimeout), p.reason, true
@@ -260,8 +260,8 @@ func (f *Fleet) probeDue(w *worker) (at time.Time, reason string, ok bool) {
 
 // neededReason: a worker without a valid measurement needs one to be
 // admitted; one with a valid measurement is only refreshed.
-func (f *Fleet) neededReason(w *worker) string {
-	if m := f.newest(w.id); m != nil && m.Valid() {
+func neededReason(m *wire.Measurement) string {
+	if m != nil && m.Valid() {
 		return wire.ReasonScheduled
 	}
 	return wire.ReasonRegistration

@@ -4,11 +4,11 @@
 package health
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/url"
 	"slices"
-	"sort"
 	"strings"
 
 	"heft/shared/address"
@@ -42,11 +42,11 @@ type Finding struct {
 
 // Sort orders findings most severe first, then by code.
 func Sort(fs []Finding) {
-	sort.SliceStable(fs, func(i, j int) bool {
-		if a, b := wire.SeverityRank(fs[i].Severity), wire.SeverityRank(fs[j].Severity); a != b {
-			return a < b
-		}
-		return fs[i].Code < fs[j].Code
+	if len(fs) < 2 {
+		return // the usual case, and the coordinator sorts every worker's on each reweigh
+	}
+	slices.SortStableFunc(fs, func(a, b Finding) int {
+		return cmp.Or(cmp.Compare(wire.SeverityRank(a.Severity), wire.SeverityRank(b.Severity)), strings.Compare(a.Code, b.Code))
 	})
 }
 

@@ -346,7 +346,7 @@ type Measurement struct {
 // engine that cannot be told an exact length (mlx-lm, Ollama) gives a valid
 // but incomplete measurement; one that could and still fell short has a
 // Failure and is not valid.
-func (m Measurement) Valid() bool {
+func (m *Measurement) Valid() bool {
 	return m.Failure == "" && m.ThroughputTPS > 0 && m.OutputTokens > 0
 }
 
@@ -354,7 +354,7 @@ func (m Measurement) Valid() bool {
 // for a prefill weight: the decode part is valid too (a worker is admitted
 // on its decode measurement), and the prefill burst read every prompt as
 // sent.
-func (m Measurement) PrefillValid() bool {
+func (m *Measurement) PrefillValid() bool {
 	p := m.Prefill
 	return m.Valid() && p != nil && p.Failure == "" && p.ThroughputTPS > 0 && p.PromptTokens > 0
 }
