@@ -125,7 +125,10 @@ type agentTOML struct {
 		TokenFile string `toml:"token_file"`
 	}
 	Node   struct{ Name string }
-	Engine []struct{ Kind, URL, Log, Model string }
+	Engine []struct {
+		Kind, URL, Log, Model string
+		AdvertiseURL          string `toml:"advertise_url"`
+	}
 }
 
 func readAgentTOML(t *testing.T, path string) agentTOML {
@@ -145,7 +148,7 @@ func TestInstallScript(t *testing.T) {
 			// Both option forms, every log source form, a path-less coordinator URL.
 			out, calls := in.mustRun(osName, "--prefix", prefix, "--binary="+in.binary, "--coordinator", "wss://heft.example:7070",
 				"--token-file="+in.token, "--node", "gpu-a",
-				"--engine", "vllm=http://127.0.0.1:8000,log=/var/log/vllm/server.log,model=Qwen/Qwen3-8B",
+				"--engine", "vllm=http://127.0.0.1:8000,log=/var/log/vllm/server.log,model=Qwen/Qwen3-8B,advertise=http://10.0.0.5:8000",
 				"--engine=sglang=http://127.0.0.1:30000,log=journald:sglang.service",
 				"--engine", "llamacpp=http://127.0.0.1:8080,log=docker:llama",
 				"--engine", "ollama=http://127.0.0.1:11434,log=k8s:ml/ollama-0/ollama",
@@ -173,7 +176,8 @@ func TestInstallScript(t *testing.T) {
 					t.Errorf("engine %d log = %q, want %q", i, e.Log, wantLogs[i])
 				}
 			}
-			if cfg.Engine[0].Model != "Qwen/Qwen3-8B" || cfg.Engine[0].Kind != "vllm" || cfg.Engine[0].URL != "http://127.0.0.1:8000" {
+			if cfg.Engine[0].Model != "Qwen/Qwen3-8B" || cfg.Engine[0].Kind != "vllm" || cfg.Engine[0].URL != "http://127.0.0.1:8000" ||
+				cfg.Engine[0].AdvertiseURL != "http://10.0.0.5:8000" {
 				t.Errorf("engine 0 = %+v", cfg.Engine[0])
 			}
 			// The agent's own config loader accepts what the script wrote.
@@ -239,7 +243,8 @@ func TestInstallScriptBadInputChangesNothing(t *testing.T) {
 		{"unknown engine kind", "Linux", append(slices.Clone(good), "--engine", "tgi=http://127.0.0.1:8080"), "unknown engine kind 'tgi' " + kinds},
 		{"engine without url", "Linux", append(slices.Clone(good), "--engine", "vllm"), "want KIND=URL"},
 		{"engine url scheme", "Linux", append(slices.Clone(good), "--engine", "vllm=127.0.0.1:8000"), "must start with http:// or https://"},
-		{"engine option", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,logs=/a"), "unknown option 'logs' (want log or model)"},
+		{"engine option", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,logs=/a"), "unknown option 'logs' (want log, model or advertise)"},
+		{"advertise without scheme", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,advertise=10.0.0.5:8000"), "advertise '10.0.0.5:8000' must start with http://"},
 		{"engine option without value", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log"), "'log' is not key=value"},
 		{"trailing comma", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,"), "an empty option"},
 		{"relative log", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log=server.log"), "log 'server.log' is not an absolute path"},

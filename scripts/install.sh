@@ -7,7 +7,7 @@
 #        --token-file ./agent.token [--node NAME] [--engine vllm=http://127.0.0.1:8000,log=/var/log/vllm.log]...
 #   sudo ./install.sh --binary ./heft-agent      # upgrade: keeps the config, restarts a running agent
 #
-# --engine is the agent's own: KIND=URL[,log=LOG][,model=NAME], LOG an absolute
+# --engine is the agent's own: KIND=URL[,log=LOG][,model=NAME][,advertise=URL], LOG an absolute
 # path or glob, journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.
 # Every option takes --opt value or --opt=value. Everything is checked before
 # anything changes. An existing config or token is kept; what the flags say
@@ -101,15 +101,15 @@ check_log() { # spec value
 }
 
 # check_engine validates one --engine like the agent's config.ParseEngine
-# and Validate do: KIND=URL[,log=LOG][,model=NAME].
+# and Validate do: KIND=URL[,log=LOG][,model=NAME][,advertise=URL].
 check_engine() { # spec
 	spec=$1
 	tomlsafe "--engine" "$spec"
-	case "$spec" in *, | *,,*) die "--engine '$spec': an empty option (want KIND=URL[,log=LOG][,model=NAME])" ;; esac
+	case "$spec" in *, | *,,*) die "--engine '$spec': an empty option (want KIND=URL[,log=LOG][,model=NAME][,advertise=URL])" ;; esac
 	first=${spec%%,*}
 	kind=${first%%=*} url=${first#*=}
 	if [ "$kind" = "$first" ] || [ -z "$kind" ] || [ -z "$url" ]; then
-		die "--engine '$spec': want KIND=URL[,log=LOG][,model=NAME]"
+		die "--engine '$spec': want KIND=URL[,log=LOG][,model=NAME][,advertise=URL]"
 	fi
 	case " $kinds " in *" $kind "*) ;; *) die "--engine '$spec': unknown engine kind '$kind' (want one of: $kinds)" ;; esac
 	case "$url" in http://?* | https://?*) ;; *) die "--engine '$spec': url '$url' must start with http:// or https://" ;; esac
@@ -123,7 +123,11 @@ check_engine() { # spec
 		case "$k" in
 			log) check_log "$spec" "$v" ;;
 			model) [ -n "$v" ] || die "--engine '$spec': model is empty" ;;
-			*) die "--engine '$spec': unknown option '$k' (want log or model)" ;;
+			advertise) case "$v" in
+					http://?* | https://?*) ;;
+					*) die "--engine '$spec': advertise '$v' must start with http:// or https://" ;;
+				esac ;;
+			*) die "--engine '$spec': unknown option '$k' (want log, model or advertise)" ;;
 		esac
 	done
 }
@@ -139,7 +143,9 @@ engine_toml() { # spec
 		rest=${rest#,}
 		o=${rest%%,*}
 		rest=${rest#"$o"}
-		echo "${o%%=*} = \"${o#*=}\""
+		k=${o%%=*}
+		[ "$k" != advertise ] || k=advertise_url # the TOML key of --engine's advertise=
+		echo "$k = \"${o#*=}\""
 	done
 }
 
