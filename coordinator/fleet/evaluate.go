@@ -222,22 +222,29 @@ func (f *Fleet) weigh(w *worker, model string, med float64, n int) {
 		o.Message += " An admin has admitted it anyway."
 		w.outlier = o
 	}
-	raw := w.tps / med
+	w.computed, w.weight, w.clamp = f.scale(w.id, model, "", w.tps, med, n, f.pins)
+}
+
+// scale turns a throughput into a weight against its model's median of n
+// workers: clamped to [WeightMin, WeightMax] (with a weight_clamped
+// finding), or the worker's pin from pins. kind is "" for the decode
+// weight, "prefill" for the prefill weight. Nil weights when the result is
+// not a finite number above zero, which validated input cannot give.
+func (f *Fleet) scale(id, model, kind string, tps, med float64, n int, pins map[string]float64) (computed, weight *float64, clamp *health.Finding) {
+	raw := tps / med
 	c := min(max(raw, f.cfg.WeightMin), f.cfg.WeightMax)
-	weight := c
-	if pin, ok := f.pins[w.id]; ok {
-		weight = pin
+	wt := c
+	if pin, ok := pins[id]; ok {
+		wt = pin
 	} else if c != raw {
-		cf := clampFinding(model, w.tps, med, n, raw, c, f.cfg.WeightMin, f.cfg.WeightMax)
-		w.clamp = &cf
+		cf := clampFinding(model, kind, tps, med, n, raw, c, f.cfg.WeightMin, f.cfg.WeightMax)
+		clamp = &cf
 	}
-	if !validWeight(weight) || !validWeight(c) {
-		// Cannot happen with validated input; never let it through.
-		f.log.Error("refusing a weight that is not a finite number above zero", "worker", w.id, "weight", weight, "computed", c)
-		w.clamp = nil
-		return
+	if !validWeight(wt) || !validWeight(c) {
+		f.log.Error("refusing a weight that is not a finite number above zero", "worker", id, "kind", kind, "weight", wt, "computed", c)
+		return nil, nil, nil
 	}
-	w.computed, w.weight = &c, &weight
+	return &c, &wt, clamp
 }
 
 // publish assembles a worker's warnings, stamps them and schedules its next
@@ -258,12 +265,16 @@ func (f *Fleet) publish(w *worker, now time.Time) bool {
 	return changed
 }
 
-func clampFinding(model string, tps, med float64, n int, raw, clamped, lo, hi float64) health.Finding {
+func clampFinding(model, kind string, tps, med float64, n int, raw, clamped, lo, hi float64) health.Finding {
 	what := "lowered to %g so that one worker cannot take nearly all of the model's traffic"
 	if clamped > raw {
 		what = "raised to %g so that it keeps some traffic; if it is really this slow, consider holding it"
 	}
-	msg := fmt.Sprintf("measured %.0f tok/s against a median of %.0f tok/s over the %d admitted workers of %s, a weight of %.3g; it was "+what+
+	measured, workers := "measured %.0f tok/s", "admitted workers of"
+	if kind == "prefill" {
+		measured, workers = "prefill weight: measured %.0f prompt tok/s", "admitted workers with a prefill measurement of"
+	}
+	msg := fmt.Sprintf(measured+" against a median of %.0f tok/s over the %d "+workers+" %s, a weight of %.3g; it was "+what+
 		" (weights stay within [%g, %g]). Check the measurement, and pin a weight if the gap is real.",
 		tps, med, n, model, raw, clamped, lo, hi)
 	return health.Finding{Code: wire.CodeWeightClamped, Severity: wire.SeverityWarning, Message: msg}
@@ -278,24 +289,7 @@ func (f *Fleet) weighPrefill(w *worker, model string, med float64, n int) {
 	if p.tps <= 0 || med <= 0 || w.outlierHeld() {
 		return
 	}
-	raw := p.tps / med
-	c := min(max(raw, f.cfg.WeightMin), f.cfg.WeightMax)
-	weight := c
-	if pin, ok := f.prefillPins[w.id]; ok {
-		weight = pin
-	} else if c != raw {
-		cf := clampFinding(model, p.tps, med, n, raw, c, f.cfg.WeightMin, f.cfg.WeightMax)
-		cf.Message = "prefill weight: measured " + strings.TrimPrefix(cf.Message, "measured ")
-		cf.Message = strings.Replace(cf.Message, " tok/s against", " prompt tok/s against", 1)
-		cf.Message = strings.Replace(cf.Message, "admitted workers of", "admitted workers with a prefill measurement of", 1)
-		p.clamp = &cf
-	}
-	if !validWeight(weight) || !validWeight(c) {
-		f.log.Error("refusing a prefill weight that is not a finite number above zero", "worker", w.id, "weight", weight, "computed", c)
-		p.clamp = nil
-		return
-	}
-	p.computed, p.weight = &c, &weight
+	p.computed, p.weight, p.clamp = f.scale(w.id, model, "prefill", p.tps, med, n, f.prefillPins)
 }
 
 // clampFindings is the worker's weight_clamped warning: the decode
