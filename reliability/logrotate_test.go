@@ -25,6 +25,24 @@ var (
 	stampRE    = regexp.MustCompile(`INFO \d\d-\d\d \d\d:\d\d:\d\d \[`)
 )
 
+// startUnevenVLLM starts a vLLM-flavoured sim on two ranks with uneven
+// pools (24,094 and 2,925 tokens), writing its start-up log to logPath,
+// and returns it with that log's text.
+func startUnevenVLLM(t *testing.T, logPath string) (*sim.Server, string) {
+	t.Helper()
+	s, err := sim.Start(sim.Config{Flavor: sim.FlavorVLLM, SingleTPS: 800, Batch16TPS: 8000, DP: 2,
+		KVTokens: []int64{24094, 2925}, LogPath: logPath}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, string(data)
+}
+
 // withPools rewrites a vLLM start-up log's pool lines, rank by rank, as a
 // restart of the same engine beside a different neighbour would print them.
 func withPools(t *testing.T, log string, pools ...int64) string {
@@ -55,17 +73,7 @@ func commaInt(n int64) string {
 func TestPoolsFollowReplacedLog(t *testing.T) {
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "vllm.log")
-	s, err := sim.Start(sim.Config{Flavor: sim.FlavorVLLM, SingleTPS: 800, Batch16TPS: 8000, DP: 2,
-		KVTokens: []int64{24094, 2925}, LogPath: logPath}, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	data, err := os.ReadFile(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	original := string(data)
+	s, original := startUnevenVLLM(t, logPath)
 
 	col, err := collect.New(collect.Config{Node: "log-node", Engines: []engine.Config{{Kind: "vllm", URL: s.URL(), Log: logPath}}},
 		noGPUs{}, hclog.NewNullLogger())

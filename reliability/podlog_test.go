@@ -18,7 +18,6 @@ import (
 	"heft/agent/logwrap/wraptest"
 	"heft/shared/testutil"
 	"heft/shared/wire"
-	"heft/sim"
 )
 
 // An engine in a Kubernetes pod, its log followed through the node's pod
@@ -29,17 +28,7 @@ import (
 func TestPoolsFollowPodLog(t *testing.T) {
 	dir := t.TempDir()
 	rawPath := filepath.Join(dir, "vllm.log")
-	s, err := sim.Start(sim.Config{Flavor: sim.FlavorVLLM, SingleTPS: 800, Batch16TPS: 8000, DP: 2,
-		KVTokens: []int64{24094, 2925}, LogPath: rawPath}, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	data, err := os.ReadFile(rawPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	original := string(data)
+	s, original := startUnevenVLLM(t, rawPath)
 	lines := func(pools ...int64) []string {
 		return strings.Split(strings.TrimRight(withPools(t, original, pools...), "\n"), "\n")
 	}
