@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 )
 
 // Tokens the bench's coordinators are configured with.

@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"heft/coordinator/view"
 	"heft/gateway/gwproc"
 	"heft/gateway/scale"
+	"heft/shared/view"
 )
 
 // The weight ranges heft-sync scales into (HAProxy's runtime API takes

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/sim"
 )
 

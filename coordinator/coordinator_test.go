@@ -20,9 +20,9 @@ import (
 	"heft/coordinator/fleet"
 	"heft/coordinator/server"
 	"heft/coordinator/store"
-	"heft/coordinator/view"
 	"heft/shared/health"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

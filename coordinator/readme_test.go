@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"heft/coordinator/fleet"
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

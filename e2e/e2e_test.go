@@ -26,8 +26,8 @@ import (
 	"heft/agent/cli"
 	coord "heft/coordinator"
 	"heft/coordinator/config"
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 	"heft/sim"
 )

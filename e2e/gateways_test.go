@@ -19,12 +19,12 @@ import (
 	prommodel "github.com/prometheus/common/model"
 
 	"heft/coordinator/config"
-	"heft/coordinator/view"
 	"heft/gateway/app"
 	"heft/gateway/gwtest"
 	"heft/gateway/render"
 	"heft/gateway/scale"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/sim"
 )
 

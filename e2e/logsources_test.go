@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"heft/agent/logwrap/wraptest"
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 	"heft/sim"
 )

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"heft/bench"
-	"heft/coordinator/view"
+	"heft/shared/view"
 )
 
 // TestPrefillWeight runs real agents' probes, prefill burst included, of

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"heft/agent/config"
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/sim"
 )
 

@@ -14,8 +14,8 @@ import (
 
 	"heft/agent/link"
 	"heft/coordinator/config"
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

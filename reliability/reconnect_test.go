@@ -11,8 +11,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/agent/link"
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

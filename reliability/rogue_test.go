@@ -12,7 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -18,8 +18,8 @@ import (
 
 	"heft/coordinator"
 	"heft/coordinator/config"
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -3,7 +3,7 @@ package fleet
 import (
 	"fmt"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 )
 
 // An admin action waits for its disk write outside the fleet's lock: while

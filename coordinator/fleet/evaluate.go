@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"heft/coordinator/view"
 	"heft/shared/health"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

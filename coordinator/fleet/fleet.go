@@ -11,8 +11,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/view"
 	"heft/shared/health"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

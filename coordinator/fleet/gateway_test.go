@@ -4,7 +4,7 @@ import (
 	"math"
 	"testing"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"heft/coordinator/view"
 	"heft/shared/health"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

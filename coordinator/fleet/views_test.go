@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -15,7 +15,7 @@ import (
 	"strings"
 
 	"heft/coordinator/fleet"
-	"heft/coordinator/view"
+	"heft/shared/view"
 )
 
 // Admin actions name their worker one of two ways:

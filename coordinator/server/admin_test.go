@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"heft/coordinator/view"
 	"heft/gateway/gwtest"
 	"heft/gateway/render"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 // agentCheckRig is a fake fleet of two workers of one model at two real

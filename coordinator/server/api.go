@@ -13,8 +13,8 @@ import (
 	"strings"
 
 	"heft/coordinator/fleet"
-	"heft/coordinator/view"
 	"heft/coordinator/web"
+	"heft/shared/view"
 )
 
 // Handler is the coordinator's whole HTTP surface.

@@ -14,8 +14,8 @@ import (
 	"github.com/coder/websocket"
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"heft/coordinator/fleet"
-	"heft/coordinator/view"
+	"heft/shared/view"
 )
 
 // Changes is the data of an "event: changes" on GET /api/v1/events: the

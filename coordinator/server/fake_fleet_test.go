@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	"heft/coordinator/fleet"
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"heft/coordinator/view"
 	"heft/gateway/render"
 	"heft/gateway/target"
+	"heft/shared/view"
 )
 
 // One-shot renderings of a model's weights, for config management (an

@@ -8,9 +8,9 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"heft/coordinator/view"
 	"heft/gateway/gwtest"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 // formatsFleet is a model served by two admitted workers (weights 1.37

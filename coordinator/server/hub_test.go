@@ -13,8 +13,8 @@ import (
 	"github.com/coder/websocket"
 
 	"heft/coordinator/fleet"
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -12,9 +12,9 @@ import (
 
 	"heft/coordinator/fleet"
 	"heft/coordinator/nodes"
-	"heft/coordinator/view"
 	"heft/shared/health"
 	"heft/shared/version"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"heft/coordinator/nodes"
-	"heft/coordinator/view"
+	"heft/shared/view"
 )
 
 // Node routes: GET /api/v1/nodes[?state=S], GET /api/v1/nodes/{name},

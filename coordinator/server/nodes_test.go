@@ -11,8 +11,8 @@ import (
 	"github.com/coder/websocket"
 
 	"heft/coordinator/nodes"
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

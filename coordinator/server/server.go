@@ -20,7 +20,7 @@ import (
 
 	"heft/coordinator/fleet"
 	"heft/coordinator/nodes"
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

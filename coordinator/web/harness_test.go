@@ -21,8 +21,8 @@ import (
 
 	coord "heft/coordinator"
 	"heft/coordinator/config"
-	"heft/coordinator/view"
 	"heft/shared/testutil"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

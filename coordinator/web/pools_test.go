@@ -6,7 +6,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/coder/websocket"
 
 	"heft/coordinator/config"
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -14,13 +14,13 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/view"
 	"heft/gateway/app"
 	"heft/gateway/config"
 	"heft/gateway/gwtest"
 	"heft/gateway/syncer"
 	"heft/gateway/target"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }

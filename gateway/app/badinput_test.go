@@ -13,11 +13,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/view"
 	"heft/gateway/app"
 	"heft/gateway/config"
 	"heft/gateway/gwtest"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 // syncRun is heft-sync run on one gateway table against a fake

@@ -20,10 +20,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/view"
 	"heft/shared/address"
 	"heft/shared/logging"
 	"heft/shared/settings"
+	"heft/shared/view"
 )
 
 // Config is the whole of heft-sync's configuration.

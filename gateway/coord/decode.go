@@ -11,7 +11,7 @@ import (
 	"slices"
 	"strings"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 

@@ -10,10 +10,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/view"
 	"heft/gateway/coord"
 	"heft/gateway/gwtest"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }

@@ -15,12 +15,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"heft/coordinator/view"
 	"heft/gateway/coord"
 	"heft/gateway/envoy"
 	"heft/gateway/gwtest"
 	"heft/gateway/target"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }

@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"heft/coordinator/view"
 	"heft/gateway/coord"
 	"heft/gateway/gwproc"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 // RequireBinary returns the path of a gateway binary. It skips the test

@@ -11,12 +11,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/view"
 	"heft/gateway/coord"
 	"heft/gateway/gwtest"
 	"heft/gateway/haproxy"
 	"heft/gateway/target"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }

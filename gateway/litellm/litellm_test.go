@@ -10,11 +10,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"gopkg.in/yaml.v3"
 
-	"heft/coordinator/view"
 	"heft/gateway/coord"
 	"heft/gateway/gwtest"
 	"heft/gateway/litellm"
 	"heft/gateway/target"
+	"heft/shared/view"
 )
 
 const model = "Qwen/Qwen3-8B"

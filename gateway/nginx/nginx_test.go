@@ -11,13 +11,13 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/view"
 	"heft/gateway/coord"
 	"heft/gateway/gwtest"
 	"heft/gateway/nginx"
 	"heft/gateway/scale"
 	"heft/gateway/target"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 func TestMain(m *testing.M) { testutil.VerifyNoLeaks(m) }

@@ -6,11 +6,11 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"heft/coordinator/view"
 	"heft/gateway/coord"
 	"heft/gateway/gwtest"
 	"heft/gateway/render"
 	"heft/gateway/target"
+	"heft/shared/view"
 )
 
 const model = "Qwen/Qwen3-8B"

@@ -10,11 +10,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"heft/coordinator/view"
 	"heft/gateway/coord"
 	"heft/gateway/gwtest"
 	"heft/gateway/target"
 	htest "heft/shared/testutil"
+	"heft/shared/view"
 )
 
 func TestMain(m *testing.M) { htest.VerifyNoLeaks(m) }

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 )
 
 // Backend is one worker as a gateway should see it.

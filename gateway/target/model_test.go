@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"heft/coordinator/view"
 	"heft/gateway/coord"
+	"heft/shared/view"
 )
 
 const model = "Qwen/Qwen3-8B"

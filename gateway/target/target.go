@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 
-	"heft/coordinator/view"
+	"heft/shared/view"
 )
 
 // Target keeps one gateway's view of one model in step with heft.
