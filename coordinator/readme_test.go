@@ -19,7 +19,8 @@ import (
 	"heft/shared/wire"
 )
 
-// The fleet README.md's "Admin API" and "Metrics" sections show: node
+// The fleet docs/api.md's "Admin API" and docs/monitoring.md's "Metrics"
+// sections show: node
 // gpu-a serves Qwen/Qwen3-8B twice, gpu-b once with two data-parallel
 // ranks whose KV pools differ by 15 % (a warning, not a hold); all three
 // are measured and admitted.
@@ -85,22 +86,24 @@ type readmeExample struct {
 
 var fenceRE = regexp.MustCompile("(?ms)^```(\\w*)\\n(.*?)^```")
 
-// readmeExamples returns the curl examples of the README section headed
-// title (a "## " or "### " line), each with the answer block after it.
-func readmeExamples(t *testing.T, title string) []readmeExample {
+// readmeExamples returns the curl examples of the section headed title (a
+// "# ", "## " or "### " line) of the guide page file (a path from the
+// repository's root), each with the answer block after it. A "# " title is
+// the page's own: its section is the whole page.
+func readmeExamples(t *testing.T, file, title string) []readmeExample {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "README.md"))
+	data, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), file))
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := string(data)
+	text := "\n" + string(data) // so that a title on the first line is found too
 	level := strings.Fields(title)[0] + " "
 	start := strings.Index(text, "\n"+title+"\n")
 	if start < 0 {
-		t.Fatalf("README.md has no section %q", title)
+		t.Fatalf("%s has no section %q", file, title)
 	}
 	section := text[start+len(title)+2:]
-	if end := strings.Index(section, "\n"+level); end >= 0 {
+	if end := strings.Index(section, "\n"+level); end >= 0 && level != "# " {
 		section = section[:end]
 	}
 	if level == "### " {
@@ -200,12 +203,12 @@ func subset(path string, want, have any) error {
 	}
 }
 
-// TestREADMEAdminAPI runs every curl of README.md's "Admin API" section,
+// TestREADMEAdminAPI runs every curl of docs/api.md's "Admin API" page,
 // in order, against the README's fleet, and checks the answers it shows.
 // The section must show every action and every error an operator meets.
 func TestREADMEAdminAPI(t *testing.T) {
 	needTool(t, "curl")
-	examples := readmeExamples(t, "## Admin API")
+	examples := readmeExamples(t, "docs/api.md", "# Admin API")
 	r := readmeFleet(t)
 	statuses, routes := map[string]bool{}, map[string]bool{}
 	for _, ex := range examples {
@@ -240,11 +243,11 @@ func TestREADMEAdminAPI(t *testing.T) {
 	}
 }
 
-// TestREADMEMetrics runs the curl of README.md's "Metrics" section against
+// TestREADMEMetrics runs the curl of docs/monitoring.md's "Metrics" section against
 // the README's fleet: every /metrics line it shows is exported as shown.
 func TestREADMEMetrics(t *testing.T) {
 	needTool(t, "curl")
-	examples := readmeExamples(t, "### Metrics")
+	examples := readmeExamples(t, "docs/monitoring.md", "## Metrics")
 	if len(examples) == 0 {
 		t.Fatal("the Metrics section shows no scrape")
 	}
