@@ -428,6 +428,11 @@ func (h *hub) handle(c *agentConn, data []byte, helloTimer *time.Timer) bool {
 		return false
 	}
 	s.metrics.messages.WithLabelValues(env.Type).Inc()
+	if err := checkGrammar(env); err != nil {
+		log.Warn("agent sent a string no gateway may be given; closing, nothing stored", "node", c.node, "error", err)
+		c.end(websocket.StatusPolicyViolation, err.Error(), dropInvalid, true)
+		return false
+	}
 	if c.node == "" {
 		if env.Type != wire.TypeHello {
 			c.end(websocket.StatusPolicyViolation, fmt.Sprintf("first message must be hello, got %s", env.Type), dropNoHello, true)

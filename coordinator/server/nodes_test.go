@@ -270,7 +270,7 @@ func TestSlowEventSubscriberIsDropped(t *testing.T) {
 	a := connectAgent(t, ts, "gpu-a")
 	names := make([]string, wire.MaxEngines)
 	for i := range names {
-		names[i] = strings.Repeat("n", 2000) + string(rune('a'+i%26)) + strings.Repeat("x", i)
+		names[i] = strings.Repeat("n", 90) + string(rune('a'+i%26)) + strings.Repeat("x", i) // within grammar.MaxKeyBytes
 	}
 	a.snapshot("m", names...)
 	testutil.Eventually(t, "the workers", 10*time.Second, func() bool { return len(ts.fleet.Workers()) == wire.MaxEngines })
@@ -283,7 +283,7 @@ func TestSlowEventSubscriberIsDropped(t *testing.T) {
 	i := 0
 	testutil.Eventually(t, "the unread event stream dropped", 30*time.Second, func() bool {
 		i++ // changes keep coming, until the stream's socket buffers are full and a write stalls
-		ts.fleet.update("gpu-a/"+names[i%len(names)], func(w *view.Worker) { w.Warnings = append(w.Warnings, view.Warning{Code: "x"}) })
+		ts.fleet.update("gpu-a/"+names[i%len(names)], func(w *view.Worker) { w.Warnings = append(w.Warnings, view.Warning{Code: "x", Message: strings.Repeat("w", 2000)}) })
 		return ts.counter(t, "heft_connections", map[string]string{"kind": connEvents}) == 0
 	})
 }

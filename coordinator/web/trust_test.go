@@ -11,14 +11,15 @@ import (
 	"github.com/coder/websocket"
 
 	"heft/coordinator/config"
+	"heft/shared/grammar"
 	"heft/shared/view"
 	"heft/shared/wire"
 )
 
 // Issue 16, case 8 (dashboard): names are whatever an agent says. Bidi and
 // control characters show as visible escapes, never reorder or hide text;
-// a 4,000-character model name is clipped by CSS with the whole value on
-// hover, and does not widen the page; the page runs under its
+// the longest model name shared/grammar lets through (256 characters) is
+// clipped by CSS with the whole value on hover, and does not widen the page; the page runs under its
 // Content-Security-Policy, which refuses an inline script.
 func TestDashboardShowsHostileNamesSafely(t *testing.T) {
 	c := startCoordinator(t)
@@ -26,9 +27,10 @@ func TestDashboardShowsHostileNamesSafely(t *testing.T) {
 	// U+202E (right-to-left override) makes "gpu-a\u202Egnp.exe" read as
 	// "gpu-aexe.png"; U+0007 and U+200B are invisible.
 	bidiNode := "gpu-a\u202egnp.exe\u0007\u200b"
-	longModel := strings.Repeat("m", 4000)
+	longModel := strings.Repeat("m", grammar.MaxModelBytes)
 	a := dialAgent(t, c, bidiNode)
 	e := engine("plain", wire.EngineVLLM, longModel, "0.11.0", 8000)
+	e.CapacityKey = "plain/e0" // node|kind|model would pass the key's bound
 	a.answer(measurement(bidiNode, e, 1000, 950))
 	a.send(t, &wire.Snapshot{Node: bidiNode, Host: testHost("x"), Engines: []wire.Engine{e}})
 	c.waitWorkers(t, "the worker admitted", func(ws []view.Worker) bool { return len(ws) == 1 && ws[0].State == view.StateAdmitted })
