@@ -283,7 +283,9 @@ func TestSlowEventSubscriberIsDropped(t *testing.T) {
 	i := 0
 	testutil.Eventually(t, "the unread event stream dropped", 30*time.Second, func() bool {
 		i++ // changes keep coming, until the stream's socket buffers are full and a write stalls
-		ts.fleet.update("gpu-a/"+names[i%len(names)], func(w *view.Worker) { w.Warnings = append(w.Warnings, view.Warning{Code: "x", Message: strings.Repeat("w", 2000)}) })
+		ts.fleet.update("gpu-a/"+names[i%len(names)], func(w *view.Worker) {
+			w.Warnings = append(w.Warnings, view.Warning{Code: "x", Message: strings.Repeat("w", 2000)})
+		})
 		return ts.counter(t, "heft_connections", map[string]string{"kind": connEvents}) == 0
 	})
 }
