@@ -33,7 +33,10 @@ const (
 )
 
 // routeOfflineGrace is the coordinator's offline_grace in this area:
-// short, so the offline check is quick.
+// short, so the offline check is quick. Its stale_weight_ttl is the same,
+// so a worker whose agent died drains at the grace instead of staying
+// routed at its last weight (stale, the default for cache_ttl): the
+// offline check measures how fast a drain reaches the gateways.
 const routeOfflineGrace = 2 * time.Second
 
 // routeResync is heft-sync's resync in this area.
@@ -96,7 +99,8 @@ func (e *env) startRoutingFleet(ctx context.Context, plan routingPlan) (_ *routi
 		return nil, err
 	}
 	e.logf("routing: starting the fleet (coordinator, %d heft-sims, their agents)", len(routingWorkers))
-	f.co, err = e.startCoordinator(ctx, "routing-coordinator", fmt.Sprintf("offline_grace = %q", routeOfflineGrace))
+	f.co, err = e.startCoordinator(ctx, "routing-coordinator", fmt.Sprintf("offline_grace = %q", routeOfflineGrace),
+		fmt.Sprintf("stale_weight_ttl = %q", routeOfflineGrace))
 	if err != nil {
 		return nil, err
 	}

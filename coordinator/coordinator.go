@@ -104,6 +104,7 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 func FleetConfig(cfg config.Config) fleet.Config {
 	fc := fleet.DefaultConfig()
 	fc.CacheTTL, fc.RemeasureEvery, fc.OfflineGrace = cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace
+	fc.StaleWeightTTL = cfg.StaleWeightTTL
 	fc.WeightMin, fc.WeightMax, fc.Thresholds = cfg.WeightMin, cfg.WeightMax, cfg.Thresholds
 	fc.MaxKeysPerNode = cfg.MaxKeysPerNode
 	fc.ImplausibleFactor, fc.MaxTPSPerGPU, fc.MaxStreamTPS = cfg.ImplausibleFactor, cfg.MaxTPSPerGPU, cfg.MaxStreamTPS

@@ -79,6 +79,7 @@ func TestConfigReachesFleet(t *testing.T) {
 	clk := newClock()
 	cfg := testConfig(t)
 	cfg.OfflineGrace = 2 * time.Minute // the default is 30 s
+	cfg.StaleWeightTTL = time.Hour     // the default is cache_ttl, 6 h
 	cfg.WeightMin, cfg.WeightMax = 0.5, 4
 	cfg.ImplausibleFactor = 20 // the default 4 would hold the fast one
 	c, err := New(cfg, WithLogger(testLogger(t)), WithClock(clk.now))
@@ -117,8 +118,13 @@ func TestConfigReachesFleet(t *testing.T) {
 	}
 	clk.add(time.Minute)
 	f.Tick()
+	if w, _ := f.Worker("mid"); w.State != view.StateStale {
+		t.Errorf("at offline_grace the worker is %s, want stale", w.State)
+	}
+	clk.add(time.Hour - 2*time.Minute)
+	f.Tick()
 	if w, _ := f.Worker("mid"); w.State != view.StateOffline {
-		t.Errorf("at offline_grace the worker is %s, want offline", w.State)
+		t.Errorf("at stale_weight_ttl the worker is %s, want offline", w.State)
 	}
 }
 

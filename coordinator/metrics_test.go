@@ -221,9 +221,10 @@ func TestAlertRulesOnAScrape(t *testing.T) {
 	})
 }
 
-// A worker's series follow it: an offline worker says so in
-// heft_worker_state and exports no throughput or pools at the next scrape
-// after the grace, and a forgotten one exports nothing.
+// A worker's series follow it: a stale worker says so in
+// heft_worker_state and exports its weight but no throughput or pools at
+// the next scrape after the grace, an offline one (past
+// stale_weight_ttl) not even its weight, and a forgotten one nothing.
 func TestMetricsFollowTheWorker(t *testing.T) {
 	clk := newClock()
 	c, err := New(testConfig(t), WithLogger(testLogger(t)), WithClock(clk.now))
@@ -264,7 +265,22 @@ func TestMetricsFollowTheWorker(t *testing.T) {
 	f.Disconnect("gpu-a", 1)
 	clk.add(fleet.DefaultConfig().OfflineGrace)
 	f.Tick()
-	if !has(`heft_worker_state{`+labels+`,state="offline"} 1`) || !has(`heft_worker_state{`+labels+`,state="admitted"} 0`) {
+	// Stale: still routed at its weight, its other numbers are the past.
+	if !has(`heft_worker_state{`+labels+`,state="stale"} 1`) || !has(`heft_worker_state{`+labels+`,state="admitted"} 0`) {
+		t.Error("stale after the grace: heft_worker_state does not say so")
+	}
+	if !has(`heft_worker_warning_active{code="agent_offline",`+labels+`,severity="warning"} 1`) || !has(`heft_worker_weight{`+labels+`} 1`) {
+		t.Error("stale: no agent_offline warning series, or no weight")
+	}
+	for _, gone := range []string{"heft_worker_throughput_tokens_per_second{", "heft_worker_kv_pool_tokens{", "heft_worker_kv_pool_balance_ratio{"} {
+		if has(gone) {
+			t.Errorf("stale: %s is still exported", gone)
+		}
+	}
+
+	clk.add(fleet.DefaultConfig().CacheTTL) // the default stale_weight_ttl
+	f.Tick()
+	if !has(`heft_worker_state{`+labels+`,state="offline"} 1`) || !has(`heft_worker_state{`+labels+`,state="stale"} 0`) {
 		t.Error("offline after the grace: heft_worker_state does not say so")
 	}
 	if !has(`heft_worker_warning_active{code="agent_offline",` + labels + `,severity="critical"} 1`) {

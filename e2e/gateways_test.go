@@ -57,8 +57,11 @@ backend qwen
         }
     }`
 	gwHeader = "X-Heft-Backend"
-	// offlineGrace is short so that the offline step is quick.
+	// offlineGrace and staleTTL are short so that the offline step is
+	// quick: a worker whose agent left is stale (still routed) from the
+	// grace to staleTTL, then offline.
 	offlineGrace = 3 * time.Second
+	staleTTL     = 12 * time.Second
 )
 
 // forwarder is a TCP forwarder on loopback in front of an engine: the
@@ -219,12 +222,14 @@ func wantSplit(ws []view.Worker, hi int) (map[string]int, int) {
 // writes the weights into a real HAProxy (runtime API) and a real nginx
 // (file and reload), and real requests through each gateway split as the
 // weights say. The held worker gets none, the address an agent advertises
-// is what the gateways dial, a worker whose agent goes away stops getting
-// requests after the offline grace, and a coordinator that dies changes
-// no gateway.
+// is what the gateways dial, a worker whose agent goes away keeps getting
+// requests while stale and stops after stale_weight_ttl, and a coordinator
+// that dies changes no gateway.
 func TestGatewaysFollowTheFleet(t *testing.T) {
 	dir := t.TempDir()
-	c := startCoordinatorWith(t, filepath.Join(dir, "state"), "127.0.0.1:0", func(cfg *config.Config) { cfg.OfflineGrace = offlineGrace })
+	c := startCoordinatorWith(t, filepath.Join(dir, "state"), "127.0.0.1:0", func(cfg *config.Config) {
+		cfg.OfflineGrace, cfg.StaleWeightTTL = offlineGrace, staleTTL
+	})
 
 	// Three workers of one model at three speeds; the slow one's agent
 	// advertises a forwarder's address; and an SGLang worker whose second
@@ -334,7 +339,7 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 		})
 	})
 
-	t.Run("a worker whose agent goes away stops getting requests after the offline grace", func(t *testing.T) {
+	t.Run("a worker whose agent goes away is stale, then stops getting requests after stale_weight_ttl", func(t *testing.T) {
 		fw, _ := byNode(ws, "gpu-fast")
 		// Requests in a loop through both gateways, each with the time it
 		// was sent and the worker that answered it.
@@ -363,7 +368,23 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 		}
 		t0 := time.Now()
 		fastAgent.stop(t)
-		offline := c.waitFor(t, "the fast worker offline", 30*time.Second, func(ws []view.Worker) bool {
+		// The agent being gone says nothing of its engine: stale, and
+		// still sent requests through both gateways.
+		c.waitFor(t, "the fast worker stale", 30*time.Second, func(ws []view.Worker) bool {
+			for _, w := range ws {
+				if w.Node == "gpu-fast" {
+					return w.State == view.StateStale && w.Weight != nil
+				}
+			}
+			return false
+		})
+		stale := time.Now()
+		testutil.Eventually(t, "requests to the stale worker through both gateways", staleTTL, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return lastToFast["haproxy"].After(stale) && lastToFast["nginx"].After(stale)
+		})
+		offline := c.waitFor(t, "the fast worker offline", 40*time.Second, func(ws []view.Worker) bool {
 			for _, w := range ws {
 				if w.Node == "gpu-fast" {
 					return w.State == view.StateOffline
@@ -384,13 +405,13 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 		defer mu.Unlock()
 		for _, gw := range []string{"haproxy", "nginx"} {
 			after := lastToFast[gw].Sub(t0)
-			t.Logf("%s: last request sent to the fast worker %.2f s after its agent stopped (offline grace %s)", gw, after.Seconds(), offlineGrace)
-			// The target is the grace + 1 s (the fleet ticks every 250 ms,
-			// the event stream coalesces for 250 ms, nginx reloads); the
-			// routing benchmark measures it. On a loaded CI machine this
-			// asserts a looser bound and logs the figure.
-			if after > offlineGrace+3*time.Second {
-				t.Errorf("%s sent the offline worker a request %.2f s after its agent stopped, over the grace %s + 3 s", gw, after.Seconds(), offlineGrace)
+			t.Logf("%s: last request sent to the fast worker %.2f s after its agent stopped (stale_weight_ttl %s)", gw, after.Seconds(), staleTTL)
+			// The target is the TTL + 1 s (the fleet ticks every 250 ms,
+			// the event stream coalesces for 250 ms, nginx reloads). On a
+			// loaded CI machine this asserts a looser bound and logs the
+			// figure.
+			if after > staleTTL+3*time.Second {
+				t.Errorf("%s sent the offline worker a request %.2f s after its agent stopped, over stale_weight_ttl %s + 3 s", gw, after.Seconds(), staleTTL)
 			}
 		}
 		ws = offline

@@ -175,8 +175,9 @@ func hasWarning(w view.Worker, code string) bool {
 }
 
 // The network between one agent and the coordinator is cut, or silently
-// stalls. The coordinator must mark that agent's worker offline after the
-// grace period, the agent must come back by itself once the network does
+// stalls. The coordinator must mark that agent's worker stale after the
+// grace period, keeping its weight (a partition says nothing of the
+// engine), the agent must come back by itself once the network does
 // (without a new burst), and a second agent, connected directly, must not
 // notice anything.
 func TestNetworkDropToOneAgent(t *testing.T) {
@@ -236,9 +237,13 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 
 			start := time.Now()
 			tc.fault(proxy)
-			testutil.Eventually(t, "the cut-off worker to go offline", tc.offlineWithin, func() bool {
+			// A partition says nothing of the engine: the cut-off worker
+			// goes stale, still routed at the weight it had.
+			wantA := before[a.key]
+			testutil.Eventually(t, "the cut-off worker to go stale at its weight", tc.offlineWithin, func() bool {
 				w := mustWorkers(t, api)[a.key]
-				return w.State == view.StateOffline && hasWarning(w, wire.CodeAgentOffline) && !w.AgentConnected
+				return w.State == view.StateStale && hasWarning(w, wire.CodeAgentOffline) && !w.AgentConnected &&
+					w.Weight != nil && wantA.Weight != nil && *w.Weight == *wantA.Weight
 			})
 			offline := time.Since(start)
 			if n := c.Server().AgentsConnected(); n != 1 {
@@ -267,7 +272,7 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 			if a.cached.Load() < 1 {
 				t.Error("the reconnected agent was not handed its cached measurement")
 			}
-			t.Logf("%s: worker offline %s after the fault (grace %s); agent back %s after the network; "+
+			t.Logf("%s: worker stale (still routed) %s after the fault (grace %s); agent back %s after the network; "+
 				"cut-off agent had %d sessions; other agent 1 session, unchanged; 0 bursts re-run",
 				tc.name, offline.Round(time.Millisecond), grace, back.Round(time.Millisecond), len(a.sessionsSince(time.Time{})))
 		})

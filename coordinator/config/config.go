@@ -57,6 +57,9 @@ type Config struct {
 	LogJSON  bool
 
 	OfflineGrace time.Duration
+	// StaleWeightTTL: how long a worker whose agent is gone keeps its
+	// last weight; 0 is CacheTTL.
+	StaleWeightTTL time.Duration
 	// AgentPingInterval and AgentPingTimeout bound how long a silently
 	// stalled agent connection lingers before it is dropped.
 	AgentPingInterval time.Duration
@@ -154,7 +157,8 @@ func (c *Config) command() settings.Command {
 			settings.Strings("trusted_proxies", &c.TrustedProxies, "proxies (addresses or CIDR prefixes) whose X-Forwarded-For names the client").Meta("ADDR"),
 			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),
-			settings.Duration("offline_grace", &c.OfflineGrace, "how long an agent may be gone before its workers go offline"),
+			settings.Duration("offline_grace", &c.OfflineGrace, "how long an agent may be gone before its workers show stale (still routed) or offline"),
+			settings.Duration("stale_weight_ttl", &c.StaleWeightTTL, "how long a worker whose agent is gone keeps its last weight, from the disconnect (0: cache_ttl)"),
 			settings.Duration("agent_ping_interval", &c.AgentPingInterval, "how often each agent connection is pinged"),
 			settings.Duration("agent_ping_timeout", &c.AgentPingTimeout, "how long a ping may go unanswered before the agent is dropped"),
 			settings.Duration("cache_ttl", &c.CacheTTL, "how long a measurement is reused across reconnects"),
@@ -288,6 +292,9 @@ func (c Config) Validate() error {
 		if _, err := os.Stat(f.path); err != nil {
 			bad("%s: %v", f.key, err)
 		}
+	}
+	if c.StaleWeightTTL < 0 {
+		bad("stale_weight_ttl must not be negative (0: cache_ttl), got %s", c.StaleWeightTTL)
 	}
 	if err := logging.CheckLevel(c.LogLevel); err != nil {
 		bad("log_level: %v", err)

@@ -47,12 +47,23 @@
 //
 // # States, in the order they are decided
 //
-//   - offline: the worker's agent has been disconnected for OfflineGrace or
-//     longer (agent_offline, critical). Within the grace a worker keeps the
-//     state its last facts give. After a coordinator restart the stored
-//     workers (the last one seen per node and URL) are treated as if their
-//     agents had just disconnected, so gateways keep their weights while
-//     the agents reconnect.
+//   - stale or offline: the worker's agent has been disconnected for
+//     OfflineGrace or longer. The agent being gone says nothing about the
+//     engine, so a worker whose other rules below make it admitted stays
+//     in the weights at its last weight as stale (agent_offline, warning,
+//     saying since when and until when) until StaleWeightTTL (CacheTTL by
+//     default) after the disconnect; the gateways' own health checks take
+//     a dead engine out meanwhile. Any other worker (its agent last said
+//     the engine was not ready or could not be read, it was held or not
+//     yet measured), and a stale one once the TTL is out, is offline
+//     (agent_offline, critical). Within the grace a worker keeps the state
+//     its last facts give. The worker record keeps whether the engine was
+//     down and when the agent left, so a coordinator restart neither
+//     revives an engine known down nor restarts a stale weight's TTL; a
+//     worker whose agent was connected when the coordinator stopped counts
+//     as gone from the restart. After a restart the stored workers (the
+//     last one seen per node and URL) keep their weights while the agents
+//     reconnect.
 //   - held by an admin "hold": overrides everything below.
 //   - pending: the engine is not ready, or cannot be read
 //     (engine_unreachable, critical, when the agent gives an error).

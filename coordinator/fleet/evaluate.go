@@ -31,7 +31,7 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 		if v.tps != w.tps || v.prefillTPS != w.prefill.tps {
 			f.dirty[w.eng.Model] = true
 		}
-		if w.outlierHeld() && v.state == view.StateAdmitted {
+		if w.outlierHeld() && view.Serving(v.state) {
 			v.state = view.StateHeld // until the model is weighed again
 		}
 		if v.state != w.state {
@@ -92,10 +92,10 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 		wasHeld[w] = w.state == view.StateHeld && w.outlierHeld()
 		f.weigh(w, model, med, len(tps))
 		switch {
-		case w.outlierHeld() && w.state == view.StateAdmitted:
+		case w.outlierHeld() && view.Serving(w.state):
 			w.state = view.StateHeld
 		case !w.outlierHeld() && wasHeld[w]:
-			w.state = view.StateAdmitted // its model's median caught up with it, or an admin admitted it
+			w.state = f.servingState(w, now) // its model's median caught up with it, or an admin admitted it
 		}
 	}
 	// The prefill median counts the workers the decode rules leave in the
@@ -122,11 +122,7 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 // newest measurement and the admin's decision, in the order doc.go gives.
 func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 	th := f.cfg.Thresholds
-	off := f.offline(w, now)
 	var fs []health.Finding
-	if off {
-		fs = append(fs, f.offlineFinding(w))
-	}
 	fs = append(fs, health.Engine(w.eng, w.gpus, th)...)
 	m := f.newest(w.id)
 	if w.placeholder {
@@ -155,8 +151,6 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 	}
 	v := verdict{findings: fs}
 	switch {
-	case off:
-		v.state = view.StateOffline
 	case decision == DecisionHold:
 		v.state = view.StateHeld
 	case w.placeholder || !w.eng.Ready || w.eng.Error != "":
@@ -172,7 +166,36 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 		v.tps = m.ThroughputTPS
 		v.prefillTPS = prefillTPS(*m)
 	}
+	if f.offline(w, now) {
+		f.away(w, &v, now)
+	}
 	return v
+}
+
+// away turns the verdict of a worker whose agent has been gone past the
+// grace into stale or offline. The agent being gone says nothing about
+// the engine: a worker that was serving keeps its weight (stale) until
+// StaleWeightTTL after the disconnect. One whose agent last said the
+// engine was not ready, or that was not serving, is offline.
+func (f *Fleet) away(w *worker, v *verdict, now time.Time) {
+	until := f.staleUntil(w)
+	if v.state == view.StateAdmitted && now.Before(until) {
+		v.state = view.StateStale
+		v.findings = append(v.findings, f.staleFinding(w, until))
+		return
+	}
+	expired := v.state == view.StateAdmitted
+	v.state, v.tps, v.prefillTPS = view.StateOffline, 0, 0
+	v.findings = append(v.findings, f.offlineFinding(w, expired, until))
+}
+
+// servingState is what a worker the weights serve shows: stale while its
+// agent is away past the grace, else admitted.
+func (f *Fleet) servingState(w *worker, now time.Time) string {
+	if f.offline(w, now) {
+		return view.StateStale
+	}
+	return view.StateAdmitted
 }
 
 // implausibleHolds reports whether the worker's measurement is held as
@@ -190,9 +213,25 @@ func (f *Fleet) poolHolds(w *worker) bool {
 	return health.PoolsHold(w.eng, f.cfg.Thresholds)
 }
 
-func (f *Fleet) offlineFinding(w *worker) health.Finding {
+func (f *Fleet) staleFinding(w *worker, until time.Time) health.Finding {
+	msg := fmt.Sprintf("the agent on node %s is not connected since %s (last heard from %s). Nothing said its engine stopped, "+
+		"so the worker keeps its last weight until %s (stale_weight_ttl %s after the disconnect), or until its agent reconnects "+
+		"and says how the engine is. The gateways' own health checks still take a dead engine out.",
+		w.node, until.Add(-f.cfg.staleTTL()).UTC().Format(time.RFC3339), w.lastSeen.UTC().Format(time.RFC3339),
+		until.UTC().Format(time.RFC3339), f.cfg.staleTTL())
+	return health.Finding{Code: wire.CodeAgentOffline, Severity: wire.SeverityWarning, Message: msg}
+}
+
+// offlineFinding says why a worker whose agent is gone is out of the
+// weight table: expired when it served until its stale weight ran out at
+// until, else because it was not serving when its agent left (its engine
+// not ready, held, unmeasured).
+func (f *Fleet) offlineFinding(w *worker, expired bool, until time.Time) health.Finding {
 	msg := fmt.Sprintf("the agent on node %s is not connected (last heard from %s); the worker is out of the weight table until it reconnects.",
 		w.node, w.lastSeen.UTC().Format(time.RFC3339))
+	if expired {
+		msg += fmt.Sprintf(" Its last weight counted until %s (stale_weight_ttl %s after the disconnect).", until.UTC().Format(time.RFC3339), f.cfg.staleTTL())
+	}
 	if m := f.newest(w.id); m != nil && m.Valid() && !w.placeholder {
 		msg += fmt.Sprintf(" Its measurement of %s stays cached until %s, so a reconnect before then costs no burst.",
 			m.FinishedAt.UTC().Format(time.RFC3339), m.FinishedAt.Add(f.cfg.CacheTTL).UTC().Format(time.RFC3339))
@@ -335,6 +374,8 @@ func (f *Fleet) schedule(w *worker, now time.Time) {
 	if n := f.nodes[w.node]; n != nil && !n.connected {
 		if off := n.since.Add(f.cfg.OfflineGrace); now.Before(off) {
 			f.due(off)
+		} else if until := f.staleUntil(w); w.state == view.StateStale && now.Before(until) {
+			f.due(until)
 		} else {
 			f.due(w.lastSeen.Add(f.cfg.ForgetAfter))
 		}

@@ -530,7 +530,12 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 	}
 	r := WorkerRecord{ID: w.id, Node: w.node, Model: w.eng.Model, Engine: w.eng.Kind, URL: w.eng.URL,
 		EngineVersion: w.eng.Version, LaunchArgs: w.eng.LaunchArgs, Ranks: w.eng.Ranks, FirstSeen: w.firstSeen, LastSeen: w.lastSeen,
-		ExpectedRanks: w.eng.ExpectedRanks, Complete: w.eng.Complete, MissingRanks: w.eng.MissingRanks, MaxModelLen: w.eng.MaxModelLen}
+		ExpectedRanks: w.eng.ExpectedRanks, Complete: w.eng.Complete, MissingRanks: w.eng.MissingRanks, MaxModelLen: w.eng.MaxModelLen,
+		EngineDown: !w.eng.Ready || w.eng.Error != ""}
+	if n := f.nodes[w.node]; n != nil && !n.connected {
+		gone := n.since
+		r.AgentGone = &gone
+	}
 	if !force && sameRecord(r, w.saved) && now.Sub(w.savedAt) < recordEvery {
 		return
 	}
@@ -580,7 +585,8 @@ func sameRecord(a, b WorkerRecord) bool {
 	return a.ID == b.ID && a.Node == b.Node && a.Model == b.Model && a.Engine == b.Engine && a.URL == b.URL &&
 		a.EngineVersion == b.EngineVersion && slices.Equal(a.LaunchArgs, b.LaunchArgs) && slices.Equal(a.Ranks, b.Ranks) &&
 		a.ExpectedRanks == b.ExpectedRanks && (a.Complete == nil) == (b.Complete == nil) && (a.Complete == nil || *a.Complete == *b.Complete) &&
-		slices.Equal(a.MissingRanks, b.MissingRanks) && a.MaxModelLen == b.MaxModelLen && a.FirstSeen.Equal(b.FirstSeen)
+		slices.Equal(a.MissingRanks, b.MissingRanks) && a.MaxModelLen == b.MaxModelLen && a.FirstSeen.Equal(b.FirstSeen) &&
+		a.EngineDown == b.EngineDown && (a.AgentGone == nil) == (b.AgentGone == nil) && (a.AgentGone == nil || a.AgentGone.Equal(*b.AgentGone))
 }
 
 func cloneMeasurement(m wire.Measurement) wire.Measurement {

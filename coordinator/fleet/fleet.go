@@ -31,7 +31,11 @@ var (
 type Config struct {
 	CacheTTL       time.Duration // a fresh valid measurement makes a reconnect or restart cost no burst
 	RemeasureEvery time.Duration // scheduled (idle-only) re-measurement
-	OfflineGrace   time.Duration // an agent gone this long makes its workers offline
+	OfflineGrace   time.Duration // an agent gone this long makes its workers stale (still routed) or offline
+	// StaleWeightTTL is how long a worker whose agent is gone keeps its
+	// last weight (state stale) when nothing said its engine was down;
+	// counted from the disconnect. Zero: CacheTTL.
+	StaleWeightTTL time.Duration
 	BusyRetry      time.Duration // ask again this long after deferred_busy
 	FailRetry      time.Duration // ask again this long after a failed or invalid probe
 	ProbeTimeout   time.Duration // a request with no answer is re-sent after this long
@@ -88,6 +92,9 @@ func (c Config) Validate() error {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("fleet %s must be above zero, is %s", d.name, d.v))
 		}
+	}
+	if c.StaleWeightTTL < 0 {
+		errs = append(errs, fmt.Errorf("fleet stale_weight_ttl must not be negative (0: cache_ttl), is %s", c.StaleWeightTTL))
 	}
 	if c.HistoryLen < 1 {
 		errs = append(errs, fmt.Errorf("history length %d, need at least 1", c.HistoryLen))
@@ -427,7 +434,10 @@ func (f *Fleet) restoreMeasurements(latest map[string]wire.Measurement, history 
 }
 
 // restoreWorkers brings back the workers seen within ForgetAfter, as if
-// their agents had disconnected at start. Older records are deleted.
+// their agents had disconnected at start, or when they did if that was
+// before, as the engine was when last heard of: an engine known down stays
+// out of the weights and a worker past its stale TTL stays offline. Older
+// records are deleted.
 func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time) {
 	// One endpoint may have several records (it was restarted with other
 	// launch arguments); only the one seen last is still there.
@@ -452,8 +462,13 @@ func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time)
 			continue
 		}
 		n := f.nodeFor(r.Node)
-		n.since = start
-		eng := wire.Engine{Kind: r.Engine, URL: r.URL, Model: r.Model, Version: r.EngineVersion, Ready: true,
+		if n.since.IsZero() {
+			n.since = start
+		}
+		if r.AgentGone != nil && r.AgentGone.Before(n.since) {
+			n.since = *r.AgentGone // gone before the restart: the grace and the stale TTL run on
+		}
+		eng := wire.Engine{Kind: r.Engine, URL: r.URL, Model: r.Model, Version: r.EngineVersion, Ready: !r.EngineDown,
 			CapacityKey: id, LaunchArgs: r.LaunchArgs, Ranks: r.Ranks,
 			ExpectedRanks: r.ExpectedRanks, Complete: r.Complete, MissingRanks: r.MissingRanks, MaxModelLen: max(r.MaxModelLen, 0)}
 		if wire.CheckCompleteness(eng.Ranks, eng.ExpectedRanks, eng.Complete, eng.MissingRanks) != nil {
@@ -461,6 +476,11 @@ func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time)
 			eng.ExpectedRanks, eng.Complete, eng.MissingRanks = 0, nil, nil
 		}
 		f.add(&worker{id: id, node: r.Node, firstSeen: r.FirstSeen, lastSeen: r.LastSeen, saved: r, savedAt: start, eng: eng})
+	}
+	// A record written while its agent was connected now says when the
+	// agent was last known gone: at this start.
+	for _, w := range sortedWorkers(f.workers) {
+		f.saveWorker(w, start, false)
 	}
 }
 
@@ -604,6 +624,24 @@ func (f *Fleet) touch(w *worker) {
 func (f *Fleet) offline(w *worker, now time.Time) bool {
 	n := f.nodes[w.node]
 	return n == nil || (!n.connected && !now.Before(n.since.Add(f.cfg.OfflineGrace)))
+}
+
+// staleTTL is how long after its agent left a worker keeps its weight.
+func (c Config) staleTTL() time.Duration {
+	if c.StaleWeightTTL > 0 {
+		return c.StaleWeightTTL
+	}
+	return c.CacheTTL
+}
+
+// staleUntil is when the worker's last weight stops counting, its agent
+// being gone; zero while the agent is connected or unknown.
+func (f *Fleet) staleUntil(w *worker) time.Time {
+	n := f.nodes[w.node]
+	if n == nil || n.connected {
+		return time.Time{}
+	}
+	return n.since.Add(f.cfg.staleTTL())
 }
 
 func (f *Fleet) connected(w *worker) bool {

@@ -43,10 +43,10 @@ func TestReconnectWithinTTLSendsCachedMeasurement(t *testing.T) {
 	h.admit("n", engine("k", "http://1:8000", "m"), 640)
 	h.clk.advance(2 * time.Hour)
 	h.disconnect("n")
-	h.clk.advance(time.Minute) // past the grace: offline
+	h.clk.advance(time.Minute) // past the grace: stale, still weighted
 	h.f.Tick()
-	if w := h.worker("k"); w.State != view.StateOffline {
-		t.Fatalf("state %s, want offline", w.State)
+	if w := h.worker("k"); w.State != view.StateStale || w.Weight == nil {
+		t.Fatalf("state %s weight %v, want stale with its weight", w.State, w.Weight)
 	}
 	h.connect("n")
 	acts := h.snapshot("n")
@@ -85,7 +85,7 @@ func TestRestartWithinTTLCostsNoBurst(t *testing.T) {
 	}
 }
 
-func TestRestoredWorkersGoOfflineAfterGrace(t *testing.T) {
+func TestRestoredWorkersGoStaleAfterGraceThenOffline(t *testing.T) {
 	h := newHarness(t)
 	h.admit("n", engine("k", "http://1:8000", "m"), 640)
 	h2 := h.restart()
@@ -98,10 +98,29 @@ func TestRestoredWorkersGoOfflineAfterGrace(t *testing.T) {
 	h2.f.Tick()
 	w := h2.worker("k")
 	x, ok := warning(w, wire.CodeAgentOffline)
-	if w.State != view.StateOffline || !ok || x.Severity != wire.SeverityCritical {
-		t.Fatalf("after grace: state %s warning %+v", w.State, x)
+	if w.State != view.StateStale || !ok || x.Severity != wire.SeverityWarning || w.Weight == nil || *w.Weight != 1 {
+		t.Fatalf("after grace: state %s weight %v warning %+v, want stale at its weight with a warning", w.State, w.Weight, x)
 	}
-	for _, want := range []string{"node n", "last heard from 2025-03-01T12:00:00Z", "cached until 2025-03-01T18:00:00Z"} {
+	for _, want := range []string{"node n", "not connected since 2025-03-01T12:00:00Z", "last weight until 2025-03-01T18:00:00Z"} {
+		if !strings.Contains(x.Message, want) {
+			t.Errorf("stale agent_offline message lacks %q: %s", want, x.Message)
+		}
+	}
+	// The stale weight lasts stale_weight_ttl (the cache TTL, 6 h) from
+	// the disconnect, which a restart counts from its start.
+	h2.clk.advance(6*time.Hour - 31*time.Second)
+	h2.f.Tick()
+	if w := h2.worker("k"); w.State != view.StateStale {
+		t.Fatalf("a second before the stale TTL: %s", w.State)
+	}
+	h2.clk.advance(time.Second)
+	h2.f.Tick()
+	w = h2.worker("k")
+	x, ok = warning(w, wire.CodeAgentOffline)
+	if w.State != view.StateOffline || !ok || x.Severity != wire.SeverityCritical || w.Weight != nil {
+		t.Fatalf("after the stale TTL: state %s weight %v warning %+v", w.State, w.Weight, x)
+	}
+	for _, want := range []string{"node n", "last heard from 2025-03-01T12:00:00Z", "counted until 2025-03-01T18:00:00Z (stale_weight_ttl 6h0m0s"} {
 		if !strings.Contains(x.Message, want) {
 			t.Errorf("agent_offline message lacks %q: %s", want, x.Message)
 		}
@@ -356,8 +375,18 @@ func TestOfflineAfterGraceAndBack(t *testing.T) {
 	h.clk.advance(time.Second)
 	h.f.Tick()
 	w = h.worker("k")
+	if w.State != view.StateStale || w.Weight == nil || w.Throughput == nil {
+		t.Fatalf("after grace: state %s weight %v throughput %v, want stale with its weight", w.State, w.Weight, w.Throughput)
+	}
+	if wt := h.weights("m"); len(wt) != 2 || wt["k"] != 1 || wt["k2"] != 1 {
+		t.Errorf("weights %v, want k (stale) and k2 at 1", wt)
+	}
+	// Offline once the stale weight's TTL (6 h from the disconnect) is out.
+	h.clk.advance(6*time.Hour - 30*time.Second)
+	h.f.Tick()
+	w = h.worker("k")
 	if w.State != view.StateOffline || w.Weight != nil || w.Throughput == nil {
-		t.Fatalf("after grace: state %s weight %v throughput %v", w.State, w.Weight, w.Throughput)
+		t.Fatalf("after the stale TTL: state %s weight %v throughput %v", w.State, w.Weight, w.Throughput)
 	}
 	if wt := h.weights("m"); len(wt) != 1 || wt["k2"] != 1 {
 		t.Errorf("weights %v, want k2 alone at 1", wt)
@@ -366,7 +395,7 @@ func TestOfflineAfterGraceAndBack(t *testing.T) {
 		t.Error("another node's worker went offline")
 	}
 	// No probes go to an offline worker, however long it is away.
-	h.clk.advance(7 * time.Hour)
+	h.clk.advance(time.Hour)
 	if r := requests(h.f.Tick(), "k"); len(r) != 0 {
 		t.Errorf("probe to an offline worker: %+v", r)
 	}
@@ -523,6 +552,11 @@ func TestPinnedWorkerOfflineHasNoWeight(t *testing.T) {
 	}
 	h.disconnect("n")
 	h.clk.advance(time.Minute)
+	h.f.Tick()
+	if w := h.weights("m"); len(w) != 1 || w["k"] != 4 {
+		t.Errorf("weights %v: a stale pinned worker keeps its pin", w)
+	}
+	h.clk.advance(6 * time.Hour)
 	h.f.Tick()
 	if w := h.weights("m"); len(w) != 0 {
 		t.Errorf("weights %v: an offline pinned worker must leave the table", w)

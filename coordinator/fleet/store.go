@@ -67,4 +67,13 @@ type WorkerRecord struct {
 	ExpectedRanks int   `json:"expected_ranks,omitempty"`
 	Complete      *bool `json:"complete,omitempty"`
 	MissingRanks  []int `json:"missing_ranks,omitempty"`
+
+	// EngineDown: the agent's last word was that the engine is not ready
+	// or cannot be read, so a restart does not bring the worker back into
+	// the weights before its agent says otherwise.
+	EngineDown bool `json:"engine_down,omitempty"`
+	// AgentGone is when the worker's agent disconnected; nil while it was
+	// connected. A restart keeps counting the grace and the stale weight's
+	// TTL from it, so a worker that was offline stays offline.
+	AgentGone *time.Time `json:"agent_gone,omitempty"`
 }

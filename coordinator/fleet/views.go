@@ -275,7 +275,7 @@ var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire
 var ProbeReasons = []string{wire.ReasonRegistration, wire.ReasonScheduled, wire.ReasonOnDemand}
 
 // States lists every worker state.
-var States = []string{view.StatePending, view.StateMeasuring, view.StateAdmitted, view.StateHeld, view.StateOffline}
+var States = []string{view.StatePending, view.StateMeasuring, view.StateAdmitted, view.StateStale, view.StateHeld, view.StateOffline}
 
 // Stats counts workers by state and warning, and lists each worker's
 // weight and throughput.

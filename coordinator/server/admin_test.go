@@ -231,7 +231,7 @@ func TestWorkersFiltersAndPages(t *testing.T) {
 		"?limit=ten":           "from 1 to 1000",
 		"?cursor=bm90LW91cnM":  "not one this API gave",
 		"?cursor=%21%21":       "not one this API gave",
-		"?state=broken":        "use one of pending, measuring, admitted, held, offline",
+		"?state=broken":        "use one of pending, measuring, admitted, stale, held, offline",
 		"?warning=dp_pool":     "not a warning code: use one of dp_pool_imbalance",
 		"?modle=m":             `unknown parameter "modle"`,
 		"?model=":              `parameter "model" is empty`,

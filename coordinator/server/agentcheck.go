@@ -23,7 +23,8 @@ import (
 //
 // The request is one line, "[TOKEN ]MODEL ADDRESS" (the viewer or admin
 // token first when the coordinator has a viewer token). The answer is one
-// line: "ready N% maxconn:M" for a serving worker, N its weight scaled to
+// line: "ready N% maxconn:M" for a serving worker (admitted, or stale: its
+// agent is gone, its engine not known to be), N its weight scaled to
 // 1–100 among the model's serving workers (a percentage of the server's
 // configured weight, so configure "weight 100"), M its max_concurrency when
 // known; "drain" for a held, offline or unmeasured one; and an empty line,

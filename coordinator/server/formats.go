@@ -22,7 +22,8 @@ import (
 // whole upstream block; ?upstream=NAME, ?max_conns=true) or
 // ?format=litellm (a model_list document; ?model_name=, ?provider=). They
 // render every worker of the model as heft-sync would apply it (package
-// gateway/render): serving workers with their weights and caps, held,
+// gateway/render): serving workers (admitted, and stale ones, whose agent
+// is gone but not their engine) with their weights and caps, held,
 // offline and unmeasured ones disabled or down (left out for LiteLLM).
 // format=json, or none, is the JSON weight table. With ?kind=prefill every
 // format renders the prefill weights instead, as a heft-sync table with

@@ -108,13 +108,15 @@ func newFleetCollector(f fleetAPI) *fleetCollector {
 		fleet: f,
 		weight: prometheus.NewDesc("heft_worker_weight",
 			"Routing weight of an admitted worker: its throughput over the median of its model's admitted workers, "+
-				"clamped to [weight_min, weight_max], or the pinned weight. Absent while the worker is not admitted.", worker, nil),
+				"clamped to [weight_min, weight_max], or the pinned weight; a stale worker keeps its last one. "+
+				"Absent while the worker is not admitted or stale.", worker, nil),
 		state: prometheus.NewDesc("heft_worker_state",
-			"1 for the worker's state and 0 for each other one (pending, measuring, admitted, held, offline). "+
-				"Offline as soon as the agent has been away for offline_grace; gone when the worker is forgotten.", with("state"), nil),
+			"1 for the worker's state and 0 for each other one (pending, measuring, admitted, stale, held, offline). "+
+				"Once the agent has been away for offline_grace: stale (still routed at its last weight) until stale_weight_ttl "+
+				"after the disconnect, or offline when its agent last said the engine was down; gone when the worker is forgotten.", with("state"), nil),
 		throughput: prometheus.NewDesc("heft_worker_throughput_tokens_per_second",
 			"Output tokens per second of the worker's newest measurement (the standard burst: 16 concurrent requests "+
-				"of 128 tokens, second pass). Absent when that measurement is not valid and while the worker is offline.", worker, nil),
+				"of 128 tokens, second pass). Absent when that measurement is not valid and while the worker is offline or stale.", worker, nil),
 		measuredAt: prometheus.NewDesc("heft_worker_last_measured_timestamp_seconds",
 			"When the worker's newest valid measurement finished, in Unix seconds; time() minus it is the measurement's age. "+
 				"Absent until the worker has one.", worker, nil),
@@ -162,8 +164,8 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, x := range w.Warnings {
 			gauge(c.warning, 1, with(x.Code, x.Severity)...)
 		}
-		// An offline worker's numbers are what it was, not what it is.
-		if w.State == view.StateOffline {
+		// An offline or stale worker's numbers are what it was, not what it is.
+		if w.State == view.StateOffline || w.State == view.StateStale {
 			continue
 		}
 		if w.Throughput != nil {

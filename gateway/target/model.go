@@ -21,8 +21,9 @@ type Backend struct {
 	WorkerID string
 	Node     string
 	State    string // the coordinator's state
-	// Serving is true for an admitted worker with a positive weight: it
-	// gets Weight. Every other worker is drained: it gets no new request.
+	// Serving is true for an admitted or stale worker (view.Serving) with
+	// a positive weight: it gets Weight. Every other worker is drained: it
+	// gets no new request.
 	Serving bool
 	Weight  float64
 	// MaxConcurrency is what the worker runs at once; 0 while unknown.
@@ -96,7 +97,7 @@ func ForSelection(model string, sel Selection, ws []view.Worker) (Model, []strin
 			weight, which = w.PrefillWeight, "prefill weight"
 		}
 		switch {
-		case w.State != view.StateAdmitted:
+		case !view.Serving(w.State):
 		case b.MaxContextTokens < sel.MinContextTokens:
 			// Not known to hold this backend's conversations: drained.
 		case weight != nil && *weight > 0:
@@ -104,9 +105,9 @@ func ForSelection(model string, sel Selection, ws []view.Worker) (Model, []strin
 		case weight == nil && sel.Kind == view.WeightPrefill:
 			// No valid prefill measurement yet: drained until it has one.
 		case weight == nil:
-			problems = append(problems, fmt.Sprintf("worker %s is admitted without a weight: drained", w.ID))
+			problems = append(problems, fmt.Sprintf("worker %s is %s without a weight: drained", w.ID, w.State))
 		default:
-			problems = append(problems, fmt.Sprintf("worker %s is admitted with %s %g: drained", w.ID, which, *weight))
+			problems = append(problems, fmt.Sprintf("worker %s is %s with %s %g: drained", w.ID, w.State, which, *weight))
 		}
 		if w.MaxConcurrency != nil {
 			b.MaxConcurrency = *w.MaxConcurrency

@@ -28,6 +28,7 @@ func TestForModelStates(t *testing.T) {
 		worker("e", "http://10.0.0.5:8000", view.StateMeasuring, nil),
 		worker("f", "http://10.0.0.6:8000", view.StateAdmitted, f(0)), // weight 0: drained
 		worker("g", "http://10.0.0.7:8000", view.StateAdmitted, nil),  // admitted without a weight: drained
+		worker("h", "http://10.0.0.8:8000", view.StateStale, f(0.8)),  // agent gone, engine not known down: serving
 		{ID: "other", Model: "other", URL: "http://10.0.0.9:8000", State: view.StateAdmitted, Weight: f(1)},
 	}
 	m, problems := ForModel(model, ws)
@@ -36,14 +37,15 @@ func TestForModelStates(t *testing.T) {
 		problems[1] != "worker g is admitted without a weight: drained" {
 		t.Fatalf("problems: %q", problems)
 	}
-	if len(m.Backends) != 7 {
-		t.Fatalf("got %d backends, want 7 (the other model's worker left out): %+v", len(m.Backends), m.Backends)
+	if len(m.Backends) != 8 {
+		t.Fatalf("got %d backends, want 8 (the other model's worker left out): %+v", len(m.Backends), m.Backends)
 	}
 	serving := m.Serving()
-	if len(serving) != 1 || serving[0].WorkerID != "a" || serving[0].Weight != 1.37 || serving[0].Address != "10.0.0.1:8000" {
-		t.Fatalf("serving = %+v, want only a at 1.37", serving)
+	if len(serving) != 2 || serving[0].WorkerID != "a" || serving[0].Weight != 1.37 || serving[0].Address != "10.0.0.1:8000" ||
+		serving[1].WorkerID != "h" || serving[1].Weight != 0.8 {
+		t.Fatalf("serving = %+v, want a at 1.37 and the stale h at 0.8", serving)
 	}
-	for _, b := range m.Backends[1:] {
+	for _, b := range m.Backends[1:7] {
 		if b.Serving || b.Weight != 0 {
 			t.Errorf("%s (%s) serves with weight %g; every non-admitted or weightless worker is drained", b.WorkerID, b.State, b.Weight)
 		}

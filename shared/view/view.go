@@ -16,7 +16,17 @@ const (
 	StateAdmitted  = "admitted"
 	StateHeld      = "held"
 	StateOffline   = "offline"
+	// StateStale is a worker whose agent is gone while nothing says its
+	// engine is: it keeps its last weight until stale_weight_ttl runs out.
+	StateStale = "stale"
 )
+
+// Serving reports whether a worker in state is routed by its weight:
+// admitted, or stale (its agent is gone, its engine not known to be).
+// A control-plane failure must not take an engine out of the gateways.
+func Serving(state string) bool {
+	return state == StateAdmitted || state == StateStale
+}
 
 // Warning is one health problem of a worker.
 type Warning struct {

@@ -7,7 +7,7 @@
 'use strict';
 
 const SEVERITY = { critical: 0, warning: 1, info: 2 };
-const STATES = ['pending', 'measuring', 'admitted', 'held', 'offline'];
+const STATES = ['pending', 'measuring', 'admitted', 'stale', 'held', 'offline'];
 
 const ui = {
   workers: [],
@@ -285,7 +285,8 @@ function renderModels() {
     setCollapsed(sec, ui.collapsed.has(model));
     const list = byModel.get(model);
     const admitted = list.filter(w => w.state === 'admitted').length;
-    sec.querySelector('.count').textContent = `${plural(list.length, 'worker')}, ${admitted} admitted`;
+    const stale = list.filter(w => w.state === 'stale').length; // agent gone, still routed at its last weight
+    sec.querySelector('.count').textContent = `${plural(list.length, 'worker')}, ${admitted} admitted` + (stale ? `, ${stale} stale` : '');
     renderWorkers(sec.querySelector('.workers'), list);
   }
   for (const sec of [...root.children]) if (!wanted.has(sec.dataset.model)) sec.remove();
@@ -391,7 +392,7 @@ function workerCard(w, maxWeight) {
     <input type="number" min="0.01" step="0.05" placeholder="weight" data-pin-input="${esc(w.id)}" aria-label="pinned weight">
     <button data-action="pin" data-id="${esc(w.id)}">Pin</button>
     ${pinned ? `<button data-action="unpin" data-id="${esc(w.id)}">Unpin</button>` : ''}
-    ${w.state !== 'admitted' ? `<button data-action="admit" data-id="${esc(w.id)}">Admit</button>` : ''}
+    ${w.state !== 'admitted' && w.state !== 'stale' ? `<button data-action="admit" data-id="${esc(w.id)}">Admit</button>` : ''}
     ${w.state !== 'held' ? `<button data-action="hold" data-id="${esc(w.id)}">Hold</button>` : ''}
     <span class="result${res && res.error ? ' error' : ''}" data-result="${esc(w.id)}">${res ? esc(res.text) : ''}</span>
   </div>

@@ -1,0 +1,157 @@
+package fleet
+
+import (
+	"testing"
+	"time"
+
+	"heft/shared/view"
+	"heft/shared/wire"
+)
+
+// The agent being gone says nothing of the engine: its worker stays
+// routed at its last weight (stale) until stale_weight_ttl after the
+// disconnect. Only the agent saying the engine is down, or the TTL running
+// out, takes it out; a coordinator restart changes neither.
+
+func TestEngineDownBeforeTheAgentLeftGoesOffline(t *testing.T) {
+	h := newHarness(t)
+	h.admit("n", engine("k", "http://1:8000", "m"), 640)
+	h.admit("n2", engine("k2", "http://2:8000", "m"), 640)
+	down := engine("k", "http://1:8000", "m")
+	down.Ready = false
+	h.put("n", down)
+	if w := h.worker("k"); w.State != view.StatePending || w.Weight != nil {
+		t.Fatalf("engine not ready: state %s weight %v, want pending without a weight", w.State, w.Weight)
+	}
+	h.disconnect("n")
+	h.clk.advance(time.Minute)
+	h.f.Tick()
+	w := h.worker("k")
+	x, ok := warning(w, wire.CodeAgentOffline)
+	if w.State != view.StateOffline || w.Weight != nil || !ok || x.Severity != wire.SeverityCritical {
+		t.Fatalf("agent gone after saying its engine was down: state %s weight %v warning %+v, want offline", w.State, w.Weight, x)
+	}
+	if wt := h.weights("m"); len(wt) != 1 || wt["k2"] != 1 {
+		t.Errorf("weights %v, want k2 alone", wt)
+	}
+}
+
+func TestStaleWeightTTLSetting(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.StaleWeightTTL = 10 * time.Minute
+	h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+	h.admit("n", engine("k", "http://1:8000", "m"), 640)
+	h.disconnect("n")
+	h.clk.advance(10*time.Minute - time.Second)
+	h.f.Tick()
+	if w := h.worker("k"); w.State != view.StateStale || w.Weight == nil {
+		t.Fatalf("within stale_weight_ttl: state %s weight %v", w.State, w.Weight)
+	}
+	h.clk.advance(time.Second)
+	h.f.Tick()
+	if w := h.worker("k"); w.State != view.StateOffline || w.Weight != nil {
+		t.Fatalf("at stale_weight_ttl: state %s weight %v, want offline", w.State, w.Weight)
+	}
+	cfg.StaleWeightTTL = -time.Second
+	if cfg.Validate() == nil {
+		t.Error("a negative stale_weight_ttl validated")
+	}
+}
+
+func TestAdminHoldOfAStaleWorker(t *testing.T) {
+	h := newHarness(t)
+	h.admit("n", engine("k", "http://1:8000", "m"), 640)
+	h.disconnect("n")
+	h.clk.advance(time.Minute)
+	h.f.Tick()
+	if err := h.f.Hold("k"); err != nil {
+		t.Fatal(err)
+	}
+	if w := h.worker("k"); w.State != view.StateOffline || w.Weight != nil {
+		t.Errorf("held while away: state %s weight %v, want out of the table", w.State, w.Weight)
+	}
+	if err := h.f.Admit("k"); err != nil {
+		t.Fatal(err)
+	}
+	if w := h.worker("k"); w.State != view.StateStale || w.Weight == nil {
+		t.Errorf("hold lifted while away: state %s weight %v, want stale again", w.State, w.Weight)
+	}
+}
+
+func TestReconnectEndsStale(t *testing.T) {
+	h := newHarness(t)
+	h.admit("n", engine("k", "http://1:8000", "m"), 640)
+	h.disconnect("n")
+	h.clk.advance(time.Hour)
+	h.f.Tick()
+	h.connect("n")
+	h.snapshot("n")
+	w := h.worker("k")
+	if _, ok := warning(w, wire.CodeAgentOffline); w.State != view.StateAdmitted || ok {
+		t.Fatalf("reconnected: state %s warnings %+v", w.State, w.Warnings)
+	}
+	if r := h.st.state().Workers["k"]; r.AgentGone != nil || r.EngineDown {
+		t.Errorf("record after the reconnect: gone %v down %v, want neither", r.AgentGone, r.EngineDown)
+	}
+}
+
+// A restart shows k (stale before it) stale, and k2 (its agent said the
+// engine was down, then left) and k3 (stale past its TTL) offline.
+func TestRestartDoesNotReviveTheDead(t *testing.T) {
+	h := newHarness(t)
+	h.admit("n", engine("k", "http://1:8000", "m"), 640)
+	h.admit("n2", engine("k2", "http://2:8000", "m"), 640)
+	h.admit("n3", engine("k3", "http://3:8000", "m"), 640)
+	h.disconnect("n3")
+	h.clk.advance(5 * time.Hour)
+	down := engine("k2", "http://2:8000", "m")
+	down.Ready = false
+	h.put("n2", down)
+	h.disconnect("n2")
+	h.disconnect("n")
+	h.clk.advance(90 * time.Minute) // n3 gone 6.5 h: offline; n, n2 gone 1.5 h
+	h.f.Tick()
+	want := map[string]string{"k": view.StateStale, "k2": view.StateOffline, "k3": view.StateOffline}
+	check := func(h *harness, when string) {
+		t.Helper()
+		for id, st := range want {
+			if w := h.worker(id); w.State != st || (w.Weight != nil) != view.Serving(st) {
+				t.Errorf("%s: %s is %s with weight %v, want %s", when, id, w.State, w.Weight, st)
+			}
+		}
+	}
+	check(h, "before the restart")
+
+	h2 := h.restart()
+	check(h2, "right after the restart")
+	if wt := h2.weights("m"); len(wt) != 1 || wt["k"] != 1 {
+		t.Errorf("weights after the restart %v, want the stale k alone", wt)
+	}
+	// k's stale weight still ends 6 h after its agent left, not after the
+	// restart.
+	h2.clk.advance(4*time.Hour + 30*time.Minute)
+	h2.f.Tick()
+	want["k"] = view.StateOffline
+	check(h2, "6 h after k's agent left")
+}
+
+// A worker whose agent was connected when the coordinator stopped counts
+// as gone from that start; a second restart keeps that time.
+func TestRestartsKeepCountingFromTheFirst(t *testing.T) {
+	h := newHarness(t)
+	h.admit("n", engine("k", "http://1:8000", "m"), 640)
+	h2 := h.restart() // at t0: n counts as gone from now
+	if r := h2.st.state().Workers["k"]; r.AgentGone == nil || !r.AgentGone.Equal(t0) {
+		t.Fatalf("record after the restart says gone at %v, want %v", r.AgentGone, t0)
+	}
+	h2.clk.advance(5 * time.Hour)
+	h3 := h2.restart()
+	if w := h3.worker("k"); w.State != view.StateStale {
+		t.Fatalf("5 h after the first restart: %s, want stale", w.State)
+	}
+	h3.clk.advance(time.Hour)
+	h3.f.Tick()
+	if w := h3.worker("k"); w.State != view.StateOffline {
+		t.Fatalf("6 h after the first restart: %s, want offline", w.State)
+	}
+}
