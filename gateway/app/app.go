@@ -148,6 +148,7 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger) error {
 	}
 	metrics := syncer.NewMetrics(names)
 	sy := syncer.New(built.Targets, metrics, cfg.Resync, logger)
+	sy.SetFloor(cfg.Floor())
 
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.TLSClientConfig = tlsCfg
@@ -224,7 +225,7 @@ func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
 	defer built.Close()
 	code := 0
 	for _, t := range built.Targets {
-		c, ok := t.(syncer.Checker)
+		c, ok := target.As[syncer.Checker](t)
 		if !ok {
 			logger.Info("ok", "target", t.Name(), "model", t.Model())
 			continue

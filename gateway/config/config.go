@@ -20,6 +20,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/gateway/syncer"
 	"heft/shared/address"
 	"heft/shared/logging"
 	"heft/shared/settings"
@@ -28,15 +29,20 @@ import (
 
 // Config is the whole of heft-sync's configuration.
 type Config struct {
-	Listen      string // heft-sync's /metrics and /healthz
-	LogLevel    string
-	LogJSON     bool
-	Resync      time.Duration // how often every target is applied again
-	Coordinator Coordinator
-	HAProxy     []HAProxy
-	Nginx       []Nginx
-	Envoy       []Envoy
-	LiteLLM     []LiteLLM
+	Listen   string // heft-sync's /metrics and /healthz
+	LogLevel string
+	LogJSON  bool
+	Resync   time.Duration // how often every target is applied again
+	// The floor of every model (syncer.Floor): what control-plane signals
+	// may not take it below.
+	MinServing         int
+	MinServingCapacity float64
+	KeepUnlisted       time.Duration
+	Coordinator        Coordinator
+	HAProxy            []HAProxy
+	Nginx              []Nginx
+	Envoy              []Envoy
+	LiteLLM            []LiteLLM
 
 	Path        string // the file read
 	CheckOnly   bool   // --check: validate, check each gateway once, exit
@@ -109,6 +115,11 @@ type LiteLLM struct {
 	MinContextTokens int
 }
 
+// Floor returns the floor the settings set.
+func (c Config) Floor() syncer.Floor {
+	return syncer.Floor{MinServing: c.MinServing, MinCapacity: c.MinServingCapacity, KeepUnlisted: c.KeepUnlisted}
+}
+
 // Defaults.
 const (
 	DefaultListen = "127.0.0.1:9471"
@@ -117,7 +128,9 @@ const (
 )
 
 func defaults() Config {
-	return Config{Listen: DefaultListen, LogLevel: logging.DefaultLevel, Resync: DefaultResync}
+	f := syncer.DefaultFloor()
+	return Config{Listen: DefaultListen, LogLevel: logging.DefaultLevel, Resync: DefaultResync,
+		MinServing: f.MinServing, MinServingCapacity: f.MinCapacity, KeepUnlisted: f.KeepUnlisted}
 }
 
 // command is heft-sync's command line and configuration, bound to c: one
@@ -137,6 +150,9 @@ func (c *Config) command() settings.Command {
 			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),
 			settings.Duration("resync", &c.Resync, "how often every target is applied again"),
+			settings.Int("min_serving", &c.MinServing, "the fewest workers a model serves on whatever the coordinator says (agents gone, a coordinator restarted empty, holds); only an admin's explicit below-floor action goes under it; 0 turns the floor off"),
+			settings.Float("min_serving_capacity", &c.MinServingCapacity, "the smallest share (0-1) of a model's last applied capacity (sum of weights) that control-plane signals may take away"),
+			settings.Duration("keep_unlisted", &c.KeepUnlisted, "how long a serving worker the coordinator stops listing (or lists as unmeasured) keeps its last weight, so a coordinator restarted on an empty state drains nothing; 0: only the floor keeps it"),
 			settings.String("coordinator.url", &c.Coordinator.URL, "the coordinator, http:// or https://").Meta("URL"),
 			settings.String("coordinator.token_file", &c.Coordinator.TokenFile, "file holding a viewer (or admin) token (mode 0600, or 0640 with a dedicated group)").Meta("FILE"),
 			settings.String("coordinator.ca_file", &c.Coordinator.CAFile, "PEM file of CAs trusted for an https:// coordinator").Meta("FILE"),
@@ -244,6 +260,15 @@ func (c Config) Validate() error {
 	}
 	if c.Resync < 100*time.Millisecond {
 		bad("resync %s is too short (at least 100ms)", c.Resync)
+	}
+	if c.MinServing < 0 {
+		bad("min_serving %d is below 0", c.MinServing)
+	}
+	if c.MinServingCapacity < 0 || c.MinServingCapacity > 1 {
+		bad("min_serving_capacity %g is not a share between 0 and 1", c.MinServingCapacity)
+	}
+	if c.KeepUnlisted < 0 {
+		bad("keep_unlisted %s is below 0", c.KeepUnlisted)
 	}
 	if c.Coordinator.URL == "" {
 		bad("[coordinator] url is required, e.g. http://127.0.0.1:7070")

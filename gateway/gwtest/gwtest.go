@@ -9,9 +9,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -329,4 +332,91 @@ func WaitHTTP(t testing.TB, url string) {
 		resp.Body.Close()
 		return true
 	})
+}
+
+// Stop stops the upstream between requests: it accepts no connection any
+// more, closes its idle ones and lets the requests in flight finish (an
+// engine that dies in the middle of a request fails that request, which
+// no gateway can retry once it has started).
+func (u *Upstream) Stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = u.srv.Shutdown(ctx)
+}
+
+// Load is clients sending GET requests in a loop through a gateway,
+// counting the answers, until Stop.
+type Load struct {
+	mu     sync.Mutex
+	counts map[string]int // by X-Upstream, or "status NNN", or "error"
+	errs   []string
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// StartLoad starts clients looping on url.
+func StartLoad(t testing.TB, url string, clients int) *Load {
+	l := &Load{counts: map[string]int{}, stop: make(chan struct{})}
+	for range clients {
+		l.wg.Go(func() {
+			client := &http.Client{Timeout: 10 * time.Second}
+			defer client.CloseIdleConnections()
+			for {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				key := "error"
+				resp, err := client.Get(url)
+				if err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					key = resp.Header.Get("X-Upstream")
+					if resp.StatusCode != http.StatusOK {
+						key = "status " + strconv.Itoa(resp.StatusCode)
+					}
+				}
+				l.mu.Lock()
+				l.counts[key]++
+				if err != nil && len(l.errs) < 5 {
+					l.errs = append(l.errs, err.Error())
+				}
+				l.mu.Unlock()
+			}
+		})
+	}
+	t.Cleanup(func() { l.Stop() })
+	return l
+}
+
+// Counts returns the answers so far: by upstream, "status NNN" or "error".
+func (l *Load) Counts() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.counts)
+}
+
+// Failed is how many requests did not get a 200 so far, and the first
+// errors.
+func (l *Load) Failed() (int, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for k, v := range l.counts {
+		if k == "error" || strings.HasPrefix(k, "status ") {
+			n += v
+		}
+	}
+	return n, slices.Clone(l.errs)
+}
+
+// Stop ends the clients and waits for them; it may be called again.
+func (l *Load) Stop() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
 }

@@ -38,6 +38,9 @@ type Config struct {
 	// once the coordinator reports it.
 	MaxConn bool
 	Timeout time.Duration // per runtime API command (default 3 s)
+	// WatchEvery is how often the process answering on the socket is read,
+	// to re-apply at once after a reload (default DefaultWatchEvery).
+	WatchEvery time.Duration
 }
 
 // HAProxy is the target of one backend.

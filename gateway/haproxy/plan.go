@@ -97,7 +97,6 @@ func scaleWeights(ws []want) float64 {
 func makePlan(servers []server, ws []want, o planOptions) plan {
 	var p plan
 	p.rounding = scaleWeights(ws)
-	assign := map[int]*want{} // server index → worker
 	var slots []int
 	for i, s := range servers {
 		if o.isSlot(s.Name) {
@@ -106,78 +105,109 @@ func makePlan(servers []server, ws []want, o planOptions) plan {
 	}
 	slices.SortFunc(slots, func(a, b int) int { return cmp.Compare(servers[a].ID, servers[b].ID) })
 
+	var assign map[int]*want
 	if o.ByWeight {
-		var serving []*want
-		for i := range ws {
-			if ws[i].Serving {
-				serving = append(serving, &ws[i])
-			}
-		}
-		slices.SortStableFunc(serving, func(a, b *want) int {
-			if c := cmp.Compare(b.Weight, a.Weight); c != 0 {
-				return c
-			}
-			return cmp.Compare(a.Address, b.Address)
-		})
-		for rank, w := range serving {
-			if rank >= len(slots) {
-				p.problems = append(p.problems, target.Failf(target.ReasonNoSlot,
-					"worker %s (%s) has no slot: backend %s has %d %s slots for %d serving workers; add server-template slots",
-					w.WorkerID, w.Address, o.Backend, len(slots), o.Slots, len(serving)))
-				continue
-			}
-			assign[slots[rank]] = w
-		}
+		assign = p.assignByWeight(slots, ws, o)
 	} else {
-		byAddr := map[netip.AddrPort][]int{}
-		for i, s := range servers {
-			byAddr[s.Addr] = append(byAddr[s.Addr], i)
-		}
-		placed := map[netip.AddrPort]bool{}
-		for i := range ws {
-			w := &ws[i]
-			inSlot := false
-			for _, si := range byAddr[w.Addr] {
-				own := o.isSlot(servers[si].Name) || o.isAdded(servers[si].Name)
-				if own && inSlot {
-					continue // a second slot at one address is freed
-				}
-				inSlot = inSlot || own
-				assign[si] = w
-				placed[w.Addr] = true
-			}
-		}
-		var free []int
-		for _, si := range slots {
-			if assign[si] == nil {
-				free = append(free, si)
-			}
-		}
-		for i := range ws {
-			w := &ws[i]
-			if !w.Serving || placed[w.Addr] {
-				continue
-			}
-			switch {
-			case len(free) > 0:
-				assign[free[0]] = w
-				free = free[1:]
-			case o.AddServers:
-				name := o.addedName(w.Addr)
-				p.cmds = append(p.cmds, fmt.Sprintf("add server %s/%s %s weight %d", o.Backend, name, w.Addr, w.Int))
-				if o.MaxConn && w.MaxConcurrency > 0 {
-					p.cmds = append(p.cmds, fmt.Sprintf("set maxconn server %s/%s %d", o.Backend, name, w.MaxConcurrency))
-				}
-				p.cmds = append(p.cmds, fmt.Sprintf("set server %s/%s state ready", o.Backend, name))
-				p.serving++
-			default:
-				p.problems = append(p.problems, target.Failf(target.ReasonNoSlot,
-					"worker %s (%s) has no server in backend %s: no server has its address and no %s slot is free; add server-template slots or set add_servers",
-					w.WorkerID, w.Address, o.Backend, o.Slots))
-			}
+		assign = p.assignByAddress(servers, slots, ws, o)
+	}
+	p.converge(servers, assign, o)
+	return p
+}
+
+// assignByWeight gives the slots, in ID order, to the serving workers
+// heaviest first; a worker past the last slot is a problem.
+func (p *plan) assignByWeight(slots []int, ws []want, o planOptions) map[int]*want {
+	assign := map[int]*want{} // server index → worker
+	var serving []*want
+	for i := range ws {
+		if ws[i].Serving {
+			serving = append(serving, &ws[i])
 		}
 	}
+	slices.SortStableFunc(serving, func(a, b *want) int {
+		if c := cmp.Compare(b.Weight, a.Weight); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Address, b.Address)
+	})
+	for rank, w := range serving {
+		if rank >= len(slots) {
+			p.problems = append(p.problems, target.Failf(target.ReasonNoSlot,
+				"worker %s (%s) has no slot: backend %s has %d %s slots for %d serving workers; add server-template slots",
+				w.WorkerID, w.Address, o.Backend, len(slots), o.Slots, len(serving)))
+			continue
+		}
+		assign[slots[rank]] = w
+	}
+	return assign
+}
 
+// assignByAddress gives each worker the servers at its address (one of
+// heft's own per address), then a free slot to each serving worker still
+// without one, or a server added for it (the commands go into p).
+func (p *plan) assignByAddress(servers []server, slots []int, ws []want, o planOptions) map[int]*want {
+	assign := map[int]*want{} // server index → worker
+	byAddr := map[netip.AddrPort][]int{}
+	for i, s := range servers {
+		byAddr[s.Addr] = append(byAddr[s.Addr], i)
+	}
+	placed := map[netip.AddrPort]bool{}
+	for i := range ws {
+		w := &ws[i]
+		inSlot := false
+		for _, si := range byAddr[w.Addr] {
+			own := o.isSlot(servers[si].Name) || o.isAdded(servers[si].Name)
+			if own && inSlot {
+				continue // a second slot at one address is freed
+			}
+			inSlot = inSlot || own
+			assign[si] = w
+			placed[w.Addr] = true
+		}
+	}
+	var free []int
+	for _, si := range slots {
+		if assign[si] == nil {
+			free = append(free, si)
+		}
+	}
+	for i := range ws {
+		w := &ws[i]
+		if !w.Serving || placed[w.Addr] {
+			continue
+		}
+		switch {
+		case len(free) > 0:
+			assign[free[0]] = w
+			free = free[1:]
+		case o.AddServers:
+			p.addServer(w, o)
+		default:
+			p.problems = append(p.problems, target.Failf(target.ReasonNoSlot,
+				"worker %s (%s) has no server in backend %s: no server has its address and no %s slot is free; add server-template slots or set add_servers",
+				w.WorkerID, w.Address, o.Backend, o.Slots))
+		}
+	}
+	return assign
+}
+
+// addServer adds a server (HAProxy ≥ 2.5) for a serving worker.
+func (p *plan) addServer(w *want, o planOptions) {
+	name := o.addedName(w.Addr)
+	p.cmds = append(p.cmds, fmt.Sprintf("add server %s/%s %s weight %d", o.Backend, name, w.Addr, w.Int))
+	if o.MaxConn && w.MaxConcurrency > 0 {
+		p.cmds = append(p.cmds, fmt.Sprintf("set maxconn server %s/%s %d", o.Backend, name, w.MaxConcurrency))
+	}
+	p.cmds = append(p.cmds, fmt.Sprintf("set server %s/%s state ready", o.Backend, name))
+	p.serving++
+}
+
+// converge adds the commands that bring each server to its worker's
+// state: serving (address, weight, maxconn, ready), drained, or, for
+// heft's servers that carry no worker, maintenance (and deletion of those
+// it added). Servers heft does not know are left alone.
+func (p *plan) converge(servers []server, assign map[int]*want, o planOptions) {
 	var drains, maints []string
 	for i, s := range servers {
 		ref := o.Backend + "/" + s.Name
@@ -196,18 +226,7 @@ func makePlan(servers []server, ws []want, o planOptions) plan {
 			// not heft's: left alone
 		case w.Serving:
 			p.serving++
-			if (o.isSlot(s.Name) || o.isAdded(s.Name)) && s.Addr != w.Addr {
-				p.cmds = append(p.cmds, fmt.Sprintf("set server %s addr %s port %d", ref, w.Addr.Addr(), w.Addr.Port()))
-			}
-			if s.Weight != w.Int {
-				p.cmds = append(p.cmds, fmt.Sprintf("set server %s weight %d", ref, w.Int))
-			}
-			if o.MaxConn && w.MaxConcurrency > 0 && s.MaxConn != w.MaxConcurrency {
-				p.cmds = append(p.cmds, fmt.Sprintf("set maxconn server %s %d", ref, w.MaxConcurrency))
-			}
-			if s.maint() || s.drain() {
-				p.cmds = append(p.cmds, "set server "+ref+" state ready")
-			}
+			p.cmds = append(p.cmds, serve(s, ref, w, o)...)
 		default:
 			if s.maint() || !s.drain() {
 				drains = append(drains, "set server "+ref+" state drain")
@@ -217,7 +236,24 @@ func makePlan(servers []server, ws []want, o planOptions) plan {
 	// Serving servers first, so a backend never passes through a moment
 	// with fewer servers than it is about to have.
 	p.cmds = append(append(p.cmds, drains...), maints...)
-	return p
+}
+
+// serve returns the commands that make server s carry serving worker w.
+func serve(s server, ref string, w *want, o planOptions) []string {
+	var cmds []string
+	if (o.isSlot(s.Name) || o.isAdded(s.Name)) && s.Addr != w.Addr {
+		cmds = append(cmds, fmt.Sprintf("set server %s addr %s port %d", ref, w.Addr.Addr(), w.Addr.Port()))
+	}
+	if s.Weight != w.Int {
+		cmds = append(cmds, fmt.Sprintf("set server %s weight %d", ref, w.Int))
+	}
+	if o.MaxConn && w.MaxConcurrency > 0 && s.MaxConn != w.MaxConcurrency {
+		cmds = append(cmds, fmt.Sprintf("set maxconn server %s %d", ref, w.MaxConcurrency))
+	}
+	if s.maint() || s.drain() {
+		cmds = append(cmds, "set server "+ref+" state ready")
+	}
+	return cmds
 }
 
 // answerOK reports whether an answer to a "set"/"add" command means it was

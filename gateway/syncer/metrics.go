@@ -26,6 +26,7 @@ type Metrics struct {
 	workers     *prometheus.GaugeVec
 	setAside    *prometheus.GaugeVec
 	healthy     *prometheus.GaugeVec
+	kept        *prometheus.GaugeVec
 
 	coordConnected prometheus.Gauge
 	coordErrors    *prometheus.CounterVec
@@ -68,6 +69,10 @@ func NewMetrics(targets []string) *Metrics {
 		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "heft_sync_target_healthy", Help: "1 when the target's last apply or check succeeded, else 0.",
 		}, []string{"target"}),
+		kept: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "heft_sync_kept_workers",
+			Help: "Workers heft-sync keeps serving at their last weights against the coordinator's state, by target and reason (unlisted: the coordinator lists them no more, or as unmeasured; floor: dropping them would take the model below min_serving or min_serving_capacity).",
+		}, []string{"target", "reason"}),
 		coordConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "heft_sync_coordinator_connected", Help: "1 while heft-sync follows the coordinator's event stream.",
 		}),
@@ -90,6 +95,8 @@ func NewMetrics(targets []string) *Metrics {
 		}
 		m.drift.WithLabelValues(t)
 		m.setAside.WithLabelValues(t)
+		m.kept.WithLabelValues(t, KeptUnlisted)
+		m.kept.WithLabelValues(t, KeptFloor)
 	}
 	for _, r := range coord.Reasons {
 		m.coordErrors.WithLabelValues(r)
@@ -97,7 +104,7 @@ func NewMetrics(targets []string) *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.applies, m.failures, m.drift, m.lastSuccess, m.rounding, m.serving, m.workers, m.setAside, m.healthy,
+		m.applies, m.failures, m.drift, m.lastSuccess, m.rounding, m.serving, m.workers, m.setAside, m.healthy, m.kept,
 		m.coordConnected, m.coordErrors, m.coordSnapshots, m.coordLast,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "heft_sync_build_info", Help: "heft-sync's version, as a label.",

@@ -27,6 +27,13 @@ type Checker interface {
 	Check(ctx context.Context) error
 }
 
+// Watcher is a target that can tell, sooner than a resync would, that its
+// gateway lost what heft-sync set (an HAProxy reload or restart): Watch
+// calls lost each time, until ctx ends.
+type Watcher interface {
+	Watch(ctx context.Context, lost func())
+}
+
 const (
 	resultUnchanged = "unchanged"
 	resultChanged   = "changed"
@@ -40,6 +47,8 @@ type Syncer struct {
 	log     hclog.Logger
 	resync  time.Duration
 	timeout time.Duration
+	floor   Floor
+	now     func() time.Time
 
 	mu        sync.Mutex
 	connected bool
@@ -47,18 +56,22 @@ type Syncer struct {
 }
 
 // New returns a Syncer of targets. resync is how often each target is
-// applied again without a change (default 5 s).
+// applied again without a change (default 5 s). Every model keeps
+// DefaultFloor until SetFloor.
 func New(targets []target.Target, m *Metrics, resync time.Duration, logger hclog.Logger) *Syncer {
 	if resync <= 0 {
 		resync = 5 * time.Second
 	}
-	s := &Syncer{m: m, log: logger.Named("sync"), resync: resync, timeout: time.Minute}
+	s := &Syncer{m: m, log: logger.Named("sync"), resync: resync, timeout: time.Minute, floor: DefaultFloor(), now: time.Now}
 	for _, t := range targets {
 		s.runners = append(s.runners, &runner{t: t, s: s, wake: make(chan struct{}, 1),
 			log: logger.Named("sync").With("target", t.Name(), "model", t.Model())})
 	}
 	return s
 }
+
+// SetFloor sets every model's floor; call it before Run.
+func (s *Syncer) SetFloor(f Floor) { s.floor = f }
 
 // Hooks are the follower hooks that feed the Syncer (metrics included).
 func (s *Syncer) Hooks() coord.Hooks {
@@ -80,11 +93,13 @@ func (s *Syncer) Update(snap coord.Snapshot) {
 			models = append(models, w.Model)
 		}
 	}
+	mayDrop := belowFloor(snap.Workers)
+	now := s.now()
 	for _, r := range s.runners {
 		m, problems := target.ForSelection(r.t.Model(), target.SelectionOf(r.t), snap.Workers)
 		s.m.workers.WithLabelValues(r.t.Name()).Set(float64(len(m.Backends)))
 		s.m.setAside.WithLabelValues(r.t.Name()).Set(float64(len(problems)))
-		r.offer(m, problems, models)
+		r.offer(m, problems, models, now, mayDrop)
 	}
 }
 
@@ -105,6 +120,9 @@ type TargetStatus struct {
 	Applied     bool       `json:"applied"` // a state was applied at least once
 	LastError   string     `json:"last_error,omitempty"`
 	LastSuccess *time.Time `json:"last_success,omitempty"`
+	// Kept lists the workers heft-sync keeps serving against the
+	// coordinator's state, and why (a warning for operators).
+	Kept []string `json:"kept,omitempty"`
 }
 
 // Status is heft-sync's health, for /healthz.
@@ -149,6 +167,8 @@ type runner struct {
 	pending     *target.Model // the newest desired state, not yet taken
 	offered     *target.Model // the last desired state offered
 	problems    string        // the last problems logged, to log a change once
+	floor       floorState
+	kept        []Kept // what the floor keeps now
 	emptyLogged bool
 	healthy     bool
 	applied     bool
@@ -156,7 +176,7 @@ type runner struct {
 	lastSuccess time.Time
 }
 
-func (r *runner) offer(m target.Model, problems []string, models []string) {
+func (r *runner) offer(m target.Model, problems []string, models []string, now time.Time, mayDrop func(string) bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p := strings.Join(problems, "; "); p != r.problems {
@@ -176,6 +196,7 @@ func (r *runner) offer(m target.Model, problems []string, models []string) {
 		return
 	}
 	r.emptyLogged = false
+	m = r.keep(m, now, mayDrop)
 	if r.offered != nil && r.offered.Equal(m) {
 		return
 	}
@@ -188,7 +209,7 @@ func (r *runner) offer(m target.Model, problems []string, models []string) {
 
 func (r *runner) run(ctx context.Context) {
 	name := r.t.Name()
-	checker, hasCheck := r.t.(Checker)
+	checker, hasCheck := target.As[Checker](r.t)
 	checked := !hasCheck
 	check := func() {
 		cctx, cancel := context.WithTimeout(ctx, r.s.timeout)
@@ -206,6 +227,19 @@ func (r *runner) run(ctx context.Context) {
 	if hasCheck {
 		check()
 	}
+	lost := make(chan struct{}, 1)
+	if w, ok := target.As[Watcher](r.t); ok {
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		wg.Go(func() {
+			w.Watch(ctx, func() {
+				select {
+				case lost <- struct{}{}:
+				default:
+				}
+			})
+		})
+	}
 	tick := time.NewTicker(r.s.resync)
 	defer tick.Stop()
 	var want *target.Model
@@ -213,6 +247,10 @@ func (r *runner) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-lost:
+			if want != nil {
+				r.apply(ctx, *want, true)
+			}
 		case <-r.wake:
 			r.mu.Lock()
 			want, r.pending = r.pending, nil
@@ -302,6 +340,9 @@ func (r *runner) status() TargetStatus {
 	if !r.lastSuccess.IsZero() {
 		t := r.lastSuccess
 		ts.LastSuccess = &t
+	}
+	for _, k := range r.kept {
+		ts.Kept = append(ts.Kept, k.String())
 	}
 	return ts
 }

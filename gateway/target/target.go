@@ -67,6 +67,25 @@ type selected struct {
 
 func (s selected) Selection() Selection { return s.sel }
 
+// Unwrap is the target with its selection taken off.
+func (s selected) Unwrap() Target { return s.Target }
+
+// As finds, in t or the target a selection wraps, an implementation of I
+// (a driver's optional abilities: a check, a watch).
+func As[I any](t Target) (I, bool) {
+	for {
+		if i, ok := t.(I); ok {
+			return i, true
+		}
+		u, ok := t.(interface{ Unwrap() Target })
+		if !ok {
+			var zero I
+			return zero, false
+		}
+		t = u.Unwrap()
+	}
+}
+
 // Result is what one Apply did.
 type Result struct {
 	// Changes lists, one line each, what was changed on the gateway;

@@ -1,0 +1,97 @@
+package haproxy_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/gateway/coord"
+	"heft/gateway/gwtest"
+	"heft/gateway/haproxy"
+	"heft/gateway/syncer"
+	"heft/gateway/target"
+	"heft/shared/testutil"
+	"heft/shared/view"
+)
+
+// The backend of heft's examples: the gateway's own health check of the
+// engine's /health on every slot, and a request whose connection fails
+// tried again on another server.
+const cfgChecked = `global
+    stats socket {{socket}} level admin
+defaults
+    mode http
+    option http-no-delay
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    retries 3
+    option redispatch 1
+frontend fe
+    bind {{front}}
+    default_backend qwen
+backend qwen
+    balance roundrobin
+    option httpchk GET /health
+    default-server check inter 200ms fall 1 rise 1
+    server-template heft 1-3 127.0.0.1:9 disabled
+`
+
+// An engine that dies stops receiving requests at the gateway's health
+// check, with no failed request: the requests in flight to it when its
+// port closes are dispatched again. Nothing heft says is needed (here the
+// coordinator still says the worker is admitted: its agent is dead too).
+func TestDeadEngineFailsNoRequest(t *testing.T) {
+	a, b := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b")
+	hx := gwtest.StartHAProxy(t, cfgChecked)
+	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
+	apply(t, h, desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), gwtest.Worker(model, b.Addr, view.StateAdmitted, 1)))
+
+	load := gwtest.StartLoad(t, "http://"+hx.Front+"/", 4)
+	testutil.Eventually(t, "both engines to answer", 10*time.Second, func() bool {
+		c := load.Counts()
+		return c["a"] > 20 && c["b"] > 20
+	})
+	a.Stop()
+	testutil.Eventually(t, "haproxy's check to mark a down", 10*time.Second, func() bool {
+		for _, row := range hx.Stat(t) {
+			if row["pxname"] == "qwen" && row["addr"] == a.Addr && strings.HasPrefix(row["status"], "DOWN") {
+				return true
+			}
+		}
+		return false
+	})
+	before := load.Counts()["b"]
+	testutil.Eventually(t, "requests to go on to b", 10*time.Second, func() bool { return load.Counts()["b"] > before+50 })
+	load.Stop()
+	if n, errs := load.Failed(); n != 0 {
+		t.Fatalf("%d requests failed while an engine died: %v %v", n, load.Counts(), errs)
+	}
+	t.Logf("answers while a died: %v", load.Counts())
+}
+
+// A reload or restart starts HAProxy from its file (every slot disabled);
+// heft-sync notices the new process on the socket and applies its state
+// again at once, without waiting for a resync (an hour here).
+func TestReloadIsNoticed(t *testing.T) {
+	a, b := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b")
+	hx := gwtest.StartHAProxy(t, cfgChecked)
+	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen", WatchEvery: 50 * time.Millisecond})
+	m := syncer.NewMetrics([]string{h.Name()})
+	sy := syncer.New([]target.Target{h}, m, time.Hour, hclog.New(&hclog.LoggerOptions{Output: t.Output()}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sy.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	sy.Update(coord.Snapshot{At: time.Now(), Workers: []coord.Worker{
+		gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), gwtest.Worker(model, b.Addr, view.StateAdmitted, 1)}})
+	both := func() bool { s := gwtest.Split(t, "http://"+hx.Front+"/", 10); return s["a"] == 5 && s["b"] == 5 }
+	testutil.Eventually(t, "the first apply", 10*time.Second, both)
+	for i := range 3 {
+		hx.Restart()
+		testutil.Eventually(t, "heft's state back after restart "+string(rune('1'+i)), 10*time.Second, both)
+	}
+}

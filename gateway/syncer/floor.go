@@ -1,0 +1,194 @@
+package syncer
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"heft/gateway/coord"
+	"heft/gateway/target"
+)
+
+// Floor is what control-plane signals may not take a model below: workers
+// that vanish from the coordinator's list or come back unmeasured (a
+// coordinator restarted on an empty or partial state), agents that go
+// offline, a flood of holds. heft-sync keeps, at their last weights, the
+// workers it last sent traffic to that it would otherwise drop, and says
+// so. Evidence about an engine itself is the gateway's own health check:
+// a kept engine that is really down gets no request from it.
+type Floor struct {
+	// MinServing is the fewest workers a model serves on (default 1:
+	// never none).
+	MinServing int
+	// MinCapacity is the smallest share (0–1) of the capacity last sent
+	// traffic (the sum of the serving workers' weights) a model keeps.
+	MinCapacity float64
+	// KeepUnlisted is how long a serving worker the coordinator no longer
+	// lists, or lists as not measured yet, keeps its last weight while the
+	// coordinator relearns its fleet, floor or not. 0: only the floor keeps it.
+	KeepUnlisted time.Duration
+}
+
+// Defaults of Floor.
+const (
+	DefaultMinServing   = 1
+	DefaultKeepUnlisted = 10 * time.Minute
+)
+
+// DefaultFloor never takes a model to zero, and keeps unlisted workers
+// DefaultKeepUnlisted.
+func DefaultFloor() Floor {
+	return Floor{MinServing: DefaultMinServing, KeepUnlisted: DefaultKeepUnlisted}
+}
+
+// Why a worker is kept, the label of heft_sync_kept_workers.
+const (
+	KeptUnlisted = "unlisted" // the coordinator lists it no more, or as unmeasured
+	KeptFloor    = "floor"    // dropping it would take the model below its floor
+)
+
+// Kept is one worker heft-sync keeps serving against the coordinator's
+// state.
+type Kept struct {
+	Address, WorkerID, State, Reason string
+	Weight                           float64
+}
+
+func (k Kept) String() string {
+	return fmt.Sprintf("%s (%s) kept at weight %.3g: %s", k.WorkerID, k.Address, k.Weight, k.explain())
+}
+
+func (k Kept) explain() string {
+	if k.Reason == KeptUnlisted {
+		if k.State == "" {
+			return "the coordinator no longer lists it"
+		}
+		return "the coordinator lists it as " + k.State + " (not measured since it restarted?)"
+	}
+	return "the coordinator says " + k.State + ", and dropping it would take the model below its floor"
+}
+
+// floorState is what a runner remembers between offers.
+type floorState struct {
+	last     *target.Model        // the desired state last offered, kept workers included
+	unlisted map[string]time.Time // address → when a serving worker was first seen unlisted
+}
+
+// apply returns m with the workers the floor keeps, and which they are.
+// mayDrop says a worker an admin explicitly let go below the floor.
+func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func(workerID string) bool) (target.Model, []Kept) {
+	if st.unlisted == nil {
+		st.unlisted = map[string]time.Time{}
+	}
+	if st.last == nil {
+		return m, nil
+	}
+	out := target.Model{Name: m.Name, Backends: slices.Clone(m.Backends)}
+	byAddr := map[string]int{}
+	for i, b := range out.Backends {
+		byAddr[b.Address] = i
+	}
+	var kept []Kept
+	keep := func(prev target.Backend, state, reason string) {
+		kept = append(kept, Kept{Address: prev.Address, WorkerID: prev.WorkerID, State: state, Reason: reason, Weight: prev.Weight})
+		if i, ok := byAddr[prev.Address]; ok {
+			out.Backends[i] = prev
+			return
+		}
+		byAddr[prev.Address] = len(out.Backends)
+		out.Backends = append(out.Backends, prev)
+	}
+
+	// Serving workers the coordinator no longer lists, or lists as not
+	// measured: kept for KeepUnlisted.
+	type drop struct {
+		b     target.Backend // as last offered
+		state string         // what the coordinator says now
+	}
+	var dropped []drop
+	seen := map[string]bool{}
+	for _, prev := range st.last.Serving() {
+		i, listed := byAddr[prev.Address]
+		state := ""
+		if listed {
+			state = out.Backends[i].State
+			if out.Backends[i].Serving || mayDrop(out.Backends[i].WorkerID) {
+				continue
+			}
+		}
+		if !listed || state == "measuring" {
+			seen[prev.Address] = true
+			since, ok := st.unlisted[prev.Address]
+			if !ok {
+				since = now
+				st.unlisted[prev.Address] = now
+			}
+			if now.Sub(since) < f.KeepUnlisted {
+				keep(prev, state, KeptUnlisted)
+				continue
+			}
+		}
+		dropped = append(dropped, drop{prev, state})
+	}
+	for a := range st.unlisted {
+		if !seen[a] {
+			delete(st.unlisted, a)
+		}
+	}
+
+	// The floor: the heaviest dropped workers back until it holds.
+	lastCap := capacity(*st.last)
+	slices.SortStableFunc(dropped, func(a, b drop) int {
+		return cmp.Or(cmp.Compare(b.b.Weight, a.b.Weight), cmp.Compare(a.b.Address, b.b.Address))
+	})
+	for _, d := range dropped {
+		if len(out.Serving()) >= f.MinServing && capacity(out) >= f.MinCapacity*lastCap {
+			break
+		}
+		keep(d.b, d.state, KeptFloor)
+	}
+	slices.SortFunc(out.Backends, func(a, b target.Backend) int { return cmp.Compare(a.Address, b.Address) })
+	return out, kept
+}
+
+// capacity is the sum of the serving workers' weights.
+func capacity(m target.Model) float64 {
+	var c float64
+	for _, b := range m.Serving() {
+		c += b.Weight
+	}
+	return c
+}
+
+// keep applies the floor to m (r.mu held), and logs and counts a change
+// of what it keeps.
+func (r *runner) keep(m target.Model, now time.Time, mayDrop func(string) bool) target.Model {
+	out, kept := r.s.floor.apply(&r.floor, m, now, mayDrop)
+	r.floor.last = &out
+	if !slices.Equal(kept, r.kept) {
+		counts := map[string]int{}
+		for _, k := range kept {
+			counts[k.Reason]++
+			r.log.Warn("kept serving against the coordinator's state", "worker", k.WorkerID, "address", k.Address,
+				"weight", k.Weight, "reason", k.Reason, "why", k.explain())
+		}
+		if len(kept) == 0 && len(r.kept) > 0 {
+			r.log.Info("no worker is kept against the coordinator's state any more")
+		}
+		for _, reason := range []string{KeptUnlisted, KeptFloor} {
+			r.s.m.kept.WithLabelValues(r.t.Name(), reason).Set(float64(counts[reason]))
+		}
+		r.kept = kept
+	}
+	return out
+}
+
+// belowFloor says which workers an admin let go below the floor.
+func belowFloor(ws []coord.Worker) func(workerID string) bool {
+	ids := map[string]bool{}
+	for _, w := range ws {
+		_ = w // TODO(i21a): the admin's explicit below-floor mark on shared/view.Worker.
+	}
+	return func(id string) bool { return ids[id] }
+}

@@ -1,0 +1,154 @@
+package syncer
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"heft/gateway/coord"
+	"heft/gateway/gwtest"
+	"heft/gateway/target"
+	"heft/shared/view"
+)
+
+func model(ws ...coord.Worker) target.Model {
+	m, _ := target.ForModel("m", ws)
+	return m
+}
+
+func serving(m target.Model) map[string]float64 {
+	out := map[string]float64{}
+	for _, b := range m.Serving() {
+		out[b.Address] = b.Weight
+	}
+	return out
+}
+
+func never(string) bool { return false }
+
+const (
+	a = "10.0.0.1:8000"
+	b = "10.0.0.2:8000"
+	c = "10.0.0.3:8000"
+)
+
+func fleet3() target.Model {
+	return model(gwtest.Worker("m", a, view.StateAdmitted, 1.5),
+		gwtest.Worker("m", b, view.StateAdmitted, 1.0), gwtest.Worker("m", c, view.StateAdmitted, 0.5))
+}
+
+// A coordinator restarted on an empty state lists nobody, then each worker
+// as it is measured again: nothing is drained meanwhile, and the kept
+// workers go back to the coordinator's hands once it lists them again or
+// KeepUnlisted runs out.
+func TestFloorKeepsUnlistedWorkers(t *testing.T) {
+	f := Floor{MinServing: 1, KeepUnlisted: time.Minute}
+	var st floorState
+	t0 := time.Unix(1000, 0)
+	out, kept := f.apply(&st, fleet3(), t0, never)
+	st.last = &out
+	if len(kept) != 0 || len(serving(out)) != 3 {
+		t.Fatalf("first state: kept %v, serving %v", kept, serving(out))
+	}
+	// Back with a and b unmeasured, c not listed.
+	partial := model(gwtest.Worker("m", a, view.StateMeasuring, 0), gwtest.Worker("m", b, view.StateAdmitted, 0.8))
+	out, kept = f.apply(&st, partial, t0.Add(time.Second), never)
+	st.last = &out
+	if got := serving(out); len(got) != 3 || got[a] != 1.5 || got[b] != 0.8 || got[c] != 0.5 {
+		t.Fatalf("serving %v, want a and c at their last weights and b at its new one", got)
+	}
+	if len(kept) != 2 || kept[0].Reason != KeptUnlisted || !strings.Contains(kept[0].String(), "measuring") {
+		t.Fatalf("kept %v", kept)
+	}
+	// a is measured again: it serves by the coordinator's weight.
+	again := model(gwtest.Worker("m", a, view.StateAdmitted, 1.2), gwtest.Worker("m", b, view.StateAdmitted, 0.8))
+	out, kept = f.apply(&st, again, t0.Add(30*time.Second), never)
+	st.last = &out
+	if got := serving(out); got[a] != 1.2 || got[c] != 0.5 || len(kept) != 1 {
+		t.Fatalf("serving %v kept %v", got, kept)
+	}
+	// c is still unlisted a minute after it was first missed: let go.
+	out, kept = f.apply(&st, again, t0.Add(62*time.Second), never)
+	if got := serving(out); len(got) != 2 || len(kept) != 0 {
+		t.Fatalf("after keep_unlisted: serving %v kept %v", got, kept)
+	}
+}
+
+// Holds, offline agents and the like never take a model below its
+// floor: the heaviest dropped workers stay, at their last weights.
+func TestFloorStopsADrain(t *testing.T) {
+	all := func(state string) target.Model {
+		return model(gwtest.Worker("m", a, state, 0), gwtest.Worker("m", b, state, 0), gwtest.Worker("m", c, state, 0))
+	}
+	cases := []struct {
+		name  string
+		floor Floor
+		next  target.Model
+		want  []string // addresses serving
+	}{
+		{"every worker held, default floor", DefaultFloor(), all(view.StateHeld), []string{a}},
+		{"every agent offline, two workers", Floor{MinServing: 2}, all(view.StateOffline), []string{a, b}},
+		{"capacity: 60% of 3.0 needs a and b", Floor{MinServing: 1, MinCapacity: 0.6}, all(view.StateOffline), []string{a, b}},
+		{"one held leaves enough", Floor{MinServing: 1, MinCapacity: 0.5},
+			model(gwtest.Worker("m", a, view.StateAdmitted, 1.5), gwtest.Worker("m", b, view.StateHeld, 0), gwtest.Worker("m", c, view.StateAdmitted, 0.5)),
+			[]string{a, c}},
+		{"floor off", Floor{}, all(view.StateHeld), nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var st floorState
+			first, _ := tc.floor.apply(&st, fleet3(), time.Unix(0, 0), never)
+			st.last = &first
+			out, kept := tc.floor.apply(&st, tc.next, time.Unix(1, 0), never)
+			got := serving(out)
+			if len(got) != len(tc.want) {
+				t.Fatalf("serving %v, want %v (kept %v)", got, tc.want, kept)
+			}
+			for _, addr := range tc.want {
+				if _, ok := got[addr]; !ok {
+					t.Fatalf("serving %v, want %v", got, tc.want)
+				}
+			}
+			for _, k := range kept {
+				if k.Reason != KeptFloor || !strings.Contains(k.String(), "below its floor") {
+					t.Errorf("kept %v", k)
+				}
+			}
+			if len(out.Backends) != 3 {
+				t.Errorf("every worker stays listed: %+v", out.Backends)
+			}
+		})
+	}
+}
+
+// An admin's explicit below-floor action goes under the floor.
+func TestFloorAdminMayGoBelow(t *testing.T) {
+	var st floorState
+	f := DefaultFloor()
+	first, _ := f.apply(&st, fleet3(), time.Unix(0, 0), never)
+	st.last = &first
+	held := model(gwtest.Worker("m", a, view.StateHeld, 0), gwtest.Worker("m", b, view.StateHeld, 0), gwtest.Worker("m", c, view.StateHeld, 0))
+	out, kept := f.apply(&st, held, time.Unix(1, 0), func(string) bool { return true })
+	if len(out.Serving()) != 0 || len(kept) != 0 {
+		t.Fatalf("serving %v kept %v", serving(out), kept)
+	}
+}
+
+// The syncer says what it keeps: a metric, and the target's status.
+func TestFloorIsReported(t *testing.T) {
+	f := &fake{}
+	s, m := run(t, f, time.Hour)
+	s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1), gwtest.Worker("m", b, view.StateAdmitted, 1)))
+	s.Update(snap(gwtest.Worker("m", a, view.StateOffline, 0), gwtest.Worker("m", b, view.StateOffline, 0)))
+	if v := value(t, m, "heft_sync_kept_workers", "reason", KeptFloor); v != 1 {
+		t.Fatalf("heft_sync_kept_workers{reason=floor} = %v, want 1", v)
+	}
+	st := s.Status()
+	if len(st.Targets[0].Kept) != 1 || !strings.Contains(st.Targets[0].Kept[0], "offline") {
+		t.Fatalf("status %+v", st.Targets[0])
+	}
+	s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1), gwtest.Worker("m", b, view.StateOffline, 0)))
+	if v := value(t, m, "heft_sync_kept_workers", "reason", KeptFloor); v != 0 {
+		t.Fatalf("heft_sync_kept_workers{reason=floor} = %v after a came back, want 0", v)
+	}
+}
