@@ -26,8 +26,10 @@ type poolsReport struct {
 	MinOverMax float64     `json:"min_over_max"`
 
 	// Complete is false while a rank the launch args or the log's rank
-	// markers promise has no pool; MinOverMax is 0 until it has one.
-	Complete      bool  `json:"complete"`
+	// markers promise has no pool; MinOverMax is 0 until it has one. It is
+	// null when the log cannot show how many ranks there are (DP tags or a
+	// shell variable, but no DP size).
+	Complete      *bool `json:"complete"`
 	ExpectedRanks int   `json:"expected_ranks"`
 	MissingRanks  []int `json:"missing_ranks,omitempty"`
 
@@ -143,7 +145,10 @@ func (a poolsArgs) read() (poolsReport, enginelog.Facts, int, error) {
 		LaunchArgs: facts.LaunchArgs,
 		Notes:      facts.Notes,
 	}
-	report.Complete, report.ExpectedRanks, report.MissingRanks = facts.Complete, facts.ExpectedRanks, facts.MissingRanks
+	if facts.RankCountUnknown == "" {
+		report.Complete = &facts.Complete
+	}
+	report.ExpectedRanks, report.MissingRanks = facts.ExpectedRanks, facts.MissingRanks
 	report.Warnings = poolsWarnings(facts)
 	if len(report.Warnings) > 0 {
 		report.Warning = &report.Warnings[0]
@@ -185,6 +190,9 @@ func poolsWarnings(f enginelog.Facts) []health.Finding {
 	for i := range out {
 		if out[i].Code == wire.CodePoolsIncomplete {
 			out[i] = health.Incomplete(len(f.Ranks), f.ExpectedRanks, f.ExpectedFrom, f.MissingRanks)
+			if f.RankCountUnknown != "" {
+				out[i].Message = f.RankCountUnknown + ". Until it is known, the smallest pool is unknown: no smallest/largest ratio is given, and the set is not judged balanced."
+			}
 		}
 	}
 	health.Sort(out)
@@ -254,8 +262,11 @@ func poolsTable(w io.Writer, r poolsReport) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
+	complete := r.Complete != nil && *r.Complete
 	switch {
-	case !r.Complete:
+	case r.Complete == nil:
+		fmt.Fprintf(w, "smallest/largest: unknown: %d data-parallel ranks printed a pool, and the log does not show how many there are\n", len(r.Ranks))
+	case !complete:
 		fmt.Fprintf(w, "smallest/largest: unknown: %d of %d data-parallel ranks printed a pool\n", len(r.Ranks), r.ExpectedRanks)
 	case len(r.Ranks) == 1:
 		fmt.Fprintln(w, "one data-parallel rank: nothing to compare")
@@ -264,7 +275,7 @@ func poolsTable(w io.Writer, r poolsReport) {
 	}
 
 	for _, n := range r.Notes {
-		if !r.Complete && strings.HasPrefix(r.incompleteWarning(), n) {
+		if !complete && strings.HasPrefix(r.incompleteWarning(), n) {
 			continue // said by the warning below
 		}
 		fmt.Fprintf(w, "note: %s\n", n)
@@ -272,7 +283,7 @@ func poolsTable(w io.Writer, r poolsReport) {
 	for _, f := range r.Warnings {
 		fmt.Fprintf(w, "\n%s %s: %s\n", strings.ToUpper(f.Severity), f.Code, f.Message)
 	}
-	if len(r.Warnings) == 0 && r.Complete && len(r.Ranks) > 1 {
+	if len(r.Warnings) == 0 && complete && len(r.Ranks) > 1 {
 		fmt.Fprintln(w, "the data-parallel pools are even")
 	}
 }

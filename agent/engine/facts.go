@@ -166,7 +166,9 @@ func completeness(e *wire.Engine, lf *enginelog.Facts, args []string) {
 			missing = append(missing, dp)
 		}
 	}
-	complete := len(e.Ranks) > 0 && len(missing) == 0
+	// A log that cannot show how many ranks there are never makes the set
+	// complete: the wire has no "unknown", and nil reads as complete.
+	complete := len(e.Ranks) > 0 && len(missing) == 0 && (lf == nil || lf.RankCountUnknown == "")
 	e.ExpectedRanks, e.Complete, e.MissingRanks = expected, &complete, missing
 }
 

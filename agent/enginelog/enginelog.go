@@ -69,6 +69,17 @@ type Facts struct {
 	// content has shown no start-up since: right if the engine kept
 	// running (log rotation), stale if it restarted.
 	FromPreviousFile bool
+	// RankCountUnknown says why the log cannot show how many ranks there
+	// are (DP tags or a shell variable but no DP size; several servers);
+	// Complete is then false and means "not known", never "some missing".
+	RankCountUnknown string
+	// Servers is how many separate servers the log holds when more than
+	// one (SGLang router workers: -1 when their number is unknown); their
+	// pools are not reported, as no line can be told to belong to one.
+	Servers int
+	// MultiNode describes a multi-node launch ("nnodes=2, node_rank=1"):
+	// this log holds this node's ranks only.
+	MultiNode string
 	// Notes explain choices made: TP ranks that disagreed, a default
 	// block size, arguments that could not be read whole.
 	Notes []string
@@ -79,6 +90,10 @@ var ErrNoPools = errors.New(`no KV pool line found; looked for vLLM V1 "GPU KV c
 	`(alone or merged with "Maximum concurrency for N tokens per request"), ` +
 	`vLLM V0 "# cuda blocks: N, # CPU blocks: M" and "# GPU blocks: N, # CPU blocks: M", ` +
 	`SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA) and SGLang "max_total_num_tokens=N"`)
+
+// ErrSeveralServers is wrapped by Read's error when the log holds several
+// servers (SGLang router workers): no pool line can be told to be one's.
+var ErrSeveralServers = errors.New("several servers in one log")
 
 // ErrUnknownEngine is returned for an engine kind other than vllm or sglang.
 var ErrUnknownEngine = errors.New("unknown engine kind (enginelog reads vllm and sglang logs)")
@@ -116,6 +131,14 @@ func ReadEach(kind string, each func(yield func(line string)) error) (Facts, err
 		return Facts{}, fmt.Errorf("read %s log: %w", t.kind, err)
 	}
 	f, ok := t.Facts()
+	if !ok && f.Servers == 0 {
+		if pf, pok := t.previousFacts(); pok {
+			return pf, nil
+		}
+	}
+	if !ok && f.Servers != 0 {
+		return f, fmt.Errorf("%s log of %d lines: %w: %s", t.kind, lines, ErrSeveralServers, f.RankCountUnknown)
+	}
 	if !ok {
 		hint := ""
 		if _, otherOK := other.Facts(); otherOK {

@@ -25,9 +25,15 @@ const (
 	// EventReady: the server said it is ready.
 	EventReady
 	// EventDPSize: a command line in the log names the data-parallel size
-	// ("--data-parallel-size 4", "--dp-size 4", "-dp 4"), as a launch
-	// script that echoes its command prints it.
+	// ("--data-parallel-size 4", "--dp-size 4", "--dp 4", "-dp 4"), as a
+	// launch script that echoes its command prints it. DPSize is -1 when
+	// the size is a shell variable ("--dp $DP_SIZE"): there are ranks, but
+	// the log cannot say how many.
 	EventDPSize
+	// EventRouter: a command line starts SGLang's router with its own
+	// workers ("python -m sglang_router.launch_server --dp N"): N separate
+	// servers whose lines carry TP tags only. DPSize is N, -1 if unknown.
+	EventRouter
 )
 
 func (k EventKind) String() string {
@@ -46,6 +52,8 @@ func (k EventKind) String() string {
 		return "ready"
 	case EventDPSize:
 		return "dp_size"
+	case EventRouter:
+		return "router"
 	}
 	return "unknown"
 }
@@ -72,7 +80,11 @@ type Event struct {
 	Version string // EventVersion, EventEngineInit
 	Model   string // EventLaunchArgs, EventVersion, EventEngineInit: the served model, if the line names it
 
-	DPSize int // EventDPSize
+	DPSize int // EventDPSize, EventRouter: -1 when a shell variable hides it
+	// DPNamed: the line's rank came from a naming that exists only with data
+	// parallelism (vLLM's EngineCore_<n> of v0.8.3 to v0.10.1, an SGLang
+	// DP<n> tag), so the engine runs more than one rank.
+	DPNamed bool
 }
 
 // Pool formats.
@@ -93,10 +105,13 @@ var (
 	// process prefix when writing to a terminal (or with FORCE_COLOR).
 	ansiRE = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
 
-	// vLLM's per-process prefix, "(EngineCore_DP1 pid=212) ", and Ray's
-	// "(RayWorkerWrapper pid=3, ip=10.0.0.2) ". Searched anywhere in the
-	// line: whatever a log wrapper put before it is not the engine's.
-	vllmProcRE = regexp.MustCompile(`\(([^\s()]+) pid=\d+(?:, ip=[^)]*)?\) ?`)
+	// vLLM's per-process prefix: "(EngineCore_DP1 pid=212) " (v0.10.2 on),
+	// "(EngineCore_1 pid=212) " (v0.8.3 to v0.10.1), "(VllmWorker rank=1
+	// pid=9) " (a TP worker of v0.8 to v0.10), and Ray's "(RayWorkerWrapper
+	// pid=3, ip=10.0.0.2) ", which Ray may nest before vLLM's own. Searched
+	// anywhere in the line: whatever a log wrapper put before it is not the
+	// engine's.
+	vllmProcRE = regexp.MustCompile(`\(([^\s()]+)(?: rank=(\d+))? pid=\d+(?:, ip=[^)]*)?\) ?`)
 
 	// vLLM's logger header after its level (see findVLLMHeader):
 	// "INFO 12-11 00:06:53 [kv_cache_utils.py:1286] " (newest) or
@@ -116,11 +131,16 @@ var (
 	// SGLang's header: "[2026-03-02 10:15:21.123 DP0 TP1] " with rank
 	// tokens in any order (the order changed across versions). Searched
 	// anywhere in the line, like vLLM's prefix.
-	sglangHeaderRE = regexp.MustCompile(`\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,6})?((?: [A-Za-z_]+\d+)*)\] ?`)
+	// SGLang 0.3 printed the time only ("[16:43:29 TP0] ").
+	sglangHeaderRE = regexp.MustCompile(`\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d{1,6})?((?: [A-Za-z_]+\d+)*)\] ?`)
+	// SGLang 0.2 tagged a worker's lines with its GPU: "[gpu=0] ".
+	sglangGPUHeaderRE = regexp.MustCompile(`\[gpu=(\d+)\] ?`)
 
 	// A data-parallel size on a command line: vLLM's --data-parallel-size
-	// and -dp, SGLang's --data-parallel-size and --dp-size.
-	dpFlagRE = regexp.MustCompile(`(?:^|\s)(?:--data-parallel-size|--dp-size|-dp)(?:=|\s+)(\d+)(?:\s|$)`)
+	// and -dp, SGLang's --data-parallel-size, --dp-size and --dp (argparse
+	// takes an unambiguous prefix of a long option). A shell variable in
+	// its place is read as "unknown".
+	dpFlagRE = regexp.MustCompile(`(?:^|\s)(?:--data-parallel-size|--dp-size|--dp|-dp)(?:=|\s+)(\d+|["']?\$\{?\w+\}?["']?)(?:\s|$)`)
 )
 
 // ParseLine reads one log line of an engine of the given kind ("vllm" or
@@ -147,7 +167,7 @@ func ParseLine(kind, line string) (Event, bool) {
 // (when not nil) with the data-parallel rank of every segment whose prefix
 // names one, event or not: a rank that prints lines but no pool is a rank
 // the pools must account for.
-func scanLine(kind, line string, onEvent func(Event), onRank func(dp int)) {
+func scanLine(kind, line string, onEvent func(Event), onRank func(dp int, dpOnly bool)) {
 	k, ok := normKind(kind)
 	if !ok {
 		return
@@ -157,7 +177,7 @@ func scanLine(kind, line string, onEvent func(Event), onRank func(dp int)) {
 	}
 	rank := func(p proc) {
 		if onRank != nil && p.hasDP && !p.bad {
-			onRank(p.dp)
+			onRank(p.dp, p.dpOnly)
 		}
 	}
 	// vLLM adds its process prefix only at the start of a '\n' line, so a
@@ -191,11 +211,24 @@ func scanLine(kind, line string, onEvent func(Event), onRank func(dp int)) {
 		}
 		rank(segRank)
 	}
+	router := strings.Contains(line, "sglang_router.launch_server")
 	if (strings.Contains(line, "-dp") || strings.Contains(line, "data-parallel-size")) && dpFlagRE.MatchString(line) {
 		m := dpFlagRE.FindStringSubmatch(line)
-		if n, err := strconv.Atoi(m[1]); err == nil && n >= 1 && n <= maxRankValue {
-			onEvent(Event{Kind: EventDPSize, TPRank: -1, DPSize: n})
+		n, err := strconv.Atoi(m[1])
+		switch {
+		case err != nil:
+			n = -1 // a shell variable
+		case n < 1 || n > maxRankValue:
+			return
 		}
+		kind := EventDPSize
+		if router {
+			kind = EventRouter
+		}
+		onEvent(Event{Kind: kind, TPRank: -1, DPSize: n})
+	} else if router {
+		// The router's default is one worker per GPU it finds: unknown here.
+		onEvent(Event{Kind: EventRouter, TPRank: -1, DPSize: -1})
 	}
 }
 
@@ -216,33 +249,47 @@ func normKind(kind string) (string, bool) {
 type proc struct {
 	dp, tp int
 	hasDP  bool // the prefix named a DP rank (EngineCore_DP0, [... DP0])
+	tpSet  bool // the prefix named a TP rank
+	// dpOnly: the naming exists only with data parallelism (EngineCore_<n>,
+	// an SGLang DP tag), unlike vLLM's EngineCore_DP0 of a single engine.
+	dpOnly bool
 	bad    bool // a rank number out of range: skip the line
 }
 
-// splitVLLM finds vLLM's logger header and process prefix in a segment.
-// The prefix is the last "(Name pid=N)" before the header or, in a line
-// without a header (a progress bar, uvicorn), the first one anywhere; its
-// Name gives DPn/TPn (EngineCore_DP1, Worker_DP0_TP1), and a Name without
-// a DP part is rank 0. msg is the text after the header, or after the
-// prefix when there is no header.
+// splitVLLM finds vLLM's logger header and process prefixes in a segment.
+// The prefixes are every "(Name pid=N)" before the header (Ray nests its
+// actor's before vLLM's) or, in a line without a header (a progress bar,
+// uvicorn), the first one anywhere. Their Names give DPn/TPn
+// (EngineCore_DP1, EngineCore_1, Worker_DP0_TP1, VllmWorker rank=1): the
+// last prefix that names a DP rank gives it, and a line none names is rank
+// 0. msg is the text after the header, or after the prefixes when there is
+// no header.
 func splitVLLM(seg string) (p proc, msg string, hasProc, hasHeader bool) {
 	p = proc{tp: -1}
 	hStart, hEnd, hasHeader := findVLLMHeader(seg)
-	var m []int
+	var all [][]int
 	if strings.Contains(seg, " pid=") {
 		if hasHeader {
-			all := vllmProcRE.FindAllStringSubmatchIndex(seg[:hStart], -1)
-			if len(all) > 0 {
-				m = all[len(all)-1]
-			}
-		} else {
-			m = vllmProcRE.FindStringSubmatchIndex(seg)
+			all = vllmProcRE.FindAllStringSubmatchIndex(seg[:hStart], -1)
+		} else if m := vllmProcRE.FindStringSubmatchIndex(seg); m != nil {
+			all = [][]int{m}
 		}
 	}
 	msg = seg
-	if m != nil {
-		for _, part := range strings.Split(seg[m[2]:m[3]], "_") {
-			p.take(part)
+	for _, m := range all {
+		var one proc
+		one.takeVLLMName(seg[m[2]:m[3]])
+		if m[4] >= 0 {
+			one.take("TP" + seg[m[4]:m[5]])
+		}
+		if one.bad {
+			p.bad = true
+		}
+		if one.hasDP {
+			p.dp, p.hasDP, p.dpOnly = one.dp, true, one.dpOnly
+		}
+		if one.tpSet {
+			p.tp, p.tpSet = one.tp, true
 		}
 		msg, hasProc = seg[m[1]:], true
 	}
@@ -250,6 +297,30 @@ func splitVLLM(seg string) (p proc, msg string, hasProc, hasHeader bool) {
 		msg = seg[hEnd:]
 	}
 	return p, msg, hasProc, hasHeader
+}
+
+// takeVLLMName reads a process name: "EngineCore_DP1", "Worker_DP0_TP1",
+// and v0.8.3 to v0.10.1's "EngineCore_1", whose bare number is the DP rank
+// (that naming exists only with data parallelism).
+func (p *proc) takeVLLMName(name string) {
+	parts := strings.Split(name, "_")
+	for i, part := range parts {
+		if i == 1 && parts[0] == "EngineCore" && part != "" && isAllDigits(part) {
+			p.take("DP" + part)
+			p.dpOnly = true
+			continue
+		}
+		p.take(part)
+	}
+}
+
+func isAllDigits(s string) bool {
+	for i := range len(s) {
+		if !isDigit(s[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // vllmLevels are the level names vLLM's logger prints.
@@ -299,7 +370,7 @@ func (p *proc) take(tok string) {
 	if name == "DP" {
 		p.dp, p.hasDP = n, true
 	} else {
-		p.tp = n
+		p.tp, p.tpSet = n, true
 	}
 }
 
@@ -323,7 +394,7 @@ func parseVLLM(msg string, hasHeader bool, p proc) (Event, bool) {
 	if !ok {
 		return Event{}, false
 	}
-	ev.DPRank, ev.TPRank = p.dp, p.tp
+	ev.DPRank, ev.TPRank, ev.DPNamed = p.dp, p.tp, p.dpOnly
 	return ev, true
 }
 
@@ -432,17 +503,24 @@ func cutNumber(s string) (int64, string, bool) {
 func parseSGLang(seg string) (Event, proc, bool) {
 	p := proc{tp: -1}
 	m := sglangHeaderRE.FindStringSubmatchIndex(seg)
-	if m == nil {
+	if m != nil {
+		for _, tok := range strings.Fields(seg[m[2]:m[3]]) {
+			p.take(tok)
+		}
+	} else if m = sglangGPUHeaderRE.FindStringSubmatchIndex(seg); m != nil {
+		// 0.2's GPU tag is the worker's GPU, a TP rank of DP rank 0 as far
+		// as this log can tell.
+		p.take("TP" + seg[m[2]:m[3]])
+	} else {
 		return Event{}, p, false
-	}
-	for _, tok := range strings.Fields(seg[m[2]:m[3]]) {
-		p.take(tok)
 	}
 	if p.bad {
 		return Event{}, p, false
 	}
+	// SGLang adds a DP tag only when dp_size > 1.
+	p.dpOnly = p.hasDP
 	ev, ok := sglangMessage(seg[m[1]:])
-	ev.DPRank, ev.TPRank = p.dp, p.tp
+	ev.DPRank, ev.TPRank, ev.DPNamed = p.dp, p.tp, p.dpOnly
 	return ev, p, ok
 }
 

@@ -46,6 +46,8 @@ type Tracker struct {
 	// pendingDP is a DP size from a command line seen after the current
 	// start-up had pools: it belongs to the next start-up.
 	pendingDP int
+	// prev is the start-up the current one replaced, when it had pools.
+	prev *generation
 }
 
 type generation struct {
@@ -63,6 +65,15 @@ type generation struct {
 	// -1 before one did; cmdlineDP a DP size read from a command line.
 	topRank   int
 	cmdlineDP int
+	// dpNamed: a line named its rank in a way that exists only with data
+	// parallelism; cmdlineDPUnknown: a command line gave the DP size as a
+	// shell variable. Either with no DP size read makes the count unknown.
+	dpNamed, cmdlineDPUnknown bool
+	// router is SGLang router workers announced by a command line (-1: an
+	// unknown number); ports are the distinct SGLang server ports whose
+	// launch args this start-up showed: more than one is several servers.
+	router int
+	ports  []string
 }
 
 func newGeneration(begun bool) *generation {
@@ -96,8 +107,9 @@ func (t *Tracker) Feed(line string) {
 }
 
 // rank records that a line of DP rank dp was seen in this start-up.
-func (t *Tracker) rank(dp int) {
+func (t *Tracker) rank(dp int, dpOnly bool) {
 	t.gen.topRank = max(t.gen.topRank, dp)
+	t.gen.dpNamed = t.gen.dpNamed || dpOnly || dp > 0
 }
 
 // Reset is called when the followed file was truncated or replaced. The
@@ -121,8 +133,19 @@ func (t *Tracker) apply(ev Event) {
 		g.version = ev.Version
 		g.model[1] = ev.Model
 	case EventLaunchArgs:
+		port := ev.Args["port"]
+		if g := t.gen; t.kind == kindSGLang && g.argsSeen && port != "" && len(g.ports) > 0 && !slices.Contains(g.ports, port) && !g.ready {
+			// Another server's launch args (a router's worker, or two
+			// engines writing to one log), not a restart: a restart
+			// serves on the same port.
+			g.ports = append(g.ports, port)
+			return
+		}
 		t.startup(t.gen.argsSeen)
 		g := t.gen
+		if port != "" {
+			g.ports = append(g.ports, port)
+		}
 		g.argsSeen = true
 		g.args, g.argsErr = ev.Args, ev.ArgsErr
 		g.model[0] = ev.Model
@@ -150,8 +173,10 @@ func (t *Tracker) apply(ev Event) {
 		if len(t.gen.pools) > 0 || t.gen.ready {
 			t.pendingDP = ev.DPSize
 		} else {
-			t.gen.cmdlineDP = ev.DPSize
+			t.gen.setCmdlineDP(ev.DPSize)
 		}
+	case EventRouter:
+		t.gen.router = ev.DPSize
 	}
 }
 
@@ -166,8 +191,12 @@ func (t *Tracker) startup(seen bool) {
 // over from a previous file, and otherwise counts the current one as begun.
 func (t *Tracker) begin(fresh bool) {
 	if fresh || t.carried {
+		if len(t.gen.pools) > 0 {
+			t.prev = t.gen
+		}
 		t.gen = newGeneration(true)
-		t.gen.cmdlineDP, t.pendingDP = t.pendingDP, 0
+		t.gen.setCmdlineDP(t.pendingDP)
+		t.pendingDP = 0
 		t.startups++
 		t.carried = false
 		return
@@ -176,6 +205,12 @@ func (t *Tracker) begin(fresh bool) {
 		t.gen.begun = true
 		t.startups++
 	}
+}
+
+// setCmdlineDP records a command line's DP size: n > 0, or -1 for one a
+// shell variable hides; 0 is none.
+func (g *generation) setCmdlineDP(n int) {
+	g.cmdlineDP, g.cmdlineDPUnknown = max(n, 0), n < 0
 }
 
 func (g *generation) addPool(ev Event) {
@@ -217,7 +252,28 @@ var formatPreference = map[string][]string{
 func (t *Tracker) Facts() (Facts, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.factsOf(t.gen)
+}
+
+// previousFacts are the facts of the start-up the current one replaced,
+// when it had pools and the current one has shown no pool, engine core or
+// readiness since: the marker that began it may be a launch-args line
+// pasted after the pools (out of order) rather than a restart. ok is
+// false otherwise.
+func (t *Tracker) previousFacts() (Facts, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	g := t.gen
+	if t.prev == nil || len(g.pools) > 0 || g.ready || g.topRank >= 0 {
+		return Facts{}, false
+	}
+	f, ok := t.factsOf(t.prev)
+	f.Notes = append(f.Notes, "the log's last start-up marker (launch args or version banner) comes after these pools and no pool line follows it: "+
+		"a log pasted out of order, or a restart that has not sized its KV cache yet; these pools are from before it")
+	return f, ok
+}
+
+func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 	f := Facts{
 		Engine:           t.kind,
 		Version:          g.version,
@@ -278,13 +334,117 @@ func (t *Tracker) Facts() (Facts, bool) {
 	if g.droppedRanks > 0 {
 		note("%d pool lines of ranks beyond the first %d were ignored", g.droppedRanks, wire.MaxRanks)
 	}
+	if n := g.servers(); n != 0 {
+		// Several servers in one log: their lines carry TP tags only, so
+		// no pool line can be told to belong to one of them, and merging
+		// them into one rank would hide the uneven pair heft looks for.
+		f.Servers, f.Ranks, f.Format = n, nil, ""
+		f.RankCountUnknown = SeveralServersMessage(n)
+		note("%s", f.RankCountUnknown)
+		return f, false
+	}
 	f.ExpectedRanks, f.ExpectedFrom = g.expectedRanks(t.kind, f.DPSize)
+	if f.DPSize == 0 && g.cmdlineDP == 0 && (g.dpNamed || g.cmdlineDPUnknown) {
+		f.RankCountUnknown = "the log shows data parallelism (" + g.dpEvidence() + ") but not how many ranks there are " +
+			"(no launch args or command line giving the DP size): completeness is unknown"
+	}
+	if t.kind == kindSGLang && g.args["enable_dp_attention"] == "True" {
+		f.Ranks = sharedAttentionPools(f.Ranks, f.ExpectedRanks, note)
+	}
 	f.MissingRanks = missingRanks(f.Ranks, f.ExpectedRanks)
-	f.Complete = len(f.Ranks) > 0 && len(f.MissingRanks) == 0
-	if msg := IncompleteMessage(f); msg != "" {
+	f.Complete = len(f.Ranks) > 0 && len(f.MissingRanks) == 0 && f.RankCountUnknown == ""
+	if f.RankCountUnknown != "" {
+		note("%s", f.RankCountUnknown)
+	} else if msg := IncompleteMessage(f); msg != "" {
 		note("%s", msg)
 	}
+	if mn := multiNode(g.args); mn != "" {
+		f.MultiNode = mn
+		note("multi-node launch (%s): this log holds this node's ranks only; the other nodes' logs hold the rest", mn)
+	}
 	return f, len(f.Ranks) > 0
+}
+
+// servers is how many separate servers this start-up's log shows: SGLang
+// router workers (-1 when the command line hides their number) or several
+// servers' launch args; 0 for one server.
+func (g *generation) servers() int {
+	switch {
+	case len(g.ports) > 1:
+		return max(len(g.ports), g.router)
+	case g.router > 1 || g.router < 0:
+		return g.router
+	}
+	return 0
+}
+
+// SeveralServersMessage explains why a log of several servers gives no pools.
+func SeveralServersMessage(n int) string {
+	count := fmt.Sprintf("%d", n)
+	if n < 0 {
+		count = "several (how many, the log does not say)"
+	}
+	return "this log holds " + count + " separate SGLang servers (router workers, or engines writing to one log): " +
+		"each is a worker of its own, and their lines carry TP tags only, so no pool line can be told to belong to one of them; " +
+		"read each server's own log, or point an agent at each server"
+}
+
+// dpEvidence says what showed data parallelism, for messages.
+func (g *generation) dpEvidence() string {
+	if g.cmdlineDPUnknown {
+		return "a command line whose DP size is a shell variable"
+	}
+	return fmt.Sprintf("lines named for DP rank %d", g.topRank)
+}
+
+// sharedAttentionPools gives every attention-DP rank without a pool line
+// the pool the others printed. With --enable-dp-attention SGLang runs all
+// DP ranks in one torch world and sizes each rank's pool from the free
+// GPU memory all-reduced to the minimum over that world (model_runner.py,
+// get_available_gpu_memory(distributed=True)), so the ranks' pools are
+// equal; only DP0 prints max_total_num_tokens. See
+// docs/reference/sglang-dp-attention.md. Ranks that printed different
+// figures contradict that, and nothing is filled in.
+func sharedAttentionPools(ranks []wire.Rank, expected int, note func(string, ...any)) []wire.Rank {
+	if len(ranks) == 0 || len(ranks) >= expected {
+		return ranks
+	}
+	v := ranks[0].KVTokens
+	for _, r := range ranks {
+		if r.KVTokens != v {
+			note("DP attention: the ranks that printed a pool disagree (%d and %d tokens), so the others are left missing", v, r.KVTokens)
+			return ranks
+		}
+	}
+	have := make(map[int]bool, len(ranks))
+	for _, r := range ranks {
+		have[r.DPRank] = true
+	}
+	var filled []int
+	for dp := range expected {
+		if !have[dp] {
+			ranks = append(ranks, wire.Rank{DPRank: dp, KVTokens: v})
+			filled = append(filled, dp)
+		}
+	}
+	slices.SortFunc(ranks, func(a, b wire.Rank) int { return a.DPRank - b.DPRank })
+	note("DP attention: DP %s printed no pool line; SGLang sizes every attention-DP rank's pool from one minimum over all ranks, so each holds the %d tokens the others printed",
+		health.RankList(filled), v)
+	return ranks
+}
+
+// multiNode describes a multi-node launch from the launch args; "" when
+// they show none.
+func multiNode(args map[string]string) string {
+	var parts []string
+	for _, k := range []string{"nnodes", "node_rank", "data_parallel_size_local", "data_parallel_start_rank", "data_parallel_rank", "headless"} {
+		v, ok := args[k]
+		if !ok || v == "None" || v == "False" || (k == "nnodes" && v == "1") {
+			continue
+		}
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // IncompleteMessage says which ranks of an incomplete set have no pool,

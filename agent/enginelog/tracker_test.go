@@ -1,6 +1,7 @@
 package enginelog
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -48,7 +49,8 @@ func TestTrackerTPRanksDisagree(t *testing.T) {
 	if !slices.Equal(f.Ranks, ranks(0, 30000, 1, 29750)) || f.Format != FormatSGLangAlloc {
 		t.Fatalf("ranks %v format %q", f.Ranks, f.Format)
 	}
-	if len(f.Notes) != 1 || !strings.Contains(f.Notes[0], "DP rank 1") || !strings.Contains(f.Notes[0], "29750 to 29800") {
+	if len(f.Notes) != 2 || !strings.Contains(f.Notes[0], "DP rank 1") || !strings.Contains(f.Notes[0], "29750 to 29800") ||
+		f.RankCountUnknown == "" || f.Complete {
 		t.Errorf("notes = %q", f.Notes)
 	}
 }
@@ -240,5 +242,93 @@ func TestTrackerConcurrent(t *testing.T) {
 		if r.KVTokens < 1000 || r.KVTokens > 1199 {
 			t.Errorf("rank %+v out of range", r)
 		}
+	}
+}
+
+// Each naming vLLM has given a rank's process reads as that rank.
+func TestRankNamings(t *testing.T) {
+	pool := func(prefix string, n int) string { return vll(prefix, fmt.Sprintf("GPU KV cache size: %d tokens", n)) }
+	args := "(APIServer pid=1) INFO 12-11 09:13:58 [utils.py:253] non-default args: {'model': 'm', 'data_parallel_size': 2}"
+	tests := []struct {
+		name  string
+		lines []string
+		want  []wire.Rank
+		known bool
+	}{
+		{"EngineCore_<n> of v0.8.3 to v0.10.1", []string{args, pool("(EngineCore_0 pid=5) ", 9000), pool("(EngineCore_1 pid=6) ", 8000)}, ranks(0, 9000, 1, 8000), true},
+		{"EngineCore_1 alone is rank 1", []string{pool("(EngineCore_1 pid=6) ", 8000)}, ranks(1, 8000), false},
+		{"Ray nests its prefix before vLLM's", []string{args, pool("(EngineCore_DP1 pid=7) (RayWorkerWrapper pid=9, ip=10.0.0.2) ", 7000), pool("(EngineCore_DP0 pid=6) ", 7100)}, ranks(0, 7100, 1, 7000), true},
+		{"VllmWorker rank is a TP rank", []string{args, pool("(EngineCore_0 pid=5) (VllmWorker rank=1 pid=8) ", 9000), pool("(EngineCore_1 pid=6) ", 9000)}, ranks(0, 9000, 1, 9000), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := mustFacts(t, feed(t, "vllm", tc.lines...))
+			if !slices.Equal(f.Ranks, tc.want) || (f.RankCountUnknown == "") != tc.known {
+				t.Fatalf("ranks %v unknown %q", f.Ranks, f.RankCountUnknown)
+			}
+			if !tc.known && f.Complete {
+				t.Fatal("complete without knowing the count")
+			}
+		})
+	}
+}
+
+// With --enable-dp-attention only DP0 prints max_total_num_tokens; SGLang
+// sizes every attention-DP rank's pool from one minimum, so a DP4 log
+// whose other ranks print nothing still reads as four equal ranks.
+func TestDPAttentionSharedPool(t *testing.T) {
+	args := sgl("", "server_args=ServerArgs(model_path='deepseek-ai/DeepSeek-V3', tp_size=4, dp_size=4, enable_dp_attention=True, port=30000)")
+	f := mustFacts(t, feed(t, "sglang", args, sgl(" DP0 TP0", "max_total_num_tokens=161488, chunked_prefill_size=4096")))
+	if !slices.Equal(f.Ranks, ranks(0, 161488, 1, 161488, 2, 161488, 3, 161488)) || !f.Complete {
+		t.Fatalf("%+v", f)
+	}
+	// Without the flag the missing ranks stay missing.
+	f = mustFacts(t, feed(t, "sglang", strings.Replace(args, "enable_dp_attention=True", "enable_dp_attention=False", 1),
+		sgl(" DP0 TP0", "max_total_num_tokens=161488, chunked_prefill_size=4096")))
+	if len(f.Ranks) != 1 || f.Complete || !slices.Equal(f.MissingRanks, []int{1, 2, 3}) {
+		t.Fatalf("%+v", f)
+	}
+	// Ranks that printed different pools contradict the shared sizing.
+	f = mustFacts(t, feed(t, "sglang", args, sgl(" DP0 TP0", "max_total_num_tokens=161488, c=1"), sgl(" DP1 TP1", "max_total_num_tokens=150000, c=1")))
+	if len(f.Ranks) != 2 || f.Complete {
+		t.Fatalf("%+v", f)
+	}
+}
+
+// Router workers and two servers in one log are separate servers: never
+// one rank, and no completeness.
+func TestSeveralServers(t *testing.T) {
+	srv := func(port int) string {
+		return sgl("", fmt.Sprintf("server_args=ServerArgs(model_path='m', tp_size=1, dp_size=1, port=%d)", port))
+	}
+	pool := func(n int) string { return sgl(" TP0", fmt.Sprintf("max_total_num_tokens=%d, c=1", n)) }
+	for name, lines := range map[string][]string{
+		"two ports":     {srv(31000), srv(31001), pool(9000), pool(7000)},
+		"router --dp 2": {"python -m sglang_router.launch_server --model-path m --dp 2", srv(31000), pool(9000), pool(7000)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, err := Read("sglang", strings.NewReader(strings.Join(lines, "\n")))
+			if !errors.Is(err, ErrSeveralServers) || len(f.Ranks) != 0 || f.Servers != 2 || f.Complete {
+				t.Fatalf("err %v facts %+v", err, f)
+			}
+		})
+	}
+	// A restart serves on the same port: the second start-up wins.
+	f := mustFacts(t, feed(t, "sglang", srv(31000), pool(9000), srv(31000), pool(8000)))
+	if f.Restarts != 1 || !slices.Equal(f.Ranks, ranks(0, 8000)) {
+		t.Fatalf("%+v", f)
+	}
+}
+
+// argparse reads "--dp 4" as --dp-size 4; "--dp $N" hides the size.
+func TestDPFlagForms(t *testing.T) {
+	pool := sgl(" DP0", "max_total_num_tokens=9, c=1")
+	f := mustFacts(t, feed(t, "sglang", "python -m sglang.launch_server --model-path m --dp 4", pool))
+	if f.ExpectedRanks != 4 || f.RankCountUnknown != "" {
+		t.Fatalf("%+v", f)
+	}
+	f = mustFacts(t, feed(t, "sglang", "python -m sglang.launch_server --model-path m --dp $DP", pool))
+	if f.RankCountUnknown == "" || f.Complete {
+		t.Fatalf("%+v", f)
 	}
 }

@@ -13,6 +13,9 @@
 //     ident[pid]: text" (short-iso, short-iso-precise, rsyslog's RFC 3339
 //     files) and "[  12.345678] host ident[pid]: text" (short-monotonic).
 //     journalctl -o cat has no wrapper.
+//   - `kubectl logs --timestamps` and `docker logs -t`: "<RFC 3339 time in
+//     UTC, Z> <text>", no stream or P/F tag. A line stamped so whose text is
+//     "host ident[pid]: ..." is journald's short-iso instead.
 //
 // Every line is recognised on its own, so a file that mixes formats (a
 // raw log appended to a CRI one) is read right; the first lines set what
@@ -46,6 +49,9 @@ const (
 	Syslog     = "syslog"     // "Mon DD HH:MM:SS host ident[pid]: " (journalctl -o short, short-precise)
 	SyslogISO  = "syslog-iso" // "2026-03-02T10:15:21+0000 host ident[pid]: " (journalctl -o short-iso)
 	SyslogMono = "syslog-monotonic"
+	// Timestamps: "<RFC 3339 UTC time> <text>", as `kubectl logs
+	// --timestamps` and `docker logs -t` print a container's lines.
+	Timestamps = "timestamps"
 )
 
 // Reasons a line is skipped, as keys of Stats.Skipped.
@@ -180,7 +186,7 @@ func (u *Unwrapper) Line(line string) {
 		u.dockerJSON(line)
 		return
 	case line[0] >= '0' && line[0] <= '9':
-		if u.cri(line) {
+		if u.cri(line) || u.timestamped(line) {
 			return
 		}
 	}
@@ -312,6 +318,24 @@ func (u *Unwrapper) cri(line string) bool {
 	return true
 }
 
+// timestamped reads a `kubectl logs --timestamps` / `docker logs -t`
+// line; false when line is not one. Read before the syslog rules, so an
+// engine's own "INFO:     Application startup complete." is not taken
+// for a syslog identifier "INFO".
+func (u *Unwrapper) timestamped(line string) bool {
+	stamp, text, ok := strings.Cut(line, " ")
+	if !ok || !strings.HasSuffix(stamp, "Z") || !looksRFC3339(stamp) || syslogIdentRE.MatchString(text) {
+		return false
+	}
+	u.seen(Timestamps)
+	if u.before(stamp) {
+		u.skip(SkipBeforeRun, line)
+		return true
+	}
+	u.out(text)
+	return true
+}
+
 // dockerEntry is one line of Docker's json-file log.
 type dockerEntry struct {
 	Log    *string `json:"log"`
@@ -364,6 +388,8 @@ var (
 	syslogRE = regexp.MustCompile(`^[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d(?:\.\d{1,9})? (?:\S+ )??[^\s\[\]:]+(?:\[\d+\])?: `)
 	// journalctl -o short-iso / short-iso-precise, rsyslog's RFC 3339 files.
 	syslogISORE = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d) (?:\S+ )??[^\s\[\]:]+(?:\[\d+\])?: `)
+	// What follows journald's short-iso time: "host ident[pid]: ".
+	syslogIdentRE = regexp.MustCompile(`^(?:\S+ )?[^\s\[\]:]+\[\d+\]: `)
 	// journalctl -o short-monotonic.
 	syslogMonoRE = regexp.MustCompile(`^\[ *\d+\.\d+\] (?:\S+ )??[^\s\[\]:]+(?:\[\d+\])?: `)
 )

@@ -219,3 +219,23 @@ func TestStatsConcurrent(t *testing.T) {
 		t.Fatalf("%+v", st)
 	}
 }
+
+// kubectl logs --timestamps / docker logs -t put only a UTC time before
+// each line; the engine's own "INFO:" must not be taken for a syslog
+// identifier, and journald's short-iso (with ident[pid]) stays syslog.
+func TestTimestampsWrapper(t *testing.T) {
+	var got []string
+	u := logwrap.New(func(s string) { got = append(got, s) }, logwrap.Options{})
+	u.Line("2026-03-02T10:15:21.123456789Z (APIServer pid=1) INFO:     Application startup complete.")
+	u.Line("2026-03-02T10:15:21.2Z INFO:     Application startup complete.")
+	u.Line("2026-03-02T10:15:21.123456+00:00 gpu-a python3[42]: INFO:     Uvicorn running")
+	u.Line("2026-03-02T10:15:22Z gpu-a python3[42]: stamped Z but journald-shaped")
+	want := []string{"(APIServer pid=1) INFO:     Application startup complete.", "INFO:     Application startup complete.",
+		"INFO:     Uvicorn running", "stamped Z but journald-shaped"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %q", got)
+	}
+	if s := u.Stats(); s.ByWrapper[logwrap.Timestamps] != 2 || s.ByWrapper[logwrap.SyslogISO] != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+}

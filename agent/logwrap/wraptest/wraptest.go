@@ -124,3 +124,16 @@ func Journal(lines []string, format string, start time.Time, host, ident string,
 	}
 	return b.String()
 }
+
+// Timestamps writes lines as `kubectl logs --timestamps` and `docker logs
+// -t` print them: "<RFC 3339 time, nanoseconds, UTC> <line>", stamped one
+// millisecond apart from start.
+func Timestamps(lines []string, start time.Time) string {
+	var b strings.Builder
+	t := start.UTC()
+	for _, line := range lines {
+		fmt.Fprintf(&b, "%s %s\n", t.Format("2006-01-02T15:04:05.000000000Z07:00"), line)
+		t = t.Add(time.Millisecond)
+	}
+	return b.String()
+}
