@@ -113,6 +113,16 @@
 //     ExpectedRanks, or data_parallel_size in its launch arguments from an
 //     older agent) and neither its log nor its endpoints gave a pool. A
 //     single-rank engine without pools has nothing to be uneven with.
+//   - A multi-node data-parallel deployment (deployment.go): workers of
+//     one model whose launch arguments name the same data-parallel address
+//     (vLLM data_parallel_address:data_parallel_rpc_port or
+//     master_addr:master_port, SGLang dist_init_addr) with a local size,
+//     start rank, headless flag or node rank are one deployment. Each
+//     node's worker is judged, held and shown on the union of their ranks
+//     (dp_deployment, info, names the nodes and their ranks); ranks no node
+//     has reported, or nodes that disagree on the size or report one rank
+//     twice, are dp_deployment_mismatch (warning), naming the nodes, after
+//     DeploymentGrace saying the node has not reported rather than not yet.
 //   - The log's pools against the engine's own per-rank pools where those
 //     are truthful (Engine.PoolCheck: SGLang's /metrics, /v1/loads,
 //     /server_info; never vLLM's cache_config_info, a sum over ranks):

@@ -26,6 +26,7 @@ type verdict struct {
 // anything shown changed.
 func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 	changed := false
+	ws = f.withDeployments(ws)
 	for _, w := range ws {
 		v := f.evaluate(w, now)
 		if v.tps != w.tps || v.prefillTPS != w.prefill.tps {
@@ -123,7 +124,13 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 	th := f.cfg.Thresholds
 	var fs []health.Finding
-	fs = append(fs, health.Engine(w.eng, w.gpus, th)...)
+	eng, deployment := f.joined(w, now) // a multi-node deployment's ranks are judged as one set
+	w.judged = nil
+	if len(deployment) > 0 {
+		w.judged = &eng
+	}
+	fs = append(fs, health.Engine(eng, w.gpus, th)...)
+	fs = append(fs, deployment...)
 	m := f.newest(w.id)
 	if w.placeholder {
 		m = nil

@@ -290,6 +290,7 @@ type worker struct {
 	node        string
 	eng         wire.Engine
 	gpus        []wire.GPU
+	judged      *wire.Engine // the pools it is judged on, when a multi-node deployment's differ from eng's (deployment.go)
 	firstSeen   time.Time
 	lastSeen    time.Time
 	saved       WorkerRecord

@@ -193,7 +193,7 @@ func (f *Fleet) WeightsOf(model, kind string) (view.Weights, bool, error) {
 	for _, w := range in {
 		_, pinned := pins[w.id]
 		e := view.WeightEntry{ID: w.id, Node: w.node, URL: w.eng.URL, Address: Address(w.eng), Weight: *weightOf(w), Pinned: pinned,
-			MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, weightOf(w)), MaxContextTokens: maxContext(w.eng)}
+			MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, weightOf(w)), MaxContextTokens: maxContext(w.pools())}
 		if m := f.newest(w.id); m != nil {
 			tps, at := m.ThroughputTPS, m.FinishedAt
 			if prefill {
@@ -269,7 +269,7 @@ var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire
 	wire.CodeForeignGPUProcess, wire.CodeProbeIncompleteOutput, wire.CodeProbeFailed,
 	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped,
 	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree, wire.CodeNotRoutable, wire.CodeImplausibleMeasurement,
-	wire.CodeContextExceedsPool, wire.CodePrefillFailed}
+	wire.CodeContextExceedsPool, wire.CodePrefillFailed, wire.CodeDeployment, wire.CodeDeploymentMismatch}
 
 // ProbeReasons lists every reason a probe is requested for.
 var ProbeReasons = []string{wire.ReasonRegistration, wire.ReasonScheduled, wire.ReasonOnDemand}
@@ -306,7 +306,7 @@ func (f *Fleet) Stats() Stats {
 			s.WarningsByCode[c]++
 		}
 		ws := WorkerStats{ID: w.id, Model: w.eng.Model, Node: w.node, State: w.state, Weight: clonePtr(w.weight),
-			Ranks: slices.Clone(w.eng.Ranks), Warnings: make([]WarningStats, len(w.findings)), PoolsWhole: health.Whole(w.eng)}
+			Ranks: slices.Clone(w.pools().Ranks), Warnings: make([]WarningStats, len(w.findings)), PoolsWhole: health.Whole(w.pools())}
 		for i, x := range w.findings {
 			ws.Warnings[i] = WarningStats{Code: x.Code, Severity: x.Severity}
 		}
@@ -355,7 +355,7 @@ func (f *Fleet) view(w *worker) view.Worker {
 	v := view.Worker{
 		ID: w.id, Node: w.node, Model: w.eng.Model, Engine: w.eng.Kind, URL: w.eng.URL, State: w.state,
 		Weight: clonePtr(w.weight), ComputedWeight: clonePtr(w.computed),
-		Ranks: make([]view.Rank, len(w.eng.Ranks)), Warnings: make([]view.Warning, len(w.findings)),
+		Ranks: make([]view.Rank, len(w.pools().Ranks)), Warnings: make([]view.Warning, len(w.findings)),
 		EngineVersion: w.eng.Version, AdminDecision: f.decisions[w.id], LaunchArgs: slices.Clone(w.eng.LaunchArgs),
 		GPUs: append([]wire.GPU{}, w.gpus...), Load: w.eng.Load, History: []view.MeasurementPoint{},
 		AgentConnected: f.connected(w), ProbeStatus: w.probe.status,
@@ -374,22 +374,22 @@ func (f *Fleet) view(w *worker) view.Worker {
 		v.PinnedPrefillWeight = &p
 	}
 	v.PrefillWeight, v.ComputedPrefillWeight = clonePtr(w.prefill.weight), clonePtr(w.prefill.computed)
-	v.MaxContextTokens = maxContext(w.eng)
+	v.MaxContextTokens = maxContext(w.pools())
 	if n := w.eng.MaxModelLen; n > 0 {
 		v.MaxModelLen = &n
 	}
-	for i, r := range w.eng.Ranks {
+	for i, r := range w.pools().Ranks {
 		v.Ranks[i] = view.Rank{DPRank: r.DPRank, KVTokens: r.KVTokens}
 	}
 	for i, x := range w.findings {
 		v.Warnings[i] = view.Warning{Code: x.Code, Severity: x.Severity, Message: x.Message, Since: w.since[x.Code]}
 	}
-	if ratio, ok := health.EnginePoolRatio(w.eng); ok {
+	if ratio, ok := health.EnginePoolRatio(w.pools()); ok {
 		v.PoolRatio = &ratio
 	}
-	if c := w.eng.Complete; c != nil {
-		complete, expected := *c, w.eng.ExpectedRanks
-		v.Complete, v.ExpectedRanks, v.MissingRanks = &complete, &expected, slices.Clone(w.eng.MissingRanks)
+	if p := w.pools(); p.Complete != nil {
+		complete, expected := *p.Complete, p.ExpectedRanks
+		v.Complete, v.ExpectedRanks, v.MissingRanks = &complete, &expected, slices.Clone(p.MissingRanks)
 	}
 	if l := w.eng.LogSource; l != nil {
 		lc := *l
