@@ -3,9 +3,8 @@ package server
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"net/http"
-	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,18 +27,22 @@ import (
 // format=json, or none, is the JSON weight table. With ?kind=prefill every
 // format renders the prefill weights instead, as a heft-sync table with
 // kind = "prefill" applies them, and LiteLLM's deployments carry each
-// worker's max_context_tokens as model_info.max_input_tokens.
-
-// Formats lists the renderings, for the error that names them.
-var formats = []string{"json", "haproxy", "nginx", "litellm"}
+// worker's max_context_tokens as model_info.max_input_tokens. What each
+// format writes, and which options it takes, is gateway/render's: this
+// file asks its registry by name.
 
 // renderWeights answers a ?format= other than json. It reports whether
 // the request was one (false: serve the JSON table).
 func (s *Server) renderWeights(w http.ResponseWriter, r *http.Request, model, kind string) bool {
 	q := r.URL.Query()
-	format := q.Get("format")
-	if format == "" || format == "json" {
+	name := q.Get("format")
+	if name == "" || name == "json" {
 		return false
+	}
+	format, ok := render.Lookup(name)
+	if !ok {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("format %q: want one of %s", name, strings.Join(append([]string{"json"}, render.FormatNames()...), ", ")))
+		return true
 	}
 	var ws []view.Worker
 	for _, wk := range s.fleet.Workers() {
@@ -52,98 +55,32 @@ func (s *Server) renderWeights(w http.ResponseWriter, r *http.Request, model, ki
 		return true
 	}
 	m, problems := target.ForSelection(model, target.Selection{Kind: kind}, ws)
+	m, leftOut := target.Clean(m)
+	out, err := format.Render(m, render.Request{Query: q, ViewerToken: s.tokens().Viewer != ""})
+	switch {
+	case render.IsOptionError(err):
+		writeError(w, http.StatusBadRequest, err.Error())
+		return true
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return true
+	}
 	which := "weights"
 	if kind == view.WeightPrefill {
 		which = "prefill weights"
 	}
+	// Every format takes "#" comments. Problems quote agent strings:
+	// escaped, so none ends its comment line.
 	var head bytes.Buffer
-	fmt.Fprintf(&head, "# heft %s of model %q, rendered %s: %d of %d workers serve.\n",
-		which, model, time.Now().UTC().Format(time.RFC3339), len(m.Serving()), len(m.Backends))
-	for _, p := range problems {
-		fmt.Fprintf(&head, "# %s\n", p)
+	fmt.Fprintf(&head, "# heft %s of model %s, rendered %s: %d of %d workers serve.\n",
+		which, target.Printable(strconv.QuoteToASCII(model)), time.Now().UTC().Format(time.RFC3339), len(m.Serving()), len(m.Backends))
+	for _, p := range append(append(problems, leftOut...), out.Notes...) {
+		fmt.Fprintf(&head, "# %s\n", target.Printable(p))
 	}
-	var body []byte
-	var rounding float64
-	var contentType string
-	switch format {
-	case "haproxy":
-		opt := render.HAProxyOptions{AgentCheck: q.Get("agent_check"), AgentInter: q.Get("agent_inter")}
-		if msg := checkAgentOptions(model, opt); msg != "" {
-			writeError(w, http.StatusBadRequest, msg)
-			return true
-		}
-		body, rounding = render.HAProxy(m, opt)
-		contentType = "text/plain; charset=utf-8"
-		if opt.AgentCheck == "" {
-			head.WriteString("# Server lines for a backend section: weights 1-256, maxconn = max_concurrency, drained workers disabled.\n")
-		} else {
-			head.WriteString("# Server lines for a backend section; each asks the coordinator's agent check at " + opt.AgentCheck + " for its weight and state.\n")
-			if s.tokens().Viewer != "" {
-				head.WriteString("# This coordinator has a viewer token: put it first in each agent-send, \"TOKEN MODEL ADDRESS\\n\".\n")
-			}
-		}
-	case "nginx":
-		upstream := q.Get("upstream")
-		if upstream == "" {
-			upstream = upstreamName(model)
-		}
-		if !isUpstreamName(upstream) {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("upstream %q is not an nginx upstream name (letters, digits, '_', '-', '.')", upstream))
-			return true
-		}
-		body, rounding = render.NginxUpstream(render.Nginx{Upstream: upstream, MaxConns: q.Get("max_conns") == "true"}, m)
-		contentType = "text/plain; charset=utf-8"
-	case "litellm":
-		ds, rnd := render.Deployments(render.LiteLLM{ModelName: q.Get("model_name"), Provider: q.Get("provider")}, m)
-		data, err := render.ModelList(ds)
-		if err != nil {
-			writeError(w, http.StatusInternalServerError, err.Error())
-			return true
-		}
-		body, rounding, contentType = data, rnd, "application/yaml; charset=utf-8"
-	default:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("format %q: want one of %s", format, strings.Join(formats, ", ")))
-		return true
-	}
-	fmt.Fprintf(&head, "# Largest error of a worker's share of traffic after rounding: %.2f%%.\n", 100*rounding)
-	w.Header().Set("Content-Type", contentType)
+	fmt.Fprintf(&head, "# Largest error of a worker's share of traffic after rounding: %.2f%%.\n", 100*out.Rounding)
+	w.Header().Set("Content-Type", format.ContentType)
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(append(head.Bytes(), body...))
+	_, _ = w.Write(append(head.Bytes(), out.Body...))
 	return true
 }
-
-// checkAgentOptions refuses agent-check options HAProxy would not take,
-// and a model name that cannot travel in agent-send; "" when fine.
-func checkAgentOptions(model string, opt render.HAProxyOptions) string {
-	if opt.AgentCheck == "" {
-		if opt.AgentInter != "" {
-			return "agent_inter needs agent_check=HOST:PORT"
-		}
-		return ""
-	}
-	if host, port, err := net.SplitHostPort(opt.AgentCheck); err != nil || host == "" || port == "" || strings.ContainsAny(opt.AgentCheck, " \t\"") {
-		return fmt.Sprintf("agent_check %q is not host:port (the coordinator's agent_check_listen as HAProxy reaches it)", opt.AgentCheck)
-	}
-	if opt.AgentInter != "" && !haproxyTime.MatchString(opt.AgentInter) {
-		return fmt.Sprintf("agent_inter %q is not an HAProxy time such as 2s or 500ms", opt.AgentInter)
-	}
-	if strings.ContainsAny(model, " \t\"\\") {
-		return fmt.Sprintf("model %q holds a space, quote or backslash, which agent-send cannot carry", model)
-	}
-	return ""
-}
-
-var haproxyTime = regexp.MustCompile(`^[0-9]{1,9}(us|ms|s|m|h|d)?$`)
-
-// upstreamName makes an nginx upstream name of a model name.
-func upstreamName(model string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '_' || r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
-			return r
-		}
-		return '_'
-	}, model)
-}
-
-func isUpstreamName(s string) bool { return s != "" && upstreamName(s) == s && len(s) <= 128 }

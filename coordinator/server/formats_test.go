@@ -184,3 +184,51 @@ func TestWeightsPrefillKind(t *testing.T) {
 		t.Errorf("kind=speed: %d %s", status, body)
 	}
 }
+
+// What an agent says reaches the renderings as worker IDs (capacity keys)
+// and addresses. Each of these once became configuration: a server line
+// nginx -t took, a listen section haproxy -c took, LiteLLM's master key.
+// Now each is a comment, escaped, or left out with the reason why.
+func TestWeightsFormatsHostileWorker(t *testing.T) {
+	ts := formatsFleet(t)
+	ts.fleet.update("gpu-a/slow", func(w *view.Worker) {
+		w.ID = "gpu-a/slow\n    server 127.0.0.1:1 weight=100;\nlisten evil\n    bind 127.0.0.1:1\ngeneral_settings:\n  master_key: sk-evil"
+	})
+	ts.fleet.update("gpu-a/held", func(w *view.Worker) {
+		w.ID, w.Address = "gpu-a/held\ngeneral_settings:\n  master_key: sk-evil\nlisten evil2\n    bind 127.0.0.1:2", "unix:80"
+		w.State = view.StateAdmitted
+	})
+	injected := func(body []byte) []string {
+		var out []string
+		for _, l := range strings.Split(string(body), "\n") {
+			l, _, _ = strings.Cut(l, "#") // what the gateway reads of the line
+			for _, bad := range []string{"127.0.0.1:1", "unix", "listen", "general_settings", "master_key"} {
+				if strings.Contains(l, bad) {
+					out = append(out, l)
+				}
+			}
+		}
+		return out
+	}
+	_, body, _ := ts.do(t, "GET", weightsPath+"?format=litellm", "", nil)
+	var top map[string]any
+	if err := yaml.Unmarshal(body, &top); err != nil || len(top) != 1 || top["model_list"] == nil {
+		t.Errorf("litellm: top-level %v (%v):\n%s", top, err, body)
+	}
+	if bad := injected(body); len(bad) > 0 || !strings.Contains(string(body), `left out: address "unix:80"`) {
+		t.Errorf("litellm: injected %q, or the worker at unix:80 not named as left out:\n%s", bad, body)
+	}
+
+	_, body, _ = ts.do(t, "GET", weightsPath+"?format=nginx&upstream=qwen", "", nil)
+	if bad := injected(body); len(bad) > 0 || strings.Count(string(body), "\n    server ") != 2 {
+		t.Errorf("nginx: injected %q, or not the 2 workers:\n%s", bad, body)
+	}
+	gwtest.CheckNginxConfig(t, "    include {{upstream_file}};\n    server { listen {{front}}; location / { proxy_pass http://qwen; } }", string(body))
+
+	_, body, _ = ts.do(t, "GET", weightsPath+"?format=haproxy", "", nil)
+	if bad := injected(body); len(bad) > 0 || strings.Count(string(body), "\n    server ") != 2 {
+		t.Errorf("haproxy: injected %q, or not the 2 workers:\n%s", bad, body)
+	}
+	gwtest.CheckHAProxyConfig(t, "defaults\n    mode http\n    timeout connect 2s\n    timeout client 60s\n    timeout server 60s\n"+
+		"frontend llm\n    bind 127.0.0.1:9\n    default_backend qwen\nbackend qwen\n    balance leastconn\n"+string(body))
+}

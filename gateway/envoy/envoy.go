@@ -163,6 +163,7 @@ func (c *Cluster) Model() string { return c.model }
 
 // Assignment builds the ClusterLoadAssignment of m's serving workers.
 func Assignment(ctx context.Context, name string, m target.Model) (*endpointv3.ClusterLoadAssignment, float64, error) {
+	m, _ = target.Clean(m)
 	serving := m.Serving()
 	fs := make([]float64, len(serving))
 	for i, b := range serving {
@@ -197,8 +198,9 @@ func Assignment(ctx context.Context, name string, m target.Model) (*endpointv3.C
 
 // Apply implements target.Target.
 func (c *Cluster) Apply(ctx context.Context, m target.Model) (target.Result, error) {
+	_, dropped := target.Clean(m)
 	cla, rounding, rerr := Assignment(ctx, c.name, m)
-	res := target.Result{RoundingError: rounding}
+	res := target.Result{RoundingError: rounding, Dropped: dropped}
 	for _, l := range cla.Endpoints {
 		res.Serving += len(l.LbEndpoints)
 	}

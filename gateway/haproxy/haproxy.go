@@ -151,6 +151,7 @@ func (h *HAProxy) read(ctx context.Context) ([]server, error) {
 func (h *HAProxy) Apply(ctx context.Context, m target.Model) (target.Result, error) {
 	var res target.Result
 	var errs []error
+	m, res.Dropped = target.Clean(m) // never a command with an address no gateway may be given
 	ws := make([]want, 0, len(m.Backends))
 	for _, b := range m.Backends {
 		a, err := target.Resolve(ctx, b.Address)

@@ -20,6 +20,7 @@ import (
 	"heft/gateway/filewrite"
 	"heft/gateway/render"
 	"heft/gateway/target"
+	"heft/shared/wire"
 )
 
 // MaxWeight is the largest weight heft-sync writes (render.NginxMaxWeight).
@@ -49,6 +50,10 @@ type Nginx struct {
 
 	mu            sync.Mutex
 	reloadPending bool // the file changed but the reload failed
+	// refused holds the workers whose line the check refused, by address,
+	// with when; they are left out until refuseFor has passed.
+	refused map[string]refusal
+	now     func() time.Time
 }
 
 // New checks cfg.
@@ -62,12 +67,12 @@ func New(cfg Config, logger hclog.Logger) (*Nginx, error) {
 	} else if st, err := os.Stat(filepath.Dir(cfg.File)); err != nil || !st.IsDir() {
 		errs = append(errs, fmt.Errorf("file %q: its folder does not exist", cfg.File))
 	}
-	if !isWord(cfg.Upstream) {
+	if !render.IsUpstreamName(cfg.Upstream) {
 		errs = append(errs, fmt.Errorf("upstream %q is not an nginx upstream name", cfg.Upstream))
 	}
 	for _, d := range cfg.Directives {
-		if strings.TrimSpace(d) == "" || strings.ContainsAny(d, "{};\n\r#") {
-			errs = append(errs, fmt.Errorf("directive %q: one directive without ';', braces or comments", d))
+		if !render.IsDirective(d) {
+			errs = append(errs, fmt.Errorf("directive %q: one directive without ';', braces, quotes or comments", d))
 		}
 	}
 	if cfg.Check == nil {
@@ -82,19 +87,8 @@ func New(cfg Config, logger hclog.Logger) (*Nginx, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("nginx upstream %q: %w", cfg.Upstream, err)
 	}
-	return &Nginx{cfg: cfg, log: logger.Named("nginx").With("upstream", cfg.Upstream)}, nil
-}
-
-func isWord(s string) bool {
-	if s == "" {
-		return false
-	}
-	for _, r := range s {
-		if !(r == '_' || r == '-' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
-			return false
-		}
-	}
-	return true
+	return &Nginx{cfg: cfg, log: logger.Named("nginx").With("upstream", cfg.Upstream),
+		refused: map[string]refusal{}, now: time.Now}, nil
 }
 
 // Name implements target.Target.
@@ -104,39 +98,74 @@ func (n *Nginx) Name() string { return "nginx:" + n.cfg.Upstream }
 func (n *Nginx) Model() string { return n.cfg.Model }
 
 // Render returns the file's content for m, and the rounding error.
-func Render(cfg Config, m target.Model) ([]byte, float64) {
+func Render(cfg Config, m target.Model) ([]byte, float64, error) {
 	return render.NginxUpstream(render.Nginx{Upstream: cfg.Upstream, Directives: cfg.Directives, MaxConns: cfg.MaxConns}, m)
 }
 
-// Apply implements target.Target.
+// Apply implements target.Target. A worker the file cannot hold
+// (target.Clean), or whose line the check refuses, is left out and
+// reported in Result.Dropped; the others are applied.
 func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var res target.Result
-	if len(m.Backends) == 0 {
-		return res, target.Failf(target.ReasonNoServers, "model %q has no worker: an nginx upstream needs a server, so %s is kept", m.Name, n.cfg.File)
-	}
-	data, rounding := Render(n.cfg, m)
-	res.RoundingError, res.Serving = rounding, len(m.Serving())
+	m, res.Dropped = target.Clean(m)
+	m, res.Dropped = n.leaveOutRefused(m, res.Dropped)
 	old, err := filewrite.Read(n.cfg.File)
 	if err != nil {
 		return res, target.Fail(target.ReasonWrite, err)
 	}
-	if bytes.Equal(old, data) && !n.reloadPending {
-		return res, nil
-	}
-	if !bytes.Equal(old, data) {
+	var data []byte
+	written := false
+	for {
+		if len(m.Backends) == 0 {
+			if written {
+				if rerr := n.restore(old); rerr != nil {
+					return res, target.Failf(target.ReasonWrite, "putting back the last good %s failed: %v", n.cfg.File, rerr)
+				}
+			}
+			return res, target.Failf(target.ReasonNoServers, "model %q has no worker nginx takes: an nginx upstream needs a server, so %s is kept", m.Name, n.cfg.File)
+		}
+		var rounding float64
+		data, rounding, err = Render(n.cfg, m)
+		if err != nil {
+			return res, target.Fail(target.ReasonOther, err)
+		}
+		res.RoundingError, res.Serving = rounding, len(m.Serving())
+		if bytes.Equal(old, data) {
+			break
+		}
 		if err := filewrite.Atomic(n.cfg.File, data, 0o644); err != nil {
 			return res, target.Fail(target.ReasonWrite, err)
 		}
-		if err := filewrite.Run(ctx, n.cfg.Check, n.cfg.Timeout); err != nil {
+		written = true
+		cerr := filewrite.Run(ctx, n.cfg.Check, n.cfg.Timeout)
+		if cerr == nil {
+			break
+		}
+		// A worker's own line refused (a host name that does not resolve):
+		// leave that worker out and check the rest, rather than keep every
+		// weight of the upstream frozen for one worker.
+		bad, ok := refusedBackend(cerr.Error(), n.cfg.File, data, m)
+		if ctx.Err() != nil || !ok {
 			if rerr := n.restore(old); rerr != nil {
-				return res, errors.Join(target.Failf(target.ReasonCheck, "the new %s failed the check: %v", n.cfg.File, err),
+				return res, errors.Join(target.Failf(target.ReasonCheck, "the new %s failed the check: %v", n.cfg.File, cerr),
 					target.Failf(target.ReasonWrite, "and putting back the last good file failed: %v", rerr))
 			}
-			return res, target.Failf(target.ReasonCheck, "the new %s failed the check, so the last good file is back and nginx was not reloaded: %v", n.cfg.File, err)
+			return res, target.Failf(target.ReasonCheck, "the new %s failed the check, so the last good file is back and nginx was not reloaded: %v", n.cfg.File, cerr)
 		}
+		why := cerr.Error()
+		if i := strings.Index(why, "[emerg]"); i >= 0 {
+			why = why[i:] // nginx's own words, without the command line
+		}
+		n.refused[bad.Address] = refusal{at: n.now(), why: wire.Clip(why, 300)}
+		res.Dropped = append(res.Dropped, fmt.Sprintf("worker %s left out: the check refused its line (%s)", target.Printable(bad.WorkerID), n.refused[bad.Address].why))
+		m = without(m, bad.Address)
+	}
+	if !bytes.Equal(old, data) {
 		res.Changes = append(res.Changes, "wrote "+n.cfg.File)
+	} else if !n.reloadPending {
+		return res, nil
 	}
 	if err := filewrite.Run(ctx, n.cfg.Reload, n.cfg.Timeout); err != nil {
 		n.reloadPending = true

@@ -233,7 +233,7 @@ func TestRenderMaxConns(t *testing.T) {
 	w := gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1)
 	mc := 32
 	w.MaxConcurrency = &mc
-	data, _ := nginx.Render(nginx.Config{Upstream: "qwen", MaxConns: true}, desired(w))
+	data, _, _ := nginx.Render(nginx.Config{Upstream: "qwen", MaxConns: true}, desired(w))
 	if !strings.Contains(string(data), "server 10.0.0.1:8000 weight=1 max_conns=32;") {
 		t.Fatalf("%s", data)
 	}

@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -61,7 +63,21 @@ type HAProxyOptions struct {
 // follow as "disabled" (maintenance: no traffic until the next rendering,
 // or the agent check, says otherwise). Each line ends with a comment
 // naming the worker.
-func HAProxy(m target.Model, opt HAProxyOptions) ([]byte, float64) {
+//
+// A worker whose address or weight cannot be written (target.Clean) is
+// left out; an agent check whose address, interval or model name HAProxy
+// would not read as one word is refused with an error.
+func HAProxy(m target.Model, opt HAProxyOptions) ([]byte, float64, error) {
+	m, _ = target.Clean(m)
+	agent := ""
+	if opt.AgentCheck != "" {
+		if err := checkAgentCheck(m.Name, opt); err != nil {
+			return nil, 0, err
+		}
+		host, port, _ := net.SplitHostPort(opt.AgentCheck)
+		inter := cmp.Or(opt.AgentInter, "2s")
+		agent = fmt.Sprintf(" agent-check agent-addr %s agent-port %s agent-inter %s", host, port, inter)
+	}
 	weights, rounding := intWeights(m, HAProxyMaxWeight)
 	bs := slices.Clone(m.Backends)
 	slices.SortStableFunc(bs, func(a, b target.Backend) int {
@@ -73,11 +89,6 @@ func HAProxy(m target.Model, opt HAProxyOptions) ([]byte, float64) {
 		}
 		return cmp.Or(cmp.Compare(b.Weight, a.Weight), cmp.Compare(a.Address, b.Address))
 	})
-	agent := ""
-	if host, port, err := net.SplitHostPort(opt.AgentCheck); err == nil {
-		inter := cmp.Or(opt.AgentInter, "2s")
-		agent = fmt.Sprintf(" agent-check agent-addr %s agent-port %s agent-inter %s", host, port, inter)
-	}
 	var buf bytes.Buffer
 	for _, b := range bs {
 		line := fmt.Sprintf("    server %s %s", HAProxyServerName(b.Address), b.Address)
@@ -102,9 +113,43 @@ func HAProxy(m target.Model, opt HAProxyOptions) ([]byte, float64) {
 		if agent != "" {
 			line += agent + fmt.Sprintf(` agent-send "%s %s\n"`, m.Name, b.Address)
 		}
-		fmt.Fprintf(&buf, "%s  # %s, %s\n", line, describe(b), b.WorkerID)
+		fmt.Fprintf(&buf, "%s  # %s, %s\n", line, describe(b), target.Printable(b.WorkerID))
 	}
-	return buf.Bytes(), rounding
+	return buf.Bytes(), rounding, nil
+}
+
+// checkAgentCheck refuses agent-check options HAProxy would not read as
+// one word each, and a model name that cannot travel in agent-send's
+// quoted "MODEL ADDRESS\n".
+func checkAgentCheck(model string, opt HAProxyOptions) error {
+	if err := target.CheckAddress(opt.AgentCheck); err != nil {
+		return fmt.Errorf("agent_check %s is not host:port (the coordinator's agent_check_listen as HAProxy reaches it): %w", strconv.QuoteToASCII(opt.AgentCheck), err)
+	}
+	if opt.AgentInter != "" && !haproxyTime.MatchString(opt.AgentInter) {
+		return fmt.Errorf("agent_inter %q is not an HAProxy time such as 2s or 500ms", opt.AgentInter)
+	}
+	if !AgentSendable(model) {
+		return fmt.Errorf("model %s holds a character agent-send cannot carry (a space, quote, backslash, '#' or one outside printable ASCII)", strconv.QuoteToASCII(model))
+	}
+	return nil
+}
+
+var haproxyTime = regexp.MustCompile(`^[0-9]{1,9}(us|ms|s|m|h|d)?$`)
+
+// AgentSendable reports whether a model name can be written inside
+// agent-send's double quotes as it is: 1–256 bytes of printable ASCII
+// without a space, '"', '\\', '#' or '$' (HAProxy expands "$VAR" there).
+func AgentSendable(model string) bool {
+	if model == "" || len(model) > 256 {
+		return false
+	}
+	for i := 0; i < len(model); i++ {
+		c := model[i]
+		if c <= ' ' || c > '~' || strings.IndexByte(`"\#$'`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // HAProxyServerName is a server name for an address: "heft-" and the
@@ -124,9 +169,9 @@ func HAProxyServerName(addr string) string {
 
 func describe(b target.Backend) string {
 	if b.Serving {
-		return fmt.Sprintf("%s, weight %.3g", b.State, b.Weight)
+		return fmt.Sprintf("%s, weight %.3g", target.Printable(b.State), b.Weight)
 	}
-	return b.State
+	return target.Printable(b.State)
 }
 
 // Nginx describes an upstream block.
@@ -142,11 +187,23 @@ type Nginx struct {
 
 // NginxUpstream returns a whole file holding m's upstream block, and the
 // rounding error: serving workers with "weight=" in 1–100, the others
-// "down", each line with a comment naming its state and worker.
-func NginxUpstream(cfg Nginx, m target.Model) ([]byte, float64) {
+// "down", each line with a comment naming its state and worker. A worker
+// whose address or weight cannot be written (target.Clean) is left out;
+// an upstream name or directive that is not one nginx word or statement
+// is refused with an error.
+func NginxUpstream(cfg Nginx, m target.Model) ([]byte, float64, error) {
+	if !IsUpstreamName(cfg.Upstream) {
+		return nil, 0, fmt.Errorf("upstream %s is not an nginx upstream name (1-128 letters, digits, '_', '-', '.')", strconv.QuoteToASCII(cfg.Upstream))
+	}
+	for _, d := range cfg.Directives {
+		if !IsDirective(d) {
+			return nil, 0, fmt.Errorf("directive %s: want one directive of printable ASCII without ';', braces, quotes or comments", strconv.QuoteToASCII(d))
+		}
+	}
+	m, _ = target.Clean(m)
 	weights, rounding := intWeights(m, NginxMaxWeight)
 	var buf bytes.Buffer
-	fmt.Fprintf(&buf, "# Written by heft for model %q; it is rewritten from heft's weights, so change the settings that render it instead.\n", m.Name)
+	fmt.Fprintf(&buf, "# Written by heft for model %s; it is rewritten from heft's weights, so change the settings that render it instead.\n", target.Printable(strconv.QuoteToASCII(m.Name)))
 	fmt.Fprintf(&buf, "upstream %s {\n", cfg.Upstream)
 	for _, d := range cfg.Directives {
 		fmt.Fprintf(&buf, "    %s;\n", strings.TrimSpace(d))
@@ -162,10 +219,41 @@ func NginxUpstream(cfg Nginx, m target.Model) ([]byte, float64) {
 		} else {
 			line += " down;"
 		}
-		fmt.Fprintf(&buf, "%-48s # %s, %s\n", line, b.State, b.WorkerID)
+		fmt.Fprintf(&buf, "%-48s # %s, %s\n", line, target.Printable(b.State), target.Printable(b.WorkerID))
 	}
 	buf.WriteString("}\n")
-	return buf.Bytes(), rounding
+	return buf.Bytes(), rounding, nil
+}
+
+// IsUpstreamName reports whether s is an nginx upstream name heft writes:
+// 1–128 letters, digits, '_', '-' and '.'.
+func IsUpstreamName(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c == '_' || c == '-' || c == '.' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// IsDirective reports whether d is one nginx directive heft may write
+// inside an upstream block: printable ASCII, no ';', braces, quotes,
+// backslash or '#' (each could end it or open a block), not blank.
+func IsDirective(d string) bool {
+	if strings.TrimSpace(d) == "" || len(d) > 1024 {
+		return false
+	}
+	for i := 0; i < len(d); i++ {
+		c := d[i]
+		if c < ' ' || c > '~' || strings.IndexByte(";{}#\"'\\", c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // LiteLLM describes the deployments of one model in a model_list.
@@ -217,6 +305,7 @@ func Deployments(cfg LiteLLM, m target.Model) ([]Deployment, float64) {
 	if cfg.Provider == "" {
 		cfg.Provider = "hosted_vllm"
 	}
+	m, _ = target.Clean(m)
 	var out []Deployment
 	var want []float64
 	var got []int

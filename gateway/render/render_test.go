@@ -37,7 +37,10 @@ func TestHAProxyParses(t *testing.T) {
 	tls := gwtest.Worker(model, "10.0.0.6:8443", view.StateAdmitted, 1)
 	tls.URL = "https://10.0.0.6:8443"
 	v6 := gwtest.Worker(model, "[fd00::7]:8000", view.StateAdmitted, 1)
-	lines, rounding := render.HAProxy(fleet(tls, v6), render.HAProxyOptions{})
+	lines, rounding, err := render.HAProxy(fleet(tls, v6), render.HAProxyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	text := string(lines)
 	for _, want := range []string{
 		"    server heft-10.0.0.1-8000 10.0.0.1:8000 weight 137 maxconn 22  # admitted, weight 1.37, w-10.0.0.1:8000\n",
@@ -74,7 +77,10 @@ backend qwen
 }
 
 func TestNginxParses(t *testing.T) {
-	file, rounding := render.NginxUpstream(render.Nginx{Upstream: "qwen", Directives: []string{"least_conn", "keepalive 32"}}, fleet())
+	file, rounding, err := render.NginxUpstream(render.Nginx{Upstream: "qwen", Directives: []string{"least_conn", "keepalive 32"}}, fleet())
+	if err != nil {
+		t.Fatal(err)
+	}
 	text := string(file)
 	for _, want := range []string{"upstream qwen {\n", "    least_conn;\n", "    keepalive 32;\n",
 		"    server 10.0.0.1:8000 weight=87;", "    server 10.0.0.2:8000 weight=40;",
@@ -91,7 +97,7 @@ func TestNginxParses(t *testing.T) {
 	}
 	gwtest.CheckNginxConfig(t, "    include {{upstream_file}};\n    server { listen {{front}}; location / { proxy_pass http://qwen; } }", text)
 
-	capped, _ := render.NginxUpstream(render.Nginx{Upstream: "qwen", MaxConns: true}, fleet())
+	capped, _, _ := render.NginxUpstream(render.Nginx{Upstream: "qwen", MaxConns: true}, fleet())
 	if !strings.Contains(string(capped), "server 10.0.0.1:8000 weight=87 max_conns=22;") {
 		t.Errorf("max_conns asked for:\n%s", capped)
 	}

@@ -25,6 +25,8 @@ type Metrics struct {
 	serving     *prometheus.GaugeVec
 	workers     *prometheus.GaugeVec
 	setAside    *prometheus.GaugeVec
+	dropped     *prometheus.GaugeVec
+	drops       *prometheus.CounterVec
 	healthy     *prometheus.GaugeVec
 	kept        *prometheus.GaugeVec
 
@@ -66,6 +68,14 @@ func NewMetrics(targets []string) *Metrics {
 			Name: "heft_sync_workers_set_aside",
 			Help: "Workers of the target's model the gateway cannot use as the coordinator gives them: left out (an address that cannot be read) or drained (admitted with a weight that is not above zero).",
 		}, []string{"target"}),
+		dropped: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "heft_sync_workers_dropped",
+			Help: "Workers the last apply left out of the gateway because it could not take them (an address no gateway may be given, an entry its config check refused), while the others were applied.",
+		}, []string{"target"}),
+		drops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "heft_sync_worker_drops_total",
+			Help: "Times a worker was left out of the gateway because it could not take it, counted when a worker starts being left out.",
+		}, []string{"target"}),
 		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "heft_sync_target_healthy", Help: "1 when the target's last apply or check succeeded, else 0.",
 		}, []string{"target"}),
@@ -97,6 +107,8 @@ func NewMetrics(targets []string) *Metrics {
 		m.setAside.WithLabelValues(t)
 		m.kept.WithLabelValues(t, KeptUnlisted)
 		m.kept.WithLabelValues(t, KeptFloor)
+		m.dropped.WithLabelValues(t)
+		m.drops.WithLabelValues(t)
 	}
 	for _, r := range coord.Reasons {
 		m.coordErrors.WithLabelValues(r)
@@ -104,7 +116,7 @@ func NewMetrics(targets []string) *Metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.applies, m.failures, m.drift, m.lastSuccess, m.rounding, m.serving, m.workers, m.setAside, m.healthy, m.kept,
+		m.applies, m.failures, m.drift, m.lastSuccess, m.rounding, m.serving, m.workers, m.setAside, m.dropped, m.drops, m.healthy, m.kept,
 		m.coordConnected, m.coordErrors, m.coordSnapshots, m.coordLast,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "heft_sync_build_info", Help: "heft-sync's version, as a label.",

@@ -161,7 +161,8 @@ type runner struct {
 	s   *Syncer
 	log hclog.Logger
 
-	wake chan struct{}
+	wake    chan struct{}
+	dropped map[string]bool // the workers the last apply left out (run's goroutine only)
 
 	mu          sync.Mutex
 	pending     *target.Model // the newest desired state, not yet taken
@@ -280,6 +281,7 @@ func (r *runner) apply(ctx context.Context, m target.Model, resync bool) {
 	mt := r.s.m
 	mt.rounding.WithLabelValues(name).Set(res.RoundingError)
 	mt.serving.WithLabelValues(name).Set(float64(res.Serving))
+	r.noteDropped(res.Dropped)
 	if len(res.Changes) > 0 {
 		if resync {
 			mt.drift.WithLabelValues(name).Inc()
@@ -312,6 +314,25 @@ func (r *runner) apply(ctx context.Context, m target.Model, resync bool) {
 	}
 	r.healthy, r.applied, r.lastErr, r.lastSuccess = true, true, "", now
 	r.mu.Unlock()
+}
+
+// noteDropped counts and logs the workers an apply left out: each once
+// when it starts being left out, the gauge always.
+func (r *runner) noteDropped(dropped []string) {
+	mt, name := r.s.m, r.t.Name()
+	mt.dropped.WithLabelValues(name).Set(float64(len(dropped)))
+	now := make(map[string]bool, len(dropped))
+	for _, d := range dropped {
+		// The line's "worker ID left out:" prefix names the worker; the
+		// rest (how long ago, why) changes from apply to apply.
+		key, _, _ := strings.Cut(d, " left out:")
+		now[key] = true
+		if !r.dropped[key] {
+			mt.drops.WithLabelValues(name).Inc()
+			r.log.Warn("a worker is left out of the gateway, which could not take it; the others are applied", "worker", d)
+		}
+	}
+	r.dropped = now
 }
 
 // fail counts and logs a failure; the same error again is logged at debug

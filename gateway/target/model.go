@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -85,7 +86,7 @@ func ForSelection(model string, sel Selection, ws []view.Worker) (Model, []strin
 		}
 		addr, scheme, err := Address(w)
 		if err != nil {
-			problems = append(problems, fmt.Sprintf("worker %s left out: %v", w.ID, err))
+			problems = append(problems, fmt.Sprintf("worker %s left out: %v", Printable(w.ID), err))
 			continue
 		}
 		b := Backend{Address: addr, Scheme: scheme, WorkerID: w.ID, Node: w.Node, State: w.State}
@@ -100,14 +101,14 @@ func ForSelection(model string, sel Selection, ws []view.Worker) (Model, []strin
 		case !view.Serving(w.State):
 		case b.MaxContextTokens < sel.MinContextTokens:
 			// Not known to hold this backend's conversations: drained.
-		case weight != nil && *weight > 0:
+		case weight != nil && *weight > 0 && !math.IsInf(*weight, 0):
 			b.Serving, b.Weight = true, *weight
 		case weight == nil && sel.Kind == view.WeightPrefill:
 			// No valid prefill measurement yet: drained until it has one.
 		case weight == nil:
-			problems = append(problems, fmt.Sprintf("worker %s is %s without a weight: drained", w.ID, w.State))
+			problems = append(problems, fmt.Sprintf("worker %s is %s without a weight: drained", Printable(w.ID), Printable(w.State)))
 		default:
-			problems = append(problems, fmt.Sprintf("worker %s is %s with %s %g: drained", w.ID, w.State, which, *weight))
+			problems = append(problems, fmt.Sprintf("worker %s is %s with %s %g: drained", Printable(w.ID), Printable(w.State), which, *weight))
 		}
 		if w.MaxConcurrency != nil {
 			b.MaxConcurrency = *w.MaxConcurrency
@@ -149,11 +150,10 @@ func Address(w view.Worker) (addr, scheme string, err error) {
 		scheme = "https"
 	}
 	if w.Address != "" {
-		host, port, err := net.SplitHostPort(w.Address)
-		if err != nil || host == "" || port == "" {
-			return "", "", fmt.Errorf("address %q is not host:port", w.Address)
+		if err := CheckAddress(w.Address); err != nil {
+			return "", "", err
 		}
-		return net.JoinHostPort(host, port), scheme, nil
+		return w.Address, scheme, nil
 	}
 	u, err := url.Parse(w.URL)
 	if err != nil || u.Host == "" {
@@ -170,7 +170,11 @@ func Address(w view.Worker) (addr, scheme string, err error) {
 			return "", "", fmt.Errorf("url %q has no port", w.URL)
 		}
 	}
-	return net.JoinHostPort(host, port), scheme, nil
+	addr = net.JoinHostPort(host, port)
+	if err := CheckAddress(addr); err != nil {
+		return "", "", err
+	}
+	return addr, scheme, nil
 }
 
 // Resolve turns host:port into an IP address and port, preferring IPv4,
@@ -186,6 +190,9 @@ func Resolve(ctx context.Context, addr string) (netip.AddrPort, error) {
 		return netip.AddrPort{}, err
 	}
 	if ip, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		if err := checkIP(ip); err != nil {
+			return netip.AddrPort{}, err
+		}
 		return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
 	}
 	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
@@ -201,6 +208,9 @@ func Resolve(ctx context.Context, addr string) (netip.AddrPort, error) {
 			best = ip
 			break
 		}
+	}
+	if err := checkIP(best); err != nil {
+		return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", host, err)
 	}
 	return netip.AddrPortFrom(best.Unmap(), uint16(p)), nil
 }

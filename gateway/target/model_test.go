@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,6 +110,14 @@ func TestAddress(t *testing.T) {
 		{url: "http://127.0.0.1:8000", address: "10.0.0.5", bad: true},
 		{url: "not a url", bad: true},
 		{url: "unix:///run/x.sock", bad: true},
+		// What an agent may advertise that became gateway configuration:
+		// nginx read "server unix:80" as a unix socket.
+		{url: "http://unix:80", bad: true},
+		{url: "http://10.0.0.5:8000", address: "unix:80", bad: true},
+		{url: "http://10.0.0.5:8000", address: "evil\nserver x:80", bad: true},
+		{url: "http://10.0.0.5:8000", address: "[::1]:x", bad: true},
+		{url: "http://10.0.0.5:8000", address: "0.0.0.0:8000", bad: true},
+		{url: "http://10.0.0.5:8000", address: "a;b:80", bad: true},
 	}
 	for _, c := range cases {
 		t.Run(c.url+" "+c.address, func(t *testing.T) {
@@ -142,6 +152,50 @@ func TestResolve(t *testing.T) {
 	}
 	if _, err := Resolve(ctx, "no-such-host.invalid:80"); err == nil {
 		t.Fatal("an unknown host resolved")
+	}
+	for _, addr := range []string{"0.0.0.0:80", "[::]:80", "224.0.0.1:80", "[fe80::1%lo]:80"} {
+		if a, err := Resolve(ctx, addr); err == nil {
+			t.Errorf("Resolve(%q) = %v, want an error", addr, a)
+		}
+	}
+}
+
+// A weight that is not a finite number drains the worker, as one not
+// above zero does.
+func TestForModelInfiniteWeight(t *testing.T) {
+	m, problems := ForModel(model, []coord.Worker{worker("a", "http://10.0.0.1:8000", view.StateAdmitted, f(math.Inf(1)))})
+	if len(m.Backends) != 1 || m.Backends[0].Serving || len(problems) != 1 {
+		t.Fatalf("%+v %v", m, problems)
+	}
+}
+
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"gpu-a/vllm-0": "gpu-a/vllm-0",
+		"k\nlisten x":  `"k\nlisten x"`,
+		"k\u2028x":     `"k\u2028x"`,
+		"\xff":         `"\xff"`,
+	} {
+		if got := Printable(in); got != want {
+			t.Errorf("Printable(%q) = %s, want %s", in, got, want)
+		}
+	}
+	if got := Printable(strings.Repeat("k", 1000)); len(got) != 200 {
+		t.Errorf("Printable of 1000 bytes is %d long", len(got))
+	}
+}
+
+func TestClean(t *testing.T) {
+	m := Model{Name: model, Backends: []Backend{
+		{Address: "10.0.0.1:80", Scheme: "http", WorkerID: "a", Serving: true, Weight: 1, MaxConcurrency: -3},
+		{Address: "10.0.0.1:80", Scheme: "http", WorkerID: "dup"},
+		{Address: "unix:80", Scheme: "http", WorkerID: "k\nx"},
+		{Address: "10.0.0.2:80", Scheme: "gopher", WorkerID: "s"},
+		{Address: "10.0.0.3:80", Scheme: "https", WorkerID: "nan", Serving: true, Weight: math.NaN()},
+	}}
+	clean, leftOut := Clean(m)
+	if len(clean.Backends) != 1 || clean.Backends[0].MaxConcurrency != 0 || len(leftOut) != 4 || !strings.Contains(leftOut[1], `"k\nx"`) {
+		t.Fatalf("%+v %q", clean, leftOut)
 	}
 }
 

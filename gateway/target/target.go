@@ -96,6 +96,10 @@ type Result struct {
 	RoundingError float64
 	// Serving is how many workers the gateway now sends new requests to.
 	Serving int
+	// Dropped lists, one line each, the workers left out of the gateway
+	// because it could not take them (an address no gateway may be given,
+	// an entry its config check refused), while the others were applied.
+	Dropped []string
 }
 
 // Failure reasons, the label of heft_sync_apply_failures_total.

@@ -1,0 +1,83 @@
+package nginx
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"heft/gateway/target"
+)
+
+// refuseFor is how long a worker whose line the check refused stays left
+// out before it is tried again (its name may resolve by then). Meanwhile
+// every apply writes and checks only the rest, so the refused worker costs
+// one failed check per refuseFor rather than one per sync.
+const refuseFor = time.Minute
+
+type refusal struct {
+	at  time.Time
+	why string
+}
+
+// leaveOutRefused drops from m the workers whose line was refused less
+// than refuseFor ago, adding each to dropped.
+func (n *Nginx) leaveOutRefused(m target.Model, dropped []string) (target.Model, []string) {
+	now := n.now()
+	for addr, r := range n.refused {
+		if now.Sub(r.at) >= refuseFor {
+			delete(n.refused, addr)
+		}
+	}
+	out := target.Model{Name: m.Name}
+	for _, b := range m.Backends {
+		if r, ok := n.refused[b.Address]; ok {
+			dropped = append(dropped, fmt.Sprintf("worker %s left out: the check refused its line %s ago (%s); tried again after %s",
+				target.Printable(b.WorkerID), now.Sub(r.at).Round(time.Second), r.why, refuseFor))
+			continue
+		}
+		out.Backends = append(out.Backends, b)
+	}
+	return out, dropped
+}
+
+// refusedBackend finds the worker whose line of data the check's message
+// names: nginx says "... in FILE:LINE", and for a name that does not
+// resolve, `host not found in upstream "HOST:PORT"`.
+func refusedBackend(msg, file string, data []byte, m target.Model) (target.Backend, bool) {
+	byAddr := map[string]target.Backend{}
+	for _, b := range m.Backends {
+		byAddr[b.Address] = b
+	}
+	if at := regexp.MustCompile(regexp.QuoteMeta(file) + `:([0-9]+)`).FindStringSubmatch(msg); at != nil {
+		n, _ := strconv.Atoi(at[1])
+		lines := bytes.Split(data, []byte("\n"))
+		if n >= 1 && n <= len(lines) {
+			if f := strings.Fields(string(lines[n-1])); len(f) >= 2 && f[0] == "server" {
+				b, ok := byAddr[strings.TrimSuffix(f[1], ";")]
+				return b, ok
+			}
+		}
+		return target.Backend{}, false
+	}
+	if q := hostNotFound.FindStringSubmatch(msg); q != nil {
+		b, ok := byAddr[q[1]]
+		return b, ok
+	}
+	return target.Backend{}, false
+}
+
+var hostNotFound = regexp.MustCompile(`host not found in upstream "([^"]+)"`)
+
+// without returns m less the worker at addr.
+func without(m target.Model, addr string) target.Model {
+	out := target.Model{Name: m.Name}
+	for _, b := range m.Backends {
+		if b.Address != addr {
+			out.Backends = append(out.Backends, b)
+		}
+	}
+	return out
+}
