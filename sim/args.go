@@ -49,7 +49,9 @@ func (s *Server) vllmArgs() []pyArg {
 		{"model_tag", c.Model}, {"host", s.host}, {"port", s.port}, {"model", c.Model},
 		{"max_model_len", c.MaxModelLen},
 	}
-	if c.DP > 1 {
+	if mn := s.multiNodeArgs(); mn != nil {
+		args = append(args, mn...)
+	} else if c.DP > 1 {
 		args = append(args, pyArg{"data_parallel_size", c.DP})
 	}
 	if c.MaxRunning != defaultMaxRunning[FlavorVLLM] {
@@ -88,7 +90,7 @@ func (s *Server) sglangArgs() []pyArg {
 		{"schedule_conservativeness", 1.0}, {"tp_size", 1}, {"pp_size", 1}, {"stream_interval", 1},
 		{"random_seed", c.Seed}, {"log_level", "info"}, {"enable_metrics", true},
 		{"decode_log_interval", 40}, {"api_key", nil}, {"dp_size", c.DP},
-		{"load_balance_method", "round_robin"}, {"ep_size", 1}, {"enable_dp_attention", false},
+		{"load_balance_method", "round_robin"}, {"ep_size", 1}, {"enable_dp_attention", c.LogNaming == NamingDPAttention},
 		{"disable_radix_cache", c.NoPrefixCache}, {"enable_cache_report", c.ReportCachedTokens},
 		{"disable_cuda_graph", false}, {"cuda_graph_max_bs", 24},
 	}
@@ -106,4 +108,19 @@ func jsonArgs(args []pyArg) map[string]any {
 		m[a.key] = v
 	}
 	return m
+}
+
+// sglangRouterWorkerArgs are router worker i's ServerArgs: a server of its
+// own (DP 1) on its own port.
+func (s *Server) sglangRouterWorkerArgs(i int) []pyArg {
+	args := s.sglangArgs()
+	for j := range args {
+		switch args[j].key {
+		case "dp_size":
+			args[j].val = 1
+		case "port":
+			args[j].val = s.port + 1 + i
+		}
+	}
+	return args
 }

@@ -99,6 +99,12 @@ type Config struct {
 	ColdSeconds float64
 
 	LogPath string // write the flavour's start-up log here ("" = none); truncated first
+	// LogNaming is how the log names the ranks (naming.go: NamingNewest,
+	// NamingEngineCoreN, NamingDPAttention, NamingRouter).
+	LogNaming string
+	// MultiNode makes a vLLM sim one node of a multi-node data-parallel
+	// deployment (naming.go).
+	MultiNode MultiNode
 
 	// PrefillTPS is how many prompt tokens per second a rank reads when it
 	// prefills alone; 0 keeps prefill free (the decode-only model).
@@ -231,6 +237,7 @@ func (c Config) normalize() (Config, error) {
 	case c.DP > 1 && c.Flavor != FlavorVLLM && c.Flavor != FlavorSGLang:
 		bad("flavor %s has no data parallelism: dp must be 1, got %d", c.Flavor, c.DP)
 	}
+	c.validateNaming(bad)
 	switch {
 	case len(c.KVTokens) == 0:
 		c.KVTokens = []int64{DefaultKVTokens}

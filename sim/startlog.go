@@ -53,13 +53,8 @@ func (s *Server) vllmLog(w *bufio.Writer, now time.Time) {
 		fmt.Fprintf(w, "%sINFO %s [%s:%d] %s\n", prefix, ts, file, line, fmt.Sprintf(format, args...))
 	}
 	// One engine core process per DP rank; its name carries the rank only
-	// when there is more than one.
-	core := func(i int) string {
-		if s.cfg.DP > 1 {
-			return fmt.Sprintf("(EngineCore_DP%d pid=%d) ", i, s.pid+1+i)
-		}
-		return fmt.Sprintf("(EngineCore pid=%d) ", s.pid+1)
-	}
+	// when there is more than one (naming.go).
+	core := s.vllmCore
 	c := s.cfg
 	info(api, "api_server.py", 1839, "vLLM API server version %s", c.Version)
 	info(api, "utils.py", 253, "non-default args: %s", pyDict(s.vllmArgs()))
@@ -102,14 +97,18 @@ func (s *Server) vllmLog(w *bufio.Writer, now time.Time) {
 func (s *Server) sglangLog(w *bufio.Writer, now time.Time) {
 	ts := now.Format("2006-01-02 15:04:05")
 	line := func(rank int, format string, args ...any) {
-		prefix := ""
-		if rank >= 0 && s.cfg.DP > 1 {
-			prefix = fmt.Sprintf(" DP%d", rank)
-		}
-		fmt.Fprintf(w, "[%s%s] %s\n", ts, prefix, fmt.Sprintf(format, args...))
+		fmt.Fprintf(w, "[%s%s] %s\n", ts, s.sglangTag(rank), fmt.Sprintf(format, args...))
 	}
 	c := s.cfg
-	line(-1, "server_args=%s", pyDataclass("ServerArgs", s.sglangArgs()))
+	if c.LogNaming == NamingRouter {
+		// The router's launch command, then one server per worker.
+		fmt.Fprintf(w, "python -m sglang_router.launch_server --model-path %s --dp %d --port %d\n", c.Model, c.DP, s.port)
+		for i := range c.DP {
+			line(-1, "server_args=%s", pyDataclass("ServerArgs", s.sglangRouterWorkerArgs(i)))
+		}
+	} else {
+		line(-1, "server_args=%s", pyDataclass("ServerArgs", s.sglangArgs()))
+	}
 	for i := range c.DP {
 		line(i, "Init torch distributed begin.")
 	}
@@ -122,12 +121,18 @@ func (s *Server) sglangLog(w *bufio.Writer, now time.Time) {
 		line(i, "Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, avail mem=%.2f GB, mem usage=%.2f GB.", post, weightsGiB)
 	}
 	for i, pool := range s.loggedPools() {
+		if !s.sglangPrintsPool(i) {
+			continue
+		}
 		_, post := sglangMem(pool)
 		kv := kvGiB(pool)
 		line(i, "KV Cache is allocated. #tokens: %d, K size: %.2f GB, V size: %.2f GB", pool, kv/2, kv/2)
 		line(i, "Memory pool end. avail mem=%.2f GB", post-kv)
 	}
 	for i, pool := range s.loggedPools() {
+		if !s.sglangPrintsPool(i) {
+			continue
+		}
 		_, post := sglangMem(pool)
 		line(i, "max_total_num_tokens=%d, chunked_prefill_size=%d, max_prefill_tokens=16384, "+
 			"max_running_requests=%d, context_len=%d, available_gpu_mem=%.2f GB",
