@@ -242,8 +242,11 @@ func checkProcesses(name string, ps []GPUProcess) error {
 
 // Validate checks one engine's facts.
 func (e *Engine) Validate() error {
-	if !slices.Contains(EngineKinds, e.Kind) {
-		return invalid("engine.kind %q is not one of %s", e.Kind, strings.Join(EngineKinds, ", "))
+	// A kind this build does not know is accepted, so agents can be
+	// upgraded before coordinators; it must still look like a kind name.
+	if !slices.Contains(EngineKinds, e.Kind) && !IsKindName(e.Kind) {
+		return invalid("engine.kind %q is not a kind name (lower-case letters, digits, '-' and '_', at most %d); known kinds: %s",
+			e.Kind, maxKindName, strings.Join(EngineKinds, ", "))
 	}
 	for name, s := range map[string]string{"engine.url": e.URL, "engine.model": e.Model, "engine.version": e.Version,
 		"engine.error": e.Error, "engine.capacity_key": e.CapacityKey, "engine.launch_args_source": e.LaunchArgsSource,
