@@ -29,6 +29,9 @@ type HAProxy struct {
 	Front  string // http://127.0.0.1:PORT of the frontend
 	cmd    *exec.Cmd
 	log    *testutil.SyncBuffer
+	// MasterWorker runs haproxy as a master and a worker (-W), so that
+	// Reload reloads it as systemd's ExecReload does; set it before Start.
+	MasterWorker bool
 }
 
 // StartHAProxy writes cfg and starts haproxy on it. In cfg, {{socket}}
@@ -63,7 +66,11 @@ func (h *HAProxy) Start() {
 	h.t.Helper()
 	os.Remove(h.Socket)
 	h.log = &testutil.SyncBuffer{}
-	h.cmd = exec.Command(h.bin, gwproc.HAProxyArgs(h.Config)...)
+	args := gwproc.HAProxyArgs(h.Config)
+	if h.MasterWorker {
+		args = append([]string{"-W"}, args...)
+	}
+	h.cmd = exec.Command(h.bin, args...)
 	h.cmd.Stdout, h.cmd.Stderr = h.log, h.log
 	if err := h.cmd.Start(); err != nil {
 		h.t.Fatal(err)
@@ -106,6 +113,73 @@ func (h *HAProxy) Restart() {
 	h.t.Helper()
 	h.Stop()
 	h.Start()
+}
+
+// Reload reloads a MasterWorker haproxy (SIGUSR2 to the master): a new
+// worker starts from the file and takes the listeners over, the old one
+// finishes its requests. It returns once the new worker answers on the
+// admin socket. stateFile, when not "", is first written with "show
+// servers state", as a reload script does for load-server-state-from-file.
+func (h *HAProxy) Reload(stateFile string) {
+	h.t.Helper()
+	if !h.MasterWorker {
+		h.t.Fatal("Reload needs a MasterWorker haproxy")
+	}
+	old := h.Run("show info")
+	if stateFile != "" {
+		if err := os.WriteFile(stateFile, []byte(h.Run("show servers state")), 0o644); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	pid := func(info string) string {
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(line, "Pid:"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+		return ""
+	}
+	// A master that has just started or reloaded ignores SIGUSR2 until it
+	// has set up its signal handlers (there is no sign of that but the
+	// reload itself), so the signal is sent again every second.
+	for start := time.Now(); ; {
+		if err := h.cmd.Process.Signal(syscall.SIGUSR2); err != nil {
+			h.t.Fatal(err)
+		}
+		for sent := time.Now(); time.Since(sent) < time.Second; {
+			if now := pid(h.try("show info")); now != "" && now != pid(old) {
+				return
+			}
+			time.Sleep(20 * time.Millisecond) // polling the socket for the new worker
+		}
+		if time.Since(start) > 10*time.Second {
+			h.t.Fatalf("no new haproxy worker 10s after SIGUSR2; haproxy's log:\n%s", h.Log())
+		}
+	}
+}
+
+// Run sends one command to the admin socket and returns the answer.
+func (h *HAProxy) Run(cmd string) string {
+	h.t.Helper()
+	ans := h.try(cmd)
+	if ans == "" {
+		h.t.Fatalf("haproxy %q: no answer", cmd)
+	}
+	return ans
+}
+
+func (h *HAProxy) try(cmd string) string {
+	c, err := net.DialTimeout("unix", h.Socket, time.Second)
+	if err != nil {
+		return ""
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte(cmd + "\n")); err != nil {
+		return ""
+	}
+	data, _ := io.ReadAll(c)
+	return string(data)
 }
 
 // Log is haproxy's output so far.

@@ -95,3 +95,60 @@ func TestReloadIsNoticed(t *testing.T) {
 		testutil.Eventually(t, "heft's state back after restart "+string(rune('1'+i)), 10*time.Second, both)
 	}
 }
+
+// HAProxy reloaded under load, five times (the chaos test in reliability/
+// does ten), both ways heft's examples
+// allow: with a server-state-file the new worker starts from the last
+// weights and no request fails; without one the new worker starts from
+// the file (every slot disabled) until heft-sync, seeing a new process on
+// the socket, applies its state again (the requests that fail meanwhile
+// are counted and logged, not asserted: how many is a matter of timing).
+func TestReloadUnderLoad(t *testing.T) {
+	for _, withState := range []bool{true, false} {
+		name := map[bool]string{true: "server-state-file", false: "watch only"}[withState]
+		t.Run(name, func(t *testing.T) {
+			a, b := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b")
+			cfg := strings.Replace(cfgChecked, "level admin", "level admin expose-fd listeners", 1)
+			state := ""
+			if withState {
+				dir := t.TempDir()
+				state = dir + "/haproxy.state"
+				cfg = strings.Replace(cfg, "global\n", "global\n    server-state-file "+state+"\n", 1)
+				cfg = strings.Replace(cfg, "defaults\n", "defaults\n    load-server-state-from-file global\n", 1)
+			}
+			hx := gwtest.StartHAProxy(t, cfg)
+			hx.Stop()
+			hx.MasterWorker = true
+			hx.Start()
+			h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen", WatchEvery: 100 * time.Millisecond})
+			sy := syncer.New([]target.Target{h}, syncer.NewMetrics([]string{h.Name()}), time.Hour, hclog.NewNullLogger())
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { sy.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			sy.Update(coord.Snapshot{At: time.Now(), Workers: []coord.Worker{
+				gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), gwtest.Worker(model, b.Addr, view.StateAdmitted, 3)}})
+			testutil.Eventually(t, "the first apply", 10*time.Second, func() bool {
+				s := gwtest.Split(t, "http://"+hx.Front+"/", 8)
+				return s["a"] == 2 && s["b"] == 6
+			})
+			load := gwtest.StartLoad(t, "http://"+hx.Front+"/", 4)
+			const reloads = 5
+			for range reloads {
+				hx.Reload(state)
+				// Let requests run on the new worker before the next reload.
+				n := load.Counts()["b"]
+				testutil.Eventually(t, "requests on the new worker", 10*time.Second, func() bool { return load.Counts()["b"] > n+20 })
+			}
+			load.Stop()
+			failed, errs := load.Failed()
+			t.Logf("%s: %d reloads under load (4 clients in a loop): %v, %d failed %v", name, reloads, load.Counts(), failed, errs)
+			if withState && failed != 0 {
+				t.Errorf("%d requests failed across reloads with a server-state-file", failed)
+			}
+			if s := gwtest.Split(t, "http://"+hx.Front+"/", 8); s["a"] != 2 || s["b"] != 6 {
+				t.Errorf("after the reloads: %v", s)
+			}
+		})
+	}
+}
