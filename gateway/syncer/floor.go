@@ -167,14 +167,21 @@ func (r *runner) keep(m target.Model, now time.Time, mayDrop func(string) bool) 
 	out, kept := r.s.floor.apply(&r.floor, m, now, mayDrop)
 	r.floor.last = &out
 	if !slices.Equal(kept, r.kept) {
+		was := map[string]Kept{}
+		for _, k := range r.kept {
+			was[k.Address] = k
+		}
 		counts := map[string]int{}
 		for _, k := range kept {
 			counts[k.Reason]++
-			r.log.Warn("kept serving against the coordinator's state", "worker", k.WorkerID, "address", k.Address,
-				"weight", k.Weight, "reason", k.Reason, "why", k.explain())
+			if old, ok := was[k.Address]; !ok || old.Reason != k.Reason {
+				r.log.Warn("kept serving against the coordinator's state", "worker", k.WorkerID, "address", k.Address,
+					"weight", k.Weight, "reason", k.Reason, "why", k.explain())
+			}
+			delete(was, k.Address)
 		}
-		if len(kept) == 0 && len(r.kept) > 0 {
-			r.log.Info("no worker is kept against the coordinator's state any more")
+		for _, k := range was {
+			r.log.Info("no longer kept: the coordinator's state applies again", "worker", k.WorkerID, "address", k.Address)
 		}
 		for _, reason := range []string{KeptUnlisted, KeptFloor} {
 			r.s.m.kept.WithLabelValues(r.t.Name(), reason).Set(float64(counts[reason]))

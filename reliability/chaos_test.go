@@ -1,0 +1,365 @@
+package reliability
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/agent"
+	agentconfig "heft/agent/config"
+	"heft/bench/loadgen"
+	"heft/coordinator/config"
+	"heft/gateway/app"
+	syncconfig "heft/gateway/config"
+	"heft/gateway/gwtest"
+	"heft/shared/testutil"
+	"heft/shared/view"
+	"heft/sim"
+)
+
+// chaosLong runs the chaos test at the issue's full length (a minute of
+// load per fault, a 2-minute network cut), as `make bench` does.
+var chaosLong = flag.Bool("chaos.long", false, "run TestChaos at full length (about 15 minutes)")
+
+// chaosHAProxy is the backend of heft's examples: slots with the
+// gateway's own health check of the engine, retries that go to another
+// server when a connection fails, and a server-state-file a reload
+// starts from.
+const chaosHAProxy = `global
+    stats socket {{socket}} level admin expose-fd listeners
+    server-state-file {{state}}
+defaults
+    mode http
+    option http-no-delay
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    retries 3
+    option redispatch 1
+    load-server-state-from-file global
+frontend fe
+    bind {{front}}
+    default_backend qwen
+backend qwen
+    balance leastconn
+    option httpchk GET /health
+    default-server check inter 1s fall 2 rise 2
+    server-template heft 1-4 127.0.0.1:9 disabled
+`
+
+// chaosNginx is the location of heft's examples: a connection that fails
+// goes to the next server; a started generation is never sent again.
+const chaosNginx = `    include {{upstream_file}};
+    server {
+        listen {{front}};
+        location / {
+            proxy_pass http://qwen;
+            proxy_buffering off;
+            proxy_read_timeout 60s;
+            proxy_next_upstream error timeout;
+            proxy_next_upstream_tries 3;
+            proxy_connect_timeout 2s;
+        }
+    }`
+
+// chaosAgent is one heft-agent (agent.Run) that can be killed and started
+// again.
+type chaosAgent struct {
+	t      *testing.T
+	cfg    agentconfig.Config
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (a *chaosAgent) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel, a.done = cancel, make(chan struct{})
+	go func() {
+		defer close(a.done)
+		if err := agent.Run(ctx, a.cfg, hclog.NewNullLogger(), agent.WithGPUs(noGPUs{})); err != nil {
+			a.t.Errorf("agent.Run: %v", err)
+		}
+	}()
+}
+
+func (a *chaosAgent) stop() {
+	if a.cancel != nil {
+		a.cancel()
+		<-a.done
+		a.cancel = nil
+	}
+}
+
+// chaosSync is heft-sync (app.Run) that can be stopped and started again.
+type chaosSync struct {
+	t      *testing.T
+	cfg    syncconfig.Config
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (s *chaosSync) start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel, s.done = cancel, make(chan error, 1)
+	go func() { s.done <- app.Run(ctx, s.cfg, quietLogger(s.t)) }()
+}
+
+func (s *chaosSync) stop() {
+	if s.cancel != nil {
+		s.cancel()
+		if err := <-s.done; err != nil {
+			s.t.Errorf("heft-sync: %v", err)
+		}
+		s.cancel = nil
+	}
+}
+
+// chaosRig is a whole heft deployment on loopback: heft-sims, their
+// agents (reaching the coordinator through a proxy that can drop
+// traffic), a coordinator, heft-sync, and real HAProxy and nginx in front
+// of the sims.
+type chaosRig struct {
+	t      *testing.T
+	co     *coord
+	proxy  *faultProxy
+	agents []*chaosAgent
+	sync   *chaosSync
+	hx     *gwtest.HAProxy
+	nx     *gwtest.Nginx
+	state  string // HAProxy's server-state-file
+}
+
+// chaosSims are three engines of unequal speed.
+var chaosSims = []sim.Config{
+	{Flavor: sim.FlavorVLLM, SingleTPS: 900, Batch16TPS: 9000},
+	{Flavor: sim.FlavorVLLM, SingleTPS: 600, Batch16TPS: 6000},
+	{Flavor: sim.FlavorVLLM, SingleTPS: 300, Batch16TPS: 3000},
+}
+
+func newChaosRig(t *testing.T) *chaosRig {
+	r := &chaosRig{t: t}
+	r.co = startCoord(t, t.TempDir(), "127.0.0.1:0", quietLogger(t), chaosCoordConfig)
+	r.proxy = newFaultProxy(t, r.co.addr)
+	for i, sc := range chaosSims {
+		sc.LogPath = filepath.Join(t.TempDir(), "vllm.log")
+		s := simOn(t, sc, "127.0.0.1:0")
+		cfg := agentconfig.Default()
+		cfg.Coordinator.URL, cfg.Coordinator.Token = "ws://"+r.proxy.addr()+"/api/v1/agent", agentToken
+		cfg.Node.Name = fmt.Sprintf("gpu-%d", i)
+		cfg.Engines = []agentconfig.Engine{{Kind: "vllm", URL: s.URL(), Log: sc.LogPath}}
+		cfg.StateDir = t.TempDir()
+		cfg.PollInterval = 100 * time.Millisecond
+		a := &chaosAgent{t: t, cfg: cfg}
+		a.start()
+		t.Cleanup(a.stop)
+		r.agents = append(r.agents, a)
+	}
+	r.waitAdmitted("the first measurements")
+
+	r.state = filepath.Join(t.TempDir(), "haproxy.state")
+	r.hx = gwtest.StartHAProxy(t, strings.ReplaceAll(chaosHAProxy, "{{state}}", r.state))
+	r.hx.Stop()
+	r.hx.MasterWorker = true
+	r.hx.Start()
+	r.nx = gwtest.StartNginx(t, gwtest.NginxConf(chaosNginx), "upstream qwen { server 127.0.0.1:9; }\n")
+	q := func(xs []string) string { return strings.ReplaceAll(fmt.Sprintf("%q", xs), "\" \"", "\", \"") }
+	toml := fmt.Sprintf("listen = \"127.0.0.1:0\"\nresync = \"1s\"\n[coordinator]\nurl = %q\n"+
+		"[[haproxy]]\nmodel = %q\nsocket = %q\nbackend = \"qwen\"\n"+
+		"[[nginx]]\nmodel = %q\nfile = %q\nupstream = \"qwen\"\ndirectives = [\"least_conn\"]\ncheck = %s\nreload = %s\n",
+		"http://"+r.co.addr, testModel, r.hx.Socket, testModel, r.nx.Upstream, q(r.nx.Check()), q(r.nx.Reload()))
+	path := filepath.Join(t.TempDir(), "heft-sync.toml")
+	if err := os.WriteFile(path, []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := syncconfig.Load([]string{"--config", path}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.sync = &chaosSync{t: t, cfg: cfg}
+	r.sync.start()
+	t.Cleanup(r.sync.stop)
+	r.waitRouted()
+	return r
+}
+
+// chaosCoordConfig: agents count as gone after 2 s, so that every fault
+// that takes them away lasts well past it.
+func chaosCoordConfig(cfg *config.Config) { cfg.OfflineGrace = 2 * time.Second }
+
+// waitAdmitted waits until the coordinator admits every sim.
+func (r *chaosRig) waitAdmitted(what string) {
+	r.t.Helper()
+	testutil.Eventually(r.t, what, 90*time.Second, func() bool {
+		ws, err := r.co.api().workers(context.Background())
+		if err != nil {
+			return false
+		}
+		n := 0
+		for _, w := range ws {
+			if w.State == view.StateAdmitted {
+				n++
+			}
+		}
+		return n == len(chaosSims)
+	})
+}
+
+// waitRouted waits until both gateways send requests to every sim.
+func (r *chaosRig) waitRouted() {
+	r.t.Helper()
+	testutil.Eventually(r.t, "HAProxy to serve every sim", 30*time.Second, func() bool {
+		up := 0
+		for _, row := range r.hx.Stat(r.t) {
+			if row["pxname"] == "qwen" && row["svname"] != "BACKEND" && row["status"] == "UP" {
+				up++
+			}
+		}
+		return up == len(chaosSims)
+	})
+	testutil.Eventually(r.t, "nginx to serve every sim", 30*time.Second, func() bool {
+		data, _ := os.ReadFile(r.nx.Upstream)
+		return strings.Count(string(data), " weight=") == len(chaosSims)
+	})
+}
+
+// chaosFault is one disturbance: do runs at a quarter of the load, undo
+// after it (bringing the deployment back to full health).
+type chaosFault struct {
+	name, note string
+	do, undo   func(r *chaosRig, d time.Duration)
+}
+
+// chaosResult is one fault's load through one gateway.
+type chaosResult struct {
+	fault, gateway, note string
+	res                  loadgen.Result
+}
+
+func TestChaos(t *testing.T) {
+	gwtest.RequireBinary(t, "haproxy")
+	gwtest.RequireBinary(t, "nginx")
+	load, cut, reloads := 6*time.Second, 5*time.Second, 10
+	if *chaosLong {
+		load, cut = 60*time.Second, 2*time.Minute
+	}
+	r := newChaosRig(t)
+	faults := []chaosFault{
+		{name: "undisturbed"},
+		{name: "every agent killed", note: "agents gone past offline_grace (2 s)",
+			do: func(r *chaosRig, _ time.Duration) {
+				for _, a := range r.agents {
+					a.stop()
+				}
+			},
+			undo: func(r *chaosRig, _ time.Duration) {
+				for _, a := range r.agents {
+					a.start()
+				}
+			}},
+		{name: "coordinator killed, restarted empty", note: "a new state dir; the agents enrol and are measured again",
+			do: func(r *chaosRig, _ time.Duration) {
+				r.co.stop()
+				r.co = startCoord(r.t, r.t.TempDir(), r.co.addr, quietLogger(r.t), chaosCoordConfig)
+			},
+			undo: func(r *chaosRig, _ time.Duration) { r.waitAdmitted("the agents measured again by the new coordinator") }},
+		{name: "heft-sync restarted",
+			do: func(r *chaosRig, _ time.Duration) { r.sync.stop(); r.sync.start() }},
+		{name: fmt.Sprintf("HAProxy reloaded %d times", reloads), note: "with a server-state-file",
+			do: func(r *chaosRig, d time.Duration) {
+				for range reloads {
+					r.hx.Reload(r.state)
+					time.Sleep(d / 2 / time.Duration(reloads)) // spread the reloads over half the load
+				}
+			}},
+		{name: "agent-coordinator network cut", note: fmt.Sprintf("every byte held for %s", cut),
+			do: func(r *chaosRig, _ time.Duration) {
+				r.proxy.freeze()
+				time.Sleep(cut) // the length of the cut is the fault
+				r.proxy.restore()
+			}},
+	}
+	var results []chaosResult
+	for _, f := range faults {
+		d := load
+		if f.name == "agent-coordinator network cut" && cut > load/2 {
+			d = cut * 2
+		}
+		results = append(results, r.underLoad(f, d)...)
+		if f.undo != nil {
+			f.undo(r, d)
+		}
+		r.waitAdmitted("every sim admitted after " + f.name)
+		r.waitRouted()
+	}
+	t.Log("\n" + chaosTable(results))
+	for _, c := range results {
+		if c.res.Failed != 0 || c.res.Unfinished != 0 {
+			t.Errorf("%s through %s: %d failed, %d unfinished of %d (%v)", c.fault, c.gateway, c.res.Failed, c.res.Unfinished, c.res.Sent, c.res.Errors)
+		}
+	}
+}
+
+// underLoad runs Poisson load through both gateways for d while the fault
+// happens, starting at a quarter of it.
+func (r *chaosRig) underLoad(f chaosFault, d time.Duration) []chaosResult {
+	fronts := map[string]string{"haproxy": r.hx.Front, "nginx": r.nx.Front}
+	var mu sync.Mutex
+	var out []chaosResult
+	var wg sync.WaitGroup
+	for _, gw := range []string{"haproxy", "nginx"} {
+		wg.Go(func() {
+			res, err := loadgen.Run(context.Background(), loadgen.Config{URL: "http://" + fronts[gw], Model: testModel,
+				Rate: 6, Duration: d, Tokens: 32, Drain: 30 * time.Second, Seed: 21})
+			if err != nil {
+				r.t.Errorf("load through %s: %v", gw, err)
+			}
+			mu.Lock()
+			out = append(out, chaosResult{fault: f.name, gateway: gw, note: f.note, res: res})
+			mu.Unlock()
+		})
+	}
+	if f.do != nil {
+		time.Sleep(d / 4) // the fault comes once the load runs
+		f.do(r, d)
+	}
+	wg.Wait()
+	return out
+}
+
+// chaosTable prints each fault's requests, failures and p95 against the
+// undisturbed run's, per gateway.
+func chaosTable(results []chaosResult) string {
+	base := map[string]time.Duration{}
+	for _, c := range results {
+		if c.fault == "undisturbed" {
+			base[c.gateway] = c.res.Latency.P95
+		}
+	}
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "fault\tgateway\trequests\tfailed\tunfinished\tp50\tp95\tp95 vs undisturbed\tnote")
+	for _, gw := range []string{"haproxy", "nginx"} {
+		for _, c := range results {
+			if c.gateway != gw {
+				continue
+			}
+			vs := "—"
+			if bp := base[gw]; bp > 0 && c.fault != "undisturbed" {
+				vs = fmt.Sprintf("%+.1f %%", 100*(float64(c.res.Latency.P95)/float64(bp)-1))
+			}
+			fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n", c.fault, gw, c.res.Sent, c.res.Failed, c.res.Unfinished,
+				c.res.Latency.P50.Round(time.Millisecond), c.res.Latency.P95.Round(time.Millisecond), vs, c.note)
+		}
+	}
+	w.Flush()
+	return b.String()
+}
