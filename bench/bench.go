@@ -36,10 +36,11 @@ const (
 	AreaPrefill     = 7
 	AreaPrefillCost = 8
 	AreaRouting     = 9
+	AreaChaos       = 10
 )
 
 // AllAreas lists every area.
-var AllAreas = []int{AreaFidelity, AreaCold, AreaCost, AreaWeights, AreaScale, AreaAgent, AreaPrefill, AreaPrefillCost, AreaRouting}
+var AllAreas = []int{AreaFidelity, AreaCold, AreaCost, AreaWeights, AreaScale, AreaAgent, AreaPrefill, AreaPrefillCost, AreaRouting, AreaChaos}
 
 // Options configure a run.
 type Options struct {
@@ -170,6 +171,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			s = e.areaPrefillCost(ctx)
 		case AreaRouting:
 			s = e.areaRouting(ctx)
+		case AreaChaos:
+			s = e.areaChaos(ctx)
 		}
 		s.Area = a
 		s.Elapsed = time.Since(t0)
@@ -229,6 +232,13 @@ func (e *env) estimate(areas []int) time.Duration {
 			}
 		case AreaRouting:
 			sec += e.routingPlanFor().estimate().Seconds()
+		case AreaChaos:
+			sec += 60 // building and starting the rig
+			if e.opts.Quick {
+				sec += 90
+			} else {
+				sec += 5*90 + 4*60
+			}
 		}
 	}
 	return time.Duration(sec * float64(time.Second))
