@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -332,8 +333,13 @@ func (r *chaosRig) underLoad(f chaosFault, d time.Duration) []chaosResult {
 	var wg sync.WaitGroup
 	for _, gw := range []string{"haproxy", "nginx"} {
 		wg.Go(func() {
+			// A client of the phase's own, its idle connections dropped
+			// well before nginx's keepalive_timeout (75 s) would close
+			// them under a request (http.DefaultClient keeps them 90 s).
+			client := &http.Client{Transport: &http.Transport{IdleConnTimeout: 30 * time.Second}}
+			defer client.CloseIdleConnections()
 			res, err := loadgen.Run(context.Background(), loadgen.Config{URL: "http://" + fronts[gw], Model: testModel,
-				Rate: 6, Duration: d, Tokens: 32, Drain: 30 * time.Second, Seed: 21})
+				Rate: 6, Duration: d, Tokens: 32, Drain: 30 * time.Second, Seed: 21, Client: client})
 			if err != nil {
 				r.t.Errorf("load through %s: %v", gw, err)
 			}
