@@ -14,6 +14,7 @@ import (
 	"heft/agent/collect"
 	"heft/agent/config"
 	"heft/agent/gpu"
+	"heft/agent/link"
 	"heft/agent/metrics"
 	"heft/agent/probe"
 	"heft/agent/status"
@@ -73,9 +74,12 @@ func (h *Handler) lastSnapshot() (wire.Snapshot, time.Time) {
 	return h.last, h.lastAt
 }
 
-// Probe measures the engine with req's capacity key. Scheduled probes
-// wait for an idle engine; registration and on-demand ones do not (a new
-// worker has no measurement to fall back on, and an admin asked).
+// Probe measures the engine with req's capacity key: probe.concurrency
+// requests per data-parallel rank, so every engine instance is measured
+// at the same load. A busy engine is waited for, drained or left alone
+// as probe.busy says, whatever asked (a scheduled probe in "wait" mode is
+// deferred at once: the coordinator asks again); a burst that the
+// engine's own counters show was shared with other traffic is discarded.
 func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measurement, error) {
 	if h.onProbe != nil {
 		h.onProbe(req)
@@ -84,21 +88,33 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 	if !ok {
 		return wire.Measurement{}, fmt.Errorf("no engine on this node has capacity key %q", req.CapacityKey)
 	}
-	model, uuids, maxContext := client.Config().Model, []string(nil), int64(0)
+	model, uuids, maxContext, ranks := client.Config().Model, []string(nil), int64(0), 1
 	h.mu.Lock()
 	for _, e := range h.last.Engines {
 		if e.CapacityKey == req.CapacityKey {
-			model, uuids, maxContext = e.Model, e.GPUUUIDs, e.MaxContextTokens()
+			model, uuids, maxContext, ranks = e.Model, e.GPUUUIDs, e.MaxContextTokens(), dataParallelRanks(e)
 		}
 	}
 	h.mu.Unlock()
 	pc := h.cfg.Probe
 	m, err := probe.Run(ctx, probe.Config{
 		URL: client.URL(), Kind: client.Kind(), Model: model,
-		Concurrency: pc.Concurrency, Tokens: pc.Tokens, Prompt: pc.Prompt,
+		Concurrency: min(pc.Concurrency*ranks, probe.MaxConcurrency), Ranks: ranks, Tokens: pc.Tokens, Prompt: pc.Prompt,
 		CapacityKey: req.CapacityKey, Node: h.cfg.Node.Name, Trigger: req.Reason,
 		RequireIdle: req.Reason == wire.ReasonScheduled,
-		Load:        client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids,
+		Busy:        pc.Busy, BusyWait: pc.BusyWait,
+		Drain: func(ctx context.Context) error {
+			if !link.SendProbeStatus(ctx, wire.ProbeDraining, "engine busy; drain it at the gateways while it is measured") {
+				return errors.New("no coordinator link to ask for the drain")
+			}
+			h.probeLog.Info("engine busy; asked the coordinator to drain it at the gateways", "url", client.URL())
+			return nil
+		},
+		Counters: func(ctx context.Context) (float64, error) {
+			c, err := client.Counters(ctx)
+			return c.Generated, err
+		},
+		Load: client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids,
 		OnWaiting: func(w probe.Waiting) {
 			h.probeLog.Info("engine not ready; the probe waits", "url", w.URL, "reason", w.Reason,
 				"waited", w.Waited.Round(time.Second).String(), "waits_up_to", w.Left.Round(time.Second).String()+" more")
@@ -110,6 +126,12 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 		h.recordProbe(client.URL(), req.CapacityKey, m, err)
 	}
 	return m, err
+}
+
+// dataParallelRanks is how many data-parallel ranks the engine runs, as
+// its launch arguments, log, pools or per-rank load say; 1 when none does.
+func dataParallelRanks(e wire.Engine) int {
+	return max(1, e.ExpectedRanks, len(e.Ranks), len(e.Load.Ranks))
 }
 
 // recordProbe counts a probe's outcome and puts it on the board: a

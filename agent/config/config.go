@@ -78,6 +78,8 @@ type EngineLogs struct {
 
 // Probe shapes the measurement burst, and the prefill burst after it.
 type Probe struct {
+	// Concurrency is the burst per data-parallel rank: a DP-N engine is
+	// measured with N times as many requests, so every rank carries it.
 	Concurrency int
 	Tokens      int
 	Prompt      string
@@ -85,6 +87,11 @@ type Probe struct {
 	Prefill            bool
 	PrefillConcurrency int
 	PrefillTokens      int
+	// Busy is what a probe does with an engine that has requests running
+	// or waiting: probe.BusyWait, BusyDrain or BusyPassiveOnly.
+	Busy string
+	// BusyWait bounds the wait for an idle engine.
+	BusyWait time.Duration
 }
 
 // Log configures the agent's own logging.
@@ -129,7 +136,8 @@ func Default() Config {
 		EngineLogs: EngineLogs{DockerSocket: logsource.DefaultDockerSocket, DockerRoot: logsource.DefaultDockerRoot,
 			PodsRoot: logsource.DefaultPodsRoot},
 		Probe: Probe{Concurrency: probe.DefaultConcurrency, Tokens: probe.DefaultTokens,
-			Prefill: true, PrefillConcurrency: probe.DefaultPrefillConcurrency, PrefillTokens: probe.DefaultPrefillTokens},
+			Prefill: true, PrefillConcurrency: probe.DefaultPrefillConcurrency, PrefillTokens: probe.DefaultPrefillTokens,
+			Busy: probe.BusyWait, BusyWait: probe.DefaultBusyWait},
 		Log:              Log{Level: logging.DefaultLevel},
 		StateDir:         DefaultStateDir,
 		SnapshotInterval: link.DefaultSnapshotEvery,
@@ -174,12 +182,15 @@ func (c *Config) command() settings.Command {
 			settings.String("engine_logs.docker_root", &c.EngineLogs.DockerRoot,
 				"Docker's data root, whose json-file logs docker: reads when the socket cannot be used").Meta("DIR"),
 			settings.String("engine_logs.pods_root", &c.EngineLogs.PodsRoot, "the kubelet's pod logs, for k8s: logs").Meta("DIR"),
-			settings.Int("probe.concurrency", &c.Probe.Concurrency, "concurrent requests in a probe burst"),
+			settings.Int("probe.concurrency", &c.Probe.Concurrency, "concurrent requests in a probe burst, per data-parallel rank"),
 			settings.Int("probe.tokens", &c.Probe.Tokens, "output tokens per probe request"),
 			settings.String("probe.prompt", &c.Probe.Prompt, "probe prompt (default: the probe package's)"),
 			settings.Bool("probe.prefill", &c.Probe.Prefill, "send the prefill burst (long prompts, one output token) after the decode burst"),
 			settings.Int("probe.prefill_concurrency", &c.Probe.PrefillConcurrency, "concurrent requests in a prefill burst"),
 			settings.Int("probe.prefill_tokens", &c.Probe.PrefillTokens, "prompt tokens per prefill request (fewer where the worker cannot hold them)"),
+			settings.String("probe.busy", &c.Probe.Busy, "what a probe does with a busy engine: "+strings.Join(probe.BusyModes, " | ")+
+				" (wait for it to be idle; drain it at the gateways, then wait; never probe it)").Meta("MODE"),
+			settings.Duration("probe.busy_wait", &c.Probe.BusyWait, "how long a probe waits for a busy engine to be idle before it gives up"),
 			settings.String("log.level", &c.Log.Level, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log.json", &c.Log.JSON, "log JSON lines even on a terminal"),
 			settings.String("state_dir", &c.StateDir, "directory for the node credential (the packaged unit's StateDirectory)").Meta("DIR"),
@@ -391,6 +402,12 @@ func (c Config) Validate() error {
 	}
 	if c.Probe.PrefillTokens < probe.MinPrefillTokens || c.Probe.PrefillTokens > probe.MaxPrefillTokens {
 		add("probe prefill_tokens must be %d..%d, got %d", probe.MinPrefillTokens, probe.MaxPrefillTokens, c.Probe.PrefillTokens)
+	}
+	if !slices.Contains(probe.BusyModes, c.Probe.Busy) {
+		add("probe busy must be one of %s, got %q", strings.Join(probe.BusyModes, ", "), c.Probe.Busy)
+	}
+	if c.Probe.BusyWait <= 0 {
+		add("probe busy_wait must be positive, got %s", c.Probe.BusyWait)
 	}
 	if err := logging.CheckLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)

@@ -17,9 +17,10 @@ var llamaCpp = descriptor{
 	programs: []string{"llama-server", "llama_server"},
 	health:   "/health",
 	metrics: &metricNames{
-		running: []string{"llamacpp:requests_processing"},
-		waiting: []string{"llamacpp:requests_deferred"},
-		kvUsage: []string{"llamacpp:kv_cache_usage_ratio"},
+		running:   []string{"llamacpp:requests_processing"},
+		waiting:   []string{"llamacpp:requests_deferred"},
+		kvUsage:   []string{"llamacpp:kv_cache_usage_ratio"},
+		generated: []string{"llamacpp:tokens_predicted_total"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"n_predict": n, "ignore_eos": true}

@@ -40,6 +40,14 @@ type MetricsFacts struct {
 	Models []string
 	// Families is how many metric families the page held.
 	Families int
+	// Generated is the engine's generated-tokens counter summed over its
+	// ranks, where GeneratedKnown: the probe compares it with what its
+	// burst received, and passive capacity reads it over a window.
+	Generated      float64
+	GeneratedKnown bool
+	// GeneratedRanks is the counter per rank where the engine labels it
+	// by rank (vLLM engine="k"); one entry, rank 0, otherwise.
+	GeneratedRanks map[int]float64
 }
 
 // metricNames says which series of a kind's /metrics carry what (each
@@ -50,6 +58,7 @@ type metricNames struct {
 	waiting   []string
 	kvUsage   []string // a 0..1 fraction
 	pool      []string // per-rank KV pool in tokens (truthful only)
+	generated []string // counter of generated tokens
 }
 
 // ErrNoMetrics is returned for an engine kind that has no /metrics
@@ -115,6 +124,13 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 	})
 
 	facts := MetricsFacts{Families: len(families)}
+	facts.GeneratedKnown = page.each(names.generated, func(k int, v float64) {
+		if facts.GeneratedRanks == nil {
+			facts.GeneratedRanks = map[int]float64{}
+		}
+		facts.GeneratedRanks[k] = v
+		facts.Generated += v
+	})
 	if known || len(ranks) > 0 {
 		facts.Load.Known = known
 		for _, k := range sortedKeys(ranks) {

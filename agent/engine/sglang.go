@@ -27,6 +27,7 @@ var sglang = descriptor{
 		waiting:   []string{"sglang:num_queue_reqs"},
 		kvUsage:   []string{"sglang:token_usage"},
 		pool:      []string{"sglang:max_total_num_tokens"},
+		generated: []string{"sglang:generation_tokens_total"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}

@@ -21,6 +21,7 @@ var vllm = descriptor{
 		running:   []string{"vllm:num_requests_running"},
 		waiting:   []string{"vllm:num_requests_waiting"},
 		kvUsage:   []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		generated: []string{"vllm:generation_tokens_total"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}

@@ -370,9 +370,10 @@ func (l *link) startProbe(req wire.ProbeRequest) {
 
 	l.log.Info("probe requested", "capacity_key", req.CapacityKey, "reason", req.Reason, "request_id", req.RequestID)
 	l.send(status(wire.ProbeRunning, ""), false)
+	pctx := context.WithValue(l.ctx, statusKey{}, func(state, msg string) { l.send(status(state, msg), true) })
 	go func() {
 		defer l.probes.Done()
-		m, err := l.h.Probe(l.ctx, req)
+		m, err := l.h.Probe(pctx, req)
 		l.mu.Lock()
 		delete(l.probing, req.CapacityKey)
 		l.mu.Unlock()
@@ -402,6 +403,20 @@ func (l *link) startProbe(req wire.ProbeRequest) {
 }
 
 func clip(s string) string { return wire.Clip(s, wire.MaxStringBytes) }
+
+type statusKey struct{}
+
+// SendProbeStatus tells the coordinator what the probe that ctx belongs
+// to is doing (wire.ProbeDraining: drain the worker at the gateways
+// while it measures); ctx is the one the link passed to Handler.Probe.
+// It reports whether ctx had a link to send through.
+func SendProbeStatus(ctx context.Context, state, msg string) bool {
+	send, ok := ctx.Value(statusKey{}).(func(state, msg string))
+	if ok {
+		send(state, msg)
+	}
+	return ok
+}
 
 func describe(payload any) string {
 	switch p := payload.(type) {

@@ -49,34 +49,50 @@ const (
 	PhaseDone         = "done"
 )
 
-// ErrBusy is returned by a probe with RequireIdle when the engine has
-// requests running or waiting; the caller should try again later. Its
-// Busy method says so to packages that do not import probe (the link).
+// ErrBusy is returned (errors.Is) by a probe that found the engine busy
+// and did not measure it (see Config.Busy), or whose measured burst the
+// engine's own counters show was shared with other traffic; the caller
+// should try again later. Its Busy method says so to packages that do not
+// import probe (the link).
 var ErrBusy error = busyError{}
-
-type busyError struct{}
-
-func (busyError) Error() string { return "engine is busy; probe deferred" }
-
-// Busy reports that the probe was deferred because the engine was busy.
-func (busyError) Busy() bool { return true }
 
 // Config says what to probe and how.
 type Config struct {
 	URL         string // engine base URL, e.g. http://127.0.0.1:8000
 	Kind        string // wire.EngineVLLM etc.; "" sends every length field and expects an exact length
 	Model       string // "" = the first model from /v1/models
-	Concurrency int    // default 16
+	Concurrency int    // default 16; the whole burst, every rank's share together
+	// Ranks is how many data-parallel ranks Concurrency is spread over
+	// (recorded in Measurement.Ranks); 0 = not said.
+	Ranks       int
 	Tokens      int    // per request; default 128
 	Prompt      string // default DefaultPrompt
 	CapacityKey string
 	Node        string
 	Trigger     string // wire.ReasonScheduled etc., or "cli"
-	// RequireIdle makes Run return ErrBusy when Load reports running +
-	// waiting > 0. Scheduled probes set it; on-demand ones run anyway and
-	// record Busy. An engine whose load cannot be read is probed, with a
-	// note in Problems, so engines without metrics are still measured.
+	// Busy is what the probe does when Load reports requests running or
+	// waiting (the agent's probe_busy): BusyWait (the default) waits up to
+	// BusyWait for the engine to be idle, BusyDrain calls Drain first,
+	// BusyPassiveOnly returns ErrBusy at once. A busy engine is never
+	// measured: a probe still busy at the end of the wait returns ErrBusy.
+	// An engine whose load cannot be read is probed, with a note in
+	// Problems, so engines without metrics are still measured.
+	Busy string
+	// BusyWait bounds the wait for an idle engine; default DefaultBusyWait.
+	BusyWait time.Duration
+	// RequireIdle (scheduled probes) makes BusyWait return ErrBusy at
+	// once rather than wait: the coordinator asks again later.
 	RequireIdle bool
+	// Drain, optional, asks the gateways to stop sending the engine
+	// requests (BusyDrain); the requests in flight finish while the probe
+	// waits. Whoever drains restores the worker when the probe ends.
+	Drain func(ctx context.Context) error
+	// Counters, optional, reads the engine's generated-tokens counter
+	// (engine.Client.Counters) just before and after the measured burst:
+	// a counter that grew by more than the burst received means other
+	// traffic shared the engine, and Run returns ErrBusy, not a number.
+	Counters func(ctx context.Context) (float64, error)
+	busyPoll time.Duration // how often a waiting probe reads the load; tests shorten it
 	// Load, optional, reads the engine's load just before the probe.
 	Load func(ctx context.Context) (wire.Load, error)
 	// GPUs, optional, is sampled every 200ms during the measured burst.
@@ -147,6 +163,19 @@ func (c *Config) normalize() error {
 	if len(c.Prompt) > wire.MaxStringBytes {
 		return fmt.Errorf("probe: prompt is %d bytes, at most %d", len(c.Prompt), wire.MaxStringBytes)
 	}
+	switch c.Busy {
+	case "":
+		c.Busy = BusyWait
+	case BusyWait, BusyDrain, BusyPassiveOnly:
+	default:
+		return fmt.Errorf("probe: busy %q is not one of %s", c.Busy, strings.Join(BusyModes, ", "))
+	}
+	if c.BusyWait < 0 || c.Ranks < 0 || c.Ranks > wire.MaxRanks {
+		return errors.New("probe: negative busy wait or ranks out of range")
+	}
+	if c.BusyWait == 0 {
+		c.BusyWait = DefaultBusyWait
+	}
 	if c.ReadyTimeout < 0 || c.BurstTimeout < 0 {
 		return errors.New("probe: negative timeout")
 	}
@@ -205,6 +234,7 @@ func Run(ctx context.Context, cfg Config) (wire.Measurement, error) {
 		EngineURL:      cfg.URL,
 		Model:          cfg.Model,
 		Concurrency:    cfg.Concurrency,
+		Ranks:          cfg.Ranks,
 		Requests:       cfg.Concurrency,
 		TokensPerReq:   cfg.Tokens,
 		ExpectedTokens: cfg.Concurrency * cfg.Tokens,
@@ -267,15 +297,13 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 }
 
 // checkIdle reads the engine's load just before the probe. A busy engine
-// ends a probe that requires an idle one with ErrBusy, and marks any
-// other Busy; a load that cannot be read is noted, not fatal.
+// is waited for, drained or left alone as Config.Busy says (busy.go); a
+// load that cannot be read is noted, not fatal.
 func (p *prober) checkIdle(ctx context.Context, m *wire.Measurement) error {
 	if p.cfg.Load == nil {
 		return nil
 	}
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	load, err := p.cfg.Load(lctx)
-	cancel()
+	load, err := p.readLoad(ctx)
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
@@ -291,10 +319,7 @@ func (p *prober) checkIdle(ctx context.Context, m *wire.Measurement) error {
 	default:
 		m.LoadBefore = load
 		if load.Running+load.Waiting > 0 {
-			if p.cfg.RequireIdle {
-				return ErrBusy
-			}
-			m.Busy = true
+			return p.onBusy(ctx, m, load)
 		}
 	}
 	return nil
@@ -327,11 +352,22 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	if p.cfg.GPUs != nil {
 		sampler = startGPUSampler(ctx, p.cfg.GPUs, p.cfg.GPUUUIDs)
 	}
+	before, counted := p.readGenerated(ctx, m)
 	meas, err = p.burst(ctx, PhaseMeasure, chatURL, body)
 	if sampler != nil {
 		p.recordClocks(m, sampler.stop())
 	}
-	return meas, err == nil, err
+	if err != nil {
+		return meas, false, err
+	}
+	if counted {
+		if after, ok := p.readGenerated(ctx, m); ok {
+			if err := p.shared(m, meas, before, after); err != nil {
+				return meas, false, err
+			}
+		}
+	}
+	return meas, true, nil
 }
 
 // recordClocks puts what the GPU clocks did during the measured burst in m.

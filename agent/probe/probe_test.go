@@ -419,13 +419,16 @@ func TestRunIdle(t *testing.T) {
 			t.Errorf("a deferred probe sent %d requests", f.chats.Load())
 		}
 	})
-	t.Run("on-demand probe runs anyway and says so", func(t *testing.T) {
+	t.Run("on-demand probe waits, and never measures an engine that stays busy", func(t *testing.T) {
 		f := newFake(t, nil)
 		cfg := quick(f.URL())
-		cfg.Load, cfg.Trigger = busy, wire.ReasonOnDemand
-		m := mustRun(t, cfg)
-		if !m.Valid() || !m.Busy || m.LoadBefore.Running != 2 || m.LoadBefore.Waiting != 1 || m.Trigger != wire.ReasonOnDemand {
-			t.Fatalf("valid %v busy %v load %+v trigger %q", m.Valid(), m.Busy, m.LoadBefore, m.Trigger)
+		cfg.Load, cfg.Trigger, cfg.BusyWait, cfg.busyPoll = busy, wire.ReasonOnDemand, 50*time.Millisecond, 5*time.Millisecond
+		m, err := Run(t.Context(), cfg)
+		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "still busy (2 running, 1 waiting) after waiting") {
+			t.Fatalf("err = %v, want ErrBusy after the wait", err)
+		}
+		if f.chats.Load() != 0 || m.Valid() || m.BusyWaitSeconds <= 0 {
+			t.Fatalf("a busy engine got %d requests; valid %v waited %v", f.chats.Load(), m.Valid(), m.BusyWaitSeconds)
 		}
 	})
 	t.Run("idle engine is probed", func(t *testing.T) {

@@ -224,12 +224,12 @@ func TestSimBusyDefersScheduledProbe(t *testing.T) {
 		t.Fatalf("err = %v, want ErrBusy (measurement %+v)", err, m)
 	}
 
-	// On demand, it runs anyway and records that the engine was busy.
+	// On demand, it waits for the engine, and gives up rather than
+	// measure the share a busy engine would give it.
 	od := cfg
-	od.RequireIdle, od.Trigger = false, wire.ReasonOnDemand
-	m = mustRun(t, od)
-	if !m.Valid() || !m.Busy || m.LoadBefore.Running != 1 {
-		t.Fatalf("on-demand: valid %v busy %v load %+v problems %q", m.Valid(), m.Busy, m.LoadBefore, m.Problems)
+	od.RequireIdle, od.Trigger, od.BusyWait, od.busyPoll = false, wire.ReasonOnDemand, 300*time.Millisecond, 50*time.Millisecond
+	if m, err = Run(t.Context(), od); !errors.Is(err, ErrBusy) || m.Valid() {
+		t.Fatalf("on-demand: err = %v, valid %v", err, m.Valid())
 	}
 
 	// Once the engine is idle, the scheduled probe goes ahead.

@@ -402,7 +402,9 @@ func (p *probeState) request(id string) *issued {
 }
 
 // ProbeStatus applies what became of a probe request: running,
-// deferred_busy (asked again BusyRetry later) or failed (FailRetry later).
+// draining (the gateways send the worker nothing until the probe ends,
+// see drained), deferred_busy (asked again BusyRetry later) or failed
+// (FailRetry later).
 // A status for an older request than the current one is ignored.
 func (f *Fleet) ProbeStatus(nodeName string, s wire.ProbeStatus) []Action {
 	if err := s.Validate(); err != nil {
@@ -430,6 +432,11 @@ func (f *Fleet) ProbeStatus(nodeName string, s wire.ProbeStatus) []Action {
 			// out like a new one rather than send another.
 			p.outstanding, p.sentAt = true, now
 		}
+	case wire.ProbeDraining:
+		if !p.outstanding {
+			p.outstanding, p.sentAt = true, now
+		}
+		f.log.Info("engine busy; drained at the gateways while its agent measures it", "worker", w.id, "drained", f.drained(w))
 	case wire.ProbeDeferredBusy:
 		p.outstanding, p.retryAt = false, now.Add(f.cfg.BusyRetry)
 		f.log.Debug("probe deferred, engine busy", "worker", w.id, "retry_at", p.retryAt)

@@ -184,7 +184,7 @@ func (f *Fleet) WeightsOf(model, kind string) (view.Weights, bool, error) {
 	out := view.Weights{Model: model, Kind: kind, Workers: []view.WeightEntry{}}
 	var in []*worker
 	for _, w := range ws {
-		if weightOf(w) != nil {
+		if weightOf(w) != nil && !f.drained(w) {
 			in = append(in, w)
 		}
 	}
@@ -374,6 +374,13 @@ func (f *Fleet) view(w *worker) view.Worker {
 		v.PinnedPrefillWeight = &p
 	}
 	v.PrefillWeight, v.ComputedPrefillWeight = clonePtr(w.prefill.weight), clonePtr(w.prefill.computed)
+	if f.drained(w) {
+		zero := 0.0
+		v.Draining, v.Weight = true, &zero
+		if v.PrefillWeight != nil {
+			v.PrefillWeight = &zero
+		}
+	}
 	v.MaxContextTokens = maxContext(w.pools())
 	if n := w.eng.MaxModelLen; n > 0 {
 		v.MaxModelLen = &n

@@ -101,6 +101,9 @@ func ForSelection(model string, sel Selection, ws []view.Worker) (Model, []strin
 		case !view.Serving(w.State):
 		case b.MaxContextTokens < sel.MinContextTokens:
 			// Not known to hold this backend's conversations: drained.
+		case w.Draining:
+			// Its agent measures it (probe_busy "drain"): drained until
+			// the probe ends.
 		case weight != nil && *weight > 0 && !math.IsInf(*weight, 0):
 			b.Serving, b.Weight = true, *weight
 		case weight == nil && sel.Kind == view.WeightPrefill:

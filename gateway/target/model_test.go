@@ -31,6 +31,7 @@ func TestForModelStates(t *testing.T) {
 		worker("f", "http://10.0.0.6:8000", view.StateAdmitted, f(0)), // weight 0: drained
 		worker("g", "http://10.0.0.7:8000", view.StateAdmitted, nil),  // admitted without a weight: drained
 		worker("h", "http://10.0.0.8:8000", view.StateStale, f(0.8)),  // agent gone, engine not known down: serving
+		{ID: "i", Model: model, URL: "http://10.0.0.11:8000", State: view.StateAdmitted, Weight: f(0), Draining: true}, // measured: drained quietly
 		{ID: "other", Model: "other", URL: "http://10.0.0.9:8000", State: view.StateAdmitted, Weight: f(1)},
 	}
 	m, problems := ForModel(model, ws)
@@ -39,8 +40,8 @@ func TestForModelStates(t *testing.T) {
 		problems[1] != "worker g is admitted without a weight: drained" {
 		t.Fatalf("problems: %q", problems)
 	}
-	if len(m.Backends) != 8 {
-		t.Fatalf("got %d backends, want 8 (the other model's worker left out): %+v", len(m.Backends), m.Backends)
+	if len(m.Backends) != 9 {
+		t.Fatalf("got %d backends, want 9 (the other model's worker left out): %+v", len(m.Backends), m.Backends)
 	}
 	serving := m.Serving()
 	if len(serving) != 2 || serving[0].WorkerID != "a" || serving[0].Weight != 1.37 || serving[0].Address != "10.0.0.1:8000" ||

@@ -84,7 +84,12 @@ type Worker struct {
 	History        []MeasurementPoint `json:"history"`
 	AgentConnected bool               `json:"agent_connected"`
 	LastSeen       *time.Time         `json:"last_seen"`
-	ProbeStatus    string             `json:"probe_status,omitempty"` // running | deferred_busy | failed | ""
+	ProbeStatus    string             `json:"probe_status,omitempty"` // running | deferred_busy | draining | failed | ""
+	// Draining is true while the worker's agent measures it with
+	// probe_busy "drain": Weight (and PrefillWeight) read 0 so every
+	// gateway stops sending it new requests, ComputedWeight keeps its
+	// weight, and the drain ends with the probe.
+	Draining bool `json:"draining,omitempty"`
 
 	// ExpectedRanks is how many data-parallel ranks the engine runs, and
 	// Complete whether every one has a pool in Ranks; both null when the

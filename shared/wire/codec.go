@@ -428,7 +428,11 @@ func (m *Measurement) Validate() error {
 			return err
 		}
 	}
-	if m.OutputTokens < 0 || m.ExpectedTokens < 0 || m.Requests < 0 || m.Concurrency < 0 || m.TokensPerReq < 0 {
+	if err := checkNumber("measurement.busy_wait_seconds", m.BusyWaitSeconds); err != nil {
+		return err
+	}
+	if m.OutputTokens < 0 || m.ExpectedTokens < 0 || m.Requests < 0 || m.Concurrency < 0 || m.TokensPerReq < 0 ||
+		m.Ranks < 0 || m.Ranks > MaxRanks || m.EngineGeneratedTokens < 0 {
 		return invalid("measurement has negative counts")
 	}
 	if len(m.Problems) > MaxProblemCount {
@@ -482,7 +486,7 @@ func (p *ProbeStatus) Validate() error {
 		return invalid("probe_status.capacity_key is empty")
 	}
 	switch p.State {
-	case ProbeRunning, ProbeDeferredBusy, ProbeFailed:
+	case ProbeRunning, ProbeDeferredBusy, ProbeFailed, ProbeDraining:
 	default:
 		return invalid("probe_status.state %q is unknown", p.State)
 	}

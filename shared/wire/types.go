@@ -315,8 +315,24 @@ type Measurement struct {
 
 	LoadBefore Load `json:"load_before"`
 	// Busy records that the engine had work in flight when an on-demand
-	// probe started anyway.
+	// probe started anyway (agents before probe_busy; today's never
+	// measure a busy engine).
 	Busy bool `json:"busy,omitempty"`
+	// Ranks is how many data-parallel ranks the burst was sized for:
+	// Concurrency is the per-rank burst times Ranks, so every engine
+	// instance is measured at the same load. 0 from older agents.
+	Ranks int `json:"ranks,omitempty"`
+	// BusyWaitSeconds is how long the probe waited for the engine to
+	// have no request running or waiting before its bursts.
+	BusyWaitSeconds float64 `json:"busy_wait_seconds,omitempty"`
+	// Drained says the worker was drained at the gateways (probe_busy
+	// "drain") while the probe waited and measured.
+	Drained bool `json:"drained,omitempty"`
+	// EngineGeneratedTokens is what the engine's own generated-tokens
+	// counter grew by over the measured burst; 0 when it was not read.
+	// More than the burst received means other traffic shared the engine,
+	// and such a burst is never reported as a measurement.
+	EngineGeneratedTokens int64 `json:"engine_generated_tokens,omitempty"`
 	// Complete is false when the engine returned fewer (or more) tokens
 	// than asked, or usage and stream disagreed.
 	Complete bool `json:"complete"`
@@ -399,6 +415,10 @@ const (
 	ProbeRunning      = "running"
 	ProbeDeferredBusy = "deferred_busy"
 	ProbeFailed       = "failed"
+	// ProbeDraining: the engine is busy and the agent's probe_busy is
+	// "drain"; the coordinator sets the worker's gateway weight to 0
+	// until the probe's result or another status comes.
+	ProbeDraining = "draining"
 )
 
 // ProbeStatus tells the coordinator what became of a probe request.

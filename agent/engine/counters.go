@@ -1,0 +1,41 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+
+	"heft/shared/wire"
+)
+
+// Counters is one reading of an engine's own /metrics: the tokens it has
+// generated since it started and how busy it is now. The probe reads it
+// around its measured burst to tell whether other traffic shared the
+// engine; read twice, some time apart, it is what the engine delivered
+// in between.
+type Counters struct {
+	// Generated is the generated-tokens counter over every rank.
+	Generated float64
+	// Ranks is the counter per data-parallel rank where the engine
+	// labels it by rank; otherwise rank 0 holds the total.
+	Ranks map[int]float64
+	// Load is the running and waiting requests, per rank where labelled.
+	Load wire.Load
+}
+
+// Counters scrapes /metrics for the generated-tokens counter and the
+// load. Kinds without /metrics (mlx-lm, Ollama) give ErrNoMetrics; a page
+// without the counter (an engine started without metrics, or too old)
+// an error saying so.
+func (c *Client) Counters(ctx context.Context) (Counters, error) {
+	if c.kind.metrics == nil {
+		return Counters{}, fmt.Errorf("%s: %w", c.kind.name, ErrNoMetrics)
+	}
+	mf, err := c.scrape(ctx)
+	if err != nil {
+		return Counters{}, err
+	}
+	if !mf.GeneratedKnown {
+		return Counters{}, fmt.Errorf("%s /metrics has no %s", c.kind.name, c.kind.metrics.generated[0])
+	}
+	return Counters{Generated: mf.Generated, Ranks: mf.GeneratedRanks, Load: mf.Load}, nil
+}

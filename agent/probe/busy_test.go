@@ -1,0 +1,128 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"heft/shared/wire"
+)
+
+// busyFor reports the engine busy for its first n reads, then idle.
+func busyFor(n int32) (func(context.Context) (wire.Load, error), *atomic.Int32) {
+	var reads atomic.Int32
+	return func(context.Context) (wire.Load, error) {
+		if reads.Add(1) <= n {
+			return wire.Load{Known: true, Running: 11}, nil
+		}
+		return wire.Load{Known: true}, nil
+	}, &reads
+}
+
+func TestRunBusyModes(t *testing.T) {
+	t.Run("wait: the probe runs once the engine is idle, and says how long it waited", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		load, reads := busyFor(3)
+		cfg.Load, cfg.Trigger, cfg.busyPoll = load, wire.ReasonOnDemand, 5*time.Millisecond
+		m := mustRun(t, cfg)
+		if !m.Valid() || m.BusyWaitSeconds <= 0 || m.LoadBefore.Running != 0 || reads.Load() != 4 || m.Drained {
+			t.Fatalf("valid %v waited %v load %+v reads %d drained %v", m.Valid(), m.BusyWaitSeconds, m.LoadBefore, reads.Load(), m.Drained)
+		}
+	})
+	t.Run("passive-only: a busy engine is never probed", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		load, _ := busyFor(1000)
+		cfg.Load, cfg.Trigger, cfg.Busy = load, wire.ReasonRegistration, BusyPassiveOnly
+		_, err := Run(t.Context(), cfg)
+		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "passive-only") || f.chats.Load() != 0 {
+			t.Fatalf("err = %v, %d requests sent", err, f.chats.Load())
+		}
+	})
+	t.Run("drain: the gateways are asked first, then the probe waits for the requests in flight", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		load, reads := busyFor(2)
+		var drained atomic.Int32
+		cfg.Load, cfg.Busy, cfg.busyPoll = load, BusyDrain, 5*time.Millisecond
+		cfg.Drain = func(context.Context) error {
+			if reads.Load() != 1 || f.chats.Load() != 0 {
+				t.Errorf("drain asked after %d load reads and %d requests", reads.Load(), f.chats.Load())
+			}
+			drained.Add(1)
+			return nil
+		}
+		cfg.RequireIdle, cfg.Trigger = true, wire.ReasonScheduled // drain measures scheduled probes too
+		m := mustRun(t, cfg)
+		if !m.Valid() || !m.Drained || drained.Load() != 1 {
+			t.Fatalf("valid %v drained %v (%d calls)", m.Valid(), m.Drained, drained.Load())
+		}
+	})
+	t.Run("drain that fails is noted and the probe still waits", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		load, _ := busyFor(1)
+		cfg.Load, cfg.Busy, cfg.busyPoll = load, BusyDrain, 5*time.Millisecond
+		cfg.Drain = func(context.Context) error { return errors.New("coordinator link down") }
+		m := mustRun(t, cfg)
+		if !m.Valid() || m.Drained || !hasProblem(m, "drain not confirmed: coordinator link down") {
+			t.Fatalf("valid %v drained %v problems %q", m.Valid(), m.Drained, m.Problems)
+		}
+	})
+	t.Run("an unknown mode is refused", func(t *testing.T) {
+		cfg := quick("http://127.0.0.1:1")
+		cfg.Busy = "sometimes"
+		if _, err := Run(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "wait, drain, passive-only") {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+// A burst that saw other traffic (the engine's own counter grew by more
+// than the burst received) measured a share: it is never a measurement.
+func TestRunSharedBurstDiscarded(t *testing.T) {
+	counter := func(extra float64) (func(context.Context) (float64, error), *atomic.Int32) {
+		var reads atomic.Int32
+		return func(context.Context) (float64, error) {
+			if reads.Add(1) == 1 {
+				return 1000, nil
+			}
+			return 1000 + 4*8 + extra, nil // the burst's 32 tokens, and someone else's
+		}, &reads
+	}
+	t.Run("other traffic: discarded", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		var reads *atomic.Int32
+		cfg.Counters, reads = counter(900)
+		m, err := Run(t.Context(), cfg)
+		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "generated 932 tokens during the measured burst, which received 32") {
+			t.Fatalf("err = %v (valid %v, %.1f tok/s)", err, m.Valid(), m.ThroughputTPS)
+		}
+		if reads.Load() != 2 || m.ThroughputTPS != 0 {
+			t.Errorf("%d counter reads, throughput %v", reads.Load(), m.ThroughputTPS)
+		}
+	})
+	t.Run("only the burst: measured, with the engine's count", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		cfg.Counters, _ = counter(3) // within the slack for a late-recorded warm-up step
+		m := mustRun(t, cfg)
+		if !m.Valid() || m.EngineGeneratedTokens != 35 {
+			t.Fatalf("valid %v engine tokens %d problems %q", m.Valid(), m.EngineGeneratedTokens, m.Problems)
+		}
+	})
+	t.Run("counter unreadable: measured, with a note", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		cfg.Counters = func(context.Context) (float64, error) { return 0, errors.New("no /metrics") }
+		m := mustRun(t, cfg)
+		if !m.Valid() || !hasProblem(m, "other traffic during the burst not checked: no /metrics") {
+			t.Fatalf("valid %v problems %q", m.Valid(), m.Problems)
+		}
+	})
+}

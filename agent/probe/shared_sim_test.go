@@ -1,0 +1,77 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"heft/agent/engine"
+	"heft/shared/testutil"
+	"heft/shared/wire"
+	"heft/sim"
+)
+
+// The 902 tok/s case: an admin's "measure again" on an engine that an
+// idle check saw empty, and that a gateway fills while the burst runs.
+// The engine's own counters (read as the agent reads them) show tokens
+// beyond the burst's, so no throughput comes back. Without other traffic
+// the same probe measures, and the counters agree with the burst.
+func TestSimSharedBurstDiscarded(t *testing.T) {
+	t.Parallel()
+	// Room for the users beside the burst, as vLLM's default of 256.
+	s := startSim(t, sim.Config{SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 64})
+	client, err := engine.New(engine.Config{Kind: wire.EngineVLLM, URL: s.URL()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters := func(ctx context.Context) (float64, error) {
+		c, err := client.Counters(ctx)
+		return c.Generated, err
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	var users sync.WaitGroup
+	t.Cleanup(func() { cancel(); users.Wait() })
+	traffic := func() {
+		body := []byte(`{"model":"` + sim.DefaultModel + `","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
+		for range 11 {
+			users.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", bytes.NewReader(body))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body) // until cancel
+					resp.Body.Close()
+				}
+			})
+		}
+	}
+	var once sync.Once
+	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", Trigger: wire.ReasonOnDemand,
+		Load: client.Load, Counters: counters, ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second,
+		Progress: func(p Progress) {
+			if p.Phase == PhaseMeasure {
+				once.Do(traffic) // users arrive as the measured burst starts
+			}
+		}}
+	m, err := Run(t.Context(), cfg)
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "other traffic shared the engine") {
+		t.Fatalf("err = %v; valid %v, %.0f tok/s, engine counted %d for %d", err, m.Valid(), m.ThroughputTPS, m.EngineGeneratedTokens, m.OutputTokens)
+	}
+	if m.Valid() || m.ThroughputTPS != 0 {
+		t.Fatalf("a shared burst came back as %.0f tok/s", m.ThroughputTPS)
+	}
+
+	cancel()
+	users.Wait()
+	testutil.Eventually(t, "the users to leave", 10*time.Second, func() bool { r, w := s.InFlight(); return r+w == 0 })
+	cfg.Progress = nil
+	m = mustRun(t, cfg)
+	if !m.Valid() || m.EngineGeneratedTokens < int64(m.OutputTokens) || m.EngineGeneratedTokens > int64(m.OutputTokens)+32 {
+		t.Fatalf("quiet engine: valid %v, engine counted %d for a burst of %d; problems %q", m.Valid(), m.EngineGeneratedTokens, m.OutputTokens, m.Problems)
+	}
+}
