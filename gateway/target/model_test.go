@@ -28,11 +28,11 @@ func TestForModelStates(t *testing.T) {
 		worker("c", "http://10.0.0.3:8000", view.StateOffline, nil),
 		worker("d", "http://10.0.0.4:8000", view.StatePending, nil),
 		worker("e", "http://10.0.0.5:8000", view.StateMeasuring, nil),
-		worker("f", "http://10.0.0.6:8000", view.StateAdmitted, f(0)), // weight 0: drained
-		worker("g", "http://10.0.0.7:8000", view.StateAdmitted, nil),  // admitted without a weight: drained
-		worker("h", "http://10.0.0.8:8000", view.StateStale, f(0.8)),  // agent gone, engine not known down: serving
-		{ID: "i", Model: model, URL: "http://10.0.0.11:8000", State: view.StateAdmitted, Weight: f(0), Draining: true}, // measured: drained quietly
-		{ID: "other", Model: "other", URL: "http://10.0.0.9:8000", State: view.StateAdmitted, Weight: f(1)},
+		worker("f", "http://10.0.0.6:8000", view.StateAdmitted, f(0)),                                                 // weight 0: drained
+		worker("g", "http://10.0.0.7:8000", view.StateAdmitted, nil),                                                  // admitted without a weight: drained
+		worker("h", "http://10.0.0.8:8000", view.StateStale, f(0.8)),                                                  // agent gone, engine not known down: serving
+		{ID: "i", Model: model, URL: "http://10.0.0.9:8000", State: view.StateAdmitted, Weight: f(0), Draining: true}, // measured: drained quietly
+		{ID: "other", Model: "other", URL: "http://10.0.0.12:8000", State: view.StateAdmitted, Weight: f(1)},
 	}
 	m, problems := ForModel(model, ws)
 	// The two weightless admitted workers are drained, and said so.
