@@ -28,7 +28,7 @@ func fullMessages() map[string]any {
 		Requests: 16, Concurrency: 16, TokensPerReq: 128, Prompt: "Write a long story.",
 		DecodeTPSP50: 62.5, DecodeTPSP95: 70.25, TTFTP50: 0.125, TTFTP95: 0.5,
 		SMClockMinMHz: 1980, SMClockMedianMHz: 2010, SMClockMaxMHz: 2040, ClockEventReasons: []string{"sw_power_cap"},
-		LoadBefore: load, Busy: true, Complete: true, Failure: "probe_incomplete_output", Problems: []string{"1 token short"},
+		LoadBefore: load, Busy: true, Ranks: 2, BusyWaitSeconds: 12.5, Drained: true, EngineGeneratedTokens: 2050, Complete: true, Failure: "probe_incomplete_output", Problems: []string{"1 token short"},
 		Implausible: "every token of a request arrived in one instant",
 		Trigger:     ReasonScheduled, StartedAt: at, FinishedAt: at.Add(4500 * time.Millisecond),
 		Prefill: &Prefill{ThroughputTPS: 17580.25, WarmupTPS: 17001.5, PromptTokens: 32768, ExpectedPromptTokens: 32768,
