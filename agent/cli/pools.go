@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -51,6 +52,10 @@ type poolsReport struct {
 type poolsArgs struct {
 	kind, log string
 	json      bool
+	// src are where journald:, docker: and k8s: logs are read from, as
+	// the agent's [engine_logs] settings (and their environment
+	// variables) say.
+	src logsource.Options
 }
 
 // runPools reads an engine's start-up log and prints each data-parallel
@@ -87,42 +92,96 @@ func runPools(args []string, stdio IO) int {
 // code, when the command should stop (help, or bad flags).
 func parsePools(args []string, stdio IO) (a poolsArgs, code int, ok bool) {
 	fs := flag.NewFlagSet("heft-agent pools", flag.ContinueOnError)
-	engine := fs.String("engine", "", "the engine that wrote the log: vllm or sglang")
+	engine := fs.String("engine", "", "the engine that wrote the log: vllm, sglang, llamacpp, ollama or mlx (default: the kind whose pool lines the log holds)")
 	fs.StringVar(&a.log, "log", "", "where the engine's start-up log is (`SOURCE`): "+logsource.Usage)
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
+	sourceFlags(fs, &a.src)
 	usage := func(w io.Writer) {
-		fmt.Fprintln(w, "usage: heft-agent pools --engine vllm|sglang --log FILE [--json]")
+		fmt.Fprintln(w, "usage: heft-agent pools [--engine vllm|sglang|llamacpp|ollama] --log FILE [--json]")
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "Reads an engine's start-up log and prints each data-parallel rank's KV pool.")
 		fmt.Fprintln(w, "FILE may also be a glob (the newest match), journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.")
+		fmt.Fprintln(w, "Without --engine, the kind whose pool lines the log holds is used.")
 		fmt.Fprintln(w)
 		settings.PrintFlags(w, fs)
 	}
 	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
 		return a, code, false
 	}
-	if *engine == "" || a.log == "" {
+	if a.log == "" {
 		usage(stdio.Err)
-		fmt.Fprintln(stdio.Err, "heft-agent pools: --engine and --log are both required")
+		fmt.Fprintln(stdio.Err, "heft-agent pools: --log is required")
 		return a, 2, false
 	}
 	a.kind = strings.ToLower(strings.TrimSpace(*engine))
-	if _, err := enginelog.NewTracker(a.kind); err != nil {
-		fmt.Fprintf(stdio.Err, "heft-agent pools: unknown engine %q: pools reads vllm and sglang start-up logs (the other engines print no per-rank KV pool)\n", *engine)
+	if a.kind == wire.EngineMLX {
+		return a, 0, true // read says mlx has no pool
+	}
+	if _, err := enginelog.NewTracker(a.kind); a.kind != "" && err != nil {
+		fmt.Fprintf(stdio.Err, "heft-agent pools: unknown engine %q: pools reads %s start-up logs\n", *engine, strings.Join(poolKinds, ", "))
 		return a, 2, false
 	}
 	return a, 0, true
 }
 
+// poolKinds are the kinds whose logs pools reads, in the order a log of
+// unknown kind is tried.
+var poolKinds = []string{wire.EngineVLLM, wire.EngineSGLang, wire.EngineLlamaCpp, wire.EngineOllama}
+
+// errNoPoolEngine is mlx-lm's answer: its server allocates KV cache per
+// request and has no pool to read.
+var errNoPoolEngine = errors.New("mlx-lm's server exposes no KV pool: it allocates each request's cache as it goes, " +
+	"so there is no pool to read and no data-parallel ranks to compare; the agent measures it by probing alone")
+
+// sourceFlags are where journald:, docker: and k8s: logs are found: the
+// agent's [engine_logs] settings, by flag or by the environment variables
+// the agent reads, so a DaemonSet's setup can be checked by hand.
+func sourceFlags(fs *flag.FlagSet, o *logsource.Options) {
+	def := func(env, fallback string) string {
+		if v := os.Getenv(env); v != "" {
+			return v
+		}
+		return fallback
+	}
+	fs.StringVar(&o.PodsRoot, "pods-root", def("HEFT_ENGINE_LOGS_PODS_ROOT", logsource.DefaultPodsRoot),
+		"the kubelet's pod logs, for k8s: (env HEFT_ENGINE_LOGS_PODS_ROOT)")
+	fs.StringVar(&o.JournalDirectory, "journal-directory", def("HEFT_ENGINE_LOGS_JOURNAL_DIRECTORY", ""),
+		"journal files journald: reads (journalctl --directory; env HEFT_ENGINE_LOGS_JOURNAL_DIRECTORY; default the system journal)")
+	fs.StringVar(&o.DockerSocket, "docker-socket", def("HEFT_ENGINE_LOGS_DOCKER_SOCKET", ""),
+		"the Docker Engine API's socket, for docker: (env HEFT_ENGINE_LOGS_DOCKER_SOCKET; default /var/run/docker.sock)")
+	fs.StringVar(&o.DockerRoot, "docker-root", def("HEFT_ENGINE_LOGS_DOCKER_ROOT", ""),
+		"Docker's data root, read when the socket cannot be (env HEFT_ENGINE_LOGS_DOCKER_ROOT; default /var/lib/docker)")
+}
+
 // read reads the log and judges its pools. An error comes with its exit
 // code; with ErrNoPools, facts say what else the log held.
 func (a poolsArgs) read() (poolsReport, enginelog.Facts, int, error) {
-	src, err := logsource.Open(a.log, logsource.Options{}, nil)
+	if a.kind == wire.EngineMLX {
+		return poolsReport{}, enginelog.Facts{Engine: a.kind}, 1, errNoPoolEngine
+	}
+	src, err := logsource.Open(a.log, a.src, nil)
 	if err != nil {
 		return poolsReport{}, enginelog.Facts{}, 2, err
 	}
 	var readErr error
-	facts, err := enginelog.ReadEach(a.kind, func(yield func(string)) error {
+	var lines []string
+	kind := a.kind
+	if kind == "" {
+		// Read once, then try each kind: the first whose pool lines the
+		// log holds is the engine's.
+		readErr = src.ReadAll(context.Background(), logsource.Handler{Line: func(l string) { lines = append(lines, l) }})
+		kind = poolKinds[0]
+		for _, k := range poolKinds {
+			if f, err := enginelog.ReadEach(k, replay(lines)); err == nil && len(f.Ranks) > 0 {
+				kind = k
+				break
+			}
+		}
+	}
+	facts, err := enginelog.ReadEach(kind, func(yield func(string)) error {
+		if a.kind == "" {
+			return replay(lines)(yield)
+		}
 		readErr = src.ReadAll(context.Background(), logsource.Handler{Line: yield})
 		return readErr
 	})
@@ -156,6 +215,16 @@ func (a poolsArgs) read() (poolsReport, enginelog.Facts, int, error) {
 	status := src.Status()
 	report.Source = &status
 	return report, facts, 0, nil
+}
+
+// replay yields lines read before.
+func replay(lines []string) func(func(string)) error {
+	return func(yield func(string)) error {
+		for _, l := range lines {
+			yield(l)
+		}
+		return nil
+	}
 }
 
 // poolsMinOverMax is smallest/largest pool rounded to 4 decimals: 1 with

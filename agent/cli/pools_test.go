@@ -104,10 +104,11 @@ func TestPoolsErrors(t *testing.T) {
 			[]string{"no KV pool line found", `"GPU KV cache size: N tokens"`, `"# cuda blocks: N`, `"KV Cache is allocated. #tokens: N"`, `"max_total_num_tokens=N"`, "version 0.28.0"}},
 		{"no pool line, json", []string{"--engine", "vllm", "--log", noPool, "--json"}, 1, []string{"no KV pool line found"}},
 		{"wrong engine", []string{"--engine", "vllm", "--log", testutil.Testdata(t, "engines/sglang-dp2-even.log")}, 1, []string{`try engine "sglang"`}},
-		{"unknown engine", []string{"--engine", "ollama", "--log", noPool}, 2, []string{`unknown engine "ollama"`}},
+		{"unknown engine", []string{"--engine", "tgi", "--log", noPool}, 2, []string{`unknown engine "tgi"`}},
+		{"an engine without a pool", []string{"--engine", "mlx", "--log", noPool}, 1, []string{"exposes no KV pool"}},
 		{"missing file", []string{"--engine", "sglang", "--log", filepath.Join(t.TempDir(), "absent.log")}, 1, []string{"cannot read the log", "absent.log"}},
 		{"a directory", []string{"--engine", "sglang", "--log", t.TempDir()}, 1, []string{"is a directory"}},
-		{"missing flags", []string{"--engine", "vllm"}, 2, []string{"--engine and --log are both required", "usage: heft-agent pools"}},
+		{"missing flags", []string{"--engine", "vllm"}, 2, []string{"--log is required", "usage: heft-agent pools"}},
 		{"bad flag", []string{"--nope"}, 2, []string{"unknown flag: --nope", "usage: heft-agent pools"}},
 		{"extra argument", []string{"--engine", "vllm", "--log", noPool, "extra"}, 2, []string{`unexpected argument "extra"`}},
 	}
@@ -129,7 +130,7 @@ func TestPoolsErrors(t *testing.T) {
 	}
 	// Help goes to stdout, as on every heft command.
 	if code, out, errOut := poolsRun("--help"); code != 0 || errOut != "" ||
-		!strings.Contains(out, "usage: heft-agent pools --engine vllm|sglang --log FILE [--json]") || !strings.Contains(out, "--log SOURCE") {
+		!strings.Contains(out, "usage: heft-agent pools [--engine vllm|sglang|llamacpp|ollama] --log FILE [--json]") || !strings.Contains(out, "--log SOURCE") {
 		t.Errorf("--help: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
@@ -232,6 +233,24 @@ func TestPoolsSourceSpecs(t *testing.T) {
 			if !strings.Contains(errOut, want) {
 				t.Errorf("%s: stderr lacks %q:\n%s", tc.log, want, errOut)
 			}
+		}
+	}
+}
+
+// Without --engine the log's own kind is found; llama.cpp and Ollama logs
+// give their one pool.
+func TestPoolsEveryKind(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--log", testutil.Testdata(t, "engines/sglang-dp2-even.log"), "--json"}, `"engine":"sglang"`},
+		{[]string{"--log", testutil.Testdata(t, "engines/wild/llamacpp-server-2024.log"), "--json"}, `"ranks":[{"dp_rank":0,"kv_tokens":512}]`},
+		{[]string{"--engine", "ollama", "--log", testutil.Testdata(t, "engines/wild/ollama-2024-n-ctx.log"), "--json"}, `"ranks":[{"dp_rank":0,"kv_tokens":128}]`},
+	} {
+		code, out, errOut := poolsRun(tc.args...)
+		if code != 0 || !strings.Contains(out, tc.want) {
+			t.Errorf("%v: exit %d, stdout %s, stderr %s", tc.args, code, out, errOut)
 		}
 	}
 }

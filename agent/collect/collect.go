@@ -141,6 +141,11 @@ func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
 			}
 			st.src = src
 			t, err := enginelog.NewTracker(client.Kind())
+			if k := client.Kind(); err == nil && k != "vllm" && k != "sglang" {
+				// heft-agent pools reads llama.cpp's and Ollama's one pool
+				// from their logs; the agent takes it from their endpoints.
+				err = fmt.Errorf("%w: %s", enginelog.ErrUnknownEngine, k)
+			}
 			if err != nil {
 				st.ignored = fmt.Sprintf("heft reads the start-up logs of vllm and sglang only, and this engine is %s", client.Kind())
 				logger.Warn("engine log ignored: heft reads start-up logs of vllm and sglang only",

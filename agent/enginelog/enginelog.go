@@ -1,4 +1,5 @@
-// Package enginelog reads vLLM and SGLang start-up logs: the KV pool of
+// Package enginelog reads vLLM and SGLang start-up logs (and llama.cpp's
+// and Ollama's, whose one pool heft-agent pools shows): the KV pool of
 // every data-parallel rank, the launch arguments, the version, the served
 // model and whether the server said it is ready.
 //
@@ -89,14 +90,16 @@ type Facts struct {
 var ErrNoPools = errors.New(`no KV pool line found; looked for vLLM V1 "GPU KV cache size: N tokens" ` +
 	`(alone or merged with "Maximum concurrency for N tokens per request"), ` +
 	`vLLM V0 "# cuda blocks: N, # CPU blocks: M" and "# GPU blocks: N, # CPU blocks: M", ` +
-	`SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA) and SGLang "max_total_num_tokens=N"`)
+	`SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA) and SGLang "max_total_num_tokens=N", ` +
+	`llama.cpp and Ollama "llama_kv_cache: size = ... (N cells, ..." and "n_ctx = N"`)
 
 // ErrSeveralServers is wrapped by Read's error when the log holds several
 // servers (SGLang router workers): no pool line can be told to be one's.
 var ErrSeveralServers = errors.New("several servers in one log")
 
-// ErrUnknownEngine is returned for an engine kind other than vllm or sglang.
-var ErrUnknownEngine = errors.New("unknown engine kind (enginelog reads vllm and sglang logs)")
+// ErrUnknownEngine is returned for an engine kind whose log enginelog
+// cannot read.
+var ErrUnknownEngine = errors.New("unknown engine kind (enginelog reads vllm, sglang, llamacpp and ollama logs)")
 
 // MaxLineBytes is the longest line Read keeps; the rest of a longer line
 // is skipped so one runaway line cannot exhaust memory.
@@ -125,7 +128,9 @@ func ReadEach(kind string, each func(yield func(line string)) error) (Facts, err
 	err = each(func(line string) {
 		lines++
 		t.Feed(line)
-		other.Feed(line)
+		if other != nil {
+			other.Feed(line)
+		}
 	})
 	if err != nil {
 		return Facts{}, fmt.Errorf("read %s log: %w", t.kind, err)
@@ -141,7 +146,9 @@ func ReadEach(kind string, each func(yield func(line string)) error) (Facts, err
 	}
 	if !ok {
 		hint := ""
-		if _, otherOK := other.Facts(); otherOK {
+		if other == nil {
+			// no other kind to suggest
+		} else if _, otherOK := other.Facts(); otherOK {
 			hint = fmt.Sprintf(", but it has %s pool lines: try engine %q", other.kind, other.kind)
 		}
 		return f, fmt.Errorf("%s log of %d lines%s: %w", t.kind, lines, hint, ErrNoPools)

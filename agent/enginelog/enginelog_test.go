@@ -161,7 +161,7 @@ func TestReadWrongEngineHints(t *testing.T) {
 }
 
 func TestReadUnknownEngine(t *testing.T) {
-	for _, kind := range []string{"mlx", "", "ollama"} {
+	for _, kind := range []string{"mlx", "", "tgi"} {
 		if _, err := Read(kind, strings.NewReader("")); !errors.Is(err, ErrUnknownEngine) {
 			t.Errorf("Read(%q) err = %v, want ErrUnknownEngine", kind, err)
 		}

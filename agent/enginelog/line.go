@@ -203,6 +203,8 @@ func scanLine(kind, line string, onEvent func(Event), onRank func(dp int, dpOnly
 			segRank = p
 		case kindSGLang:
 			ev, segRank, ok = parseSGLang(seg)
+		case kindLlamaCpp, kindOllama:
+			ev, ok = parseLlama(seg)
 		}
 		// The event first: a start-up marker may begin a new start-up,
 		// which the rank then belongs to.
@@ -239,7 +241,7 @@ const (
 
 func normKind(kind string) (string, bool) {
 	switch k := strings.ToLower(strings.TrimSpace(kind)); k {
-	case kindVLLM, kindSGLang:
+	case kindVLLM, kindSGLang, kindLlamaCpp, kindOllama:
 		return k, true
 	}
 	return "", false

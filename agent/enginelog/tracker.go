@@ -245,6 +245,10 @@ func (g *generation) addPool(ev Event) {
 var formatPreference = map[string][]string{
 	kindVLLM:   {FormatVLLMMerged, FormatVLLMTwoLine, FormatVLLMBlocks},
 	kindSGLang: {FormatSGLangMaxTotal, FormatSGLangAlloc},
+	// The cells are what the cache holds; n_ctx is asked for; --ctx-size
+	// is what Ollama asked its runner for.
+	kindLlamaCpp: {FormatLlamaKVCells, FormatLlamaNCtx},
+	kindOllama:   {FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize},
 }
 
 // Facts returns the latest start-up's facts; ok is false until a pool line

@@ -1,0 +1,87 @@
+package enginelog
+
+import (
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// llama.cpp's llama-server and Ollama (whose runner is llama.cpp's, or its
+// own engine logging the same way) run one pool: DP rank 0. Their lines
+// (reference/engines.md §4 and §5):
+//
+//	llama_kv_cache: size =  224.00 MiB (  4096 cells,  28 layers,  1/1 seqs), K (f16): ...
+//	llama_context: n_ctx         = 4096            (older: llama_new_context_with_model: n_ctx = 4096)
+//	time=... level=INFO source=server.go:... msg="starting llama server" cmd="... --ctx-size 8192 ..."
+//	main: server is listening on http://127.0.0.1:8080 - starting the main loop
+//	time=... msg="llama runner started in 2.51 seconds"
+//	time=... msg="Listening on 127.0.0.1:11434 (version 0.6.2)"
+//	build: 5123 (5f1d2e3a) with cc ...
+const (
+	kindLlamaCpp = "llamacpp"
+	kindOllama   = "ollama"
+
+	// FormatLlamaKVCells is llama.cpp's KV cache line: its cells are the
+	// pool's tokens, over all slots.
+	FormatLlamaKVCells = "llamacpp-kv-cells"
+	// FormatLlamaNCtx is the context's n_ctx, the same total (older builds
+	// print no cells).
+	FormatLlamaNCtx = "llamacpp-n-ctx"
+	// FormatOllamaCtxSize is the --ctx-size Ollama started its runner with.
+	FormatOllamaCtxSize = "ollama-ctx-size"
+)
+
+var (
+	llamaCellsRE = regexp.MustCompile(`\(\s*(\d+) cells,`)
+	llamaNCtxRE  = regexp.MustCompile(`^(?:llama_context|llama_new_context_with_model): n_ctx\s+=\s+(\d+)\s*$`)
+	llamaBuildRE = regexp.MustCompile(`^build: (\d+) \(`)
+	ollamaCtxRE  = regexp.MustCompile(`(?:^|\s)--ctx-size\s+(\d+)(?:\s|"|$)`)
+	ollamaVerRE  = regexp.MustCompile(`msg="Listening on \S+ \(version ([^)\s]+)\)"`)
+	// Ollama's runner is loaded ("llama runner started in 2.51 seconds";
+	// 2024: "Starting llama main loop"); 2024 llama-server's JSON log says
+	// "model loaded".
+	ollamaLoadedRE = regexp.MustCompile(`msg="(?:llama runner started in |Starting llama main loop")|"(?:message|msg)":"model loaded"`)
+)
+
+// parseLlama reads a llama.cpp or Ollama line.
+func parseLlama(seg string) (Event, bool) {
+	ev := Event{TPRank: -1}
+	switch {
+	case strings.HasPrefix(seg, "llama_kv_cache") && strings.Contains(seg, " cells,"):
+		if m := llamaCellsRE.FindStringSubmatch(seg); m != nil {
+			if n, err := strconv.ParseInt(m[1], 10, 64); err == nil {
+				ev.Kind, ev.Format, ev.KVTokens = EventPool, FormatLlamaKVCells, n
+				return ev, true
+			}
+		}
+	case strings.Contains(seg, ": n_ctx "):
+		if m := llamaNCtxRE.FindStringSubmatch(seg); m != nil {
+			if n, err := strconv.ParseInt(m[1], 10, 64); err == nil {
+				ev.Kind, ev.Format, ev.KVTokens = EventPool, FormatLlamaNCtx, n
+				return ev, true
+			}
+		}
+	case strings.Contains(seg, `msg="starting llama server"`):
+		// Ollama starts a runner per model load: a new start-up.
+		ev.Kind, ev.Args = EventLaunchArgs, map[string]string{}
+		if m := ollamaCtxRE.FindStringSubmatch(seg); m != nil {
+			ev.Args["ctx_size"] = m[1]
+		}
+		return ev, true
+	case strings.Contains(seg, "server is listening on ") && strings.HasSuffix(seg, "starting the main loop"),
+		ollamaLoadedRE.MatchString(seg):
+		ev.Kind = EventReady
+		return ev, true
+	case strings.HasPrefix(seg, "build: "):
+		if m := llamaBuildRE.FindStringSubmatch(seg); m != nil {
+			ev.Kind, ev.Version = EventVersion, "b"+m[1]
+			return ev, true
+		}
+	case strings.Contains(seg, `msg="Listening on `):
+		if m := ollamaVerRE.FindStringSubmatch(seg); m != nil {
+			ev.Kind, ev.Version = EventVersion, m[1]
+			return ev, true
+		}
+	}
+	return Event{}, false
+}
