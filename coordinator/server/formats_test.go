@@ -215,7 +215,7 @@ func TestWeightsFormatsHostileWorker(t *testing.T) {
 	if err := yaml.Unmarshal(body, &top); err != nil || len(top) != 1 || top["model_list"] == nil {
 		t.Errorf("litellm: top-level %v (%v):\n%s", top, err, body)
 	}
-	if bad := injected(body); len(bad) > 0 || !strings.Contains(string(body), `left out: address "unix:80"`) {
+	if bad := injected(body); len(bad) > 0 || !strings.Contains(string(body), `left out: not in heft's grammar: host "unix"`) {
 		t.Errorf("litellm: injected %q, or the worker at unix:80 not named as left out:\n%s", bad, body)
 	}
 

@@ -189,3 +189,27 @@ func TestADSTwoClusters(t *testing.T) {
 		t.Fatalf("ADS: %v / %v (a host name is resolved to an address)", weights(clas["qwen"]), weights(clas["other"]))
 	}
 }
+
+// An address no gateway may be given is left out of the assignment, never
+// resolved, and reported as dropped; the others are sent.
+func TestAssignmentLeavesOutHostileAddresses(t *testing.T) {
+	m := target.Model{Name: model, Backends: []target.Backend{
+		{Address: "127.0.0.1:8000", Scheme: "http", WorkerID: "good", Serving: true, Weight: 1},
+		{Address: "unix:80", Scheme: "http", WorkerID: "unix", Serving: true, Weight: 1},
+		{Address: "localhost:80\nx", Scheme: "http", WorkerID: "nl", Serving: true, Weight: 1},
+		{Address: "0.0.0.0:80", Scheme: "http", WorkerID: "any", Serving: true, Weight: 1},
+	}}
+	cla, _, err := envoy.Assignment(context.Background(), "qwen", m)
+	if err != nil || len(cla.Endpoints) != 1 || len(cla.Endpoints[0].LbEndpoints) != 1 {
+		t.Fatalf("assignment %v, %v: want only the good endpoint", cla, err)
+	}
+	s, err := envoy.NewServer("127.0.0.1:0", hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	res, err := s.Cluster(model, "qwen").Apply(context.Background(), m)
+	if err != nil || res.Serving != 1 || len(res.Dropped) != 3 {
+		t.Fatalf("apply: %+v %v", res, err)
+	}
+}

@@ -7,72 +7,39 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"strings"
+
+	"heft/shared/grammar"
 )
 
 // The gateway side's own check of what it writes into a gateway. The
-// coordinator checks every agent string on receipt; heft-sync and the
-// renderings check again here, so that nothing an agent said becomes a
+// coordinator checks every agent string on receipt (shared/grammar);
+// heft-sync and the renderings check again here, with the same grammar
+// and a few refusals of their own, so that nothing an agent said becomes a
 // gateway directive even when it got past the coordinator (an older one,
 // a bug, a hand-edited state file).
 
-// MaxAddress bounds a worker's host:port: a DNS name (253) and a port.
-const MaxAddress = 253 + 1 + 5
+// MaxAddress bounds a worker's host:port: a DNS name (253), brackets, a
+// colon and a port.
+const MaxAddress = 253 + 2 + 1 + 5
 
 // CheckAddress reports why addr is not a host:port a gateway may dial:
-// the host must be an IP literal (IPv6 in brackets, no zone, not the
-// unspecified address or a multicast one) or a DNS name of letters,
-// digits, '-' and '_' in dot-separated labels, and the port a number in
-// 1–65535. It refuses, among others, nginx's "unix:" socket prefix, any
-// whitespace, quote, ';', '{', '}', '#' or control character, and a name
-// that a resolver would read as a number ("2130706433", "0x7f.1").
+// grammar.Address (an IP literal, IPv6 in brackets, or a DNS name of
+// letters, digits, '-' and '_'; a port in 1–65535; never nginx's "unix:"
+// prefix, whitespace, a quote, ';', '{', '}', '#' or a control character),
+// and not the unspecified, a multicast or the broadcast address, which no
+// worker listens on.
 func CheckAddress(addr string) error {
-	if addr == "" {
-		return errors.New("address is empty")
-	}
 	if len(addr) > MaxAddress {
 		return fmt.Errorf("address of %d bytes is longer than %d", len(addr), MaxAddress)
 	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("address %q is not host:port", addr)
+	if err := grammar.Address(addr); err != nil {
+		return err
 	}
-	if err := checkPort(port); err != nil {
-		return fmt.Errorf("address %q: %w", addr, err)
-	}
-	if strings.Contains(addr, "[") {
-		// Brackets only around an IPv6 literal, as net.JoinHostPort writes it.
-		ip, err := netip.ParseAddr(host)
-		if err != nil || !ip.Is6() || "["+host+"]:"+port != addr {
-			return fmt.Errorf("address %q: brackets hold only an IPv6 address", addr)
-		}
-	}
+	host, _, _ := net.SplitHostPort(addr)
 	if ip, err := netip.ParseAddr(host); err == nil {
 		if err := checkIP(ip); err != nil {
-			return fmt.Errorf("address %q: %w", addr, err)
+			return fmt.Errorf("address %s: %w", Printable(addr), err)
 		}
-		if ip.Is6() && !strings.HasPrefix(addr, "[") {
-			return fmt.Errorf("address %q: an IPv6 address goes in brackets", addr)
-		}
-		return nil
-	}
-	if err := checkHostName(host); err != nil {
-		return fmt.Errorf("address %q: %w", addr, err)
-	}
-	return nil
-}
-
-func checkPort(port string) error {
-	if port == "" || len(port) > 5 {
-		return fmt.Errorf("port %q is not a number in 1-65535", port)
-	}
-	for _, r := range port {
-		if r < '0' || r > '9' {
-			return fmt.Errorf("port %q is not a number in 1-65535", port)
-		}
-	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port %q is not a number in 1-65535", port)
 	}
 	return nil
 }
@@ -90,50 +57,6 @@ func checkIP(ip netip.Addr) error {
 		return errors.New("255.255.255.255 is the broadcast address")
 	}
 	return nil
-}
-
-func checkHostName(host string) error {
-	if host == "" || len(host) > 253 {
-		return fmt.Errorf("host name of %d bytes: want 1-253", len(host))
-	}
-	if strings.EqualFold(host, "unix") {
-		return errors.New(`host "unix" is nginx's unix-socket prefix`)
-	}
-	labels := strings.Split(host, ".")
-	for _, l := range labels {
-		if l == "" || len(l) > 63 {
-			return fmt.Errorf("host %q: a label is empty or longer than 63", host)
-		}
-		if l[0] == '-' || l[len(l)-1] == '-' {
-			return fmt.Errorf("host %q: a label starts or ends with '-'", host)
-		}
-		for i := 0; i < len(l); i++ {
-			c := l[i]
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-				return fmt.Errorf("host %q: %q is not a letter, digit, '-' or '_'", host, rune(c))
-			}
-		}
-	}
-	if last := labels[len(labels)-1]; isNumeric(last) {
-		return fmt.Errorf("host %q: a name whose last label is a number reads as an IP address", host)
-	}
-	return nil
-}
-
-// isNumeric reports whether s reads as a number to inet_aton: decimal,
-// or hex with 0x.
-func isNumeric(s string) bool {
-	t := strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X")
-	if t == "" {
-		return s != ""
-	}
-	hex := t != s
-	for _, c := range t {
-		if !(c >= '0' && c <= '9' || hex && (c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F')) {
-			return false
-		}
-	}
-	return true
 }
 
 // maxCount bounds max_concurrency and max_context_tokens as written: far
