@@ -58,7 +58,9 @@ func (e *env) startCoordinator(ctx context.Context, name string, extra ...string
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	cfg := fmt.Sprintf("listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\n",
+	// The swarm's agents stand for nodes elsewhere (10.x.y.z engines) while
+	// they connect over loopback: advertise_allow lets them offer those.
+	cfg := fmt.Sprintf("listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nadvertise_allow = [\"0.0.0.0/0\", \"::/0\"]\n",
 		addr, filepath.Join(dir, "state"), agentToken, adminToken) + strings.Join(extra, "\n")
 	cfgPath := filepath.Join(dir, "coordinator.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {

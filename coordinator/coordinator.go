@@ -129,9 +129,14 @@ func serverOptions(cfg config.Config) (server.Options, error) {
 	if err != nil {
 		return server.Options{}, err
 	}
+	allow, err := server.ParseAllow(cfg.AdvertiseAllow)
+	if err != nil {
+		return server.Options{}, err
+	}
 	return server.Options{
-		Tokens:      server.Tokens(tokens),
-		TLSCertFile: cfg.TLSCertFile, TLSKeyFile: cfg.TLSKeyFile,
+		AdvertiseAllow: allow,
+		Tokens:         server.Tokens(tokens),
+		TLSCertFile:    cfg.TLSCertFile, TLSKeyFile: cfg.TLSKeyFile,
 		PingInterval: cfg.AgentPingInterval, PingTimeout: cfg.AgentPingTimeout,
 		// An admin's pin stays within the range computed weights are
 		// clamped to.

@@ -52,6 +52,10 @@ type Config struct {
 	// TrustedProxies are addresses or CIDR prefixes of proxies whose
 	// X-Forwarded-For header names the client.
 	TrustedProxies []string
+	// AdvertiseAllow lists the addresses (CIDR, ADDRESS, NODE=CIDR,
+	// NODE=ADDRESS) nodes may offer gateways besides the one each
+	// connects from.
+	AdvertiseAllow []string
 
 	LogLevel string
 	LogJSON  bool
@@ -155,6 +159,7 @@ func (c *Config) command() settings.Command {
 			settings.String("tls_cert_file", &c.TLSCertFile, "TLS certificate (PEM); with --tls-key-file, serve HTTPS").Meta("FILE"),
 			settings.String("tls_key_file", &c.TLSKeyFile, "TLS private key (PEM)").Meta("FILE"),
 			settings.Strings("trusted_proxies", &c.TrustedProxies, "proxies (addresses or CIDR prefixes) whose X-Forwarded-For names the client").Meta("ADDR"),
+			settings.Strings("advertise_allow", &c.AdvertiseAllow, "addresses nodes may offer gateways besides the one each connects from: CIDR, ADDRESS, NODE=CIDR or NODE=ADDRESS").Meta("RULE"),
 			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),
 			settings.Duration("offline_grace", &c.OfflineGrace, "how long an agent may be gone before its workers show stale (still routed) or offline"),
@@ -277,6 +282,9 @@ func (c Config) Validate() error {
 		errs = append(errs, err)
 	}
 	if _, err := c.Proxies(); err != nil {
+		bad("%v", err)
+	}
+	if _, err := server.ParseAllow(c.AdvertiseAllow); err != nil {
 		bad("%v", err)
 	}
 	if tokens.Agent != "" && tokens.Agent == tokens.Admin {

@@ -156,9 +156,13 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 			}
 		}
 	}
+	badAddr := f.addressRefused(w)
+	if badAddr != "" {
+		fs = append(fs, addressFinding(w, badAddr))
+	}
 	v := verdict{findings: fs}
 	switch {
-	case decision == DecisionHold:
+	case decision == DecisionHold, badAddr != "":
 		v.state = view.StateHeld
 	case w.placeholder || !w.eng.Ready || w.eng.Error != "":
 		v.state = view.StatePending

@@ -239,6 +239,9 @@ type node struct {
 	order     uint64    // fleet-wide order of connections: a higher one is newer
 	since     time.Time // when it connected, or disconnected
 	workers   map[string]*worker
+	// badAddr holds, by capacity key, why the server refused the address
+	// the node's engine offers gateways (see SetAddressRefusals).
+	badAddr map[string]string
 }
 
 // forget is a stored record to delete: a worker record, or all of a

@@ -2,10 +2,13 @@ package server
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,6 +42,16 @@ const agentCheckMaxWeight = 100
 // agentCheckTimeout bounds one exchange.
 const agentCheckTimeout = 5 * time.Second
 
+// The listener takes anyone's connection, so what one may cost is bounded:
+// a request line longer than agentCheckMaxLine (a token, a model name and
+// an address fit in a quarter of it) is refused unread, and past
+// agentCheckMaxConns exchanges at once a new connection is closed at once
+// (HAProxy keeps the server's last state and asks again).
+const (
+	agentCheckMaxLine  = 1024
+	agentCheckMaxConns = 256
+)
+
 // agentAnswers holds the answer for each model and address, rebuilt when
 // the fleet changes rather than on each of many checks a second.
 type agentAnswers map[string]map[string]string
@@ -69,7 +82,12 @@ func (s *Server) ServeAgentCheck(ctx context.Context, ln net.Listener) error {
 		ln.Close()
 	})
 	s.log.Info("answering HAProxy agent checks", "address", ln.Addr().String())
+	if ap, err := netip.ParseAddrPort(ln.Addr().String()); err == nil {
+		s.addrs.serving(ap.Port()) // no worker may be sent here
+	}
 	warn := everyMinute(s.log.Warn)
+	busy := everyMinute(s.log.Warn)
+	slots := make(chan struct{}, s.agentCheckConns())
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -82,15 +100,30 @@ func (s *Server) ServeAgentCheck(ctx context.Context, ln net.Listener) error {
 			}
 			return fmt.Errorf("agent check: %w", err)
 		}
-		wg.Go(func() { s.answerAgentCheck(conn, *table.Load(), warn) })
+		select {
+		case slots <- struct{}{}:
+		default:
+			busy("agent check: too many connections at once; closing new ones unanswered", "max", cap(slots),
+				"source", conn.RemoteAddr().String())
+			conn.Close()
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			s.answerAgentCheck(conn, *table.Load(), warn)
+		})
 	}
 }
 
 func (s *Server) answerAgentCheck(conn net.Conn, answers agentAnswers, warn func(string, ...any)) {
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(agentCheckTimeout))
-	line, err := bufio.NewReaderSize(conn, 512).ReadString('\n')
+	_ = conn.SetDeadline(time.Now().Add(cmp.Or(s.lim.agentCheckTimeout, agentCheckTimeout)))
+	line, err := bufio.NewReaderSize(io.LimitReader(conn, agentCheckMaxLine), 512).ReadString('\n')
 	if err != nil {
+		if err == io.EOF && len(line) == agentCheckMaxLine {
+			warn("agent check refused: a request line longer than the limit", "limit", agentCheckMaxLine,
+				"source", conn.RemoteAddr().String())
+		}
 		s.log.Debug("agent check: no request line", "source", conn.RemoteAddr().String(), "error", err)
 		return
 	}
@@ -177,3 +210,6 @@ func (s *Server) agentAnswers() agentAnswers {
 	}
 	return out
 }
+
+// agentCheckConns is how many agent-check exchanges run at once.
+func (s *Server) agentCheckConns() int { return cmp.Or(s.lim.agentCheckConns, agentCheckMaxConns) }

@@ -34,7 +34,7 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("/api/v1/agent", get(s.hub.handleAgent))
 		mux.Handle("/api/v1/workers", get(s.read(s.listWorkers)))
 		mux.HandleFunc("/api/v1/workers/{rest...}", s.workerRoute)
-		mux.Handle("/api/v1/nodes", get(s.read(s.listNodes)))
+		mux.Handle("/api/v1/nodes", get(s.nodeRead(s.listNodes)))
 		mux.HandleFunc("/api/v1/nodes/{rest...}", s.nodeRoute)
 		mux.Handle("/api/v1/models", get(s.read(s.listModels)))
 		mux.Handle("/api/v1/models/{rest...}", get(s.read(s.modelWeights)))

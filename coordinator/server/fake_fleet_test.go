@@ -29,6 +29,8 @@ type fakeFleet struct {
 	seq  uint64
 	revs map[string]uint64
 	gone map[string]uint64
+	// refusals are the address refusals the server last set, by node.
+	refusals map[string]map[string]string
 }
 
 func newFakeFleet() *fakeFleet {
@@ -425,4 +427,20 @@ func (f *fakeFleet) Stats() fleet.Stats {
 		st.Workers = append(st.Workers, ws)
 	}
 	return st
+}
+
+func (f *fakeFleet) SetAddressRefusals(node string, refused map[string]string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refusals == nil {
+		f.refusals = map[string]map[string]string{}
+	}
+	f.refusals[node] = refused
+}
+
+// addressRefusals is what the server last said of node's addresses.
+func (f *fakeFleet) addressRefusals(node string) map[string]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.refusals[node]
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,6 +90,7 @@ type agentConn struct {
 	h      *hub
 	id     uint64
 	source string
+	from   netip.Addr // source, parsed; invalid when it is not an address
 	ws     *websocket.Conn
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -311,6 +314,12 @@ func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 		h: h, id: h.nextID.Add(1), source: s.clientIP(r), ws: ws,
 		ctx: ctx, cancel: cancel, closed: make(chan struct{}),
 	}
+	c.from, _ = netip.ParseAddr(c.source)
+	if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		if ap, err := netip.ParseAddrPort(la.String()); err == nil {
+			s.addrs.serving(ap.Port()) // the port agents dial is the coordinator's own
+		}
+	}
 	h.mu.Lock()
 	if h.closing {
 		h.mu.Unlock()
@@ -530,6 +539,7 @@ func (h *hub) dispatch(c *agentConn, env *wire.Envelope) string {
 		if env.Snapshot.Node != c.node {
 			return fmt.Sprintf("snapshot.node %q differs from hello.node %q", env.Snapshot.Node, c.node)
 		}
+		f.SetAddressRefusals(c.node, h.s.addrs.refusals(c.node, c.from, env.Snapshot.Engines))
 		h.route(f.Snapshot(c.node, *env.Snapshot))
 	case wire.TypeProbeResult:
 		actions, err := f.ProbeResult(c.node, *env.ProbeResult)

@@ -73,6 +73,21 @@ func (s *Server) limitConns(next http.Handler) http.Handler {
 			return
 		case "/api/v1/events":
 			kind = connEvents
+		case "/healthz":
+			// Small and constant: a flood of other requests must not make
+			// the coordinator look down to its supervisor.
+			defer s.answerWithin(w)()
+			next.ServeHTTP(w, r)
+			return
+		}
+		if kind == connAPI {
+			defer s.answerWithin(w)()
+			if tokenEqual(bearer(r), s.tokens().Admin) {
+				// An admin's request is not counted with anyone's: a flood
+				// of reads cannot keep the admin from pinning or holding.
+				next.ServeHTTP(w, r)
+				return
+			}
 		}
 		c := s.caps[kind]
 		if !c.take() {
@@ -82,6 +97,17 @@ func (s *Server) limitConns(next http.Handler) http.Handler {
 		defer c.release()
 		next.ServeHTTP(w, r)
 	})
+}
+
+// answerWithin sets the deadline by which an API answer must be written:
+// a client that never reads holds its request, and its answer's memory,
+// for that long and no longer. Event streams have one per write instead.
+// The returned function clears it, for the connection's next request
+// (net/http leaves a handler's deadline in place without a WriteTimeout).
+func (s *Server) answerWithin(w http.ResponseWriter) (clear func()) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Now().Add(s.lim.apiWriteTimeout))
+	return func() { _ = rc.SetWriteDeadline(time.Time{}) }
 }
 
 // take counts a new connection, or reports that the cap is reached.

@@ -22,13 +22,26 @@ import (
 func (s *Server) nodeRecordRoute(rest string) methods {
 	i := strings.LastIndexByte(rest, '/')
 	if i <= 0 {
-		return methods{http.MethodGet: s.read(s.getNode), http.MethodDelete: s.admin(s.releaseNode)}
+		return methods{http.MethodGet: s.nodeRead(s.getNode), http.MethodDelete: s.admin(s.releaseNode)}
 	}
 	switch rest[i+1:] {
 	case "approve", "reject":
 		return methods{http.MethodPost: s.admin(s.nodeAction)}
 	}
 	return nil
+}
+
+// nodeRead guards the node records, which say which names have no
+// credential and where each node connects from: the viewer or the admin
+// token, always; without a viewer token, the admin token. Other reads
+// stay open when no viewer token is set.
+func (s *Server) nodeRead(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		t := s.tokens()
+		if t.Viewer == "" && s.adminAuth(w, r) || t.Viewer != "" && s.checkToken(w, r, authViewer, true, t.Viewer, t.Admin) {
+			h(w, r)
+		}
+	}
 }
 
 func (s *Server) nodeView(r nodes.Record) view.Node {

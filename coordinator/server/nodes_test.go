@@ -157,7 +157,10 @@ func TestApproveRejectRelease(t *testing.T) {
 	if _, ok := ts.fleet.currentConn("gpu-new"); ok {
 		t.Fatal("a pending node reached the fleet")
 	}
-	status, body, _ := ts.do(t, "GET", "/api/v1/nodes?state=pending", "", nil)
+	if status, _, _ := ts.do(t, "GET", "/api/v1/nodes?state=pending", "", nil); status != http.StatusUnauthorized {
+		t.Errorf("the node list without a token: %d, want 401", status)
+	}
+	status, body, _ := ts.do(t, "GET", "/api/v1/nodes?state=pending", adminToken, nil)
 	var list view.Nodes
 	if err := json.Unmarshal(body, &list); status != http.StatusOK || err != nil || len(list.Nodes) != 1 || list.Nodes[0].Name != "gpu-new" ||
 		!list.Nodes[0].Credential || list.Nodes[0].Hostname != "gpu-new" {

@@ -48,6 +48,7 @@ type fleetAPI interface {
 	Changes() (<-chan struct{}, func())
 	Since(seq uint64) fleet.Delta
 	Stats() fleet.Stats
+	SetAddressRefusals(node string, refused map[string]string)
 }
 
 // Options are what the server needs of the coordinator's configuration;
@@ -71,6 +72,9 @@ type Options struct {
 	// count (and, since a right token is never limited, only the wrong
 	// tokens among them are slowed down).
 	TrustedProxies []netip.Prefix
+	// AdvertiseAllow lists the addresses nodes may offer gateways besides
+	// the one each connects from (advertise_allow; see advertise.go).
+	AdvertiseAllow []AllowRule
 	// Nodes decides which connections may speak for a node name; nil
 	// means a registry that keeps nothing across restarts.
 	Nodes *nodes.Registry
@@ -110,20 +114,23 @@ const (
 
 // limits are the server's bounds and timers; tests shrink them.
 type limits struct {
-	maxBody         int64         // API request bodies
-	helloTimeout    time.Duration // first message must arrive within
-	queueSize       int           // outgoing messages per agent
-	writeTimeout    time.Duration // one websocket write
-	pingEvery       time.Duration
-	pingTimeout     time.Duration
-	msgRate         float64       // agent messages per second...
-	msgBurst        float64       // ...with this burst
-	snapshotSeconds int           // heartbeat asked of agents in Welcome
-	tickEvery       time.Duration // fleet.Tick
-	sseMinGap       time.Duration // coalescing of the event stream
-	ssePingEvery    time.Duration
-	sseWriteTimeout time.Duration
-	shutdownTimeout time.Duration
+	maxBody           int64         // API request bodies
+	helloTimeout      time.Duration // first message must arrive within
+	queueSize         int           // outgoing messages per agent
+	writeTimeout      time.Duration // one websocket write
+	pingEvery         time.Duration
+	pingTimeout       time.Duration
+	msgRate           float64       // agent messages per second...
+	msgBurst          float64       // ...with this burst
+	snapshotSeconds   int           // heartbeat asked of agents in Welcome
+	tickEvery         time.Duration // fleet.Tick
+	sseMinGap         time.Duration // coalescing of the event stream
+	ssePingEvery      time.Duration
+	sseWriteTimeout   time.Duration
+	shutdownTimeout   time.Duration
+	apiWriteTimeout   time.Duration // one API answer, written whole
+	agentCheckConns   int           // agent-check exchanges at once; 0: agentCheckMaxConns
+	agentCheckTimeout time.Duration // one agent-check exchange; 0: agentCheckTimeout
 }
 
 func defaultLimits() limits {
@@ -145,6 +152,7 @@ func defaultLimits() limits {
 		ssePingEvery:    15 * time.Second,
 		sseWriteTimeout: 10 * time.Second,
 		shutdownTimeout: 10 * time.Second,
+		apiWriteTimeout: 30 * time.Second,
 	}
 }
 
@@ -158,6 +166,7 @@ type Server struct {
 	auth    *authLimiter
 	hub     *hub
 	caps    caps
+	addrs   *addrPolicy
 
 	// The secrets in force; Reload swaps them whole, so a request sees
 	// either the old set or the new one. cert is nil without TLS.
@@ -226,6 +235,7 @@ func newServer(opts Options, f fleetAPI, logger hclog.Logger) (*Server, error) {
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.auth = newAuthLimiter(time.Now)
 	s.caps = newCaps(opts)
+	s.addrs = newAddrPolicy(opts.AdvertiseAllow)
 	s.hub = newHub(s)
 	s.metrics = newMetrics(s)
 	if opts.Tokens.Admin == "" {

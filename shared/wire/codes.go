@@ -24,6 +24,10 @@ const (
 	// CodePrefillFailed: the probe's prefill burst gave no prefill
 	// throughput (Prefill.Failure says how); the decode part may be fine.
 	CodePrefillFailed = "prefill_failed"
+	// CodeAddressNotAllowed: the address the engine is offered to gateways
+	// at is not its node's (the coordinator's advertise_allow says which
+	// are); the worker is held.
+	CodeAddressNotAllowed = "address_not_allowed"
 )
 
 // Why a probe's prefill part failed (Prefill.Failure), besides
