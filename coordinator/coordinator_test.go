@@ -54,6 +54,7 @@ func TestServerOptions(t *testing.T) {
 	cfg.AgentPingInterval, cfg.AgentPingTimeout = 20*time.Second, 7*time.Second
 	cfg.WeightMin, cfg.WeightMax = 0.5, 4
 	cfg.TrustedProxies = []string{"10.0.0.0/8", "192.0.2.7"}
+	cfg.AdvertiseAllow = []string{"gpu-a=10.1.0.0/16"}
 	got, err := serverOptions(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +64,7 @@ func TestServerOptions(t *testing.T) {
 		TLSCertFile: "/etc/heft/cert.pem", TLSKeyFile: "/etc/heft/key.pem",
 		PingInterval: 20 * time.Second, PingTimeout: 7 * time.Second, PinMin: 0.5, PinMax: 4,
 		TrustedProxies:      []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.7/32")},
+		AdvertiseAllow:      []server.AllowRule{{Node: "gpu-a", Prefix: netip.MustParsePrefix("10.1.0.0/16")}},
 		MaxAgentConnections: server.DefaultMaxAgentConnections, MaxEventStreams: server.DefaultMaxEventStreams,
 		MaxAPIRequests: server.DefaultMaxAPIRequests,
 	}

@@ -122,7 +122,7 @@ func TestAgentCheckConnectionsAreCapped(t *testing.T) {
 func TestReadersThatNeverReadLetGo(t *testing.T) {
 	opts := testOptions()
 	opts.MaxAPIRequests = 4
-	ts := startServer(t, opts, func(s *Server) { s.lim.apiWriteTimeout = 3 * time.Second })
+	ts := startServer(t, opts, func(s *Server) { s.lim.apiWriteTimeout = 10 * time.Second })
 	a := connectAgent(t, ts, "gpu-a")
 	names := []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7"}
 	a.snapshot("m", names...)
@@ -154,7 +154,7 @@ func TestReadersThatNeverReadLetGo(t *testing.T) {
 	if status, body, _ := ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/pin", adminToken, strings.NewReader(`{"weight":1.5}`)); status != http.StatusOK {
 		t.Errorf("an admin's pin with every API slot held: %d %s", status, body)
 	}
-	testutil.Eventually(t, "the stuck answers given up at their deadline", 30*time.Second, func() bool { return api.n.Load() == 0 })
+	testutil.Eventually(t, "the stuck answers given up at their deadline", 60*time.Second, func() bool { return api.n.Load() == 0 })
 }
 
 // /api/v1/nodes says which names have no credential and where each node

@@ -102,8 +102,9 @@ func (s *Server) limitConns(next http.Handler) http.Handler {
 // answerWithin sets the deadline by which an API answer must be written:
 // a client that never reads holds its request, and its answer's memory,
 // for that long and no longer. Event streams have one per write instead.
-// The returned function clears it, for the connection's next request
-// (net/http leaves a handler's deadline in place without a WriteTimeout).
+// The returned function clears it, so that nothing served next on the
+// connection inherits it (net/http leaves a handler's deadline in place
+// when the server has no WriteTimeout).
 func (s *Server) answerWithin(w http.ResponseWriter) (clear func()) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Now().Add(s.lim.apiWriteTimeout))
