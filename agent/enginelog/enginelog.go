@@ -123,7 +123,7 @@ func ReadEach(kind string, each func(yield func(line string)) error) (Facts, err
 	}
 	// A log read with the wrong --engine is the commonest mistake; the
 	// other kind's tracker lets the error say so.
-	other, _ := NewTracker(map[string]string{kindVLLM: kindSGLang, kindSGLang: kindVLLM}[t.kind])
+	other, _ := NewTracker(t.gr.mistaken)
 	lines := 0
 	err = each(func(line string) {
 		lines++

@@ -168,7 +168,7 @@ func ParseLine(kind, line string) (Event, bool) {
 // names one, event or not: a rank that prints lines but no pool is a rank
 // the pools must account for.
 func scanLine(kind, line string, onEvent func(Event), onRank func(dp int, dpOnly bool)) {
-	k, ok := normKind(kind)
+	_, gr, ok := grammarOf(kind)
 	if !ok {
 		return
 	}
@@ -188,24 +188,7 @@ func scanLine(kind, line string, onEvent func(Event), onRank func(dp int, dpOnly
 		if seg == "" {
 			continue
 		}
-		var ev Event
-		var ok bool
-		var segRank proc
-		switch k {
-		case kindVLLM:
-			p, msg, hasProc, hasHeader := splitVLLM(seg)
-			if hasProc && i == 0 {
-				inherited = p
-			} else if !hasProc {
-				p = inherited
-			}
-			ev, ok = parseVLLM(msg, hasHeader, p)
-			segRank = p
-		case kindSGLang:
-			ev, segRank, ok = parseSGLang(seg)
-		case kindLlamaCpp, kindOllama:
-			ev, ok = parseLlama(seg)
-		}
+		ev, segRank, ok := gr.segment(seg, i == 0, &inherited)
 		// The event first: a start-up marker may begin a new start-up,
 		// which the rank then belongs to.
 		if ok {
@@ -239,12 +222,34 @@ const (
 	kindSGLang = "sglang"
 )
 
-func normKind(kind string) (string, bool) {
-	switch k := strings.ToLower(strings.TrimSpace(kind)); k {
-	case kindVLLM, kindSGLang, kindLlamaCpp, kindOllama:
-		return k, true
-	}
-	return "", false
+// vllmGrammar is vLLM's log grammar.
+var vllmGrammar = grammar{
+	segment: func(seg string, first bool, line *proc) (Event, proc, bool) {
+		p, msg, hasProc, hasHeader := splitVLLM(seg)
+		if hasProc && first {
+			*line = p
+		} else if !hasProc {
+			p = *line
+		}
+		ev, ok := parseVLLM(msg, hasHeader, p)
+		return ev, p, ok
+	},
+	formats:     []string{FormatVLLMMerged, FormatVLLMTwoLine, FormatVLLMBlocks},
+	dpKey:       "data_parallel_size",
+	sharedPools: func(map[string]string) bool { return false },
+	mistaken:    kindSGLang,
+}
+
+// sglangGrammar is SGLang's log grammar.
+var sglangGrammar = grammar{
+	segment: func(seg string, _ bool, _ *proc) (Event, proc, bool) {
+		return parseSGLang(seg)
+	},
+	formats:     []string{FormatSGLangMaxTotal, FormatSGLangAlloc},
+	dpKey:       "dp_size",
+	serverPort:  "port",
+	sharedPools: func(args map[string]string) bool { return args["enable_dp_attention"] == "True" },
+	mistaken:    kindVLLM,
 }
 
 // proc is the rank a process prefix names.

@@ -43,6 +43,26 @@ var (
 	ollamaLoadedRE = regexp.MustCompile(`msg="(?:llama runner started in |Starting llama main loop")|"(?:message|msg)":"model loaded"`)
 )
 
+// llamaGrammar is llama.cpp's log grammar, also Ollama's (kind says
+// which): one pool, rank 0.
+func llamaGrammar(kind string) grammar {
+	formats := []string{FormatLlamaKVCells, FormatLlamaNCtx}
+	if kind == kindOllama {
+		// The cells are what the cache holds; n_ctx is asked for;
+		// --ctx-size is what Ollama asked its runner for.
+		formats = append(formats, FormatOllamaCtxSize)
+	}
+	return grammar{
+		segment: func(seg string, _ bool, _ *proc) (Event, proc, bool) {
+			ev, ok := parseLlama(seg)
+			return ev, proc{tp: -1}, ok
+		},
+		formats:     formats,
+		dpKey:       "data_parallel_size", // never printed: one rank
+		sharedPools: func(map[string]string) bool { return false },
+	}
+}
+
 // parseLlama reads a llama.cpp or Ollama line.
 func parseLlama(seg string) (Event, bool) {
 	ev := Event{TPRank: -1}

@@ -38,6 +38,7 @@ import (
 type Tracker struct {
 	mu       sync.Mutex
 	kind     string
+	gr       grammar
 	gen      *generation
 	startups int
 	// carried: the file was truncated or replaced (Reset) and the new
@@ -92,11 +93,11 @@ const maxNotes = 16
 // NewTracker returns an empty tracker for kind "vllm" or "sglang"; other
 // kinds give an error wrapping ErrUnknownEngine.
 func NewTracker(kind string) (*Tracker, error) {
-	k, ok := normKind(kind)
+	k, gr, ok := grammarOf(kind)
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownEngine, kind)
 	}
-	return &Tracker{kind: k, gen: newGeneration(false)}, nil
+	return &Tracker{kind: k, gr: gr, gen: newGeneration(false)}, nil
 }
 
 // Feed reads one line (with or without its line ending).
@@ -133,8 +134,8 @@ func (t *Tracker) apply(ev Event) {
 		g.version = ev.Version
 		g.model[1] = ev.Model
 	case EventLaunchArgs:
-		port := ev.Args["port"]
-		if g := t.gen; t.kind == kindSGLang && g.argsSeen && port != "" && len(g.ports) > 0 && !slices.Contains(g.ports, port) && !g.ready {
+		port := ev.Args[t.gr.serverPort]
+		if g := t.gen; t.gr.serverPort != "" && g.argsSeen && port != "" && len(g.ports) > 0 && !slices.Contains(g.ports, port) && !g.ready {
 			// Another server's launch args (a router's worker, or two
 			// engines writing to one log), not a restart: a restart
 			// serves on the same port.
@@ -241,16 +242,6 @@ func (g *generation) addPool(ev Event) {
 	pv.min, pv.max, pv.lines = min(pv.min, v), max(pv.max, v), pv.lines+1
 }
 
-// formatPreference orders the pool formats of a kind, best first.
-var formatPreference = map[string][]string{
-	kindVLLM:   {FormatVLLMMerged, FormatVLLMTwoLine, FormatVLLMBlocks},
-	kindSGLang: {FormatSGLangMaxTotal, FormatSGLangAlloc},
-	// The cells are what the cache holds; n_ctx is asked for; --ctx-size
-	// is what Ollama asked its runner for.
-	kindLlamaCpp: {FormatLlamaKVCells, FormatLlamaNCtx},
-	kindOllama:   {FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize},
-}
-
 // Facts returns the latest start-up's facts; ok is false until a pool line
 // was seen.
 func (t *Tracker) Facts() (Facts, bool) {
@@ -286,7 +277,7 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 		Restarts:         max(t.startups-1, 0),
 		FromPreviousFile: t.carried,
 		LaunchArgs:       maps.Clone(g.args),
-		DPSize:           dpSize(t.kind, g.args),
+		DPSize:           dpSize(t.gr.dpKey, g.args),
 	}
 	for _, m := range g.model {
 		if m != "" {
@@ -305,7 +296,7 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 	blockSize, blockNote := g.blockSize()
 	var formats []string
 	for _, dp := range slices.Sorted(maps.Keys(g.pools)) {
-		for _, format := range formatPreference[t.kind] {
+		for _, format := range t.gr.formats {
 			pv, ok := g.pools[dp][format]
 			if !ok {
 				continue
@@ -347,12 +338,12 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 		note("%s", f.RankCountUnknown)
 		return f, false
 	}
-	f.ExpectedRanks, f.ExpectedFrom = g.expectedRanks(t.kind, f.DPSize)
+	f.ExpectedRanks, f.ExpectedFrom = g.expectedRanks(t.gr.dpKey, f.DPSize)
 	if f.DPSize == 0 && g.cmdlineDP == 0 && (g.dpNamed || g.cmdlineDPUnknown) {
 		f.RankCountUnknown = "the log shows data parallelism (" + g.dpEvidence() + ") but not how many ranks there are " +
 			"(no launch args or command line giving the DP size): completeness is unknown"
 	}
-	if t.kind == kindSGLang && g.args["enable_dp_attention"] == "True" {
+	if t.gr.sharedPools(g.args) {
 		f.Ranks = sharedAttentionPools(f.Ranks, f.ExpectedRanks, note)
 	}
 	f.MissingRanks = missingRanks(f.Ranks, f.ExpectedRanks)
@@ -462,16 +453,12 @@ func IncompleteMessage(f Facts) string {
 }
 
 // expectedRanks is how many DP ranks the start-up has, and what says so.
-func (g *generation) expectedRanks(kind string, argsDP int) (int, string) {
+func (g *generation) expectedRanks(key string, argsDP int) (int, string) {
 	n, from := 0, ""
 	consider := func(v int, why string) {
 		if v > n {
 			n, from = v, why
 		}
-	}
-	key := "data_parallel_size"
-	if kind == kindSGLang {
-		key = "dp_size"
 	}
 	consider(argsDP, fmt.Sprintf("the launch args say %s=%d", key, argsDP))
 	consider(g.cmdlineDP, fmt.Sprintf("a command line in the log says %d", g.cmdlineDP))
@@ -517,12 +504,8 @@ func (g *generation) blockSize() (int64, string) {
 	return n, fmt.Sprintf("pool = GPU blocks × %d tokens (block_size from the launch args)", n)
 }
 
-// dpSize reads the data-parallel size from the launch args.
-func dpSize(kind string, args map[string]string) int {
-	key := "data_parallel_size"
-	if kind == kindSGLang {
-		key = "dp_size"
-	}
+// dpSize reads the data-parallel size from the launch arg key.
+func dpSize(key string, args map[string]string) int {
 	n, err := strconv.Atoi(args[key])
 	if err != nil || n < 1 || n > wire.MaxRanks {
 		return 0
