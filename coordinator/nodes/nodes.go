@@ -163,6 +163,7 @@ type Registry struct {
 	mu        sync.Mutex
 	nodes     map[string]*Record
 	enrolling map[string]bool      // names whose new record is being written
+	handed    map[string]handout   // credentials handed out, not yet known to have reached their agent
 	savedSeen map[string]time.Time // the last-seen time each stored record holds
 	lastTick  time.Time
 }
@@ -182,7 +183,7 @@ func New(cfg Config, st Store, records map[string]Record, now func() time.Time, 
 		logger = hclog.NewNullLogger()
 	}
 	r := &Registry{cfg: cfg, st: st, now: now, log: logger.Named("nodes"), nodes: map[string]*Record{}, enrolling: map[string]bool{},
-		savedSeen: map[string]time.Time{}}
+		handed: map[string]handout{}, savedSeen: map[string]time.Time{}}
 	for name, rec := range records {
 		if err := check(rec); err != nil || rec.Name != name {
 			r.log.Warn("ignoring stored node record", "node", name, "error", err)
@@ -267,6 +268,7 @@ func (r *Registry) Admit(h Hello) Decision {
 					"if the host was reinstalled, an admin releases the name (DELETE /api/v1/nodes/%s)", h.Node, what, h.Node)}
 		}
 		r.seen(rec, h, now)
+		delete(r.handed, h.Node) // presented, so it was delivered
 		if rec.State == StatePending {
 			r.mu.Unlock()
 			return pending(h.Node, "")
@@ -326,6 +328,10 @@ func (r *Registry) Admit(h Hello) Decision {
 		evict = r.pendingToEvict()
 	}
 	r.enrolling[h.Node] = true
+	var before *Record // what Delivered(false) restores
+	if known {
+		before = new(*rec)
+	}
 	r.mu.Unlock()
 
 	if evict != "" {
@@ -342,6 +348,9 @@ func (r *Registry) Admit(h Hello) Decision {
 	}
 	r.nodes[h.Node] = &next
 	r.savedSeen[h.Node] = next.LastSeen
+	if d.Credential != "" {
+		r.handed[h.Node] = handout{hash: next.CredentialSHA256, before: before}
+	}
 	if !known {
 		r.log.Info("new node", "node", h.Node, "state", next.State, "address", h.Address, "agent_version", h.AgentVersion)
 	}

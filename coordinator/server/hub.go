@@ -100,7 +100,14 @@ type agentConn struct {
 	queue    [][]byte // messages waiting for the flusher, oldest first
 	flushing bool
 	tasks    sync.WaitGroup // the flusher and a ping, while they run
-	pinger   *time.Timer
+	pinger   *time.Timer    // armed once the hello is accepted
+	// credential is the node credential this connection's welcome handed
+	// out, until a pong shows the agent read it; wrote says a message
+	// (the welcome is the first) was written. A connection that ends
+	// before the pong tells the registry the credential was not
+	// delivered.
+	credential string
+	wrote      bool
 
 	endOnce sync.Once
 	label   string        // why it ended, for the metric; written in endOnce
@@ -156,8 +163,10 @@ func (c *agentConn) enqueue(msg []byte) {
 func (c *agentConn) flush() {
 	defer c.tasks.Done()
 	lim := c.h.s.lim
+	sent := false
 	for {
 		c.qmu.Lock()
+		c.wrote = c.wrote || sent
 		if len(c.queue) == 0 || c.ctx.Err() != nil {
 			c.flushing = false
 			c.qmu.Unlock()
@@ -181,6 +190,7 @@ func (c *agentConn) flush() {
 			c.qmu.Unlock()
 			return
 		}
+		sent = true
 	}
 }
 
@@ -199,12 +209,19 @@ func (c *agentConn) pingOnce() {
 		return
 	}
 	c.tasks.Add(1)
+	wrote := c.wrote
 	c.qmu.Unlock()
 	defer c.tasks.Done()
 	if !c.ping() {
 		return
 	}
 	c.qmu.Lock()
+	// The agent reads in order: a pong to a ping sent after the welcome
+	// was written means it has read the welcome and kept its credential.
+	if cred := c.credential; cred != "" && wrote {
+		c.credential = ""
+		c.h.s.opts.Nodes.Delivered(c.node, cred, true)
+	}
 	if c.ctx.Err() == nil { // serve has not stopped the timer for good
 		c.pinger.Reset(c.h.s.lim.pingEvery)
 	}
@@ -346,10 +363,6 @@ func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 func (h *hub) serve(c *agentConn) {
 	s := h.s
 	log := c.log()
-	c.qmu.Lock()
-	c.pingSoon()
-	c.qmu.Unlock()
-
 	h.read(c)
 
 	// The reader has stopped; make sure the socket goes too.
@@ -369,10 +382,15 @@ func (h *hub) serve(c *agentConn) {
 	<-c.closed
 	c.cancel()
 	c.qmu.Lock() // an enqueue or ping that saw the context alive has registered its task
-	c.pinger.Stop()
+	if c.pinger != nil {
+		c.pinger.Stop()
+	}
 	c.queue = nil
 	c.qmu.Unlock()
 	c.tasks.Wait()
+	if c.credential != "" {
+		s.opts.Nodes.Delivered(c.node, c.credential, false)
+	}
 }
 
 // read is the connection's reader: hello first, then the agent's reports.
@@ -478,8 +496,9 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 		// recognised once approved.
 		if d.Credential != "" {
 			wctx, cancel := context.WithTimeout(c.ctx, s.lim.writeTimeout)
-			_ = c.ws.Write(wctx, websocket.MessageText, welcome)
+			err := c.ws.Write(wctx, websocket.MessageText, welcome)
 			cancel()
+			s.opts.Nodes.Delivered(hello.Node, d.Credential, err == nil)
 		}
 		s.metrics.nodeRefusals.WithLabelValues(d.Label).Inc()
 		log.Info("node awaits approval; closing", "node", hello.Node, "reason", d.Reason)
@@ -498,6 +517,13 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 	}
 	c.enqueue(welcome) // first, before any action the fleet sends
 	c.node = hello.Node
+	// No ping before now: the reader, which takes the pong, waits while
+	// the hello is decided, and a ping would end a connection whose
+	// enrolment is slow to store, losing the credential it was handed.
+	c.qmu.Lock()
+	c.credential = d.Credential
+	c.pingSoon()
+	c.qmu.Unlock()
 	// Registration and Connect happen in one order for racing connections
 	// of a node, so the hub and the fleet agree on which one is current.
 	h.helloMu.Lock()

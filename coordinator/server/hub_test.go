@@ -231,19 +231,22 @@ func TestReportsReachTheFleet(t *testing.T) {
 // queue or its writes run out and it alone is dropped.
 func TestStuckPeerDoesNotBlockOthers(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		queueSize int
-		perSnap   int // ~256 KiB messages the fleet sends per snapshot
-		drop      string
+		name         string
+		queueSize    int
+		perSnap      int // ~256 KiB messages the fleet sends per snapshot
+		writeTimeout time.Duration
+		drop         string
 	}{
-		// Many messages at once: the queue overflows before the writer matters.
-		{"queue overflows", 4, 16, dropQueueFull},
+		// Many messages at once: the queue overflows. Writes never time out
+		// here: on a busy machine encoding the messages can take longer than
+		// a short write timeout, which would then end the connection first.
+		{"queue overflows", 4, 16, time.Hour, dropQueueFull},
 		// 16 MiB in a queue that holds it all: the socket fills and a write times out.
-		{"write stalls", 64, 32, dropWriteTimeout},
+		{"write stalls", 64, 32, 300 * time.Millisecond, dropWriteTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ts := startServer(t, testOptions(), func(s *Server) {
-				s.lim.writeTimeout = 300 * time.Millisecond
+				s.lim.writeTimeout = tc.writeTimeout
 				s.lim.queueSize = tc.queueSize
 			})
 			problem := strings.Repeat("p", wire.MaxStringBytes)
@@ -349,8 +352,10 @@ func TestTruncateReason(t *testing.T) {
 // Pings keep a reading agent and drop one that stopped reading.
 func TestPingDropsSilentPeer(t *testing.T) {
 	ts := startServer(t, testOptions(), func(s *Server) {
+		// A timeout long beside a pong's trip on a busy machine, so the
+		// live agent never misses one; the silent one misses them all.
 		s.lim.pingEvery = 30 * time.Millisecond
-		s.lim.pingTimeout = 100 * time.Millisecond
+		s.lim.pingTimeout = 2 * time.Second
 	})
 	live := connectAgent(t, ts, "gpu-a")
 	readErr := make(chan error, 1)
