@@ -236,6 +236,7 @@ var vllmGrammar = grammar{
 	},
 	formats:     []string{FormatVLLMMerged, FormatVLLMTwoLine, FormatVLLMBlocks},
 	dpKey:       "data_parallel_size",
+	serverPort:  "port",
 	sharedPools: func(map[string]string) bool { return false },
 	mistaken:    kindSGLang,
 }

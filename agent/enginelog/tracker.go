@@ -379,8 +379,8 @@ func SeveralServersMessage(n int) string {
 	if n < 0 {
 		count = "several (how many, the log does not say)"
 	}
-	return "this log holds " + count + " separate SGLang servers (router workers, or engines writing to one log): " +
-		"each is a worker of its own, and their lines carry TP tags only, so no pool line can be told to belong to one of them; " +
+	return "this log holds " + count + " separate servers (SGLang router workers, or engines writing to one log): " +
+		"each is a worker of its own, and their lines do not say which server printed them, so no pool line can be told to belong to one of them; " +
 		"read each server's own log, or point an agent at each server"
 }
 

@@ -332,3 +332,17 @@ func TestDPFlagForms(t *testing.T) {
 		t.Fatalf("%+v", f)
 	}
 }
+
+// Two vLLM servers writing to one log before either is ready (their
+// launch args name different ports) are two servers, not a restart: no
+// pools, rather than one server's read as the other's.
+func TestTwoVLLMServersInterleaved(t *testing.T) {
+	args := func(port int) string {
+		return fmt.Sprintf("(APIServer pid=%d) INFO 12-11 09:13:58 [utils.py:253] non-default args: {'model': 'm', 'port': %d}", port, port)
+	}
+	f, err := Read("vllm", strings.NewReader(strings.Join([]string{args(8000), args(8001),
+		vll("(EngineCore pid=5) ", "GPU KV cache size: 9,000 tokens"), vll("(EngineCore pid=6) ", "GPU KV cache size: 7,000 tokens")}, "\n")))
+	if !errors.Is(err, ErrSeveralServers) || f.Servers != 2 || len(f.Ranks) != 0 {
+		t.Fatalf("err %v facts %+v", err, f)
+	}
+}

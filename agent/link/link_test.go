@@ -358,7 +358,7 @@ func TestUnsendableSnapshotSkipped(t *testing.T) {
 		bad  func(s *wire.Snapshot)
 		log  string
 	}{
-		{"invalid", func(s *wire.Snapshot) { s.Engines[0].Kind = "no-such-engine" }, "invalid message"},
+		{"invalid", func(s *wire.Snapshot) { s.Engines[0].Kind = "No such engine" }, "invalid message"},
 		{"too big", func(s *wire.Snapshot) { s.Engines[0].LaunchArgs = huge }, "byte limit"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
