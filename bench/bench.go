@@ -196,19 +196,19 @@ func (e *env) estimate(areas []int) time.Duration {
 				continue // shares area 1's probes
 			}
 			for _, c := range e.workers() {
-				sec += runs * (2*c.IdealBurstSeconds(e.conc, e.tokens) + 0.1)
+				sec += runs * (2*c.IdealBurstSeconds(c.Burst(e.conc), e.tokens) + 0.1)
 			}
 		case AreaCold:
 			for _, c := range e.workers() {
-				cold := c.ColdBurstSeconds(e.conc, e.tokens, e.coldOf(c), 0)
-				sec += runs * (cold + 3*c.IdealBurstSeconds(e.conc, e.tokens) + 0.2)
+				cold := c.ColdBurstSeconds(c.Burst(e.conc), e.tokens, e.coldOf(c), 0)
+				sec += runs * (cold + 3*c.IdealBurstSeconds(c.Burst(e.conc), e.tokens) + 0.2)
 			}
 			if !e.opts.Quick {
 				big := fidelityWorkers[3]
-				sec += runs * (2*big.ColdBurstSeconds(e.conc, e.tokens, longCold, 0) + 2*big.IdealBurstSeconds(e.conc, e.tokens))
+				sec += runs * (2*big.ColdBurstSeconds(big.Burst(e.conc), e.tokens, longCold, 0) + 2*big.IdealBurstSeconds(big.Burst(e.conc), e.tokens))
 			}
 		case AreaWeights:
-			sec += runs * (2*weightWorkers[0].IdealBurstSeconds(e.conc, e.tokens) + 6)
+			sec += runs * (2*weightWorkers[0].IdealBurstSeconds(weightWorkers[0].Burst(e.conc), e.tokens) + 6)
 		case AreaScale:
 			for _, n := range e.agentCounts() {
 				sec += 25 + 5*float64(n)/1000
@@ -225,7 +225,7 @@ func (e *env) estimate(areas []int) time.Duration {
 			}
 			cals, n, length := e.prefillSetup()
 			for _, c := range cals {
-				sec += runs * (2*c.IdealBurstSeconds(e.conc, e.tokens) + 0.1)
+				sec += runs * (2*c.IdealBurstSeconds(c.Burst(e.conc), e.tokens) + 0.1)
 				if p, err := c.SimConfig("", Cold{}).IdealBurstSeconds(n, length, 1); err == nil {
 					sec += runs * 2 * p
 				}

@@ -100,6 +100,17 @@ func (c Calibration) TrueCapacity(concurrency int) float64 {
 	return float64(concurrency) / c.slowestStep(concurrency)
 }
 
+// FullCapacity is what the worker delivers with every rank full: the
+// burst of perRank requests on each of its ranks, as the agent sends it
+// (probe.concurrency per data-parallel rank). It is the "true capacity"
+// every oracle of the bench uses.
+func (c Calibration) FullCapacity(perRank int) float64 {
+	return c.TrueCapacity(c.Burst(perRank))
+}
+
+// Burst is the requests of a probe burst of perRank per rank.
+func (c Calibration) Burst(perRank int) int { return perRank * c.ranks() }
+
 // IdealBurstSeconds is how long a warm burst of concurrency requests of
 // tokens each lasts: tokens steps of the slowest rank.
 func (c Calibration) IdealBurstSeconds(concurrency, tokens int) float64 {

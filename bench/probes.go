@@ -84,7 +84,7 @@ func (e *env) probeSim(ctx context.Context, c Calibration, cold Cold, then func(
 func (e *env) probe(ctx context.Context, c Calibration, url string) (probeResult, error) {
 	start := time.Now()
 	m, err := probe.Run(ctx, probe.Config{
-		URL: url, Kind: c.Flavor, Model: benchModel, Concurrency: e.conc, Tokens: e.tokens,
+		URL: url, Kind: c.Flavor, Model: benchModel, Concurrency: c.Burst(e.conc), Ranks: c.ranks(), Tokens: e.tokens,
 		ReadyTimeout: 30 * time.Second, BurstTimeout: 3 * time.Minute, Trigger: "cli",
 	})
 	pr := probeResult{m: m, wall: time.Since(start)}
@@ -139,7 +139,7 @@ func (e *env) areaFidelity(ctx context.Context) *Section {
 	ws, err := e.fidelityProbes(ctx)
 	s.Err = err
 	for _, w := range ws {
-		truth := w.cal.TrueCapacity(e.conc)
+		truth := w.cal.FullCapacity(e.conc)
 		var tps, ratio []float64
 		for _, p := range w.probes {
 			tps = append(tps, p.m.ThroughputTPS)
@@ -165,7 +165,7 @@ func (e *env) areaCost(ctx context.Context) *Section {
 	ws, err := e.fidelityProbes(ctx)
 	s.Err = err
 	for _, w := range ws {
-		ideal := w.cal.IdealBurstSeconds(e.conc, e.tokens)
+		ideal := w.cal.IdealBurstSeconds(w.cal.Burst(e.conc), e.tokens)
 		var wall, ratio []float64
 		for _, p := range w.probes {
 			wall = append(wall, p.wall.Seconds())
@@ -234,9 +234,9 @@ func (e *env) areaCold(ctx context.Context) *Section {
 	}
 	// What the step model predicts, so a reader can check the single-burst column.
 	for _, r := range rows {
-		warmup := r.cal.ColdBurstSeconds(e.conc, e.tokens, r.cold, 0)
-		ideal := r.cal.IdealBurstSeconds(e.conc, e.tokens)
-		measured := r.cal.ColdBurstSeconds(e.conc, e.tokens, r.cold, warmup)
+		warmup := r.cal.ColdBurstSeconds(r.cal.Burst(e.conc), e.tokens, r.cold, 0)
+		ideal := r.cal.IdealBurstSeconds(r.cal.Burst(e.conc), e.tokens)
+		measured := r.cal.ColdBurstSeconds(r.cal.Burst(e.conc), e.tokens, r.cold, warmup)
 		s.Notes = append(s.Notes, fmt.Sprintf("%s: the step model predicts a warm-up burst of %s s (warm: %s s), so a single burst "+
 			"would read %s; the measured burst starts %s.", r.cal.Name, num(warmup, 2), num(ideal, 2), pct(ideal/warmup-1, 1),
 			coldVerdict(measured, ideal)))

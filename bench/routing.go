@@ -12,10 +12,12 @@ import (
 	"heft/sim"
 )
 
-// routingWorkers are area 9's fleet: one model, three workers of very
-// different speeds and one that heft holds. Every rank runs at most 16
-// sequences, the probe's concurrency, so a worker's true capacity is its
-// S16 and the fleet's is their sum. The fast one is SGLang-flavoured, not
+// routingWorkers are area 9's fleet: one model, four workers of very
+// different speeds, one of them data-parallel, and one that heft holds.
+// Every rank runs at most 16 sequences, the probe's concurrency per rank,
+// so a worker's true capacity is what it delivers with every rank full
+// (Calibration.FullCapacity: S16 per rank, 1,800 tok/s for dp2) and the
+// fleet's is their sum. The fast one is SGLang-flavoured, not
 // vLLM: an agent beside a heft-sim process reads the sim's own command
 // line as the engine's launch arguments, which name no max_num_seqs, so a
 // vLLM-flavoured sim would be reported at vLLM's default of 256 running
@@ -24,15 +26,19 @@ var routingWorkers = []Calibration{
 	{Name: "fast", Flavor: sim.FlavorSGLang, SingleTPS: 150, Batch16TPS: 2000, MaxRunning: 16},
 	{Name: "mid", Flavor: sim.FlavorSGLang, SingleTPS: 80, Batch16TPS: 900, MaxRunning: 16},
 	{Name: "slow", Flavor: sim.FlavorLlamaCpp, SingleTPS: 60, Batch16TPS: 300, MaxRunning: 16},
+	// Two data-parallel ranks with even pools: 16 running per rank, 32 in
+	// all. A probe of 16 requests in all would see half of it.
+	{Name: "dp2", Flavor: sim.FlavorSGLang, SingleTPS: 80, Batch16TPS: 900, DP: 2, MaxRunning: 16},
 	// Uneven KV pools (the demo's gpu-d): heft holds it, so it must get
 	// no request through a gateway heft drives.
-	{Name: "dp2", Flavor: sim.FlavorSGLang, SingleTPS: 80, Batch16TPS: 900, DP: 2, KVTokens: []int64{24094, 2925}, MaxRunning: 16},
+	{Name: "uneven", Flavor: sim.FlavorSGLang, SingleTPS: 80, Batch16TPS: 900, DP: 2, KVTokens: []int64{24094, 2925}, MaxRunning: 16},
 }
 
 // Indexes into routingWorkers.
 const (
 	routeFast = 0
-	routeHeld = 3
+	routeDP   = 3
+	routeHeld = 4
 )
 
 // routeServing are the workers every gateway may send to; the held one
@@ -140,7 +146,7 @@ func (p routingPlan) estimate() time.Duration {
 func routingCapacity() float64 {
 	total := 0.0
 	for _, c := range routeServing {
-		total += c.TrueCapacity(16)
+		total += c.FullCapacity(16)
 	}
 	return total
 }

@@ -222,7 +222,7 @@ func (f *routingFleet) settled(list []view.Worker) bool {
 func oracleWeights(hi int) []int {
 	caps := make([]float64, len(routeServing))
 	for i, c := range routeServing {
-		caps[i] = c.TrueCapacity(16)
+		caps[i] = c.FullCapacity(16)
 	}
 	ints, _ := scale.Ints(caps, hi)
 	return ints
@@ -260,7 +260,8 @@ defaults
 		if p.Weights == weightsHeft {
 			// heft-sync puts workers into these slots, and with capHeft sets
 			// each one's maxconn. A template gives every slot the same
-			// maxconn: the serving workers all run 16 at once.
+			// maxconn: 16 per rank of a one-rank worker (the DP worker's
+			// own maxconn of 32 is only heft's to set).
 			maxconn := ""
 			if p.Cap == capEngine {
 				maxconn = fmt.Sprintf(" maxconn %d", maxConnOf(routeServing[0]))

@@ -250,7 +250,7 @@ func (r *routingResult) notes() []string {
 	var heftW, trueW []string
 	caps := make([]float64, len(routeServing))
 	for i, c := range routeServing {
-		caps[i] = c.TrueCapacity(16)
+		caps[i] = c.FullCapacity(16)
 	}
 	med := median(caps)
 	for i, c := range routingWorkers {
@@ -284,8 +284,9 @@ func (r *routingResult) notes() []string {
 	out = append(out, fmt.Sprintf("\"heft's maxconn\": heft-sync's maxconn = true sets each server's maxconn to the coordinator's "+
 		"max_concurrency = max(R, ⌈R × weight⌉), R being what the engine runs at once as its agent reports it (%d here); "+
 		"\"maxconn = engine's\": %d on the server-template line, the same for every worker. Baselines and the oracle list the "+
-		"three serving workers; heft's backends start with empty server-template slots (HAProxy) or a placeholder upstream "+
-		"(nginx) and heft-sync fills them with all four workers' states.", maxConnOf(routeServing[0]), maxConnOf(routeServing[0])))
+		"%d serving workers; heft's backends start with empty server-template slots (HAProxy) or a placeholder upstream "+
+		"(nginx) and heft-sync fills them with all %d workers' states.", maxConnOf(routeServing[0]), maxConnOf(routeServing[0]),
+		len(routeServing), len(routingWorkers)))
 	if ch := r.Checks; ch != nil {
 		var parts []string
 		for i, l := range ch.Loads {

@@ -53,7 +53,7 @@ func (e *env) areaWeights(ctx context.Context) *Section {
 	}
 	truths := make([]float64, len(ws))
 	for i, c := range ws {
-		truths[i] = c.TrueCapacity(e.conc)
+		truths[i] = c.FullCapacity(e.conc)
 	}
 	med := median(truths)
 	runs := make([][]weightRun, len(ws))
@@ -75,7 +75,7 @@ func (e *env) areaWeights(ctx context.Context) *Section {
 	for i, c := range ws {
 		trueW := truths[i] / med
 		var weight, ratio, lat, over []float64
-		ideal2 := 2 * c.IdealBurstSeconds(e.conc, e.tokens)
+		ideal2 := 2 * c.IdealBurstSeconds(c.Burst(e.conc), e.tokens)
 		for _, r := range runs[i] {
 			weight = append(weight, r.weight)
 			ratio = append(ratio, r.weight/trueW)
