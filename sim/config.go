@@ -98,6 +98,10 @@ type Config struct {
 	ColdFactor  float64
 	ColdSeconds float64
 
+	// Slow throttles the engine mid-run: from SlowAt after start every
+	// step is SlowFactor times slower (slow.go).
+	Slow Slow
+
 	LogPath string // write the flavour's start-up log here ("" = none); truncated first
 	// LogNaming is how the log names the ranks (naming.go: NamingNewest,
 	// NamingEngineCoreN, NamingDPAttention, NamingRouter).
@@ -166,6 +170,7 @@ type stepModel struct {
 	start      time.Time
 	coldFactor float64
 	coldFor    time.Duration
+	slow       Slow
 }
 
 // seconds is the warm cost of a step, split into its decode and prefill parts.
@@ -181,10 +186,11 @@ func (m stepModel) seconds(b int, p int64) (decode, prefill float64) {
 
 // cold is the factor on a step that starts at at.
 func (m stepModel) cold(at time.Time) float64 {
+	f := m.slow.factor(at.Sub(m.start))
 	if at.Sub(m.start) < m.coldFor {
-		return m.coldFactor
+		return m.coldFactor * f
 	}
-	return 1
+	return f
 }
 
 // calibrate solves t0 + k = 1/s1 and t0 + 16k = 16/s16.
@@ -264,6 +270,9 @@ func (c Config) normalize() (Config, error) {
 		bad("cold-seconds must be a number ≥ 0, got %v", c.ColdSeconds)
 	case c.ColdFactor > 1 && c.ColdSeconds == 0:
 		bad("cold-factor %v needs cold-seconds > 0", c.ColdFactor)
+	}
+	if err := c.Slow.normalize(); err != nil {
+		bad("%v", err)
 	}
 	if c.PromptTokens < 0 {
 		bad("prompt-tokens must not be negative, got %d", c.PromptTokens)

@@ -101,7 +101,7 @@ func (c Config) rankSetup(start time.Time) rankSetup {
 		mixed:      mixedSteps(c.Flavor),
 		model: stepModel{
 			t0: t0, k: k, prefillTPS: c.PrefillTPS, start: start, coldFactor: c.ColdFactor,
-			coldFor: time.Duration(c.ColdSeconds * float64(time.Second)),
+			coldFor: time.Duration(c.ColdSeconds * float64(time.Second)), slow: c.Slow,
 		},
 		freePrefill: c.PrefillTPS == 0 || c.Faults.PrefillCached,
 	}

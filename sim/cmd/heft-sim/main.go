@@ -95,6 +95,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (cfg sim.Config, listen
 	fs.BoolVar(&cfg.ReportCachedTokens, "report-cached-tokens", false, "report usage.prompt_tokens_details.cached_tokens (vllm, sglang)")
 	fs.Float64Var(&cfg.ColdFactor, "cold-factor", 1, "steps are this many times slower while cold")
 	fs.Float64Var(&cfg.ColdSeconds, "cold-seconds", 0, "how long the engine stays cold after start")
+	fs.DurationVar(&cfg.Slow.At, "slow-at", 0, "from this long after start, steps are --slow-factor times slower (a mid-run throttle; 0 with a factor: slow from the start)")
+	fs.Float64Var(&cfg.Slow.Factor, "slow-factor", 1, "how many times slower steps are from --slow-at on (2: half speed)")
 	fs.StringVar(&cfg.LogPath, "log", "", "write the engine's start-up log to this file")
 	fs.StringVar(&cfg.LogNaming, "log-naming", "", "how the log names ranks: \"\" (newest), enginecore-n (vllm 0.8.3-0.10.1), dp-attention (sglang: only DP0 prints its pool), router (sglang_router workers: TP0 tags only)")
 	fs.IntVar(&cfg.MultiNode.Size, "data-parallel-size", 0, "vllm multi-node: the deployment's DP size; --dp is this node's local ranks (0: one node)")
