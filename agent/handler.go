@@ -122,6 +122,7 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 		Prefill: pc.Prefill, PrefillConcurrency: pc.PrefillConcurrency, PrefillTokens: pc.PrefillTokens,
 		MaxContextTokens: maxContext,
 	})
+	m.Cause = req.Cause
 	if ctx.Err() == nil {
 		h.recordProbe(client.URL(), req.CapacityKey, m, err)
 	}

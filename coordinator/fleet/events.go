@@ -190,6 +190,7 @@ func (f *Fleet) setEngine(w *worker, e wire.Engine) {
 		f.index(w, e.Model)
 		f.dirty[w.eng.Model], f.dirty[e.Model] = true, true
 	}
+	f.noteChange(w, e)
 	w.eng = cloneEngine(e)
 }
 
@@ -250,7 +251,12 @@ func (f *Fleet) probeDue(w *worker) (at time.Time, reason string, ok bool) {
 	case p.outstanding:
 		return p.sentAt.Add(f.cfg.ProbeTimeout), p.reason, true
 	case !p.retryAt.IsZero():
+		if w.remeasure != "" && reason == wire.ReasonScheduled {
+			reason = wire.ReasonOnDemand
+		}
 		return p.retryAt, reason, true
+	case w.remeasure != "" && reason == wire.ReasonScheduled:
+		return time.Time{}, wire.ReasonOnDemand, true // now, whatever the engine does
 	case reason == wire.ReasonScheduled:
 		return m.FinishedAt.Add(f.cfg.RemeasureEvery), reason, true
 	default:
@@ -284,7 +290,7 @@ func (f *Fleet) sendProbe(w *worker, reason string, now time.Time) Action {
 	w.probe.issued[1], w.probe.issued[0] = w.probe.issued[0], issued{id: id, node: w.node, at: now}
 	f.due(now.Add(f.cfg.ProbeTimeout))
 	f.log.Debug("requesting probe", "worker", w.id, "reason", reason, "request_id", id)
-	return Action{Node: w.node, Message: &wire.ProbeRequest{RequestID: id, CapacityKey: w.id, Reason: reason}}
+	return Action{Node: w.node, Message: &wire.ProbeRequest{RequestID: id, CapacityKey: w.id, Reason: reason, Cause: w.remeasure}}
 }
 
 // ProbeResult stores a measurement from node's agent. It is taken only as
@@ -376,7 +382,7 @@ func (f *Fleet) ProbeResult(nodeName string, r wire.ProbeResult) ([]Action, erro
 		f.log.Warn("implausible measurement; the worker is held until an admin admits it", "worker", w.id, "node", nodeName,
 			"throughput_tps", m.ThroughputTPS, "why", m.Implausible)
 	case m.Valid():
-		w.probe.retryAt, w.probe.failure = time.Time{}, ""
+		w.probe.retryAt, w.probe.failure, w.remeasure = time.Time{}, "", ""
 		f.log.Info("measured", "worker", w.id, "throughput_tps", m.ThroughputTPS, "prefill_tps", prefillTPS(m), "trigger", m.Trigger)
 	default:
 		w.probe.retryAt = now.Add(f.cfg.FailRetry)

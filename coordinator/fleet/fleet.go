@@ -300,6 +300,9 @@ type worker struct {
 	savedAt     time.Time
 	greeted     uint64 // node.order of the connection this worker was greeted on
 	probe       probeState
+	// remeasure names why its engine must be measured again now (it
+	// restarted, its GPUs changed; remeasure.go); "" once measured.
+	remeasure string
 
 	// Derived by evaluate, weigh and publish.
 	state       string
@@ -540,7 +543,7 @@ func (c *cached) setHistory(list []wire.Measurement, limit int) {
 	c.points = make([]view.MeasurementPoint, len(c.history))
 	for i, h := range c.history {
 		c.points[i] = view.MeasurementPoint{At: h.FinishedAt, ThroughputTPS: h.ThroughputTPS, WarmupTPS: h.WarmupTPS, Valid: h.Valid(),
-			PrefillTPS: prefillTPS(h)}
+			PrefillTPS: prefillTPS(h), Trigger: h.Trigger, Cause: h.Cause}
 	}
 }
 

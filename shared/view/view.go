@@ -51,6 +51,10 @@ type MeasurementPoint struct {
 	// PrefillTPS is the measurement's prefill throughput where it may be
 	// used for a prefill weight.
 	PrefillTPS float64 `json:"prefill_tps,omitempty"`
+	// Trigger is why it was measured (registration, scheduled, on_demand)
+	// and Cause what changed in the engine, when that was why.
+	Trigger string `json:"trigger,omitempty"`
+	Cause   string `json:"cause,omitempty"`
 }
 
 // Worker is one engine endpoint as GET /api/v1/workers shows it. The first

@@ -415,7 +415,8 @@ func (m *Measurement) Validate() error {
 	}
 	for name, s := range map[string]string{"measurement.capacity_key": m.CapacityKey, "measurement.node": m.Node,
 		"measurement.engine_kind": m.EngineKind, "measurement.engine_url": m.EngineURL, "measurement.model": m.Model,
-		"measurement.prompt": m.Prompt, "measurement.failure": m.Failure, "measurement.trigger": m.Trigger} {
+		"measurement.prompt": m.Prompt, "measurement.failure": m.Failure, "measurement.trigger": m.Trigger,
+		"measurement.cause": m.Cause} {
 		if err := checkString(name, s); err != nil {
 			return err
 		}
@@ -518,6 +519,9 @@ func (p *ProbeRequest) Validate() error {
 	case ReasonRegistration, ReasonScheduled, ReasonOnDemand:
 	default:
 		return invalid("probe_request.reason %q is unknown", p.Reason)
+	}
+	if err := checkString("probe_request.cause", p.Cause); err != nil {
+		return err
 	}
 	return checkString("probe_request.request_id", p.RequestID)
 }

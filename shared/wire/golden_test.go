@@ -30,7 +30,7 @@ func fullMessages() map[string]any {
 		SMClockMinMHz: 1980, SMClockMedianMHz: 2010, SMClockMaxMHz: 2040, ClockEventReasons: []string{"sw_power_cap"},
 		LoadBefore: load, Busy: true, Ranks: 2, BusyWaitSeconds: 12.5, Drained: true, EngineGeneratedTokens: 2050, Complete: true, Failure: "probe_incomplete_output", Problems: []string{"1 token short"},
 		Implausible: "every token of a request arrived in one instant",
-		Trigger:     ReasonScheduled, StartedAt: at, FinishedAt: at.Add(4500 * time.Millisecond),
+		Trigger:     ReasonScheduled, Cause: "engine_restarted: pid 41 → 97", StartedAt: at, FinishedAt: at.Add(4500 * time.Millisecond),
 		Prefill: &Prefill{ThroughputTPS: 17580.25, WarmupTPS: 17001.5, PromptTokens: 32768, ExpectedPromptTokens: 32768,
 			WallSeconds: 1.875, PromptLength: 8192, Requests: 4, Concurrency: 4, TTFTP50: 0.9375, TTFTP95: 1.8125,
 			CachedTokens: 12, TokenSource: "usage", Complete: true, Failure: PrefillTruncated,
@@ -58,7 +58,7 @@ func fullMessages() map[string]any {
 		TypeProbeStatus:  &ProbeStatus{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", State: ProbeDeferredBusy, Message: "3 requests running"},
 		TypeWelcome:      &Welcome{CoordinatorVersion: "0.2.0", SnapshotSeconds: 15, NodeCredential: "hn1-credential"},
 		TypeCached:       &CachedMeasurement{Measurement: measurement, ExpiresAt: at.Add(6 * time.Hour)},
-		TypeProbeRequest: &ProbeRequest{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", Reason: ReasonOnDemand},
+		TypeProbeRequest: &ProbeRequest{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", Reason: ReasonOnDemand, Cause: "engine_restarted: pid 41 → 97"},
 	}
 }
 

@@ -348,7 +348,9 @@ type Measurement struct {
 	// admits it.
 	Implausible string `json:"implausible,omitempty"`
 
-	Trigger    string    `json:"trigger,omitempty"` // registration | scheduled | on_demand | cli
+	Trigger string `json:"trigger,omitempty"` // registration | scheduled | on_demand | cli
+	// Cause is the probe request's Cause: what changed in the engine.
+	Cause      string    `json:"cause,omitempty"`
 	StartedAt  time.Time `json:"started_at"`
 	FinishedAt time.Time `json:"finished_at"`
 
@@ -459,6 +461,11 @@ type ProbeRequest struct {
 	RequestID   string `json:"request_id"`
 	CapacityKey string `json:"capacity_key"`
 	Reason      string `json:"reason"`
+	// Cause says what made the coordinator ask beyond Reason: the engine
+	// changed under the same capacity key ("engine_restarted: pid 41 →
+	// 97", "gpu_set_changed: ..."). The agent copies it into the
+	// measurement, so each trigger is named in the worker's history.
+	Cause string `json:"cause,omitempty"`
 }
 
 // Private websocket close codes (4000–4999) the coordinator sends to agents.
