@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"heft/shared/view"
 	"heft/shared/wire"
@@ -51,6 +52,13 @@ func TestDeploymentJoinedAcrossNodes(t *testing.T) {
 	x, ok := warning(w, wire.CodeDeploymentMismatch)
 	if !ok || !strings.Contains(x.Message, "DP 2, 3 have not yet been reported") || !strings.Contains(x.Message, "gpu-a (DP 0, 1)") {
 		t.Fatalf("missing node: %+v", w.Warnings)
+	}
+
+	// Past the grace the warning says the node has not reported.
+	h.clk.advance(DeploymentGrace + time.Minute)
+	h.snapshot("gpu-a")
+	if x, ok := warning(h.worker("head"), wire.CodeDeploymentMismatch); !ok || !strings.Contains(x.Message, "not in the 2m0s since the first node reported") {
+		t.Fatalf("past the grace: %+v", x)
 	}
 
 	h.connect("gpu-b")
