@@ -37,6 +37,14 @@ type options struct {
 	gpus    gpu.Source
 	onProbe func(wire.ProbeRequest)
 	getenv  func(string) string // the environment systemd's notify socket is read from
+	reread  <-chan struct{}
+}
+
+// WithReload reads token_file again on each receive from ch (heft-agent
+// run sends one on SIGHUP). The link also reads it again when the
+// coordinator refuses the token in use.
+func WithReload(ch <-chan struct{}) Option {
+	return func(o *options) { o.reread = ch }
 }
 
 // WithGPUs reads GPU facts from src instead of opening this host's GPUs
@@ -150,6 +158,7 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 	}
 	err = link.Run(ctx, link.Config{
 		URL: coordURL, Token: token, TLS: tlsCfg, Status: board, Credentials: creds,
+		ReadToken: readToken(cfg), Reread: o.reread,
 		Node: cfg.Node.Name, AgentVersion: version.Version, Host: h,
 		SnapshotEvery: cfg.SnapshotInterval, PollEvery: cfg.PollInterval,
 		Significant: collect.Significant,
@@ -160,6 +169,15 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// readToken reads token_file again, for the link; nil for a token given
+// in the configuration, which only a restart changes.
+func readToken(cfg config.Config) func() (string, error) {
+	if cfg.Coordinator.TokenFile == "" {
+		return nil
+	}
+	return cfg.Token
 }
 
 // LogOptions returns where the config says this host keeps journals,

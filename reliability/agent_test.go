@@ -30,22 +30,32 @@ type simAgent struct {
 
 // startSimAgent runs an agent for engines until the test ends.
 func startSimAgent(t *testing.T, coordURL, node string, engines []config.Engine) *simAgent {
+	return startSimAgentWith(t, coordURL, node, engines, nil)
+}
+
+// startSimAgentWith is startSimAgent with a tweak of the configuration and
+// more options.
+func startSimAgentWith(t *testing.T, coordURL, node string, engines []config.Engine, tweak func(*config.Config), opts ...agent.Option) *simAgent {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Coordinator.URL, cfg.Coordinator.Token = coordURL, agentToken
 	cfg.Node.Name, cfg.Engines = node, engines
 	cfg.StateDir = t.TempDir()
 	cfg.PollInterval = 100 * time.Millisecond
+	if tweak != nil {
+		tweak(&cfg)
+	}
 	a := &simAgent{probes: map[string]int{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		err := agent.Run(ctx, cfg, hclog.NewNullLogger(), agent.WithGPUs(noGPUs{}), agent.WithProbeHook(func(req wire.ProbeRequest) {
+		opts := append([]agent.Option{agent.WithGPUs(noGPUs{}), agent.WithProbeHook(func(req wire.ProbeRequest) {
 			a.mu.Lock()
 			a.probes[req.CapacityKey]++
 			a.mu.Unlock()
-		}))
+		})}, opts...)
+		err := agent.Run(ctx, cfg, hclog.NewNullLogger(), opts...)
 		if err != nil {
 			t.Errorf("agent.Run: %v", err)
 		}

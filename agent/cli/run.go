@@ -17,16 +17,34 @@ import (
 
 // runRun is the agent service: it collects facts, measures engines when the
 // coordinator asks, and keeps the link to the coordinator until SIGINT or
-// SIGTERM. Exit 0 on a signal, 1 when it cannot run, 2 on bad flags, 78
-// (settings.ExitConfig) on a bad configuration.
+// SIGTERM; SIGHUP reads token_file again. Exit 0 on a signal, 1 when it
+// cannot run, 2 on bad flags, 78 (settings.ExitConfig) on a bad
+// configuration.
 func runRun(args []string, stdio IO) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return runAgent(ctx, args, os.Getenv, stdio)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reload := make(chan struct{}, 1)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				select {
+				case reload <- struct{}{}:
+				default: // one already waits
+				}
+			}
+		}
+	}()
+	return runAgent(ctx, args, os.Getenv, stdio, agent.WithReload(reload))
 }
 
 // runAgent is runRun under a caller's context, for tests.
-func runAgent(ctx context.Context, args []string, env func(string) string, stdio IO) int {
+func runAgent(ctx context.Context, args []string, env func(string) string, stdio IO, opts ...agent.Option) int {
 	cfg, err := config.Load("", args, env)
 	if err == nil {
 		// The token and TLS files are configuration too: a problem with
@@ -50,7 +68,7 @@ func runAgent(ctx context.Context, args []string, env func(string) string, stdio
 		// Loud on purpose: on stderr as a banner, and in the log.
 		fmt.Fprintf(stdio.Err, "\n%s\n%s\n%s\n\n", strings.Repeat("!", 72), w, strings.Repeat("!", 72))
 	}
-	if err := agent.Run(ctx, cfg, logger); err != nil {
+	if err := agent.Run(ctx, cfg, logger, opts...); err != nil {
 		fmt.Fprintf(stdio.Err, "heft-agent run: %v\n", err)
 		return 1
 	}

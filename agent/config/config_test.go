@@ -333,9 +333,9 @@ func TestValidateListsEveryProblem(t *testing.T) {
 			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "empty", " \n", 0o600)
 		}, "is empty"},
 		// The coordinator's rules, now the agent's too.
-		{"two-line token file", func(c *Config) {
-			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "two", "a\nb\n", 0o600)
-		}, "more than one line"},
+		{"token file with two words on a line", func(c *Config) {
+			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "two", "a b\n", 0o600)
+		}, "holds a space"},
 		{"huge token file", func(c *Config) {
 			c.Coordinator.Token, c.Coordinator.TokenFile = "", writeFile(t, "huge", strings.Repeat("x", 5000), 0o600)
 		}, "larger than"},

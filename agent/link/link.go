@@ -64,8 +64,14 @@ type Handler interface {
 
 // Config says where and how to connect. Zero durations take the defaults.
 type Config struct {
-	URL          string // ws:// or wss:// URL of the coordinator's agent endpoint
-	Token        string // sent as Authorization: Bearer
+	URL   string // ws:// or wss:// URL of the coordinator's agent endpoint
+	Token string // sent as Authorization: Bearer
+	// ReadToken, when set, reads the token again (the agent's
+	// token_file): after the coordinator refused the token in use (401),
+	// and on each receive from Reread (SIGHUP). A token that cannot be read
+	// keeps the one in use.
+	ReadToken    func() (string, error)
+	Reread       <-chan struct{}
 	Node         string
 	AgentVersion string
 	Host         wire.Host
@@ -165,6 +171,7 @@ type link struct {
 	nextID  uint64
 	slot    *wire.Snapshot // the newest snapshot not yet written
 	cred    string         // the node credential, "" before enrolment
+	token   string         // the agent token in use
 }
 
 // outMsg is a probe message waiting for the writer. Durable messages (the
@@ -215,7 +222,52 @@ func newLink(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) (*
 		wake:    make(chan struct{}, 1),
 		probing: map[string]bool{},
 		cred:    cred,
+		token:   cfg.Token,
 	}, nil
+}
+
+func (l *link) agentToken() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.token
+}
+
+// rereadToken reads the agent token again, if the link can, and reports
+// whether it changed.
+func (l *link) rereadToken(why string) bool {
+	if l.cfg.ReadToken == nil {
+		return false
+	}
+	tok, err := l.cfg.ReadToken()
+	if err != nil {
+		l.log.Error("cannot read the agent token again; keeping the one in use", "why", why, "error", err)
+		return false
+	}
+	l.mu.Lock()
+	changed := tok != l.token
+	l.token = tok
+	l.mu.Unlock()
+	if changed {
+		l.log.Info("read a new agent token from token_file", "why", why)
+	} else {
+		l.log.Debug("read the agent token again: unchanged", "why", why)
+	}
+	return changed
+}
+
+// watchReread reads the token again on each receive from Reread.
+func (l *link) watchReread() {
+	for {
+		select {
+		case <-l.ctx.Done():
+			return
+		case _, ok := <-l.cfg.Reread:
+			if !ok {
+				return
+			}
+			l.rereadToken("reload signal")
+		}
+	}
 }
 
 func (l *link) credential() string {
@@ -242,6 +294,11 @@ func (l *link) enrolled(cred string) {
 func (l *link) run() error {
 	defer l.client.CloseIdleConnections()
 	defer l.probes.Wait()
+	if l.cfg.Reread != nil {
+		var rereads sync.WaitGroup
+		defer rereads.Wait()
+		rereads.Go(l.watchReread)
+	}
 	b := &backoff.Backoff{Min: l.cfg.MinBackoff, Max: l.cfg.MaxBackoff, Jitter: true, RandN: l.randN}
 	for {
 		if l.ctx.Err() != nil {
@@ -256,6 +313,10 @@ func (l *link) run() error {
 			b.Reset()
 		}
 		wait := b.Next()
+		var refused *refusedError
+		if errors.As(err, &refused) && refused.status == http.StatusUnauthorized && l.rereadToken("the coordinator refused the token in use (401)") {
+			wait = l.cfg.MinBackoff // a new token: try it soon
+		}
 		code := websocket.CloseStatus(err)
 		switch code {
 		case wire.CloseProtocolVersion, wire.CloseSuperseded, wire.CloseNodeCredential, wire.CloseNodePending, wire.CloseLimit:

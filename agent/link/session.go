@@ -59,13 +59,25 @@ type session struct {
 	started   chan struct{} // closed once Hello and the first snapshot are out
 }
 
+// dialHeader authenticates the dial: the agent token, and the node
+// credential once the node holds one, which the coordinator accepts alone
+// (the agent token is needed only to enrol).
+func (l *link) dialHeader() http.Header {
+	h := http.Header{"Authorization": {"Bearer " + l.agentToken()}}
+	if cred := l.credential(); cred != "" {
+		h.Set(wire.HeaderNode, l.cfg.Node)
+		h.Set(wire.HeaderNodeCredential, cred)
+	}
+	return h
+}
+
 // session dials, runs one connection until it fails or the agent stops,
 // and returns why it ended.
 func (l *link) session() error {
 	dialCtx, cancel := context.WithTimeout(l.ctx, l.cfg.DialTimeout)
 	conn, resp, err := websocket.Dial(dialCtx, l.cfg.URL, &websocket.DialOptions{
 		HTTPClient: l.client,
-		HTTPHeader: http.Header{"Authorization": {"Bearer " + l.cfg.Token}},
+		HTTPHeader: l.dialHeader(),
 	})
 	cancel()
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -204,7 +205,9 @@ func (c Config) GoString() string { return "config.Config{" + c.String() + "}" }
 // TLS reports whether the HTTP server should serve TLS.
 func (c Config) TLS() bool { return c.TLSCertFile != "" && c.TLSKeyFile != "" }
 
-// Tokens are the secrets in force after token files have been read.
+// Tokens are the secrets in force after token files have been read. Each
+// may hold several tokens, one a line (settings.SplitTokens), as a token
+// file does during a rotation; any of them is accepted.
 type Tokens struct {
 	Agent  string
 	Admin  string // empty: admin actions are refused
@@ -243,11 +246,11 @@ func (s secret) resolve() (string, error) {
 	case s.value != "" && s.file != "":
 		return "", fmt.Errorf("%s and %s are both set; keep one", s.key, s.fileKey)
 	case s.file != "":
-		tok, err := settings.ReadTokenFile(s.file)
+		toks, err := settings.ReadTokensFile(s.file)
 		if err != nil {
 			return "", fmt.Errorf("%s: %w", s.fileKey, err)
 		}
-		return tok, nil
+		return strings.Join(toks, "\n"), nil
 	default:
 		return s.value, nil
 	}
@@ -287,7 +290,7 @@ func (c Config) Validate() error {
 	if _, err := server.ParseAllow(c.AdvertiseAllow); err != nil {
 		bad("%v", err)
 	}
-	if tokens.Agent != "" && tokens.Agent == tokens.Admin {
+	if shareToken(tokens.Agent, tokens.Admin) {
 		bad("admin_token must differ from agent_token, or every agent could act as an admin")
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
@@ -342,18 +345,30 @@ func (c Config) Validate() error {
 func (c Config) CheckTokens(tokens Tokens) error {
 	var errs []error
 	for _, s := range c.secrets() {
-		v := *s.dst(&tokens)
-		if v == "" || len(v) >= MinTokenBytes {
-			continue
+		for _, v := range settings.SplitTokens(*s.dst(&tokens)) {
+			if len(v) >= MinTokenBytes {
+				continue
+			}
+			what := s.key
+			if s.file != "" {
+				what = fmt.Sprintf("a token in %s (%s)", s.fileKey, s.file)
+			}
+			errs = append(errs, fmt.Errorf("%s is %d bytes; at least %d are needed so that it cannot be guessed: run `heft-coordinator gen-token` for one",
+				what, len(v), MinTokenBytes))
 		}
-		what := s.key
-		if s.file != "" {
-			what = fmt.Sprintf("the token in %s (%s)", s.fileKey, s.file)
-		}
-		errs = append(errs, fmt.Errorf("%s is %d bytes; at least %d are needed so that it cannot be guessed: run `heft-coordinator gen-token` for one",
-			what, len(v), MinTokenBytes))
 	}
 	return errors.Join(errs...)
+}
+
+// shareToken reports whether two token lists have a token in common.
+func shareToken(a, b string) bool {
+	bs := settings.SplitTokens(b)
+	for _, t := range settings.SplitTokens(a) {
+		if slices.Contains(bs, t) {
+			return true
+		}
+	}
+	return false
 }
 
 // MinTokenBytes is the shortest token the coordinator accepts.

@@ -213,7 +213,8 @@ func TestTokenFiles(t *testing.T) {
 	groupRead := writeFile(t, "group-read.token", "tok-0123456789abcdef0123456789xx\n", 0o640)
 	groupWrite := writeFile(t, "group-write.token", "tok\n", 0o660)
 	empty := writeFile(t, "empty.token", "\n\n", 0o600)
-	twoLines := writeFile(t, "two.token", "a\nb\n", 0o600)
+	twoLines := writeFile(t, "two.token", "tok-old-0123456789abcdef0123456789\nshort\n", 0o600)
+	rotating := writeFile(t, "rotating.token", "tok-old-0123456789abcdef0123456789\n\ntok-new-0123456789abcdef0123456789\n", 0o600)
 
 	cfg := Default()
 	cfg.AgentTokenFile = good
@@ -225,6 +226,20 @@ func TestTokenFiles(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
+	// During a rotation the file holds the old and the new token: both
+	// count.
+	cfg.AgentTokenFile = rotating
+	if tok, err := cfg.ReadTokens(); err != nil || tok.Agent != "tok-old-0123456789abcdef0123456789\ntok-new-0123456789abcdef0123456789" {
+		t.Fatalf("two tokens: %q %v", tok.Agent, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("a token file of two tokens was refused: %v", err)
+	}
+	cfg.AdminToken = "tok-new-0123456789abcdef0123456789"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "admin_token must differ") {
+		t.Fatalf("an admin token among the agent tokens: %v", err)
+	}
+	cfg.AdminToken = "adm-0123456789abcdef0123456789xx"
 	// root:heft 0640 is how the packages lay tokens out.
 	cfg.AgentTokenFile = groupRead
 	if err := cfg.Validate(); err != nil {
@@ -237,7 +252,7 @@ func TestTokenFiles(t *testing.T) {
 		{"world readable", open, "chmod 600"},
 		{"group writable", groupWrite, "mode 0660"},
 		{"empty", empty, "is empty"},
-		{"two lines", twoLines, "more than one line"},
+		{"a short token among two", twoLines, "a token in agent_token_file"},
 		{"too short", writeFile(t, "short.token", "hunter2\n", 0o600), "at least 32"},
 		{"missing", filepath.Join(t.TempDir(), "nope"), "no such file"},
 		{"directory", t.TempDir(), "not a regular file"},

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 
 	"heft/gateway/scale"
 	"heft/gateway/target"
+	"heft/shared/settings"
 )
 
 // HAProxy's agent check, served by the coordinator: a way to route by
@@ -161,7 +163,8 @@ func (s *Server) agentCheckAnswer(line string, answers agentAnswers) (ans string
 	viewer := tok.Viewer
 	switch {
 	case viewer == "" && len(f) == 2:
-	case viewer != "" && len(f) == 3 && (tokenEqual(f[0], viewer) || tokenEqual(f[0], tok.Admin)):
+	case viewer != "" && len(f) == 3 && slices.ContainsFunc(append(settings.SplitTokens(viewer), settings.SplitTokens(tok.Admin)...),
+		func(t string) bool { return tokenEqual(f[0], t) }):
 		f = f[1:]
 	default:
 		if viewer != "" {

@@ -12,6 +12,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"heft/shared/settings"
+	"heft/shared/wire"
 )
 
 // Kinds of credential, the label of heft_auth_failures_total.
@@ -74,12 +77,28 @@ func (s *Server) checkToken(w http.ResponseWriter, r *http.Request, kind string,
 	return false
 }
 
-func (s *Server) agentAuth(w http.ResponseWriter, r *http.Request) bool {
-	return s.checkToken(w, r, authAgent, false, s.tokens().Agent)
+// agentAuth guards the agent endpoint: an agent token, or, for a node
+// that holds its credential, that credential (agentNode names the node it
+// speaks for, which its hello must name). The shared agent token is then
+// needed only to enrol, so a rotation that has not reached every agent
+// yet, or a coordinator restarted with the new token only, shuts out no
+// enrolled node.
+func (s *Server) agentAuth(w http.ResponseWriter, r *http.Request) (agentNode string, ok bool) {
+	agents := settings.SplitTokens(s.tokens().Agent)
+	got := bearer(r)
+	for _, t := range agents {
+		if tokenEqual(got, t) {
+			return "", true
+		}
+	}
+	if node, cred := r.Header.Get(wire.HeaderNode), r.Header.Get(wire.HeaderNodeCredential); node != "" && cred != "" && s.opts.Nodes.Verify(node, cred) {
+		return node, true
+	}
+	return "", s.checkToken(w, r, authAgent, false, agents...)
 }
 
 func (s *Server) adminAuth(w http.ResponseWriter, r *http.Request) bool {
-	return s.checkToken(w, r, authAdmin, false, s.tokens().Admin)
+	return s.checkToken(w, r, authAdmin, false, settings.SplitTokens(s.tokens().Admin)...)
 }
 
 // readAuth guards reads: open unless a viewer token is configured, then the
@@ -89,7 +108,7 @@ func (s *Server) readAuth(w http.ResponseWriter, r *http.Request) bool {
 	if t.Viewer == "" {
 		return true
 	}
-	return s.checkToken(w, r, authViewer, true, t.Viewer, t.Admin)
+	return s.checkToken(w, r, authViewer, true, append(settings.SplitTokens(t.Viewer), settings.SplitTokens(t.Admin)...)...)
 }
 
 // clientIP is the address a request comes from. X-Forwarded-For is read

@@ -95,6 +95,9 @@ type agentConn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	node   string // set once, by the reader, before registration
+	// byCredential is the node whose credential, not an agent token,
+	// let this connection in; its hello must name that node.
+	byCredential string
 
 	qmu      sync.Mutex
 	queue    [][]byte // messages waiting for the flusher, oldest first
@@ -297,7 +300,8 @@ func (h *hub) shutdown(timeout time.Duration) {
 // handleAgent is GET /api/v1/agent: authenticate, upgrade, serve.
 func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 	s := h.s
-	if !s.agentAuth(w, r) {
+	byCredential, ok := s.agentAuth(w, r)
+	if !ok {
 		return
 	}
 	// Counted here rather than by limitConns: the connection outlives
@@ -329,7 +333,7 @@ func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(s.base)
 	c := &agentConn{
 		h: h, id: h.nextID.Add(1), source: s.clientIP(r), ws: ws,
-		ctx: ctx, cancel: cancel, closed: make(chan struct{}),
+		ctx: ctx, cancel: cancel, closed: make(chan struct{}), byCredential: byCredential,
 	}
 	c.from, _ = netip.ParseAddr(c.source)
 	if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
@@ -482,6 +486,12 @@ func (h *hub) handle(c *agentConn, data []byte, helloTimer *time.Timer) bool {
 // its workers or its measurements; hello then returns false.
 func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 	s := h.s
+	if c.byCredential != "" && hello.Node != c.byCredential {
+		s.metrics.nodeRefusals.WithLabelValues(nodes.LabelCredential).Inc()
+		log.Warn("refusing a hello for another node than the credential's", "node", hello.Node, "credential_of", c.byCredential)
+		c.end(CloseNodeCredential, "the hello names another node than the credential", dropNodeRefused, true)
+		return false
+	}
 	d := s.opts.Nodes.Admit(nodes.Hello{Node: hello.Node, Credential: hello.NodeCredential, AgentVersion: hello.AgentVersion,
 		Hostname: hello.Host.Hostname, KeepsCredential: hello.KeepsCredential, Address: c.source})
 	welcome, err := wire.Encode(&wire.Welcome{CoordinatorVersion: version.Version, SnapshotSeconds: s.lim.snapshotSeconds,

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,7 @@ import (
 
 	"heft/coordinator/fleet"
 	"heft/coordinator/nodes"
+	"heft/shared/settings"
 	"heft/shared/view"
 	"heft/shared/wire"
 )
@@ -84,7 +86,9 @@ type Options struct {
 }
 
 // Tokens are the secrets the server checks, as read from the
-// configuration and its token files.
+// configuration and its token files. Each may hold several tokens, one a
+// line (settings.SplitTokens), as a token file does during a rotation;
+// any of them is accepted.
 type Tokens struct {
 	Agent  string // required
 	Admin  string // empty: admin actions are refused
@@ -100,7 +104,7 @@ func (t Tokens) check() error {
 	switch {
 	case t.Agent == "":
 		return errors.New("no agent token configured")
-	case t.Admin != "" && t.Admin == t.Agent:
+	case slices.ContainsFunc(settings.SplitTokens(t.Admin), func(a string) bool { return slices.Contains(settings.SplitTokens(t.Agent), a) }):
 		return errors.New("the admin token must differ from the agent token, or every agent could act as an admin")
 	}
 	return nil

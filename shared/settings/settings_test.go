@@ -445,7 +445,7 @@ func TestReadTokenFile(t *testing.T) {
 		{"world readable", writeFile(t, "c", "tok\n", 0o644), "chmod 600"},
 		{"group writable", writeFile(t, "d", "tok\n", 0o660), "mode 0660"},
 		{"empty", writeFile(t, "e", " \n\n", 0o600), "is empty"},
-		{"two lines", writeFile(t, "f", "a\nb\n", 0o600), "more than one line"},
+		{"two words on a line", writeFile(t, "f", "a b\n", 0o600), "line 1 holds a space"},
 		{"too large", writeFile(t, "g", strings.Repeat("x", MaxTokenFile+1), 0o600), "larger than 4096 bytes"},
 		{"missing", filepath.Join(t.TempDir(), "nope"), "no such file"},
 		{"directory", t.TempDir(), "not a regular file"},
@@ -453,6 +453,19 @@ func TestReadTokenFile(t *testing.T) {
 		if _, err := ReadTokenFile(tc.path); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err = %v, want one mentioning %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// During a rotation a token file holds the old and the new token, one a
+// line; a client presents the last, the newest.
+func TestReadTokensFile(t *testing.T) {
+	path := writeFile(t, "rot", "old-token\n\n  new-token  \n", 0o600)
+	toks, err := ReadTokensFile(path)
+	if err != nil || len(toks) != 2 || toks[0] != "old-token" || toks[1] != "new-token" {
+		t.Fatalf("ReadTokensFile: %q %v", toks, err)
+	}
+	if tok, err := ReadTokenFile(path); err != nil || tok != "new-token" {
+		t.Errorf("ReadTokenFile: %q %v, want the last one", tok, err)
 	}
 }
 
