@@ -80,7 +80,7 @@ func TestTokenRotationKeepsEveryWorkerRouted(t *testing.T) {
 	}
 	var current atomic.Pointer[coord]
 	current.Store(c)
-	testutil.Eventually(t, "both workers admitted", 60*time.Second, func() bool {
+	testutil.Eventually(t, "both workers admitted", 120*time.Second, func() bool {
 		ws := mustWorkers(t, c.api())
 		admitted := 0
 		for _, w := range ws {
