@@ -44,7 +44,8 @@ func (n *Nginx) leaveOutRefused(m target.Model, dropped []string) (target.Model,
 }
 
 // refusedBackend finds the worker whose line of data the check's message
-// names: nginx says "... in FILE:LINE", and for a name that does not
+// names: nginx says "... in FILE:LINE"; a message naming no file (a check
+// command of the operator's own) is matched by the host nginx could not
 // resolve, `host not found in upstream "HOST:PORT"`.
 func refusedBackend(msg, file string, data []byte, m target.Model) (target.Backend, bool) {
 	byAddr := map[string]target.Backend{}
@@ -62,6 +63,9 @@ func refusedBackend(msg, file string, data []byte, m target.Model) (target.Backe
 		}
 		return target.Backend{}, false
 	}
+	if inFile.MatchString(msg) {
+		return target.Backend{}, false // another file's line: not a worker's
+	}
 	if q := hostNotFound.FindStringSubmatch(msg); q != nil {
 		b, ok := byAddr[q[1]]
 		return b, ok
@@ -69,7 +73,10 @@ func refusedBackend(msg, file string, data []byte, m target.Model) (target.Backe
 	return target.Backend{}, false
 }
 
-var hostNotFound = regexp.MustCompile(`host not found in upstream "([^"]+)"`)
+var (
+	hostNotFound = regexp.MustCompile(`host not found in upstream "([^"]+)"`)
+	inFile       = regexp.MustCompile(` in \S+:[0-9]+`)
+)
 
 // without returns m less the worker at addr.
 func without(m target.Model, addr string) target.Model {

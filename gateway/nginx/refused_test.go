@@ -1,0 +1,33 @@
+package nginx
+
+import (
+	"testing"
+
+	"heft/gateway/target"
+)
+
+// The worker nginx -t names is found by the line it points at, or by the
+// host it could not resolve; a line that is not a worker's (a directive,
+// another file) names none, and the whole file is refused as before.
+func TestRefusedBackend(t *testing.T) {
+	const file = "/etc/nginx/heft/qwen.conf"
+	m := target.Model{Name: "m", Backends: []target.Backend{{Address: "10.0.0.1:80", WorkerID: "a"}, {Address: "bad.invalid:80", WorkerID: "b"}}}
+	data := []byte("# heft\nupstream q {\n    least_conn;\n    server 10.0.0.1:80 weight=1;  # a\n    server bad.invalid:80 weight=1;  # b\n}\n")
+	for _, c := range []struct {
+		msg, want string
+	}{
+		{`nginx: [emerg] host not found in upstream "bad.invalid:80" in /etc/nginx/heft/qwen.conf:5`, "b"},
+		{`nginx: [emerg] something about line 4 in /etc/nginx/heft/qwen.conf:4`, "a"},
+		{`nginx: [emerg] host not found in upstream "bad.invalid:80"`, "b"},
+		{`nginx: [emerg] unknown directive "least_conn" in /etc/nginx/heft/qwen.conf:3`, ""},
+		{`nginx: [emerg] host not found in upstream "qwen" in /etc/nginx/nginx.conf:17`, ""},
+		{`nginx: [emerg] host not found in upstream "bad.invalid:80" in /etc/nginx/nginx.conf:17`, ""},
+		{`nginx: [emerg] in /etc/nginx/heft/qwen.conf:99`, ""},
+		{`exit status 1`, ""},
+	} {
+		b, ok := refusedBackend(c.msg, file, data, m)
+		if ok != (c.want != "") || b.WorkerID != c.want {
+			t.Errorf("%q: %q %v, want %q", c.msg, b.WorkerID, ok, c.want)
+		}
+	}
+}
