@@ -8,6 +8,7 @@ import (
 
 	"heft/gateway/coord"
 	"heft/gateway/target"
+	"heft/shared/view"
 )
 
 // Floor is what control-plane signals may not take a model below: workers
@@ -117,7 +118,7 @@ func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func
 				continue
 			}
 		}
-		if !listed || state == "measuring" {
+		if !listed || state == view.StateMeasuring {
 			seen[prev.Address] = true
 			since, ok := st.unlisted[prev.Address]
 			if !ok {
