@@ -152,3 +152,24 @@ func TestReloadUnderLoad(t *testing.T) {
 		})
 	}
 }
+
+// A backend whose slots have no health check is said so at the start.
+func TestCheckWarnsWithoutHealthCheck(t *testing.T) {
+	for _, c := range []struct {
+		cfg  string
+		warn bool
+	}{{cfgChecked, false}, {strings.NewReplacer("{{a}}", "127.0.0.1:9", "{{u}}", "127.0.0.1:9").Replace(cfgByAddress), true}} {
+		hx := gwtest.StartHAProxy(t, c.cfg)
+		var out testutil.SyncBuffer
+		h, err := haproxy.New(haproxy.Config{Model: model, Socket: hx.Socket, Backend: "qwen"}, hclog.New(&hclog.LoggerOptions{Output: &out}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Check(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(out.String(), "slots without a health check"); got != c.warn {
+			t.Errorf("warned %v, want %v:\n%s", got, c.warn, out.String())
+		}
+	}
+}

@@ -104,13 +104,21 @@ func (h *HAProxy) Check(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	slots := 0
+	slots, unchecked := 0, 0
 	for _, s := range servers {
 		if h.opt.isSlot(s.Name) {
 			slots++
+			if !s.Checked {
+				unchecked++
+			}
 		}
 	}
 	h.log.Info("backend found", "servers", len(servers), "slots", slots, "order", h.cfg.Order)
+	if unchecked > 0 {
+		h.log.Warn("slots without a health check: an engine that dies gets requests until heft drains it; "+
+			"add \"option httpchk GET /health\" and \"default-server check\" to the backend, with retries and option redispatch (docs/gateways.md)",
+			"unchecked_slots", unchecked)
+	}
 	return nil
 }
 

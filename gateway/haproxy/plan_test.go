@@ -121,7 +121,7 @@ func TestPlanByWeight(t *testing.T) {
 
 func TestParseServersState(t *testing.T) {
 	ans := "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord srv_use_ssl srv_check_port srv_check_addr srv_agent_addr srv_agent_port\n" +
-		"3 qwen 1 static1 127.0.0.1 2 0 10 10 1 1 0 2 0 0 0 0 - 9001 - 0 0 - - 0\n" +
+		"3 qwen 1 static1 127.0.0.1 2 0 10 10 1 1 0 2 14 0 0 0 - 9001 - 0 0 - - 0\n" +
 		"3 qwen 2 heft1 ::1 0 5 1 1 1 1 0 0 8 0 0 0 - 9 - 0 0 - - 0\n\n"
 	ss, err := parseServersState(ans)
 	if err != nil {
@@ -129,6 +129,9 @@ func TestParseServersState(t *testing.T) {
 	}
 	if len(ss) != 2 || ss[0].Name != "static1" || ss[0].Weight != 10 || ss[0].Addr != ap("127.0.0.1:9001") || ss[0].maint() {
 		t.Fatalf("%+v", ss)
+	}
+	if !ss[0].Checked || ss[1].Checked {
+		t.Fatalf("checked: %+v", ss)
 	}
 	if !ss[1].maint() || ss[1].Addr != ap("[::1]:9") {
 		t.Fatalf("%+v", ss[1])

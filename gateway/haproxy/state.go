@@ -18,6 +18,9 @@ type server struct {
 	Weight int // srv_uweight, the weight in force
 	// MaxConn is the server's maxconn from "show stat"; -1 when not read.
 	MaxConn int
+	// Checked: HAProxy health-checks the server (its "check"), so an
+	// engine that dies leaves the backend whatever heft says.
+	Checked bool
 }
 
 // Admin state bits HAProxy 2.x reports (SRV_ADMF_*): forced maintenance
@@ -28,6 +31,10 @@ const (
 	admForcedMaint = 0x01
 	admForcedDrain = 0x08
 )
+
+// chkConfigured is srv_check_state's bit for a server with "check"
+// (CHK_ST_CONFIGURED).
+const chkConfigured = 0x02
 
 func (s server) maint() bool { return s.Admin&admForcedMaint != 0 }
 func (s server) drain() bool { return s.Admin&admForcedDrain != 0 }
@@ -68,6 +75,11 @@ func parseServersState(answer string) ([]server, error) {
 			return nil, fmt.Errorf("bad number in show servers state line %q: %w", clip(line), err)
 		}
 		s := server{ID: id, Name: f[col["srv_name"]], Admin: adm, Weight: w, MaxConn: -1}
+		if i, ok := col["srv_check_state"]; ok {
+			if cs, err := strconv.Atoi(f[i]); err == nil {
+				s.Checked = cs&chkConfigured != 0
+			}
+		}
 		if ip, err := netip.ParseAddr(f[col["srv_addr"]]); err == nil && port >= 0 && port <= 65535 {
 			s.Addr = netip.AddrPortFrom(ip.Unmap(), uint16(port))
 		}
