@@ -41,7 +41,7 @@ demo: build ## start a simulated fleet on loopback and print the dashboard's add
 	$(GO) build -o $(BIN)/heft-demo ./scripts/demo
 	$(BIN)/heft-demo --bin $(BIN)
 
-bench: ## measure probe fidelity, cold-start immunity, probe cost, weight accuracy, coordinator scale, agent footprint, prefill fidelity and cost, routing through HAProxy and nginx (about 60 min)
+bench: ## measure probe fidelity, cold-start immunity, probe cost, weight accuracy, coordinator scale, agent footprint, prefill fidelity and cost, routing through HAProxy and nginx, heft's own failures under load (about 75 min)
 	./scripts/bench.sh
 
 fuzz: ## run every fuzz target for FUZZTIME seconds each (default 30)
