@@ -15,7 +15,8 @@
 // require_node_credential refuses agents that cannot keep one.
 //
 // The registry is bounded: at most MaxNodes records, of which at most
-// MaxPending pending (the oldest pending is forgotten first), and a node
+// MaxPending pending (past which a new name is refused, never one waiting
+// forgotten), and a node
 // not seen for ForgetAfter is forgotten, credential and all.
 package nodes
 
@@ -162,10 +163,12 @@ type Registry struct {
 
 	mu        sync.Mutex
 	nodes     map[string]*Record
-	enrolling map[string]bool      // names whose new record is being written
-	handed    map[string]handout   // credentials handed out, not yet known to have reached their agent
-	savedSeen map[string]time.Time // the last-seen time each stored record holds
-	lastTick  time.Time
+	enrolling map[string]bool    // names whose new record is being written
+	handed    map[string]handout // credentials handed out, not yet known to have reached their agent
+	// enrollingPending counts the new pending names among enrolling.
+	enrollingPending int
+	savedSeen        map[string]time.Time // the last-seen time each stored record holds
+	lastTick         time.Time
 }
 
 // New builds a registry over the records a store loaded.
@@ -323,9 +326,18 @@ func (r *Registry) Admit(h Hello) Decision {
 		next.CredentialSHA256 = hash(d.Credential)
 	}
 	next.LastSeen, next.Hostname, next.AgentVersion, next.Address = now, clip(h.Hostname), clip(h.AgentVersion), clip(h.Address)
-	var evict string
-	if next.State == StatePending && !known {
-		evict = r.pendingToEvict()
+	// A new waiting name counts against max_pending_nodes from here, while
+	// its record is written, so that concurrent enrolments cannot pass the
+	// cap together; and a full list refuses it rather than forget a name
+	// already waiting, which a flood of new names would otherwise push out.
+	newPending := next.State == StatePending && !known
+	if newPending {
+		if r.pendingCount()+r.enrollingPending >= r.cfg.MaxPending {
+			r.mu.Unlock()
+			return Decision{Outcome: Limit, Label: LabelLimit, Close: "the coordinator holds max_pending_nodes waiting names",
+				Reason: fmt.Sprintf("%d node names await approval (max_pending_nodes); an admin approves, rejects or releases them", r.cfg.MaxPending)}
+		}
+		r.enrollingPending++
 	}
 	r.enrolling[h.Node] = true
 	var before *Record // what Delivered(false) restores
@@ -334,13 +346,13 @@ func (r *Registry) Admit(h Hello) Decision {
 	}
 	r.mu.Unlock()
 
-	if evict != "" {
-		r.forget(evict, "the pending list is full (max_pending_nodes)")
-	}
 	err := r.st.SaveNode(next)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.enrolling, h.Node)
+	if newPending {
+		r.enrollingPending--
+	}
 	if err != nil {
 		r.log.Error("could not store a node record; refusing the connection", "node", h.Node, "error", err)
 		return Decision{Outcome: Refuse, Label: LabelStore, Close: "the coordinator could not store this node's record; retry later",
@@ -373,23 +385,16 @@ func (r *Registry) seen(rec *Record, h Hello, now time.Time) {
 	rec.Hostname, rec.AgentVersion, rec.Address = clip(h.Hostname), clip(h.AgentVersion), clip(h.Address)
 }
 
-// pendingToEvict names the oldest pending record when the pending list is
-// full; the caller holds mu.
-func (r *Registry) pendingToEvict() string {
-	var oldest *Record
+// pendingCount is how many stored records wait for approval; the caller
+// holds mu.
+func (r *Registry) pendingCount() int {
 	n := 0
 	for _, rec := range r.nodes {
 		if rec.State == StatePending {
 			n++
-			if oldest == nil || rec.LastSeen.Before(oldest.LastSeen) {
-				oldest = rec
-			}
 		}
 	}
-	if n < r.cfg.MaxPending || oldest == nil {
-		return ""
-	}
-	return oldest.Name
+	return n
 }
 
 func clip(s string) string { return wire.Clip(s, 253) }

@@ -3,6 +3,7 @@ package nodes
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,24 +106,80 @@ func TestForgetAndStoreFailure(t *testing.T) {
 	}
 }
 
-// The pending list is bounded: the oldest waiting name goes first.
+// The pending list is bounded: past max_pending_nodes a new name is
+// refused, and the names already waiting stay. Before issue 25 the oldest
+// waiting name was forgotten for each new one.
 func TestPendingIsBounded(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.ApproveNew, cfg.MaxPending = true, 3
 	r, _, clk := newRegistry(t, cfg)
 	for i := range 5 {
 		clk.t = clk.t.Add(time.Minute)
-		if d := r.Admit(Hello{Node: fmt.Sprintf("n%d", i), KeepsCredential: true}); d.Outcome != Pending || d.Credential == "" {
-			t.Fatalf("n%d: %+v", i, d)
+		d := r.Admit(Hello{Node: fmt.Sprintf("n%d", i), KeepsCredential: true})
+		switch {
+		case i < 3 && (d.Outcome != Pending || d.Credential == ""):
+			t.Fatalf("n%d: %+v, want pending", i, d)
+		case i >= 3 && (d.Outcome != Limit || !strings.Contains(d.Reason, "max_pending_nodes")):
+			t.Fatalf("n%d past the cap: %+v, want refused at max_pending_nodes", i, d)
 		}
 	}
 	if c := r.Counts(); c[StatePending] != 3 {
 		t.Errorf("%d pending, want 3", c[StatePending])
 	}
-	for _, gone := range []string{"n0", "n1"} {
-		if _, ok := r.Get(gone); ok {
-			t.Errorf("%s, the oldest, is still pending", gone)
+	for _, kept := range []string{"n0", "n1", "n2"} {
+		if _, ok := r.Get(kept); !ok {
+			t.Errorf("%s, waiting first, was forgotten for a newer name", kept)
 		}
+	}
+}
+
+// gatedStore holds every SaveNode until release is closed, so that
+// enrolments overlap as they do under load.
+type gatedStore struct {
+	memStore
+	release chan struct{}
+}
+
+func (g *gatedStore) SaveNode(r Record) error {
+	<-g.release
+	return g.memStore.SaveNode(r)
+}
+
+// Issue 25: 6,134 names were left pending against a max_pending_nodes of
+// 1,000 when they enrolled at once, as each was counted only once its
+// record was written. The cap now holds under concurrent enrolment.
+// Before: none of 200 refused while their writes were held, so all were
+// to be written pending; after: 190 refused, 10 pending.
+func TestPendingCapHoldsUnderConcurrentEnrolment(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ApproveNew, cfg.MaxPending = true, 10
+	st := &gatedStore{memStore: memStore{recs: map[string]Record{}}, release: make(chan struct{})}
+	r, err := New(cfg, st, nil, time.Now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	for i := range 200 {
+		wg.Go(func() {
+			d := r.Admit(Hello{Node: fmt.Sprintf("flood-%03d", i), KeepsCredential: true})
+			mu.Lock()
+			outcomes[d.Outcome]++
+			mu.Unlock()
+		})
+	}
+	// Let the refusals come back while the first writes are held.
+	testutil.Eventually(t, "the refusals", 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return outcomes[Limit] == 190
+	})
+	close(st.release)
+	wg.Wait()
+	t.Logf("outcomes of 200 concurrent new names with max_pending_nodes 10: %v", outcomes)
+	if c := r.Counts(); c[StatePending] != 10 || outcomes[Pending] != 10 {
+		t.Errorf("%d pending (%v), want 10", c[StatePending], outcomes)
 	}
 }
 
