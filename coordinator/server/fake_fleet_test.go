@@ -444,3 +444,15 @@ func (f *fakeFleet) addressRefusals(node string) map[string]string {
 	defer f.mu.Unlock()
 	return f.refusals[node]
 }
+
+func (f *fakeFleet) ForgetNode(node string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("forget_node %s", node)
+	for id, w := range f.workers {
+		if w.Node == node {
+			delete(f.workers, id)
+		}
+	}
+	return nil
+}

@@ -119,6 +119,13 @@ func (s *Server) releaseNode(w http.ResponseWriter, r *http.Request) {
 	}
 	s.hub.kick(name, CloseNodeCredential, "node name released by an admin; reconnect to enrol", dropNodeRefused)
 	s.log.Info("admin action", "action", "release", "node", name, "source", s.clientIP(r))
+	// The name's next holder inherits nothing of it: no key, pin, decision
+	// or measurement.
+	if err := s.fleet.ForgetNode(name); err != nil {
+		s.log.Error("node released, but not all it held could be forgotten", "node", name, "error", err)
+		writeError(w, http.StatusInternalServerError, "the name is released, but "+err.Error()+"; release it again")
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

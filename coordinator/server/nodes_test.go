@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -194,6 +195,9 @@ func TestApproveRejectRelease(t *testing.T) {
 	// Release: the name enrols again (pending again, with approval on).
 	if status, _, _ := ts.do(t, "DELETE", "/api/v1/nodes/gpu-new", adminToken, nil); status != http.StatusNoContent {
 		t.Fatalf("release: %d", status)
+	}
+	if !slices.Contains(ts.fleet.callLog(), "forget_node gpu-new") {
+		t.Error("the fleet was not told to forget the released node's workers, pins and measurements")
 	}
 	a, w = hello(t, ts, "gpu-new", "", true)
 	if w == nil || w.NodeCredential == "" || w.NodeCredential == cred {

@@ -51,6 +51,7 @@ type fleetAPI interface {
 	Since(seq uint64) fleet.Delta
 	Stats() fleet.Stats
 	SetAddressRefusals(node string, refused map[string]string)
+	ForgetNode(node string) error
 }
 
 // Options are what the server needs of the coordinator's configuration;
