@@ -127,7 +127,7 @@ func TestReadersThatNeverReadLetGo(t *testing.T) {
 	names := []string{"e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7"}
 	a.snapshot("m", names...)
 	testutil.Eventually(t, "the workers", 10*time.Second, func() bool { return len(ts.fleet.Workers()) == len(names) })
-	for _, n := range names { // 8 workers × 16 warnings × 128 KiB: a 16 MiB answer, more than the sockets buffer
+	for _, n := range names[1:] { // 7 workers × 16 warnings × 128 KiB: a 14 MiB answer, more than the sockets buffer
 		ts.fleet.update("gpu-a/"+n, func(w *view.Worker) {
 			for range 16 {
 				w.Warnings = append(w.Warnings, view.Warning{Code: "x", Message: strings.Repeat("w", 128<<10)})
@@ -151,6 +151,7 @@ func TestReadersThatNeverReadLetGo(t *testing.T) {
 	if status, body, _ := ts.do(t, "GET", "/healthz", "", nil); status != http.StatusOK {
 		t.Errorf("/healthz with every API slot held: %d %s", status, body)
 	}
+	// e0 is small: its answer is written at once even on a loaded machine.
 	if status, body, _ := ts.do(t, "POST", "/api/v1/workers/gpu-a/e0/pin", adminToken, strings.NewReader(`{"weight":1.5}`)); status != http.StatusOK {
 		t.Errorf("an admin's pin with every API slot held: %d %s", status, body)
 	}
