@@ -2,6 +2,7 @@ package proc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -42,12 +43,16 @@ func NewFinder(port int, isEngine func(argv []string) bool) *Finder {
 }
 
 // Find returns the engine's processes. A lookup is reused for Recheck
-// while its root process lives, and a failed one for as long.
+// while its root process lives, and a failed one for as long, except that
+// a lookup that found nothing listening is made again as soon as a socket
+// listens on the port (a cheap read of the listening sockets): an engine
+// restarted with the same command line is found at once, not as another
+// worker for up to Recheck.
 func (f *Finder) Find(ctx context.Context) (Process, error) {
 	f.mu.Lock()
 	p, err, at := f.last, f.err, f.at
 	f.mu.Unlock()
-	if !at.IsZero() && time.Since(at) < Recheck && (err != nil || alive(p.Root)) {
+	if !at.IsZero() && time.Since(at) < Recheck && (err != nil || alive(p.Root)) && !(errors.Is(err, ErrNoListener) && f.listening(ctx)) {
 		return p, err
 	}
 	p, err = f.lookup(ctx)
@@ -55,6 +60,12 @@ func (f *Finder) Find(ctx context.Context) (Process, error) {
 	f.last, f.err, f.at = p, err, time.Now()
 	f.mu.Unlock()
 	return p, err
+}
+
+// listening reports whether a socket listens on the Finder's port now.
+func (f *Finder) listening(ctx context.Context) bool {
+	addrs, err := ListenAddrs(ctx, f.port)
+	return err == nil && len(addrs) > 0
 }
 
 // Forget drops the cached lookup, so a restarted engine's new process

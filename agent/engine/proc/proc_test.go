@@ -2,11 +2,14 @@ package proc
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"reflect"
 	"slices"
 	"testing"
+
+	"heft/agent/internal/testchild"
 )
 
 // launches stands in for the engine package's rule: a command line that
@@ -102,6 +105,30 @@ func TestFinderKeepsAndForgets(t *testing.T) {
 	f.Forget()
 	if _, err := f.Find(t.Context()); !errors.Is(err, ErrNoListener) {
 		t.Errorf("after Forget: %v, want ErrNoListener", err)
+	}
+}
+
+// An engine restarted on its port with the same command line is found as
+// soon as it listens again: a failed lookup is not kept for Recheck then.
+func TestFinderFindsARestartedEngineAtOnce(t *testing.T) {
+	argv := []string{"vllm", "serve", "M"}
+	first := startChild(t, "listen", argv)
+	f := NewFinder(first.Port, launches)
+	if p, err := f.Find(t.Context()); err != nil || p.Root != first.Cmd.Process.Pid {
+		t.Fatalf("Find = %+v, %v", p, err)
+	}
+	first.Stop()
+	if _, err := f.Find(t.Context()); !errors.Is(err, ErrNoListener) {
+		t.Fatalf("engine stopped: %v, want ErrNoListener", err)
+	}
+	// Kept while nothing listens.
+	if _, err := f.Find(t.Context()); !errors.Is(err, ErrNoListener) {
+		t.Fatalf("still stopped: %v, want ErrNoListener", err)
+	}
+	second := testchild.Start(t, argv, childEnv+"=listen", fmt.Sprintf("%s=127.0.0.1:%d", testchild.AddrEnv, first.Port))
+	p, err := f.Find(t.Context())
+	if err != nil || p.Root != second.Cmd.Process.Pid || !reflect.DeepEqual(p.Argv, argv) {
+		t.Fatalf("restarted: Find = %+v, %v; want the new process %d at once", p, err, second.Cmd.Process.Pid)
 	}
 }
 

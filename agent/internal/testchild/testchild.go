@@ -33,6 +33,10 @@ type Child struct {
 // Start runs the test binary with argv as its command line and env added
 // to its environment, waits (with a deadline) for the port it reports,
 // and stops it when the test ends.
+// AddrEnv, when set in a child's environment, is the address Serve
+// listens on.
+const AddrEnv = "HEFT_TESTCHILD_ADDR"
+
 func Start(t testing.TB, argv []string, env ...string) *Child {
 	t.Helper()
 	self, err := os.Executable()
@@ -92,9 +96,14 @@ func (c *Child) Stop() {
 
 // Serve is the child's side: it listens on 127.0.0.1:0, reports the port
 // on stdout, serves h there (h nil: it only accepts connections), and
-// returns the exit code once its stdin closes.
+// returns the exit code once its stdin closes. It listens on AddrEnv's
+// address when that is set.
 func Serve(h http.Handler) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr := "127.0.0.1:0"
+	if a := os.Getenv(AddrEnv); a != "" {
+		addr = a // a chosen port: an engine restarted on its port
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
