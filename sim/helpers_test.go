@@ -8,14 +8,18 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	neturl "net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"heft/shared/memnet"
 )
 
 func startSim(t *testing.T, cfg Config) *Server {
@@ -30,6 +34,46 @@ func startSim(t *testing.T, cfg Config) *Server {
 		}
 	})
 	return s
+}
+
+// bubbleClients holds the client of each sim a test serves in memory,
+// by its URL: the helpers below reach such a sim through it.
+var (
+	bubbleClients sync.Map // URL → *http.Client
+	bubblePort    atomic.Int32
+)
+
+// bubbleSim serves a sim on an in-memory listener, for a test inside a
+// testing/synctest bubble: the sim's steps and the test's clock are the
+// bubble's, so what the test times is the sim's model, exactly, however
+// busy the machine.
+func bubbleSim(t *testing.T, cfg Config) *Server {
+	t.Helper()
+	ln := memnet.Listen(20000 + int(bubblePort.Add(1)))
+	s, err := Serve(cfg, ln)
+	if err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	client := ln.Client()
+	bubbleClients.Store(s.URL(), client)
+	t.Cleanup(func() {
+		bubbleClients.Delete(s.URL())
+		client.CloseIdleConnections()
+		if err := s.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return s
+}
+
+// clientFor is the client that reaches url: a bubble's, or the default.
+func clientFor(url string) *http.Client {
+	if u, err := neturl.Parse(url); err == nil {
+		if c, ok := bubbleClients.Load(u.Scheme + "://" + u.Host); ok {
+			return c.(*http.Client)
+		}
+	}
+	return http.DefaultClient
 }
 
 // fast is a calibration quick enough that lengths, not time, dominate.
@@ -70,7 +114,7 @@ func post(ctx context.Context, url string, body any) (*http.Response, error) {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	return http.DefaultClient.Do(req)
+	return clientFor(url).Do(req)
 }
 
 // readStream parses an SSE chat stream; onToken (if set) sees each token.
@@ -182,7 +226,7 @@ func burst(t *testing.T, url string, n, tokens int) (int, time.Duration) {
 
 func getBody(t *testing.T, url string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := clientFor(url).Get(url)
 	if err != nil {
 		t.Fatalf("get %s: %v", url, err)
 	}

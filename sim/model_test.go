@@ -3,38 +3,15 @@ package sim
 import (
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
-// These tests check the fidelity of the timing model (tokens / wall time
-// of a burst against the calibration), with a tolerance for a noisy
-// machine. They are not speed assertions of our code, and they do not run
-// in parallel with each other or with the rest of the package.
-//
-// Pacing by absolute deadlines means noise can only make a run slower than
-// the model, never faster, so each check takes the best of a few attempts:
-// a model that is off fails them all.
-const attempts = 3
-
-// bestOf runs measure until it lands within tol of want, at most attempts
-// times, and returns the value closest to want.
-func bestOf(t *testing.T, want, tol float64, measure func() float64) float64 {
-	t.Helper()
-	best := 0.0
-	for i := range attempts {
-		got := measure()
-		t.Logf("attempt %d: %.2f, want %.2f", i+1, got, want)
-		if i == 0 || abs(got-want) < abs(best-want) {
-			best = got
-		}
-		if within(got, want, tol) {
-			break
-		}
-	}
-	return best
-}
-
-func abs(x float64) float64 { return max(x, -x) }
+// These tests check the fidelity of the timing model (tokens / time of a
+// burst against the calibration). They run in testing/synctest bubbles
+// over in-memory connections (bubbleSim), so the sim's steps and the
+// test's clock are the bubble's: the figures are the model's, however
+// busy the machine. The wall-clock fidelity is measured by make bench.
 
 func TestThroughputMatchesCalibration(t *testing.T) {
 	const s1, s16, tokens = 200.0, 1600.0, 128
@@ -47,108 +24,118 @@ func TestThroughputMatchesCalibration(t *testing.T) {
 		{"sixteen", 16, s16},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := startSim(t, Config{SingleTPS: s1, Batch16TPS: s16})
-			got := bestOf(t, tc.want, 0.05, func() float64 {
+			synctest.Test(t, func(t *testing.T) {
+				s := bubbleSim(t, Config{SingleTPS: s1, Batch16TPS: s16})
 				n, wall := burst(t, s.URL(), tc.concurrency, tokens)
-				return float64(n) / wall.Seconds()
+				got := float64(n) / wall.Seconds()
+				t.Logf("%.2f tok/s in %v", got, wall)
+				if !exact(got, tc.want) {
+					t.Errorf("throughput %v tok/s, want %v", got, tc.want)
+				}
 			})
-			if !within(got, tc.want, 0.05) {
-				t.Errorf("throughput %.1f tok/s, want %.0f ± 5%%", got, tc.want)
-			}
 		})
 	}
 }
 
 func TestDPRanksAddUp(t *testing.T) {
-	// Two ranks each carry 8 of 16 requests: per-rank throughput at b=8
-	// is 8/(t0+8k); the engine total is twice that.
-	const s1, s16, tokens = 200.0, 1600.0, 96
-	s := startSim(t, Config{SingleTPS: s1, Batch16TPS: s16, DP: 2})
-	t0, k, _ := calibrate(s1, s16)
-	want := 2 * 8 / (t0 + 8*k)
-	got := bestOf(t, want, 0.05, func() float64 {
+	synctest.Test(t, func(t *testing.T) {
+		// Two ranks each carry 8 of 16 requests: per-rank throughput at b=8
+		// is 8/(t0+8k); the engine total is twice that.
+		const s1, s16, tokens = 200.0, 1600.0, 96
+		s := bubbleSim(t, Config{SingleTPS: s1, Batch16TPS: s16, DP: 2})
+		t0, k, _ := calibrate(s1, s16)
+		want := 2 * 8 / (t0 + 8*k)
 		n, wall := burst(t, s.URL(), 16, tokens)
-		return float64(n) / wall.Seconds()
+		if got := float64(n) / wall.Seconds(); !exact(got, want) {
+			t.Errorf("throughput %v tok/s, want %v", got, want)
+		}
 	})
-	if !within(got, want, 0.05) {
-		t.Errorf("throughput %.1f tok/s, want %.0f ± 5%%", got, want)
-	}
 }
 
 func TestColdStartIsSlower(t *testing.T) {
-	const factor, coldFor = 4.0, 600 * time.Millisecond
-	ratio := bestOf(t, factor, 0.12, func() float64 {
-		s := startSim(t, Config{SingleTPS: 200, Batch16TPS: 1600, ColdFactor: factor, ColdSeconds: coldFor.Seconds()})
-		defer s.Close()
+	synctest.Test(t, func(t *testing.T) {
+		const factor, coldFor = 4.0, 600 * time.Millisecond
+		s := bubbleSim(t, Config{SingleTPS: 200, Batch16TPS: 1600, ColdFactor: factor, ColdSeconds: coldFor.Seconds()})
 		// 20 cold tokens take 20 × 5 ms × 4 = 0.4 s, inside the cold window.
 		n, cold := burst(t, s.URL(), 1, 20)
 		coldTPS := float64(n) / cold.Seconds()
-		if time.Since(s.start) > coldFor {
-			return 0 // the machine stalled past the cold window: measure again
-		}
-		// The model's cold window is wall-clock time; wait it out.
+		// The cold window runs on the bubble's clock: waiting it out
+		// takes no real time.
 		time.Sleep(time.Until(s.start.Add(coldFor)))
 		n, warm := burst(t, s.URL(), 1, 40)
-		return float64(n) / warm.Seconds() / coldTPS
+		warmTPS := float64(n) / warm.Seconds()
+		if coldTPS != 200/factor || warmTPS != 200 {
+			t.Errorf("cold %v tok/s, warm %v tok/s; want %v and 200", coldTPS, warmTPS, 200/factor)
+		}
 	})
-	if !within(ratio, factor, 0.12) {
-		t.Errorf("warm/cold throughput = %.2f, want %.1f ± 12%%", ratio, factor)
-	}
 }
 
+// A rank whose pool is small queues what does not fit and finishes later.
+// The queue is read while the requests are in flight, at an instant of the
+// bubble's clock, when nothing moves.
 func TestSmallPoolQueuesAndFinishesLater(t *testing.T) {
-	// Rank 1's pool fits 3 sequences of 50 + 128 tokens; rank 0 fits all.
-	const tokens, prompt = 128, 50
-	s := startSim(t, Config{SingleTPS: 400, Batch16TPS: 3200, DP: 2, KVTokens: []int64{100000, 600}, PromptTokens: prompt})
-	if got := s.Ranks(); got[0] != 100000 || got[1] != 600 {
-		t.Fatalf("Ranks() = %v", got)
-	}
-	start := time.Now()
-	ends := make([]time.Duration, 16)
-	var wg sync.WaitGroup
-	for i := range 16 {
-		wg.Go(func() {
-			body := chatBody(tokens, map[string]any{"ignore_eos": true, "stream": true})
-			resp, err := post(t.Context(), s.URL(), body)
-			if err != nil {
-				t.Errorf("request %d: %v", i, err)
-				return
-			}
-			if r := readStream(resp, nil); r.tokens != tokens || !r.done {
-				t.Errorf("request %d: %+v", i, r)
-			}
-			ends[i] = time.Since(start)
-		})
-		// Send in order so that request i lands on rank i%2.
-		waitFor(t, "request dealt", func() bool { return dealt(s) == int64(i+1) })
-	}
-
-	running, waiting := s.InFlight()
-	mfs := scrape(t, s.URL())
-	wg.Wait()
-	if running != 11 || waiting != 5 {
-		t.Errorf("InFlight = %d running, %d waiting; want 11, 5", running, waiting)
-	}
-	for _, c := range []struct {
-		name, engine string
-		want         float64
-	}{
-		{"vllm:num_requests_running", "0", 8}, {"vllm:num_requests_waiting", "0", 0},
-		{"vllm:num_requests_running", "1", 3}, {"vllm:num_requests_waiting", "1", 5},
-	} {
-		if got := value(t, mfs, c.name, map[string]string{"engine": c.engine}); got != c.want {
-			t.Errorf("%s{engine=%s} = %v, want %v", c.name, c.engine, got, c.want)
+	synctest.Test(t, func(t *testing.T) {
+		// Rank 1's pool fits 3 sequences of 50 + 128 tokens; rank 0 fits all.
+		const tokens, prompt = 128, 50
+		s := bubbleSim(t, Config{SingleTPS: 400, Batch16TPS: 3200, DP: 2, KVTokens: []int64{100000, 600}, PromptTokens: prompt})
+		if got := s.Ranks(); got[0] != 100000 || got[1] != 600 {
+			t.Fatalf("Ranks() = %v", got)
 		}
-	}
-	var last [2]time.Duration
-	for i, d := range ends {
-		last[i%2] = max(last[i%2], d)
-	}
-	t.Logf("rank 0 done after %v, rank 1 after %v", last[0], last[1])
-	// Rank 1 runs three waves (3, 3, 2) of 128 steps; rank 0 one wave of 8.
-	if last[1] < last[0]*3/2 {
-		t.Errorf("small rank finished after %v, not clearly later than the big one (%v)", last[1], last[0])
-	}
+		start := time.Now()
+		ends := make([]time.Duration, 16)
+		var wg sync.WaitGroup
+		for i := range 16 {
+			wg.Go(func() {
+				body := chatBody(tokens, map[string]any{"ignore_eos": true, "stream": true})
+				resp, err := post(t.Context(), s.URL(), body)
+				if err != nil {
+					t.Errorf("request %d: %v", i, err)
+					return
+				}
+				if r := readStream(resp, nil); r.tokens != tokens || !r.done {
+					t.Errorf("request %d: %+v", i, r)
+				}
+				ends[i] = time.Since(start)
+			})
+			// Send in order so that request i lands on rank i%2.
+			synctest.Wait()
+			if got := dealt(s); got != int64(i+1) {
+				t.Fatalf("%d requests dealt after sending %d", got, i+1)
+			}
+		}
+
+		// Every request is in; the clock has not moved since the first step
+		// began, so the queues are as the sixteen arrivals left them.
+		running, waiting := s.InFlight()
+		mfs := scrape(t, s.URL())
+		if running != 11 || waiting != 5 {
+			t.Errorf("InFlight = %d running, %d waiting; want 11, 5", running, waiting)
+		}
+		for _, c := range []struct {
+			name, engine string
+			want         float64
+		}{
+			{"vllm:num_requests_running", "0", 8}, {"vllm:num_requests_waiting", "0", 0},
+			{"vllm:num_requests_running", "1", 3}, {"vllm:num_requests_waiting", "1", 5},
+		} {
+			if got := value(t, mfs, c.name, map[string]string{"engine": c.engine}); got != c.want {
+				t.Errorf("%s{engine=%s} = %v, want %v", c.name, c.engine, got, c.want)
+			}
+		}
+		wg.Wait()
+		var last [2]time.Duration
+		for i, d := range ends {
+			last[i%2] = max(last[i%2], d)
+		}
+		t.Logf("rank 0 done after %v, rank 1 after %v", last[0], last[1])
+		// Rank 1 runs three waves (3, 3, 2) of 128 steps, rank 0 one wave
+		// of 8: 128·(t0+8k) and 128·(2·(t0+3k) + t0+2k).
+		t0, k, _ := calibrate(400, 3200)
+		want0, want1 := 128*(t0+8*k), 128*(3*t0+8*k)
+		if !exact(last[0].Seconds(), want0) || !exact(last[1].Seconds(), want1) {
+			t.Errorf("ranks done after %v and %v, want %.6fs and %.6fs", last[0], last[1], want0, want1)
+		}
+	})
 }
 
 func TestRoundRobinDealing(t *testing.T) {

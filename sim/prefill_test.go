@@ -9,32 +9,17 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
-
-	"heft/shared/testutil"
 )
 
-// Fidelity of the prefill model, by the wall clock and with bestOf, like
-// model_test.go: these tests do not run in parallel.
+// Fidelity of the prefill model. Like model_test.go's, these tests run in
+// testing/synctest bubbles (bubbleSim): HTTP and JSON of long prompts take
+// no time on the sim's clock, so the figures are the model's.
 
-// prefillTol is the tolerance of a prefill throughput: ±3 %, the target of
-// the bench, or ±5 % under the race detector, where the HTTP and JSON of
-// long prompts (not the model) cost several times more.
-func prefillTol() float64 {
-	if raceEnabled {
-		return 0.05
-	}
-	return 0.03
-}
-
-// prefillRate slows a test's prefill rate down 2× under the race detector,
-// so that the fixed cost of a request's HTTP and JSON weighs half as much.
-func prefillRate(p float64) float64 {
-	if raceEnabled {
-		return p / 2
-	}
-	return p
-}
+// exact says whether a figure timed in a bubble is the model's, to the
+// nanoseconds of the clock.
+func exact(got, want float64) bool { return math.Abs(got-want) <= 1e-6*math.Abs(want) }
 
 // postBody sends an already marshalled chat request.
 func postBody(t *testing.T, url string, body []byte) (*http.Response, error) {
@@ -44,7 +29,7 @@ func postBody(t *testing.T, url string, body []byte) (*http.Response, error) {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	return http.DefaultClient.Do(req)
+	return clientFor(url).Do(req)
 }
 
 func marshal(t *testing.T, v any) []byte {
@@ -57,7 +42,7 @@ func marshal(t *testing.T, v any) []byte {
 }
 
 // timedChat sends a non-streamed chat and returns its prompt usage and
-// wall time. The body is marshalled before the clock starts.
+// time.
 func timedChat(t *testing.T, url string, body map[string]any) (int64, time.Duration) {
 	t.Helper()
 	b := marshal(t, body)
@@ -75,7 +60,7 @@ func timedChat(t *testing.T, url string, body map[string]any) (int64, time.Durat
 }
 
 // promptBurst sends n concurrent prompts of tokens tokens (unique
-// prefixes) with one output token, and returns prompt tokens / wall time.
+// prefixes) with one output token, and returns prompt tokens / time.
 func promptBurst(t *testing.T, url string, n, tokens int, tag string) float64 {
 	t.Helper()
 	bodies := make([][]byte, n)
@@ -115,30 +100,23 @@ func promptBurst(t *testing.T, url string, n, tokens int, tag string) float64 {
 }
 
 func TestLonePromptReadsAtPrefillTPS(t *testing.T) {
-	// 0.8 s of prefill (1.6 s under -race), so that HTTP and JSON stay well
-	// inside the tolerance.
-	const tokens = 8000
-	p := prefillRate(10000)
-	cfg := Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: p}
-	want, err := cfg.PrefillCapacity(1, tokens)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// L/(L/P + 1/S1): the one sampling step is 1 ms of 0.8 s or more.
-	if !near(want, p, 0.01) {
-		t.Fatalf("the model's lone-prompt rate %.0f is not within 1 %% of P = %.0f", want, p)
-	}
-	s := startSim(t, cfg)
-	i := 0
-	tol := prefillTol()
-	got := bestOf(t, want, tol, func() float64 {
-		i++
-		n, wall := timedChat(t, s.URL(), longChat(tokens, fmt.Sprintf("lone%d", i), 1))
-		return float64(n) / wall.Seconds()
+	synctest.Test(t, func(t *testing.T) {
+		const tokens, p = 8000, 10000.0
+		cfg := Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: p}
+		want, err := cfg.PrefillCapacity(1, tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// L/(L/P + 1/S1): the one sampling step is 1 ms of 0.8 s.
+		if !near(want, p, 0.01) {
+			t.Fatalf("the model's lone-prompt rate %.0f is not within 1 %% of P = %.0f", want, p)
+		}
+		s := bubbleSim(t, cfg)
+		n, wall := timedChat(t, s.URL(), longChat(tokens, "lone", 1))
+		if got := float64(n) / wall.Seconds(); !exact(got, want) {
+			t.Errorf("a lone prompt read at %v tok/s, want %v", got, want)
+		}
 	})
-	if !within(got, want, tol) {
-		t.Errorf("a lone prompt read at %.0f tok/s, want %.0f ± %.0f %%", got, want, 100*tol)
-	}
 }
 
 func TestConcurrentPromptsGiveTruePrefillCapacity(t *testing.T) {
@@ -148,25 +126,21 @@ func TestConcurrentPromptsGiveTruePrefillCapacity(t *testing.T) {
 		n, tokens int
 	}{
 		// Two ranks take two prompts each: 2·(L/P + 1/S1) = 1.204 s.
-		{"sglang on two ranks", Config{Flavor: FlavorSGLang, SingleTPS: 500, Batch16TPS: 4000, PrefillTPS: prefillRate(10000), DP: 2}, 4, 6000},
+		{"sglang on two ranks", Config{Flavor: FlavorSGLang, SingleTPS: 500, Batch16TPS: 4000, PrefillTPS: 10000, DP: 2}, 4, 6000},
 		// One rank takes all four: 4·(L/P + 1/S1) = 1.204 s.
-		{"vllm on one rank", Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: prefillRate(10000)}, 4, 3000},
+		{"vllm on one rank", Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: 10000}, 4, 3000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want, err := tc.cfg.PrefillCapacity(tc.n, tc.tokens)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := startSim(t, tc.cfg)
-			round := 0
-			tol := prefillTol()
-			got := bestOf(t, want, tol, func() float64 {
-				round++
-				return promptBurst(t, s.URL(), tc.n, tc.tokens, fmt.Sprintf("r%d-", round))
+			synctest.Test(t, func(t *testing.T) {
+				want, err := tc.cfg.PrefillCapacity(tc.n, tc.tokens)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := bubbleSim(t, tc.cfg)
+				if got := promptBurst(t, s.URL(), tc.n, tc.tokens, "r-"); !exact(got, want) {
+					t.Errorf("%d prompts of %d read at %v tok/s, want %v", tc.n, tc.tokens, got, want)
+				}
 			})
-			if !within(got, want, tol) {
-				t.Errorf("%d prompts of %d read at %.0f tok/s, want %.0f ± %.0f %%", tc.n, tc.tokens, got, want, 100*tol)
-			}
 		})
 	}
 }
@@ -242,22 +216,19 @@ func TestChunkedPrefillSlowsDecoding(t *testing.T) {
 	t0, k, _ := calibrate(base.SingleTPS, base.Batch16TPS)
 	chunkStep := t0 + k + 511/base.PrefillTPS
 
-	// Wall-clock shapes: a late token lengthens one gap and shortens the
-	// next, so each shape gets up to attempts tries, as bestOf does.
+	// shape runs the decode beside the prompt in a bubble and judges the
+	// gaps between its tokens.
 	shape := func(t *testing.T, cfg Config, ok func(g []float64) (bool, string)) {
 		t.Helper()
-		s := startSim(t, cfg)
-		var why string
-		for i := range attempts {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleSim(t, cfg)
 			_, tokens := decodeWhilePrefilling(t, s.URL(), 100, prompt)
-			var good bool
-			good, why = ok(gaps(tokens))
-			t.Logf("attempt %d: %s", i+1, why)
-			if good {
-				return
+			good, why := ok(gaps(tokens))
+			t.Log(why)
+			if !good {
+				t.Error(why)
 			}
-		}
-		t.Error(why)
+		})
 	}
 	t.Run("vllm decodes a token per prefill step", func(t *testing.T) {
 		shape(t, base, func(g []float64) (bool, string) {
@@ -277,101 +248,95 @@ func TestChunkedPrefillSlowsDecoding(t *testing.T) {
 		})
 	})
 	t.Run("vllm decode time grows by L/P", func(t *testing.T) {
-		s := startSim(t, base)
-		// 200 steps of t0 + k, 10 of which also carry a 511-token chunk,
-		// and one of which also samples the prompt's first token (+k).
-		want := decodeTokens*(t0+k) + prompt/base.PrefillTPS + k
-		got := bestOf(t, want, 0.05, func() float64 {
+		synctest.Test(t, func(t *testing.T) {
+			s := bubbleSim(t, base)
+			// 200 steps of t0 + k, 10 of which also carry a 511-token chunk,
+			// and one of which also samples the prompt's first token (+k);
+			// the prompt arrives during a step and waits for the next.
+			want := decodeTokens*(t0+k) + prompt/base.PrefillTPS + k
 			start, tokens := decodeWhilePrefilling(t, s.URL(), decodeTokens, prompt)
-			return tokens[len(tokens)-1].Sub(start).Seconds()
+			if got := tokens[len(tokens)-1].Sub(start).Seconds(); got < want || got > want+t0+k {
+				t.Errorf("decode of %d tokens beside a %d-token prompt took %v s, want %v to a step more", decodeTokens, prompt, got, want)
+			}
 		})
-		if !within(got, want, 0.05) {
-			t.Errorf("decode of %d tokens beside a %d-token prompt took %.3f s, want %.3f ± 5 %%", decodeTokens, prompt, got, want)
-		}
 	})
 }
 
 func TestDecodeBurstPaysItsPrompts(t *testing.T) {
-	// 16 prompts of 10 tokens (chatBody) at P = 1000 cost 0.16 s on top of
-	// 128 decode steps of 16/S16: the burst reads about 9 % below S16, as
-	// DecodeCapacity says.
-	cfg := Config{SingleTPS: 100, Batch16TPS: 1200, PrefillTPS: 1000}
-	want, err := cfg.DecodeCapacity(16, 10, 128)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want > 0.92*cfg.Batch16TPS {
-		t.Fatalf("prediction %.0f is too close to S16 for the test to tell", want)
-	}
-	s := startSim(t, cfg)
-	got := bestOf(t, want, 0.05, func() float64 {
+	synctest.Test(t, func(t *testing.T) {
+		// 16 prompts of 10 tokens (chatBody) at P = 1000 cost 0.16 s on top
+		// of 128 decode steps of 16/S16: the burst reads about 9 % below
+		// S16, as DecodeCapacity says.
+		cfg := Config{SingleTPS: 100, Batch16TPS: 1200, PrefillTPS: 1000}
+		want, err := cfg.DecodeCapacity(16, 10, 128)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want > 0.92*cfg.Batch16TPS {
+			t.Fatalf("prediction %.0f is too close to S16 for the test to tell", want)
+		}
+		s := bubbleSim(t, cfg)
 		n, wall := burst(t, s.URL(), 16, 128)
-		return float64(n) / wall.Seconds()
+		if got := float64(n) / wall.Seconds(); !exact(got, want) {
+			t.Errorf("burst %v tok/s, want %v (S16 = %.0f)", got, want, cfg.Batch16TPS)
+		}
 	})
-	if !within(got, want, 0.05) {
-		t.Errorf("burst %.0f tok/s, want %.0f ± 5 %% (S16 = %.0f)", got, want, cfg.Batch16TPS)
-	}
 }
 
 func TestColdFactorAppliesToPrefill(t *testing.T) {
-	// Cold, a 4000-token prompt is two steps of ~0.1 s, each 3× longer;
-	// both start inside the 0.9 s cold window.
-	const factor, coldFor, tokens = 3.0, 900 * time.Millisecond, 4000
-	i := 0
-	ratio := bestOf(t, factor, 0.12, func() float64 {
-		s := startSim(t, Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: 20000, ColdFactor: factor, ColdSeconds: coldFor.Seconds()})
-		defer s.Close()
-		i++
-		_, cold := timedChat(t, s.URL(), longChat(tokens, fmt.Sprintf("cold%d", i), 1))
-		if time.Since(s.start) > coldFor {
-			return 0 // the machine stalled past the cold window: measure again
-		}
+	synctest.Test(t, func(t *testing.T) {
+		// Cold, a 4000-token prompt is two steps of ~0.1 s, each 3× longer;
+		// both start inside the 0.9 s cold window.
+		const factor, coldFor, tokens = 3.0, 900 * time.Millisecond, 4000
+		s := bubbleSim(t, Config{SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: 20000, ColdFactor: factor, ColdSeconds: coldFor.Seconds()})
+		_, cold := timedChat(t, s.URL(), longChat(tokens, "cold", 1))
+		// The cold window runs on the bubble's clock: waiting it out takes
+		// no real time.
 		time.Sleep(time.Until(s.start.Add(coldFor)))
-		_, warm := timedChat(t, s.URL(), longChat(tokens, fmt.Sprintf("warm%d", i), 1))
-		return cold.Seconds() / warm.Seconds()
+		_, warm := timedChat(t, s.URL(), longChat(tokens, "warm", 1))
+		if ratio := cold.Seconds() / warm.Seconds(); !exact(ratio, factor) {
+			t.Errorf("cold/warm prefill time = %v (%v / %v), want %v", ratio, cold, warm, factor)
+		}
 	})
-	if !within(ratio, factor, 0.12) {
-		t.Errorf("cold/warm prefill time = %.2f, want %.1f ± 12 %%", ratio, factor)
-	}
 }
 
 func TestLongPromptsHoldThePool(t *testing.T) {
-	// A pool of 10,000: two prompts of 4,000 + 100 max tokens fit, the
-	// third waits until one finishes. While both run, the pool holds both
-	// prompts; it never holds more than its size.
-	const pool, prompt, maxTokens = 10000, 4000, 100
-	s := startSim(t, Config{SingleTPS: 400, Batch16TPS: 3200, PrefillTPS: 40000, KVTokens: []int64{pool}})
-	ends := make([]time.Time, 3)
-	var wg sync.WaitGroup
-	for i := range 3 {
-		wg.Go(func() {
-			body := longChat(prompt, fmt.Sprintf("kv%d", i), maxTokens)
-			body["ignore_eos"] = true
-			if code, resp, raw := chat(t, s.URL(), body); code != 200 || resp.Usage.PromptTokens != prompt {
-				t.Errorf("request %d: %d %s", i, code, raw)
-			}
-			ends[i] = time.Now()
-		})
-		testutil.Eventually(t, "request dealt", 10*time.Second, func() bool { return dealt(s) == int64(i+1) })
-	}
-	var sawBoth bool
-	testutil.Eventually(t, "two prompts held and one waiting", 10*time.Second, func() bool {
+	synctest.Test(t, func(t *testing.T) {
+		// A pool of 10,000: two prompts of 4,000 + 100 max tokens fit, the
+		// third waits until one finishes. While both run, the pool holds
+		// both prompts; it never holds more than its size.
+		const pool, prompt, maxTokens = 10000, 4000, 100
+		s := bubbleSim(t, Config{SingleTPS: 400, Batch16TPS: 3200, PrefillTPS: 40000, KVTokens: []int64{pool}})
+		ends := make([]time.Time, 3)
+		var wg sync.WaitGroup
+		for i := range 3 {
+			wg.Go(func() {
+				body := longChat(prompt, fmt.Sprintf("kv%d", i), maxTokens)
+				body["ignore_eos"] = true
+				if code, resp, raw := chat(t, s.URL(), body); code != 200 || resp.Usage.PromptTokens != prompt {
+					t.Errorf("request %d: %d %s", i, code, raw)
+				}
+				ends[i] = time.Now()
+			})
+			synctest.Wait() // dealt in order
+		}
+		// The prompts are read by 0.2 s; the first answers come at 0.2 s
+		// plus 100 decode steps. In between, two are held and one waits.
+		time.Sleep(300 * time.Millisecond) // on the bubble's clock
 		mfs := scrape(t, s.URL())
 		usage := value(t, mfs, "vllm:kv_cache_usage_perc", nil)
 		waiting := value(t, mfs, "vllm:num_requests_waiting", nil)
-		if usage > 1 {
-			t.Fatalf("kv usage %v: the pool holds more than its size", usage)
+		if usage < 2*prompt/float64(pool) || usage > 1 || waiting != 1 {
+			t.Errorf("kv usage %v, %v waiting; want both prompts held (at least %v) within the pool, one waiting", usage, waiting, 2*prompt/float64(pool))
 		}
-		sawBoth = usage >= 2*prompt/float64(pool) && waiting == 1
-		return sawBoth
+		wg.Wait()
+		if last := ends[2]; !last.After(ends[0]) || !last.After(ends[1]) {
+			t.Errorf("the queued request finished at %v, not after the two that ran first (%v, %v)", last, ends[0], ends[1])
+		}
+		if u := value(t, scrape(t, s.URL()), "vllm:kv_cache_usage_perc", nil); u != 0 {
+			t.Errorf("kv usage %v after every request finished", u)
+		}
 	})
-	wg.Wait()
-	if last := ends[2]; !last.After(ends[0]) || !last.After(ends[1]) {
-		t.Errorf("the queued request finished at %v, not after the two that ran first (%v, %v)", last, ends[0], ends[1])
-	}
-	if u := value(t, scrape(t, s.URL()), "vllm:kv_cache_usage_perc", nil); u != 0 {
-		t.Errorf("kv usage %v after every request finished", u)
-	}
 }
 
 func TestFreePrefillKeepsTheDecodeModel(t *testing.T) {

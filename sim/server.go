@@ -45,13 +45,31 @@ type Server struct {
 // Start validates cfg, listens on addr (e.g. "127.0.0.1:0"), writes the
 // start-up log, and starts one decode loop per rank.
 func Start(cfg Config, addr string) (*Server, error) {
-	cfg, err := cfg.normalize()
-	if err != nil {
+	if _, err := cfg.normalize(); err != nil {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("sim listen: %w", err)
+	}
+	return Serve(cfg, ln)
+}
+
+// Serve is Start on a listener of the caller's, whose address must be a
+// TCP address; the server owns ln from then on and closes it. A test
+// serves an in-memory listener (shared/memnet) inside a testing/synctest
+// bubble, where the sim's steps, and so every throughput, cold start and
+// queue it shows, run on the bubble's clock.
+func Serve(cfg Config, ln net.Listener) (*Server, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	tcp, ok := ln.Addr().(*net.TCPAddr)
+	if !ok {
+		ln.Close()
+		return nil, fmt.Errorf("sim: listener address %s is not a TCP address", ln.Addr())
 	}
 	s := &Server{
 		cfg: cfg,
@@ -59,7 +77,6 @@ func Start(cfg Config, addr string) (*Server, error) {
 		pid: os.Getpid(),
 		rng: rand.New(rand.NewPCG(uint64(cfg.Seed), 0x68656674)),
 	}
-	tcp := ln.Addr().(*net.TCPAddr)
 	s.port = tcp.Port
 	s.host = tcp.IP.String()
 	urlHost := s.host

@@ -8,8 +8,10 @@ import (
 	"math"
 	"net/http"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"heft/shared/memnet"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
@@ -24,6 +26,26 @@ func startSim(t testing.TB, cfg sim.Config) *sim.Server {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// bubbleSim serves a simulated engine on an in-memory listener, for a
+// test inside a testing/synctest bubble: the sim's steps, the probe's
+// clock and the HTTP between them all run on the bubble's clock, so what
+// the probe measures is the sim's model, exactly, however busy the
+// machine. The client dials the sim; the test's cleanup closes both.
+func bubbleSim(t *testing.T, cfg sim.Config) (*sim.Server, *http.Client) {
+	t.Helper()
+	ln := memnet.Listen(8000)
+	s, err := sim.Serve(cfg, ln)
+	if err != nil {
+		t.Fatalf("serve sim: %v", err)
+	}
+	client := ln.Client()
+	t.Cleanup(func() {
+		client.CloseIdleConnections()
+		s.Close()
+	})
+	return s, client
 }
 
 // simLoad reports the sim's load as an engine client would from /metrics.
@@ -42,96 +64,92 @@ func simProbe(t *testing.T, s *sim.Server, kind string) wire.Measurement {
 
 func within(got, want, frac float64) bool { return math.Abs(got-want) <= frac*want }
 
-// attempts bounds bestOf: wall-clock throughput on a loaded CI machine is
-// noisy, and a probe that lands within tolerance once in three tries
-// shows the measurement is right (as sim/model_test.go's bestOf does).
-const attempts = 3
+// exact says whether a figure measured in a bubble is the model's: the
+// same to the nanoseconds of the clock.
+func exact(got, want float64) bool { return math.Abs(got-want) <= 1e-6*want }
 
-// bestOf runs measure until it lands within frac of want, at most
-// attempts times, and returns the result closest to want.
-func bestOf[T any](t *testing.T, want, frac float64, measure func() (T, float64)) (T, float64) {
+// capacity is the model's decode capacity of cfg for c requests of n
+// output tokens (prompts cost nothing without a prefill rate).
+func capacity(t *testing.T, cfg sim.Config, c, n int) float64 {
 	t.Helper()
-	var best T
-	bestGot := math.Inf(1)
-	for i := range attempts {
-		r, got := measure()
-		t.Logf("attempt %d: %.3f, want %.3f", i+1, got, want)
-		if math.Abs(got-want) < math.Abs(bestGot-want) {
-			best, bestGot = r, got
-		}
-		if within(got, want, frac) {
-			break
-		}
+	want, err := cfg.DecodeCapacity(c, 1, n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return best, bestGot
+	return want
+}
+
+// simBubble runs body in a testing/synctest bubble (see bubbleSim).
+func simBubble(t *testing.T, body func(t *testing.T)) {
+	t.Parallel()
+	synctest.Test(t, body)
 }
 
 func TestSimThroughputIsCapacityAt16(t *testing.T) {
-	t.Parallel()
-	const s16 = 2000.0
-	s := startSim(t, sim.Config{SingleTPS: 200, Batch16TPS: s16})
-	m, tps := bestOf(t, s16, 0.05, func() (wire.Measurement, float64) {
-		m := simProbe(t, s, wire.EngineVLLM)
+	simBubble(t, func(t *testing.T) {
+		cfg := sim.Config{SingleTPS: 200, Batch16TPS: 2000}
+		s, client := bubbleSim(t, cfg)
+		m := mustRun(t, Config{URL: s.URL(), HTTPClient: client, Kind: wire.EngineVLLM, CapacityKey: "test/vllm",
+			ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second})
 		if !m.Valid() || !m.Complete {
 			t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
 		}
-		return m, m.ThroughputTPS
+		if m.OutputTokens != 2048 || m.Requests != 16 {
+			t.Errorf("tokens %d requests %d", m.OutputTokens, m.Requests)
+		}
+		want := capacity(t, cfg, 16, 128)
+		if !exact(m.ThroughputTPS, want) || !exact(want, 2000) {
+			t.Errorf("throughput %v tok/s, want the sim's %v (2000)", m.ThroughputTPS, want)
+		}
+		// 16 together, each decodes at a sixteenth of the total.
+		if !exact(m.DecodeTPSP50, want/16) {
+			t.Errorf("decode p50 %v tok/s, want %v", m.DecodeTPSP50, want/16)
+		}
 	})
-	if m.OutputTokens != 2048 || m.Requests != 16 {
-		t.Errorf("tokens %d requests %d", m.OutputTokens, m.Requests)
-	}
-	if !within(tps, s16, 0.05) {
-		t.Errorf("throughput %.1f tok/s, want the sim's %v within 5%%", tps, s16)
-	}
-	// 16 together, each decodes at about a sixteenth of the total.
-	if !within(m.DecodeTPSP50, s16/16, 0.10) {
-		t.Errorf("decode p50 %.1f tok/s, want about %.1f", m.DecodeTPSP50, s16/16)
-	}
 }
 
 func TestSimColdEngineWarmsUp(t *testing.T) {
-	t.Parallel()
-	// PRODUCT.md story 3: probed the moment it starts, a cold engine must
-	// still give its warm capacity. The cold warm-up burst lasts longer
-	// than the cold period, so the measured burst is warm. Each attempt
-	// starts a fresh, cold engine.
-	const s16, factor = 1200.0, 3.6
-	m, tps := bestOf(t, s16, 0.05, func() (wire.Measurement, float64) {
-		s := startSim(t, sim.Config{SingleTPS: 150, Batch16TPS: s16, ColdFactor: factor, ColdSeconds: 5})
-		m := simProbe(t, s, wire.EngineVLLM)
+	simBubble(t, func(t *testing.T) {
+		// PRODUCT.md story 3: probed the moment it starts, a cold engine
+		// must still give its warm capacity. The cold warm-up burst lasts
+		// longer than the cold period, so the measured burst is warm.
+		const factor = 3.6
+		cfg := sim.Config{SingleTPS: 150, Batch16TPS: 1200, ColdFactor: factor, ColdSeconds: 5}
+		s, client := bubbleSim(t, cfg)
+		m := mustRun(t, Config{URL: s.URL(), HTTPClient: client, Kind: wire.EngineVLLM, CapacityKey: "test/vllm",
+			ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second})
 		if !m.Valid() {
 			t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
 		}
-		return m, m.ThroughputTPS
+		if want := capacity(t, cfg, 16, 128); !exact(m.ThroughputTPS, want) {
+			t.Errorf("throughput %v tok/s, want the warm %v", m.ThroughputTPS, want)
+		}
+		// The warm-up ran cold for all but its last few steps: its ratio to
+		// the measured burst approaches the cold factor, never beyond it.
+		r := m.ThroughputTPS / m.WarmupTPS
+		t.Logf("warm-up %.2f tok/s, measured %.2f: ratio %.4f", m.WarmupTPS, m.ThroughputTPS, r)
+		if r < 2.5 || r > factor {
+			t.Errorf("cold ratio %.3f (warm-up %.2f tok/s), want between 2.5 and %v", r, m.WarmupTPS, factor)
+		}
 	})
-	if !within(tps, s16, 0.05) {
-		t.Errorf("throughput %.1f tok/s, want the warm %v within 5%%", tps, s16)
-	}
-	// The warm-up ran cold for all but its last few steps: its ratio to
-	// the measured burst approaches the cold factor, never beyond it.
-	if r := m.ThroughputTPS / m.WarmupTPS; r < 2.5 || r > factor*1.05 {
-		t.Errorf("cold ratio %.2f (warm-up %.1f tok/s), want between 2.5 and %v", r, m.WarmupTPS, factor)
-	}
 }
 
 func TestSimTwoSpeedsGiveTheirRatio(t *testing.T) {
-	t.Parallel()
-	fast := startSim(t, sim.Config{SingleTPS: 300, Batch16TPS: 2400})
-	slow := startSim(t, sim.Config{SingleTPS: 150, Batch16TPS: 1200})
-	// Half the standard tokens keep the test short; the ratio is the point.
-	run := func(s *sim.Server) wire.Measurement {
-		return mustRun(t, Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", ReadyTimeout: 10 * time.Second})
-	}
-	pair, r := bestOf(t, 2, 0.05, func() ([2]wire.Measurement, float64) {
-		mf, ms := run(fast), run(slow)
-		if !mf.Valid() || !ms.Valid() {
-			t.Fatalf("fast %q %q, slow %q %q", mf.Failure, mf.Problems, ms.Failure, ms.Problems)
+	simBubble(t, func(t *testing.T) {
+		fastCfg, slowCfg := sim.Config{SingleTPS: 300, Batch16TPS: 2400}, sim.Config{SingleTPS: 150, Batch16TPS: 1200}
+		run := func(cfg sim.Config) float64 {
+			s, client := bubbleSim(t, cfg)
+			m := mustRun(t, Config{URL: s.URL(), HTTPClient: client, Kind: wire.EngineVLLM, CapacityKey: "k", ReadyTimeout: 10 * time.Second})
+			if !m.Valid() {
+				t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
+			}
+			return m.ThroughputTPS
 		}
-		return [2]wire.Measurement{mf, ms}, mf.ThroughputTPS / ms.ThroughputTPS
+		fast, slow := run(fastCfg), run(slowCfg)
+		if r := fast / slow; !exact(r, 2) {
+			t.Errorf("ratio %v (%v / %v tok/s), want 2", r, fast, slow)
+		}
 	})
-	if !within(r, 2, 0.05) {
-		t.Errorf("ratio %.3f (%.1f / %.1f), want 2 within 5%%", r, pair[0].ThroughputTPS, pair[1].ThroughputTPS)
-	}
 }
 
 func TestSimFlavors(t *testing.T) {

@@ -1,5 +1,0 @@
-//go:build !race
-
-package probe
-
-const raceEnabled = false
