@@ -322,8 +322,6 @@ func dealt(s *Server) int64 {
 	return n
 }
 
-func within(got, want, tol float64) bool { return got >= want*(1-tol) && got <= want*(1+tol) }
-
 // longPrompt is one user message's text that makes a chat prompt of
 // exactly tokens tokens (see textTokens: 4 template tokens around the
 // message, 2 after it, one token per short word). A non-empty prefix (at

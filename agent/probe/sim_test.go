@@ -56,12 +56,6 @@ func simLoad(s *sim.Server) func(context.Context) (wire.Load, error) {
 	}
 }
 
-func simProbe(t *testing.T, s *sim.Server, kind string) wire.Measurement {
-	t.Helper()
-	return mustRun(t, Config{URL: s.URL(), Kind: kind, CapacityKey: "test/" + kind,
-		ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second})
-}
-
 func within(got, want, frac float64) bool { return math.Abs(got-want) <= frac*want }
 
 // exact says whether a figure measured in a bubble is the model's: the
