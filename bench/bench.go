@@ -237,7 +237,7 @@ func (e *env) estimate(areas []int) time.Duration {
 			if e.opts.Quick {
 				sec += 90
 			} else {
-				sec += 5*90 + 4*60
+				sec += 6*90 + 4*60
 			}
 		}
 	}

@@ -80,6 +80,7 @@ const chaosNginx = `    include {{upstream_file}};
 type chaosAgent struct {
 	t      *testing.T
 	cfg    agentconfig.Config
+	reload chan struct{} // SIGHUP
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -89,7 +90,7 @@ func (a *chaosAgent) start() {
 	a.cancel, a.done = cancel, make(chan struct{})
 	go func() {
 		defer close(a.done)
-		if err := agent.Run(ctx, a.cfg, hclog.NewNullLogger(), agent.WithGPUs(noGPUs{})); err != nil {
+		if err := agent.Run(ctx, a.cfg, hclog.NewNullLogger(), agent.WithGPUs(noGPUs{}), agent.WithReload(a.reload)); err != nil {
 			a.t.Errorf("agent.Run: %v", err)
 		}
 	}()
@@ -134,6 +135,9 @@ func (s *chaosSync) stop() {
 type chaosRig struct {
 	t      *testing.T
 	co     *coord
+	coDir  string // the coordinator's state dir
+	tokens string // the coordinator's agent_token_file
+	oldTok string // the agent token in use
 	proxy  *faultProxy
 	agents []*chaosAgent
 	sync   *chaosSync
@@ -150,19 +154,22 @@ var chaosSims = []sim.Config{
 }
 
 func newChaosRig(t *testing.T) *chaosRig {
-	r := &chaosRig{t: t}
-	r.co = startCoord(t, t.TempDir(), "127.0.0.1:0", quietLogger(t), chaosCoordConfig)
+	r := &chaosRig{t: t, coDir: t.TempDir(), tokens: filepath.Join(t.TempDir(), "agent.token"), oldTok: agentToken}
+	writeTokenFile(t, r.tokens, agentToken)
+	r.co = startCoord(t, r.coDir, "127.0.0.1:0", quietLogger(t), r.coordConfig)
 	r.proxy = newFaultProxy(t, r.co.addr)
 	for i, sc := range chaosSims {
 		sc.LogPath = filepath.Join(t.TempDir(), "vllm.log")
 		s := simOn(t, sc, "127.0.0.1:0")
 		cfg := agentconfig.Default()
-		cfg.Coordinator.URL, cfg.Coordinator.Token = "ws://"+r.proxy.addr()+"/api/v1/agent", agentToken
+		cfg.Coordinator.URL = "ws://" + r.proxy.addr() + "/api/v1/agent"
+		cfg.Coordinator.TokenFile = filepath.Join(t.TempDir(), "agent.token")
+		writeTokenFile(t, cfg.Coordinator.TokenFile, agentToken)
 		cfg.Node.Name = fmt.Sprintf("gpu-%d", i)
 		cfg.Engines = []agentconfig.Engine{{Kind: "vllm", URL: s.URL(), Log: sc.LogPath}}
 		cfg.StateDir = t.TempDir()
 		cfg.PollInterval = 100 * time.Millisecond
-		a := &chaosAgent{t: t, cfg: cfg}
+		a := &chaosAgent{t: t, cfg: cfg, reload: make(chan struct{}, 1)}
 		a.start()
 		t.Cleanup(a.stop)
 		r.agents = append(r.agents, a)
@@ -195,13 +202,45 @@ func newChaosRig(t *testing.T) *chaosRig {
 	return r
 }
 
-// chaosCoordConfig: agents count as gone after 2 s, so that every fault
-// that takes them away lasts well past it. A sim's stream, read by an agent
-// slowed by -race on a loaded machine, can arrive in bursts faster than
-// the plausibility limit: that check is not what this test is about.
-func chaosCoordConfig(cfg *config.Config) {
+// coordConfig: the agent token from a file, so it can be rotated;
+// agents count as gone after 2 s, so that every fault that takes them away
+// lasts well past it. A sim's stream, read by an agent slowed by -race on
+// a loaded machine, can arrive in bursts faster than the plausibility
+// limit: that check is not what this test is about.
+func (r *chaosRig) coordConfig(cfg *config.Config) {
+	cfg.AgentToken, cfg.AgentTokenFile = "", r.tokens
 	cfg.OfflineGrace = 2 * time.Second
 	cfg.MaxStreamTPS = 1e6
+}
+
+// restartCoord stops the coordinator and starts it again on dir, at the
+// same address.
+func (r *chaosRig) restartCoord(dir string) {
+	r.co.stop()
+	r.coDir = dir
+	r.co = startCoord(r.t, dir, r.co.addr, quietLogger(r.t), r.coordConfig)
+}
+
+// rotate rotates the agent token by docs/install.md's steps, with a
+// coordinator restart in the middle: the new token beside the old one
+// and reload; restart; the new token in every agent's token_file and
+// SIGHUP; the old token removed and reload.
+func (r *chaosRig) rotate() {
+	newTok := config.NewToken()
+	writeTokenFile(r.t, r.tokens, r.oldTok, newTok)
+	if err := r.co.Reload(); err != nil {
+		r.t.Fatalf("reload: %v", err)
+	}
+	r.restartCoord(r.coDir)
+	for _, a := range r.agents {
+		writeTokenFile(r.t, a.cfg.Coordinator.TokenFile, newTok)
+		a.reload <- struct{}{}
+	}
+	writeTokenFile(r.t, r.tokens, newTok)
+	if err := r.co.Reload(); err != nil {
+		r.t.Fatalf("reload: %v", err)
+	}
+	r.oldTok = newTok
 }
 
 // waitAdmitted waits until the coordinator admits every sim.
@@ -276,11 +315,10 @@ func TestChaos(t *testing.T) {
 				}
 			}},
 		{name: "coordinator killed, restarted empty", note: "a new state dir; the agents enrol and are measured again",
-			do: func(r *chaosRig, _ time.Duration) {
-				r.co.stop()
-				r.co = startCoord(r.t, r.t.TempDir(), r.co.addr, quietLogger(r.t), chaosCoordConfig)
-			},
+			do:   func(r *chaosRig, _ time.Duration) { r.restartCoord(r.t.TempDir()) },
 			undo: func(r *chaosRig, _ time.Duration) { r.waitAdmitted("the agents measured again by the new coordinator") }},
+		{name: "agent token rotated", note: "the documented steps, a coordinator restart in the middle",
+			do: func(r *chaosRig, _ time.Duration) { r.rotate() }},
 		{name: "heft-sync restarted",
 			do: func(r *chaosRig, _ time.Duration) { r.sync.stop(); r.sync.start() }},
 		{name: fmt.Sprintf("HAProxy reloaded %d times", reloads), note: "with a server-state-file",
