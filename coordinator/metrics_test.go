@@ -218,6 +218,10 @@ func TestAlertRulesOnAScrape(t *testing.T) {
 		`alertname="HeftNoMeasurement", ` + worker("gpu-a|fast", qwen, "gpu-a") + `, severity="warning"`,
 		`alertname="HeftNoMeasurement", ` + worker("gpu-a|slow", qwen, "gpu-a") + `, severity="warning"`,
 		`alertname="HeftNoMeasurement", ` + worker("gpu-a|uneven", qwen, "gpu-a") + `, severity="warning"`,
+		// Qwen serves 1,800 of its measured 2,800 tok/s (gpu-a|uneven held);
+		// Llama's only worker is offline.
+		`alertname="HeftModelCapacityLow", job="heft-coordinator", model="` + qwen + `", severity="warning"`,
+		`alertname="HeftModelNoServingWorker", job="heft-coordinator", model="` + llama + `", severity="critical"`,
 	})
 }
 
@@ -329,4 +333,56 @@ func TestMetricsIncompletePools(t *testing.T) {
 	if strings.Contains(text, "heft_worker_kv_pool_balance_ratio{") {
 		t.Error("a balance from an incomplete set")
 	}
+}
+
+// The capacity series have a value in every state: an admin's hold moves
+// the worker's hold reason to admin and its throughput out of the model's
+// admitted capacity, and every series stays present.
+func TestMetricsCapacityInEveryState(t *testing.T) {
+	c := metricsFleet(t, newClock())
+	value := func(mfs map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+		for _, m := range mfs[name].GetMetric() {
+			match := 0
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v == l.GetValue() {
+					match++
+				}
+			}
+			if match == len(labels) {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+		return 0, false
+	}
+	fast := map[string]string{"id": "gpu-a|fast"}
+	want := func(mfs map[string]*dto.MetricFamily, name string, labels map[string]string, v float64) {
+		t.Helper()
+		got, ok := value(mfs, name, labels)
+		if !ok {
+			t.Errorf("%s%v is absent", name, labels)
+		} else if got != v {
+			t.Errorf("%s%v = %v, want %v", name, labels, got, v)
+		}
+	}
+	with := func(k, v string) map[string]string { return map[string]string{"id": "gpu-a|fast", k: v} }
+	qwen := map[string]string{"model": testModel}
+
+	mfs := families(t, scrape(t, c))
+	want(mfs, "heft_model_admitted_capacity_tokens_per_second", qwen, 1800)
+	want(mfs, "heft_model_serving_workers", qwen, 2)
+	want(mfs, "heft_worker_hold_reason", with("reason", "admin"), 0)
+	want(mfs, "heft_worker_pinned", with("kind", "decode"), 0)
+	want(mfs, "heft_worker_pinned", map[string]string{"id": "gpu-a|slow", "kind": "decode"}, 1)
+
+	if err := c.Fleet().Hold("gpu-a|fast"); err != nil {
+		t.Fatal(err)
+	}
+	mfs = families(t, scrape(t, c))
+	want(mfs, "heft_worker_hold_reason", with("reason", "admin"), 1)
+	want(mfs, "heft_worker_hold_reason", with("reason", "outlier"), 0)
+	want(mfs, "heft_model_admitted_capacity_tokens_per_second", qwen, 600)
+	want(mfs, "heft_model_measured_capacity_tokens_per_second", qwen, 2800)
+	want(mfs, "heft_model_serving_workers", qwen, 1)
+	want(mfs, "heft_worker_prefill_weight", fast, 0)
+	want(mfs, "heft_worker_max_context_tokens", fast, 500000)
 }

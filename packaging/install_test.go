@@ -120,6 +120,7 @@ func tree(t *testing.T, dir string) map[string]string {
 }
 
 type agentTOML struct {
+	Listen      string
 	Coordinator struct {
 		URL       string `toml:"url"`
 		TokenFile string `toml:"token_file"`
@@ -147,7 +148,7 @@ func TestInstallScript(t *testing.T) {
 			prefix := t.TempDir()
 			// Both option forms, every log source form, a path-less coordinator URL.
 			out, calls := in.mustRun(osName, "--prefix", prefix, "--binary="+in.binary, "--coordinator", "wss://heft.example:7070",
-				"--token-file="+in.token, "--node", "gpu-a",
+				"--token-file="+in.token, "--node", "gpu-a", "--listen", ":7071",
 				"--engine", "vllm=http://127.0.0.1:8000,log=/var/log/vllm/server.log,model=Qwen/Qwen3-8B,advertise=http://10.0.0.5:8000",
 				"--engine=sglang=http://127.0.0.1:30000,log=journald:sglang.service",
 				"--engine", "llamacpp=http://127.0.0.1:8080,log=docker:llama",
@@ -166,6 +167,9 @@ func TestInstallScript(t *testing.T) {
 			cfg := readAgentTOML(t, conf)
 			if cfg.Coordinator.URL != "wss://heft.example:7070/api/v1/agent" || !strings.Contains(out, "using wss://heft.example:7070/api/v1/agent") {
 				t.Errorf("a coordinator URL without a path: wrote %q, said:\n%s", cfg.Coordinator.URL, out)
+			}
+			if cfg.Listen != ":7071" {
+				t.Errorf("listen = %q, want :7071 (for a central Prometheus)", cfg.Listen)
 			}
 			if cfg.Node.Name != "gpu-a" || cfg.Coordinator.TokenFile != "/"+confDir+"/agent.token" || len(cfg.Engine) != 5 {
 				t.Errorf("config = %+v", cfg)
@@ -253,6 +257,8 @@ func TestInstallScriptBadInputChangesNothing(t *testing.T) {
 		{"empty model", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,model="), "model is empty"},
 		{"quote in node", "Linux", append(slices.Clone(good), "--node", `gpu"a`), `cannot contain ", \ or a line break`},
 		{"newline in engine", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1\n[coordinator]"), "cannot contain"},
+		{"listen without port", "Linux", append(slices.Clone(good), "--listen", "7071"), "--listen '7071': want HOST:PORT"},
+		{"listen port", "Linux", append(slices.Clone(good), "--listen", ":70710"), "port 70710 is not 0..65535"},
 		{"not executable", "Linux", append(slices.Clone(good), "--binary", in.token), "is not an executable file"},
 		// The second --engine is bad: the first must not have been written.
 		{"second engine bad", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1", "--engine", "nope=http://y:1"), "unknown engine kind 'nope'"},
@@ -446,6 +452,19 @@ func TestInstallScriptLogSpecs(t *testing.T) {
 			"--token-file", in.token, "--engine", "vllm=http://127.0.0.1:8000,log="+spec)
 		if got := err == nil; got != want {
 			t.Errorf("log %q: install.sh accepts it: %v; the agent's parser: %v (%v)\n%s", spec, got, parseErr == nil, parseErr, out)
+		}
+	}
+}
+
+// --help prints the script's header comment and nothing of its code.
+func TestInstallScriptHelp(t *testing.T) {
+	out := run(t, "", nil, "sh", filepath.Join(testutil.RepoRoot(t), "scripts/install.sh"), "--help")
+	if strings.Contains(out, "set -eu") || strings.Contains(out, "prog=") {
+		t.Errorf("--help shows code:\n%s", out)
+	}
+	for _, want := range []string{"--coordinator", "--listen HOST:PORT", "--start."} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--help does not say %q:\n%s", want, out)
 		}
 	}
 }

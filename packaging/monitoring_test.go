@@ -171,7 +171,8 @@ func TestAlertRules(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"HeftPoolImbalance", "HeftWorkerOffline", "HeftGPUClockLow", "HeftNoMeasurement",
-		"HeftAgentDisconnected", "HeftSyncApplyFailing"} {
+		"HeftAgentDisconnected", "HeftSyncApplyFailing",
+		"HeftSyncDown", "HeftSyncStale", "HeftModelCapacityLow", "HeftModelNoServingWorker"} {
 		if !slices.Contains(alerts, want) {
 			t.Errorf("no %s alert", want)
 		}

@@ -185,6 +185,14 @@ func TestPackages(t *testing.T) {
 			if pkg == "agent" {
 				agentReadsNVML(t, bin)
 			}
+			if pkg == "coordinator" {
+				// The monitoring a fleet's Prometheus and Grafana load.
+				for _, f := range []string{"prometheus/heft-rules.yml", "prometheus/scrape.yml", "prometheus/scrape-kubernetes.yml", "grafana/heft.json"} {
+					if _, err := os.Stat(filepath.Join(scratch, "usr/share/heft", f)); err != nil {
+						t.Errorf("package lacks /usr/share/heft/%s", f)
+					}
+				}
+			}
 			if pkg == "sync" {
 				// The nginx check unit and the polkit rule that lets heft-sync
 				// start it and reload nginx.

@@ -4,11 +4,13 @@
 # install the service, and start it, or restart it if it runs.
 #
 #   sudo ./install.sh --binary ./heft-agent --coordinator wss://heft.example:7070 \
-#        --token-file ./agent.token [--node NAME] [--engine vllm=http://127.0.0.1:8000,log=/var/log/vllm.log]...
+#        --token-file ./agent.token [--node NAME] [--listen :7071] [--engine vllm=http://127.0.0.1:8000,log=/var/log/vllm.log]...
 #   sudo ./install.sh --binary ./heft-agent      # upgrade: keeps the config, restarts a running agent
 #
 # --engine is the agent's own: KIND=URL[,log=LOG][,model=NAME][,advertise=URL], LOG an absolute
 # path or glob, journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.
+# --listen HOST:PORT serves the agent's /metrics and /healthz there (":7071": every
+# address, for a central Prometheus; the default is no port).
 # Every option takes --opt value or --opt=value. Everything is checked before
 # anything changes. An existing config or token is kept; what the flags say
 # goes to agent.toml.new / agent.token.new. --no-start leaves the service as
@@ -28,14 +30,14 @@ tomlsafe() { # what value
 	if printf '%s' "$2" | LC_ALL=C grep -q '[[:cntrl:]]'; then die "$1 cannot contain control characters"; fi
 }
 
-binary="" coordinator="" token_file="" node="" prefix="" start=yes engines="" forced_start=no
+binary="" coordinator="" token_file="" node="" listen="" prefix="" start=yes engines="" forced_start=no
 while [ $# -gt 0 ]; do
 	opt=$1 attached=no
 	case "$opt" in
 		--*=*) val=${opt#*=}; opt=${opt%%=*}; shift; set -- "$opt" "$val" "$@"; attached=yes ;;
 	esac
 	case "$opt" in
-		--binary | --coordinator | --token-file | --node | --engine | --prefix)
+		--binary | --coordinator | --token-file | --node | --listen | --engine | --prefix)
 			[ $# -ge 2 ] && [ -n "$2" ] || die "$opt needs a value"
 			val=$2
 			shift 2
@@ -44,6 +46,7 @@ while [ $# -gt 0 ]; do
 				--coordinator) coordinator=$val ;;
 				--token-file) token_file=$val ;;
 				--node) node=$val ;;
+				--listen) listen=$val ;;
 				--engine) tomlsafe --engine "$val"; engines="$engines$val$nl" ;;
 				--prefix) prefix=$val ;;
 			esac
@@ -53,7 +56,7 @@ while [ $# -gt 0 ]; do
 			[ "$opt" = --start ] && forced_start=yes || start=no
 			shift
 			;;
-		-h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+		-h | --help) sed -n '2,/^[^#]/p' "$0" | sed -n 's/^# \{0,1\}//p'; exit 0 ;;
 		*) die "unknown flag $opt (see --help)" ;;
 	esac
 done
@@ -188,7 +191,7 @@ if [ -n "$coordinator" ]; then
 	esac
 elif [ "$upgrade" = no ]; then
 	die "--coordinator URL is required (e.g. wss://heft.example:7070/api/v1/agent)"
-elif [ -n "$node$engines" ]; then
+elif [ -n "$node$listen$engines" ]; then
 	die "$conf exists: give --coordinator too, so that agent.toml.new is a whole config"
 fi
 if [ -n "$token_file" ]; then
@@ -196,6 +199,18 @@ if [ -n "$token_file" ]; then
 	[ -n "$(tr -d ' \t\r\n' <"$token_file")" ] || die "token file '$token_file' is empty"
 elif [ "$upgrade" = no ]; then
 	die "--token-file FILE is required (a file holding the agent token)"
+fi
+if [ -n "$listen" ]; then
+	tomlsafe --listen "$listen"
+	lport=${listen##*:}
+	case "$listen" in
+		*:*) ;;
+		*) die "--listen '$listen': want HOST:PORT, e.g. :7071 or 10.0.0.5:7071" ;;
+	esac
+	case "$lport" in
+		"" | *[!0-9]*) die "--listen '$listen': port '$lport' is not a number" ;;
+	esac
+	[ "$lport" -le 65535 ] || die "--listen '$listen': port $lport is not 0..65535"
 fi
 if [ -n "$node" ]; then
 	tomlsafe --node "$node"
@@ -244,6 +259,7 @@ if [ -n "$coordinator" ]; then
 	[ "$upgrade" = no ] || target=$conf.new
 	{
 		echo "# Written by $prog on $(date -u +%Y-%m-%dT%H:%M:%SZ)."
+		[ -z "$listen" ] || echo "listen = \"$listen\""
 		echo "[coordinator]"
 		echo "url = \"$coordinator\""
 		echo "token_file = \"${token#"$prefix"}\""

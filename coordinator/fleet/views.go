@@ -259,6 +259,13 @@ type WorkerStats struct {
 	// PoolsWhole is false while a rank the engine runs has no pool in
 	// Ranks (pools_incomplete): no balance may be computed from them.
 	PoolsWhole bool
+
+	PrefillWeight    *float64 // nil when not in the prefill weight table
+	MaxConcurrency   *int     // as view.Worker's; nil while unknown
+	MaxContextTokens *int64   // nil while unknown
+	Pinned           bool     // the decode weight is pinned
+	PrefillPinned    bool     // the prefill weight is pinned
+	HoldReason       string   // one of HoldReasons while held, else ""
 }
 
 // WarningStats is one warning a worker carries.
@@ -306,7 +313,11 @@ func (f *Fleet) Stats() Stats {
 			s.WarningsByCode[c]++
 		}
 		ws := WorkerStats{ID: w.id, Model: w.eng.Model, Node: w.node, State: w.state, Weight: clonePtr(w.weight),
-			Ranks: slices.Clone(w.pools().Ranks), Warnings: make([]WarningStats, len(w.findings)), PoolsWhole: health.Whole(w.pools())}
+			Ranks: slices.Clone(w.pools().Ranks), Warnings: make([]WarningStats, len(w.findings)), PoolsWhole: health.Whole(w.pools()),
+			PrefillWeight: clonePtr(w.prefill.weight), MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, w.weight),
+			MaxContextTokens: maxContext(w.pools()), HoldReason: f.holdReason(w)}
+		_, ws.Pinned = f.pins[w.id]
+		_, ws.PrefillPinned = f.prefillPins[w.id]
 		for i, x := range w.findings {
 			ws.Warnings[i] = WarningStats{Code: x.Code, Severity: x.Severity}
 		}

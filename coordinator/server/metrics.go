@@ -99,13 +99,15 @@ type fleetCollector struct {
 	workers     *prometheus.Desc
 	warnings    *prometheus.Desc
 	probes      *prometheus.Desc
+	capacity    capacityDescs // metrics_capacity.go
 }
 
 func newFleetCollector(f fleetAPI) *fleetCollector {
 	worker := []string{"id", "model", "node"}
 	with := func(extra ...string) []string { return append(slices.Clone(worker), extra...) }
 	return &fleetCollector{
-		fleet: f,
+		fleet:    f,
+		capacity: newCapacityDescs(),
 		weight: prometheus.NewDesc("heft_worker_weight",
 			"Routing weight of an admitted worker: its throughput over the median of its model's admitted workers, "+
 				"clamped to [weight_min, weight_max], or the pinned weight; a stale worker keeps its last one. "+
@@ -142,6 +144,7 @@ func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.workers, c.warnings, c.probes} {
 		ch <- d
 	}
+	c.capacity.describe(ch)
 }
 
 func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -149,6 +152,7 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	st := c.fleet.Stats()
+	c.capacity.collect(st, ch)
 	for _, w := range st.Workers {
 		id := []string{w.ID, w.Model, w.Node}
 		with := func(extra ...string) []string { return append(slices.Clone(id), extra...) }
