@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/coordinator/audit"
 	"heft/coordinator/config"
 	"heft/coordinator/fleet"
 	"heft/coordinator/nodes"
@@ -91,6 +92,12 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 		return nil, err
 	}
 	so.Nodes = reg
+	entries, err := st.LoadAudit()
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	so.Audit = audit.New(st, entries, o.now, o.logger)
 	srv, err := server.New(so, f, o.logger)
 	if err != nil {
 		_ = st.Close()

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	"heft/coordinator/audit"
 	"heft/coordinator/fleet"
 	"heft/shared/view"
 )
@@ -207,8 +208,12 @@ func (s *Server) runAction(w http.ResponseWriter, r *http.Request, route adminRo
 		s.writeActionError(w, route, wk.ID, err)
 		return
 	}
-	s.log.Info("admin action", "action", route.method+" "+route.action, "worker", wk.ID, "node", wk.Node, "source", s.clientIP(r))
 	after, ok := s.fleet.Worker(wk.ID)
+	e := audit.Entry{Action: workerAction(route, arg.kind), Target: wk.ID, Node: wk.Node, Old: workerSummary(wk)}
+	if ok {
+		e.New = workerSummary(after)
+	}
+	s.record(r, e) // audit.go
 	if !ok {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("worker %q was forgotten meanwhile", wk.ID))
 		return

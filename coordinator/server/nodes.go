@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"heft/coordinator/audit"
 	"heft/coordinator/nodes"
 	"heft/shared/view"
 )
@@ -22,7 +23,11 @@ import (
 func (s *Server) nodeRecordRoute(rest string) methods {
 	i := strings.LastIndexByte(rest, '/')
 	if i <= 0 {
-		return methods{http.MethodGet: s.nodeRead(s.getNode), http.MethodDelete: s.admin(s.releaseNode)}
+		m := methods{http.MethodGet: s.nodeRead(s.getNode), http.MethodDelete: s.admin(s.releaseNode)}
+		if rest == "approve" {
+			m[http.MethodPost] = s.admin(s.approveNodes) // approve.go; GET and DELETE still name a node "approve"
+		}
+		return m
 	}
 	switch rest[i+1:] {
 	case "approve", "reject":
@@ -82,6 +87,7 @@ func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, msg)
 		return
 	}
+	before, _ := s.opts.Nodes.Get(name)
 	var rec nodes.Record
 	var err error
 	switch action {
@@ -100,7 +106,7 @@ func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, nodeStatus(err), err.Error())
 		return
 	}
-	s.log.Info("admin action", "action", action, "node", name, "source", s.clientIP(r))
+	s.record(r, audit.Entry{Action: action, Target: name, Old: before.State, New: rec.State})
 	writeJSON(w, http.StatusOK, s.nodeView(rec))
 }
 
@@ -113,12 +119,13 @@ func (s *Server) releaseNode(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, msg)
 		return
 	}
+	before, _ := s.opts.Nodes.Get(name)
 	if err := s.opts.Nodes.Release(name); err != nil {
 		writeError(w, nodeStatus(err), err.Error())
 		return
 	}
 	s.hub.kick(name, CloseNodeCredential, "node name released by an admin; reconnect to enrol", dropNodeRefused)
-	s.log.Info("admin action", "action", "release", "node", name, "source", s.clientIP(r))
+	s.record(r, audit.Entry{Action: "release", Target: name, Old: before.State, New: "released"})
 	// The name's next holder inherits nothing of it: no key, pin, decision
 	// or measurement.
 	if err := s.fleet.ForgetNode(name); err != nil {

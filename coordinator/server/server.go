@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/coordinator/audit"
 	"heft/coordinator/fleet"
 	"heft/coordinator/nodes"
 	"heft/shared/settings"
@@ -81,6 +82,9 @@ type Options struct {
 	// Nodes decides which connections may speak for a node name; nil
 	// means a registry that keeps nothing across restarts.
 	Nodes *nodes.Registry
+	// Audit records admin actions; nil means a log that keeps nothing
+	// across restarts.
+	Audit *audit.Log
 	// Caps on concurrent connections by kind; zero takes the defaults
 	// (DefaultMaxAgentConnections...).
 	MaxAgentConnections, MaxEventStreams, MaxAPIRequests int
@@ -236,6 +240,9 @@ func newServer(opts Options, f fleetAPI, logger hclog.Logger) (*Server, error) {
 			return nil, err
 		}
 		s.opts.Nodes = reg
+	}
+	if s.opts.Audit == nil {
+		s.opts.Audit = audit.New(nil, nil, time.Now, logger)
 	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.auth = newAuthLimiter(time.Now)

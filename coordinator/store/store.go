@@ -53,15 +53,16 @@ var (
 	bucketHistory     = []byte("history")
 	bucketWorkers     = []byte("workers")
 	bucketNodes       = []byte("nodes")
+	bucketAudit       = []byte("audit") // audit.go
 	keySchema         = []byte("schema_version")
 
-	allBuckets = [][]byte{bucketMeta, bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketHistory, bucketWorkers, bucketNodes}
+	allBuckets = [][]byte{bucketMeta, bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketHistory, bucketWorkers, bucketNodes, bucketAudit}
 	// dataBuckets hold checksummed values (history's are in sub-buckets).
-	dataBuckets = [][]byte{bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketWorkers, bucketNodes}
+	dataBuckets = [][]byte{bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketWorkers, bucketNodes, bucketAudit}
 	// laterBuckets came after their schema: a file of that schema may lack
 	// them, and gains them empty at Open (an older coordinator ignores
 	// them), where a missing bucket of the schema means lost records.
-	laterBuckets = [][]byte{bucketPrefillPins}
+	laterBuckets = [][]byte{bucketPrefillPins, bucketAudit}
 )
 
 // ErrRefused marks a state file Open will not use as it is: corrupt, from

@@ -196,6 +196,24 @@ async function nodeAct(action, name) {
   }
 }
 
+// bulkApprove approves every pending node a selector names, in one call
+// (POST api/v1/nodes/approve): {name: pattern}, {address: range}, both,
+// or {all: true}.
+async function bulkApprove(selector) {
+  try {
+    const resp = await fetch('api/v1/nodes/approve', { method: 'POST', headers: { ...authHeaders(true), 'Content-Type': 'application/json' },
+      body: JSON.stringify(selector) });
+    const data = await resp.json().catch(() => ({}));
+    if (!resp.ok) return toast(`approve failed: ${resp.status === 401 ? 'admin token rejected' : (data.error || 'HTTP ' + resp.status)}`, true);
+    const n = (data.approved || []).length;
+    const failed = (data.failed || []).map(f => `${visible(f.node)}: ${f.error}`).join('; ');
+    toast(`${n} node${n === 1 ? '' : 's'} approved${failed ? '; not approved: ' + failed : ''}`, !!failed || n === 0);
+    loadPending();
+  } catch (e) {
+    toast(`approve failed: ${e.message}`, true);
+  }
+}
+
 function matches(w) {
   const f = ui.filters;
   if (f.model && w.model !== f.model) return false;
@@ -619,6 +637,16 @@ function init() {
   }
   $('#f-q').addEventListener('input', ev => { ui.filters.q = ev.target.value; render(); });
   clickable($('#warnings > h2'), () => setCollapsed($('#warnings'), !$('#warnings').classList.contains('collapsed')));
+  $('#bulk-approve').addEventListener('submit', ev => {
+    ev.preventDefault();
+    const sel = {};
+    const name = $('#bulk-name').value.trim(), address = $('#bulk-address').value.trim();
+    if (name) sel.name = name;
+    if (address) sel.address = address;
+    if (!name && !address) return toast('give a name pattern, an address range, or both', true);
+    bulkApprove(sel);
+  });
+  $('#bulk-all').addEventListener('click', () => bulkApprove({ all: true }));
   document.addEventListener('click', ev => {
     const b = ev.target.closest('button[data-action]');
     if (b) act(b.dataset.action, b.dataset.id);
