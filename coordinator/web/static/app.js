@@ -159,7 +159,9 @@ function render() {
 
 async function loadPending() {
   try {
-    const resp = await fetch('api/v1/nodes?state=pending', { headers: authHeaders(false) });
+    // The node list takes the viewer or the admin token even where other
+    // reads are open: with the admin's, once entered, the list shows.
+    const resp = await fetch('api/v1/nodes?state=pending', { headers: authHeaders(!!ui.adminToken) });
     if (!resp.ok) return;
     ui.pending = (await resp.json()).nodes || [];
     renderPending();
@@ -582,6 +584,7 @@ function setAdmin(token) {
   document.body.classList.toggle('admin', !!token);
   $('#token-form').classList.toggle('hidden', !!token);
   $('#admin-on').classList.toggle('hidden', !token);
+  if (token) loadPending();
 }
 
 // checkAdmin asks the coordinator whether token is the admin token, with an
