@@ -38,6 +38,8 @@ type options struct {
 	onProbe func(wire.ProbeRequest)
 	getenv  func(string) string // the environment systemd's notify socket is read from
 	reread  <-chan struct{}
+	// passiveWindow replaces PassiveWindow (tests).
+	passiveWindow time.Duration
 }
 
 // WithReload reads token_file again on each receive from ch (heft-agent
@@ -57,6 +59,11 @@ func WithGPUs(src gpu.Source) Option {
 // before the probe runs (or is refused), from the probe's goroutine.
 func WithProbeHook(fn func(wire.ProbeRequest)) Option {
 	return func(o *options) { o.onProbe = fn }
+}
+
+// withPassiveWindow shortens the passive capacity window (tests).
+func withPassiveWindow(d time.Duration) Option {
+	return func(o *options) { o.passiveWindow = d }
 }
 
 // withEnv reads systemd's notify variables from getenv instead of the
@@ -142,7 +149,7 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 	}
 
 	handler := NewHandler(cfg, col, gpus, board, logger)
-	handler.onProbe = o.onProbe
+	handler.onProbe, handler.passiveWindow = o.onProbe, o.passiveWindow
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { handler.keepFresh(ctx, cfg.PollInterval) })

@@ -38,6 +38,10 @@ type Handler struct {
 	last   wire.Snapshot
 	lastAt time.Time                   // when last was taken; zero before the first
 	counts map[string]map[string]int64 // probes by engine URL and outcome
+
+	passiveMu     sync.Mutex
+	passive       map[string]*passive // passive capacity per capacity key (passive.go)
+	passiveWindow time.Duration       // 0: PassiveWindow
 }
 
 // NewHandler returns the Handler over a collector and a GPU source; cfg
@@ -61,6 +65,7 @@ func (h *Handler) Snapshot(ctx context.Context) wire.Snapshot {
 	h.inflight.Add(1)
 	defer h.inflight.Add(-1)
 	s := h.col.Snapshot(ctx)
+	h.passiveReadings(ctx, &s)
 	h.mu.Lock()
 	h.last, h.lastAt = s, time.Now()
 	h.mu.Unlock()

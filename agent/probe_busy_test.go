@@ -20,7 +20,7 @@ import (
 
 // startAgentOn runs a whole agent beside one sim and returns its
 // coordinator connection and the engine's first ready snapshot.
-func startAgentOn(t *testing.T, s *sim.Server, kind string, edit func(*config.Config)) (*fakecoord.Conn, wire.Engine) {
+func startAgentOn(t *testing.T, s *sim.Server, kind string, edit func(*config.Config), opts ...Option) (*fakecoord.Conn, wire.Engine) {
 	t.Helper()
 	coord := fakecoord.Start(t, token)
 	cfg := config.Default()
@@ -37,7 +37,7 @@ func startAgentOn(t *testing.T, s *sim.Server, kind string, edit func(*config.Co
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, cfg, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}), WithGPUs(oneGPU{}))
+		done <- Run(ctx, cfg, hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug}), append(opts, WithGPUs(oneGPU{}))...)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -220,6 +220,10 @@ func cloneEngine(e wire.Engine) wire.Engine {
 	e.ForeignProcesses = slices.Clone(e.ForeignProcesses)
 	e.Ranks = slices.Clone(e.Ranks)
 	e.Load.Ranks = slices.Clone(e.Load.Ranks)
+	if e.Passive != nil {
+		p := *e.Passive
+		e.Passive = &p
+	}
 	return e
 }
 

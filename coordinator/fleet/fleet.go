@@ -303,6 +303,8 @@ type worker struct {
 	// remeasure names why its engine must be measured again now (it
 	// restarted, its GPUs changed; remeasure.go); "" once measured.
 	remeasure string
+	// passiveLow counts passive readings in a row below its measurement.
+	passiveLow int
 
 	// Derived by evaluate, weigh and publish.
 	state       string

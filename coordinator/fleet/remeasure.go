@@ -14,6 +14,18 @@ const (
 	CauseEngineRestarted = "engine_restarted"
 	CauseGPUSetChanged   = "gpu_set_changed"
 	CauseForeignProcess  = "foreign_gpu_process"
+	CausePassiveLow      = "passive_below_measurement"
+)
+
+// A passive reading (the engine's own counters over a window in which
+// every rank ran at least the probe's per-rank burst with work waiting)
+// below the measurement by more than PassiveTolerance, PassiveReadings
+// times in a row, means the engine slowed down: it is measured again. A
+// reading above it is no disagreement: an engine that runs more requests
+// at once than the burst delivers more.
+const (
+	PassiveTolerance = 0.15
+	PassiveReadings  = 2
 )
 
 // engineChanged names what changed between two snapshots of one worker's
@@ -44,10 +56,37 @@ func (f *Fleet) noteChange(w *worker, e wire.Engine) {
 	if w.placeholder || w.eng.CapacityKey == "" {
 		return
 	}
-	if why := engineChanged(w.eng, e); why != "" {
+	why := engineChanged(w.eng, e)
+	if why == "" {
+		why = f.passiveLowCause(w, e.Passive)
+	}
+	if why != "" {
 		if w.remeasure == "" {
 			f.log.Info("engine changed under the same capacity key; measuring it again", "worker", w.id, "cause", why)
 		}
 		w.remeasure = why
 	}
+}
+
+// passiveLowCause counts a new passive reading against w's valid
+// measurement and names the cause once PassiveReadings in a row were
+// below it by more than PassiveTolerance.
+func (f *Fleet) passiveLowCause(w *worker, p *wire.Passive) string {
+	if p == nil || (w.eng.Passive != nil && w.eng.Passive.At.Equal(p.At)) {
+		return ""
+	}
+	m := f.newest(w.id)
+	if m == nil || !m.Valid() || !p.At.After(m.FinishedAt) {
+		return ""
+	}
+	if p.ThroughputTPS >= m.ThroughputTPS*(1-PassiveTolerance) {
+		w.passiveLow = 0
+		return ""
+	}
+	w.passiveLow++
+	if w.passiveLow < PassiveReadings {
+		return ""
+	}
+	w.passiveLow = 0
+	return fmt.Sprintf("%s: %.0f tok/s over %.0f s with %d running, measured %.0f", CausePassiveLow, p.ThroughputTPS, p.WindowSeconds, p.Concurrency, m.ThroughputTPS)
 }

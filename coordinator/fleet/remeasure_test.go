@@ -3,6 +3,7 @@ package fleet
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"heft/shared/wire"
 )
@@ -52,5 +53,33 @@ func TestEngineChangeRemeasures(t *testing.T) {
 				t.Errorf("measured engine re-measured again: %+v", acts)
 			}
 		})
+	}
+}
+
+// Passive readings: one below the measurement is noted, two in a row
+// re-measure the worker; readings at or above it never do.
+func TestPassiveBelowMeasurementRemeasures(t *testing.T) {
+	h := newHarness(t)
+	e := engine("k", "http://1:8000", "m")
+	h.admit("n", e, 1785)
+	reading := func(s int, tps float64) []*wire.ProbeRequest {
+		e.Passive = &wire.Passive{At: h.clk.now().Add(time.Duration(s) * time.Second), WindowSeconds: 30, ThroughputTPS: tps, Concurrency: 16}
+		return requests(h.put("n", e), "k")
+	}
+	if r := reading(30, 2400); len(r) != 0 { // more running than the burst: more delivered
+		t.Fatalf("a reading above the measurement re-measured: %+v", r)
+	}
+	if r := reading(60, 900); len(r) != 0 {
+		t.Fatalf("one low reading re-measured: %+v", r)
+	}
+	if w := h.worker("k"); w.Passive == nil || w.Passive.ThroughputTPS != 900 {
+		t.Errorf("view passive %+v", w.Passive)
+	}
+	if r := requests(h.put("n", e), "k"); len(r) != 0 { // the same reading again is not a second one
+		t.Fatalf("a repeated reading re-measured: %+v", r)
+	}
+	r := reading(90, 880)
+	if len(r) != 1 || !strings.HasPrefix(r[0].Cause, "passive_below_measurement: 880 tok/s over 30 s with 16 running, measured 1785") {
+		t.Fatalf("after two low readings: %+v", r)
 	}
 }

@@ -385,6 +385,10 @@ func (f *Fleet) view(w *worker) view.Worker {
 		v.PinnedPrefillWeight = &p
 	}
 	v.PrefillWeight, v.ComputedPrefillWeight = clonePtr(w.prefill.weight), clonePtr(w.prefill.computed)
+	if p := w.eng.Passive; p != nil {
+		pc := *p
+		v.Passive = &pc
+	}
 	if f.drained(w) {
 		zero := 0.0
 		v.Draining, v.Weight = true, &zero

@@ -94,6 +94,10 @@ type Worker struct {
 	// gateway stops sending it new requests, ComputedWeight keeps its
 	// weight, and the drain ends with the probe.
 	Draining bool `json:"draining,omitempty"`
+	// Passive is the engine's newest passive capacity reading (its own
+	// counters while saturated in service); the weight still comes from
+	// the measurement, and readings below it re-measure the worker.
+	Passive *wire.Passive `json:"passive,omitempty"`
 
 	// ExpectedRanks is how many data-parallel ranks the engine runs, and
 	// Complete whether every one has a pool in Ranks; both null when the

@@ -242,6 +242,16 @@ func checkProcesses(name string, ps []GPUProcess) error {
 
 // Validate checks one engine's facts.
 func (e *Engine) Validate() error {
+	if p := e.Passive; p != nil {
+		for name, v := range map[string]float64{"window_seconds": p.WindowSeconds, "throughput_tps": p.ThroughputTPS, "spread": p.Spread} {
+			if err := checkNumber("engine.passive."+name, v); err != nil {
+				return err
+			}
+		}
+		if p.Concurrency < 0 {
+			return invalid("engine.passive.concurrency is negative")
+		}
+	}
 	// A kind this build does not know is accepted, so agents can be
 	// upgraded before coordinators; it must still look like a kind name.
 	if !slices.Contains(EngineKinds, e.Kind) && !IsKindName(e.Kind) {

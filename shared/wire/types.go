@@ -204,6 +204,24 @@ type Engine struct {
 	// a llama.cpp slot's n_ctx, Ollama's context_length; 0 = unknown.
 	MaxModelLen       int64  `json:"max_model_len,omitempty"`
 	MaxModelLenSource string `json:"max_model_len_source,omitempty"` // v1_models | server_info | props | api_ps | cmdline | log
+
+	// Passive is the engine's newest passive capacity reading: what it
+	// delivered over a window in which every rank ran at least the probe's
+	// per-rank burst with work waiting; nil until there is one.
+	Passive *Passive `json:"passive,omitempty"`
+}
+
+// Passive is a capacity measurement at load with no burst sent: the
+// engine's own generated-tokens counter over a window of saturation.
+type Passive struct {
+	At            time.Time `json:"at"`             // end of the window
+	WindowSeconds float64   `json:"window_seconds"` // its length
+	ThroughputTPS float64   `json:"throughput_tps"` // tokens generated / window
+	// Concurrency is the fewest requests running at once in the window,
+	// over every rank; Spread is (max − min) / mean of the rates between
+	// the window's samples.
+	Concurrency int     `json:"concurrency"`
+	Spread      float64 `json:"spread"`
 }
 
 // PoolCheck is the KV pools per rank as the engine's endpoints report them.

@@ -1,0 +1,127 @@
+package agent
+
+import (
+	"context"
+	"math"
+	"time"
+
+	"heft/agent/engine"
+	"heft/shared/wire"
+)
+
+// PassiveWindow is how long an engine must stay saturated (every rank
+// running at least the probe's per-rank burst, with work waiting) for its
+// delivered tokens over that time to count as a capacity measurement.
+const PassiveWindow = 30 * time.Second
+
+// passive turns an engine's own counters, read while it is saturated in
+// service, into wire.Passive readings: no burst is sent. A sample that is
+// not saturated (or a counter that went back: a restart) starts over.
+type passive struct {
+	window  time.Duration
+	perRank int
+	ranks   int
+
+	start, last passiveSample
+	minRunning  int
+	rates       []float64
+	latest      *wire.Passive
+}
+
+type passiveSample struct {
+	at  time.Time
+	gen float64
+}
+
+// saturated: every rank runs at least perRank requests and work waits.
+func (p *passive) saturated(l wire.Load) (running int, ok bool) {
+	if !l.Known || l.Waiting == 0 || len(l.Ranks) < p.ranks {
+		return 0, false
+	}
+	for _, r := range l.Ranks {
+		if r.Running < p.perRank {
+			return 0, false
+		}
+		running += r.Running
+	}
+	return running, true
+}
+
+// add takes one reading of the counters; it returns the reading a window
+// completed, else nil (Latest keeps the newest).
+func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
+	running, ok := p.saturated(c.Load)
+	if !ok || p.start.at.IsZero() || c.Generated < p.last.gen {
+		p.rates = p.rates[:0]
+		p.start, p.last, p.minRunning = passiveSample{}, passiveSample{}, 0
+		if ok {
+			p.start, p.last, p.minRunning = passiveSample{at, c.Generated}, passiveSample{at, c.Generated}, running
+		}
+		return nil
+	}
+	if dt := at.Sub(p.last.at).Seconds(); dt > 0 {
+		p.rates = append(p.rates, (c.Generated-p.last.gen)/dt)
+	}
+	p.last, p.minRunning = passiveSample{at, c.Generated}, min(p.minRunning, running)
+	span := p.last.at.Sub(p.start.at)
+	if span < p.window || len(p.rates) == 0 {
+		return nil
+	}
+	lo, hi, sum := math.Inf(1), 0.0, 0.0
+	for _, r := range p.rates {
+		lo, hi, sum = min(lo, r), max(hi, r), sum+r
+	}
+	mean := sum / float64(len(p.rates))
+	spread := 0.0
+	if mean > 0 {
+		spread = (hi - lo) / mean
+	}
+	r := &wire.Passive{At: at.UTC(), WindowSeconds: span.Seconds(), ThroughputTPS: (p.last.gen - p.start.gen) / span.Seconds(),
+		Concurrency: p.minRunning, Spread: spread}
+	p.latest = r
+	// The next window starts where this one ended.
+	p.start, p.rates, p.minRunning = p.last, p.rates[:0], running
+	return r
+}
+
+// passiveReadings keeps one tracker per capacity key and fills each
+// engine's Passive in a snapshot, reading the counters only of engines
+// whose load shows them saturated (one extra /metrics read then).
+func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
+	h.passiveMu.Lock() // its own lock: a counter read must not hold up probes
+	defer h.passiveMu.Unlock()
+	if h.passive == nil {
+		h.passive = map[string]*passive{}
+	}
+	for i := range s.Engines {
+		e := &s.Engines[i]
+		if e.CapacityKey == "" {
+			continue
+		}
+		p := h.passive[e.CapacityKey]
+		if p == nil {
+			p = &passive{window: h.passiveWindow, perRank: h.cfg.Probe.Concurrency}
+			if p.window == 0 {
+				p.window = PassiveWindow
+			}
+			h.passive[e.CapacityKey] = p
+		}
+		p.ranks = dataParallelRanks(*e)
+		if _, ok := p.saturated(e.Load); ok {
+			if client, found := h.col.Engine(e.CapacityKey); found {
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				c, err := client.Counters(cctx)
+				cancel()
+				if err == nil {
+					p.add(time.Now(), c)
+				}
+			}
+		} else {
+			p.add(time.Now(), engine.Counters{Load: e.Load})
+		}
+		if p.latest != nil {
+			r := *p.latest
+			e.Passive = &r
+		}
+	}
+}
