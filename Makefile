@@ -10,7 +10,7 @@ LDFLAGS := -s -w -X heft/shared/version.Version=$(BUILD_VERSION)
 # functions heft never calls as deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: help build build-cross test vet lint demo bench fuzz version package package-security clean
+.PHONY: help build build-cross test test-under-load vet lint demo bench fuzz version package package-security clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -26,6 +26,9 @@ build-cross: ## check the agent builds for Linux on arm64 and for macOS on Apple
 test: ## a short fuzz of every fuzz target, then every test with the race detector
 	./scripts/fuzz.sh 3
 	$(GO) test -race -count=1 ./...
+
+test-under-load: ## make test with six CPU-bound hogs beside it (load about 8 on 2 cores); scripts/test-under-load.sh PKG... for some packages
+	./scripts/test-under-load.sh
 
 vet: ## go vet, with and without cgo
 	$(GO) vet ./...
