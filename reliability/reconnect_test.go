@@ -22,7 +22,13 @@ import (
 // (each gets its cached measurement instead), and the reconnections must
 // spread out rather than arrive in one wave.
 func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
-	const n = 1000
+	// Under the race detector every handshake costs several times more; a
+	// quarter of the fleet checks the same races in a time a shared 2-core
+	// host can give (1,000 there took minutes per enrolment write).
+	n := 1000
+	if raceEnabled {
+		n = 250
+	}
 	// The coordinator's first retry waits uniformly in [MinBackoff,
 	// 2·MinBackoff] (link.DefaultMinBackoff = 500 ms): that window is what
 	// spreads a fleet that lost its coordinator at the same instant.
