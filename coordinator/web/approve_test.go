@@ -45,7 +45,7 @@ func TestDashboardApprovesInBulk(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(c.base+"/")); err != nil {
 		t.Fatal(err)
 	}
-	waitJS(t, ctx, "four pending nodes listed", `document.querySelectorAll('#pending li[data-pending-node]').length === 4`)
+	// The node list takes a token (the admin's here: no viewer token is set).
 	if err := chromedp.Do(ctx,
 		chromedp.SendKeys(chromedp.CSS("#admin-token"), adminToken),
 		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
@@ -53,6 +53,7 @@ func TestDashboardApprovesInBulk(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitJS(t, ctx, "admin unlocked", `document.body.classList.contains('admin')`)
+	waitJS(t, ctx, "four pending nodes listed", `document.querySelectorAll('#pending li[data-pending-node]').length === 4`)
 	if err := chromedp.Do(ctx,
 		chromedp.SendKeys(chromedp.CSS("#bulk-name"), "gpu-*"),
 		chromedp.Click(chromedp.CSS(`#bulk-approve button[type="submit"]`)),
