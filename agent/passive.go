@@ -5,14 +5,16 @@ import (
 	"math"
 	"time"
 
+	"heft/agent/config"
 	"heft/agent/engine"
 	"heft/shared/wire"
 )
 
 // PassiveWindow is how long an engine must stay saturated (every rank
 // running at least the probe's per-rank burst, with work waiting) for its
-// delivered tokens over that time to count as a capacity measurement.
-const PassiveWindow = 30 * time.Second
+// delivered tokens over that time to count as a capacity measurement by
+// default; the agent's probe.passive_window setting replaces it.
+const PassiveWindow = config.DefaultPassiveWindow
 
 // passive turns an engine's own counters, read while it is saturated in
 // service, into wire.Passive readings: no burst is sent. A sample that is
@@ -101,6 +103,9 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 		p := h.passive[e.CapacityKey]
 		if p == nil {
 			p = &passive{window: h.passiveWindow, perRank: h.cfg.Probe.Concurrency}
+			if p.window == 0 {
+				p.window = h.cfg.Probe.PassiveWindow
+			}
 			if p.window == 0 {
 				p.window = PassiveWindow
 			}

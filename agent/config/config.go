@@ -92,6 +92,9 @@ type Probe struct {
 	Busy string
 	// BusyWait bounds the wait for an idle engine.
 	BusyWait time.Duration
+	// PassiveWindow is how long an engine must stay saturated for its
+	// delivered tokens/s to count as a passive capacity reading.
+	PassiveWindow time.Duration
 }
 
 // Log configures the agent's own logging.
@@ -137,7 +140,7 @@ func Default() Config {
 			PodsRoot: logsource.DefaultPodsRoot},
 		Probe: Probe{Concurrency: probe.DefaultConcurrency, Tokens: probe.DefaultTokens,
 			Prefill: true, PrefillConcurrency: probe.DefaultPrefillConcurrency, PrefillTokens: probe.DefaultPrefillTokens,
-			Busy: probe.BusyWait, BusyWait: probe.DefaultBusyWait},
+			Busy: probe.BusyWait, BusyWait: probe.DefaultBusyWait, PassiveWindow: DefaultPassiveWindow},
 		Log:              Log{Level: logging.DefaultLevel},
 		StateDir:         DefaultStateDir,
 		SnapshotInterval: link.DefaultSnapshotEvery,
@@ -147,6 +150,15 @@ func Default() Config {
 
 // DefaultStateDir is the packaged unit's StateDirectory=heft-agent.
 const DefaultStateDir = "/var/lib/heft-agent"
+
+// DefaultPassiveWindow is how long an engine must stay saturated (every
+// rank at the burst's concurrency, work waiting) before its delivered
+// tokens/s count as a passive reading; MinPassiveWindow keeps a reading
+// longer than the agent's one-second load polls.
+const (
+	DefaultPassiveWindow = 30 * time.Second
+	MinPassiveWindow     = 2 * time.Second
+)
 
 // EngineSyntax is how an engine is written on the command line and in
 // HEFT_ENGINES (entries separated by ';').
@@ -191,6 +203,7 @@ func (c *Config) command() settings.Command {
 			settings.String("probe.busy", &c.Probe.Busy, "what a probe does with a busy engine: "+strings.Join(probe.BusyModes, " | ")+
 				" (wait for it to be idle; drain it at the gateways, then wait; never probe it)").Meta("MODE"),
 			settings.Duration("probe.busy_wait", &c.Probe.BusyWait, "how long a probe waits for a busy engine to be idle before it gives up"),
+			settings.Duration("probe.passive_window", &c.Probe.PassiveWindow, "how long an engine must stay saturated for a passive capacity reading (shorter: faster to follow a change, noisier)"),
 			settings.String("log.level", &c.Log.Level, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log.json", &c.Log.JSON, "log JSON lines even on a terminal"),
 			settings.String("state_dir", &c.StateDir, "directory for the node credential (the packaged unit's StateDirectory)").Meta("DIR"),
@@ -408,6 +421,9 @@ func (c Config) Validate() error {
 	}
 	if c.Probe.BusyWait <= 0 {
 		add("probe busy_wait must be positive, got %s", c.Probe.BusyWait)
+	}
+	if c.Probe.PassiveWindow < MinPassiveWindow {
+		add("probe passive_window must be at least %s, got %s", MinPassiveWindow, c.Probe.PassiveWindow)
 	}
 	if err := logging.CheckLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)
