@@ -92,6 +92,7 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 		return nil, err
 	}
 	so.Nodes = reg
+	so.State = st
 	entries, err := st.LoadAudit()
 	if err != nil {
 		_ = st.Close()

@@ -143,7 +143,7 @@ func (c *Config) command() settings.Command {
 	tokenFile := "(mode 0600, or 0640 with a dedicated group)"
 	return settings.Command{
 		Name:      "heft-coordinator",
-		Synopsis:  "heft-coordinator [--config FILE] [flags]\n       heft-coordinator gen-token   (print a new random token)",
+		Synopsis:  "heft-coordinator [--config FILE] [flags]\n       heft-coordinator gen-token   (print a new random token)\n       heft-coordinator backup [--config FILE] [flags] BACKUP_FILE   (copy the running coordinator's state)",
 		About:     "Keeps the fleet: agents report to it, it measures and weighs the workers, and serves\nthe weights, a dashboard, a JSON API and Prometheus metrics.",
 		EnvPrefix: EnvPrefix,
 		Version:   true,

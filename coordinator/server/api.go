@@ -40,6 +40,7 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle("/api/v1/models/{rest...}", get(s.read(s.modelWeights)))
 		mux.Handle("/api/v1/events", get(s.read(s.events)))
 		mux.Handle("/api/v1/audit", get(s.nodeRead(s.listAudit))) // source addresses: as guarded as the node records
+		mux.Handle("/api/v1/backup", get(s.admin(s.backup)))
 		mux.Handle("/metrics", get(s.read(s.metrics.handler.ServeHTTP)))
 		mux.Handle("/healthz", get(s.healthz))
 		mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {

@@ -85,6 +85,9 @@ type Options struct {
 	// Audit records admin actions; nil means a log that keeps nothing
 	// across restarts.
 	Audit *audit.Log
+	// State is backed up by GET /api/v1/backup; nil: that route answers
+	// 501 (a coordinator that keeps no state file).
+	State Backuper
 	// Caps on concurrent connections by kind; zero takes the defaults
 	// (DefaultMaxAgentConnections...).
 	MaxAgentConnections, MaxEventStreams, MaxAPIRequests int

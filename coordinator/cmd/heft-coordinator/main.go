@@ -41,6 +41,9 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	if len(args) > 0 && args[0] == "gen-token" {
 		return genToken(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "backup" {
+		return backup(ctx, args[1:], env, stdout, stderr) // backup.go
+	}
 	cfg, err := config.Load("", args, env)
 	switch {
 	case err != nil:
