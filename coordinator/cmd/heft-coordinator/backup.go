@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +38,10 @@ STATE_DIR/heft.db, start it.
 
 // backup is `heft-coordinator backup [settings] FILE`.
 func backup(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	if slices.Contains(args, "-h") || slices.Contains(args, "--help") {
+		fmt.Fprint(stdout, backupUsage)
+		return 0
+	}
 	if len(args) == 0 || strings.HasPrefix(args[len(args)-1], "-") {
 		fmt.Fprint(stderr, backupUsage)
 		return settings.ExitUsage

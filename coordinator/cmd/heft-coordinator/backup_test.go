@@ -171,6 +171,10 @@ func TestBackupUsage(t *testing.T) {
 	if code := run(context.Background(), []string{"backup"}, noEnv, &stdout, &stderr, nil); code != 2 || !strings.Contains(stderr.String(), "usage: heft-coordinator backup") {
 		t.Errorf("no file: exit %d, %s", code, stderr.String())
 	}
+	stdout.Reset()
+	if code := run(context.Background(), []string{"backup", "--help"}, noEnv, &stdout, &stderr, nil); code != 0 || !strings.Contains(stdout.String(), "To restore") {
+		t.Errorf("--help: exit %d, %s", code, stdout.String())
+	}
 	stderr.Reset()
 	cfg := writeConfig(t, t.TempDir(), "")
 	file := filepath.Join(t.TempDir(), "b.db")
