@@ -110,13 +110,20 @@ func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.nodeView(rec))
 }
 
-// releaseNode is DELETE /api/v1/nodes/{name}: the name is forgotten,
-// credential and all, and its connection closed; the next agent to say
+// releaseNode is DELETE /api/v1/nodes/{name}[?forget=workers]: the name
+// is forgotten, credential and all, with its workers, their pins,
+// decisions, measurements and so their alerts, and its connection closed; the next agent to say
 // it enrols as a new node (a reinstalled host that lost its credential).
 func (s *Server) releaseNode(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("rest")
 	if status, msg := drainBody(r.Body); status != 0 {
 		writeError(w, status, msg)
+		return
+	}
+	// ?forget=workers is the decommission's explicit form of what a
+	// release always does; anything else is refused before any change.
+	if f := r.URL.Query()["forget"]; len(f) > 1 || len(f) == 1 && f[0] != "workers" {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("forget=%s: the only value is forget=workers (a release always forgets the node's workers)", strings.Join(f, ",")))
 		return
 	}
 	before, _ := s.opts.Nodes.Get(name)
