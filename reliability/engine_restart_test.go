@@ -83,7 +83,7 @@ func TestEngineRestart(t *testing.T) {
 		// stamps whole seconds, so only a start in a later second looks new
 		// (logfollow compares the file's first bytes to see a rewrite).
 		for time.Now().Unix() == started.Unix() {
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // wait for the next whole second (see above)
 		}
 	}
 	restart := func(t *testing.T, cfg sim.Config) {

@@ -216,7 +216,7 @@ func hammer(p *proc, a api, node string, keys []string, led *ledger, killAfter t
 		if time.Now().After(deadline) {
 			return fmt.Errorf("workers never appeared: %v", err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // poll interval while waiting for a state
 	}
 
 	killed := make(chan struct{})
@@ -298,7 +298,7 @@ func hammer(p *proc, a api, node string, keys []string, led *ledger, killAfter t
 				}
 			}
 			led.mu.Unlock()
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // how often the ledger samples what was acknowledged
 		}
 	})
 	time.Sleep(killAfter) // the random moment of the kill is the point of the test

@@ -230,7 +230,7 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 						watchErr.CompareAndSwap(nil, &err)
 						return
 					}
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // how often the watcher looks at the fleet
 				}
 			})
 			defer func() { stopWatch(); watching.Wait() }()

@@ -86,7 +86,7 @@ func TestWrongTokensDoNotLockOutTheRightOnes(t *testing.T) {
 			connected, after = true, time.Since(start)
 			break
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // poll interval while waiting for a state
 	}
 	t.Logf("wrong tokens at 10/s from one address (%d sent): correct agent connected=%v after %s; %d of %d correct admin pins answered 429",
 		wrong.Load(), connected, after.Round(time.Millisecond), limited, pins)

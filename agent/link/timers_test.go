@@ -138,7 +138,7 @@ func TestStableSessionResetsBackoff(t *testing.T) {
 		f.set(func(f *fakeCoord) { f.refuse = 0 })
 		fc := f.accept(t)
 		fc.nextOf(t, wire.TypeSnapshot)
-		time.Sleep(stableSession + time.Second)
+		time.Sleep(stableSession + time.Second) // the session must outlive stableSession to count as stable (the case under test)
 		fc.c.Close(websocket.StatusServiceRestart, "coordinator restarting")
 		closed := time.Now()
 		f.accept(t)

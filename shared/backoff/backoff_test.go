@@ -197,7 +197,7 @@ func TestSleepEndsWithContext(t *testing.T) {
 		done := make(chan bool)
 		start := time.Now()
 		go func() { done <- b.Wait(ctx) }()
-		time.Sleep(time.Minute)
+		time.Sleep(time.Minute) // fake time in the bubble: the wait is under way, a minute into its hour
 		cancel()
 		if <-done {
 			t.Error("Wait = true after cancel")

@@ -24,12 +24,12 @@ func TestRunServesUntilCancelled(t *testing.T) {
 		code <- run(ctx, []string{"--flavor", "sglang", "--dp", "2", "--kv-tokens", "24094, 2925",
 			"--single-tps", "60", "--batch16-tps", "600", "--log", logPath}, &stdout, &stderr)
 	}()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // generous: a loaded machine
 	for !strings.HasSuffix(stdout.String(), "\n") {
 		if time.Now().After(deadline) {
 			t.Fatalf("no URL printed; stderr: %s", stderr.String())
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // poll interval while waiting for the URL line
 	}
 	url := strings.TrimSpace(stdout.String())
 	resp, err := http.Get(url + "/health")
