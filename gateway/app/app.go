@@ -213,29 +213,3 @@ func Handler(m *syncer.Metrics, sy *syncer.Syncer) http.Handler {
 	})
 	return mux
 }
-
-// Check checks each gateway once (the HAProxy backends exist and answer)
-// and returns the exit code.
-func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
-	built, err := Build(cfg, logger)
-	if err != nil {
-		logger.Error("configuration", "error", err)
-		return 2
-	}
-	defer built.Close()
-	code := 0
-	for _, t := range built.Targets {
-		c, ok := target.As[syncer.Checker](t)
-		if !ok {
-			logger.Info("ok", "target", t.Name(), "model", t.Model())
-			continue
-		}
-		if err := c.Check(ctx); err != nil {
-			logger.Error("check failed", "target", t.Name(), "error", err)
-			code = 1
-			continue
-		}
-		logger.Info("ok", "target", t.Name(), "model", t.Model())
-	}
-	return code
-}

@@ -1,0 +1,121 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"heft/gateway/app"
+	"heft/gateway/config"
+	"heft/gateway/gwtest"
+	"heft/shared/testutil"
+)
+
+// checkRig is a fake coordinator that wants a token, a real HAProxy and a
+// real nginx, and a heft-sync file naming them.
+type checkRig struct {
+	coord *gwtest.Coordinator
+	hx    *gwtest.HAProxy
+	nx    *gwtest.Nginx
+	dir   string
+}
+
+func newCheckRig(t *testing.T) *checkRig {
+	t.Helper()
+	r := &checkRig{coord: gwtest.NewCoordinator(t), dir: t.TempDir()}
+	r.coord.SetToken("viewer-secret")
+	r.coord.SetWorkers(gwtest.Worker(model, "127.0.0.1:9001", "ready", 1))
+	r.hx = gwtest.StartHAProxy(t, haproxyCfg)
+	up := gwtest.NewUpstream(t, "a")
+	r.nx = gwtest.StartNginx(t, gwtest.NginxConf(nginxHTTP), "upstream qwen { server "+up.Addr+"; }\n")
+	return r
+}
+
+// check writes the file with token and nginx check command and runs --check.
+func (r *checkRig) check(t *testing.T, token string, nginxCheck []string) (int, string) {
+	t.Helper()
+	tokenFile := filepath.Join(r.dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var q []string
+	for _, x := range nginxCheck {
+		q = append(q, fmt.Sprintf("%q", x))
+	}
+	path := filepath.Join(r.dir, "heft-sync.toml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(`[coordinator]
+url = %q
+token_file = %q
+[[haproxy]]
+model = %q
+socket = %q
+backend = "qwen"
+[[nginx]]
+model = %q
+file = %q
+upstream = "qwen"
+check = [%s]
+reload = ["true"]
+`, r.coord.URL(), tokenFile, model, r.hx.Socket, model, r.nx.Upstream, strings.Join(q, ", "))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load([]string{"--config", path, "--check"}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out testutil.SyncBuffer
+	code := app.Check(context.Background(), cfg, hclog.New(&hclog.LoggerOptions{Output: &out}))
+	return code, out.String()
+}
+
+// --check does what the run will do: it reads the coordinator with the
+// token, finds the model, reaches HAProxy's socket and runs nginx's check
+// command; each failure names its step and makes the exit code 1.
+func TestCheckRunsEveryStep(t *testing.T) {
+	r := newCheckRig(t)
+	code, out := r.check(t, "viewer-secret", r.nx.Check())
+	for _, want := range []string{"step=coordinator", "step=model", "target=haproxy:qwen", "target=nginx:qwen"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in the log", want)
+		}
+	}
+	if code != 0 || strings.Contains(out, "check failed") {
+		t.Fatalf("all good: code %d\n%s", code, out)
+	}
+
+	code, out = r.check(t, "wrong", r.nx.Check())
+	if code != 1 || !strings.Contains(out, "step=coordinator") || !strings.Contains(out, "401") || !strings.Contains(out, "token_file") {
+		t.Fatalf("wrong token: code %d\n%s", code, out)
+	}
+
+	// nginx -t against a file that is not there fails as the first apply would.
+	bad := r.nx.Check()
+	for i, a := range bad {
+		if a == r.nx.Conf {
+			bad[i] = filepath.Join(r.dir, "missing.conf")
+		}
+	}
+	code, out = r.check(t, "viewer-secret", bad)
+	if code != 1 || !strings.Contains(out, "step=gateway") || !strings.Contains(out, "test failed") || !strings.Contains(out, "missing.conf") {
+		t.Fatalf("failing nginx check: code %d\n%s", code, out)
+	}
+
+	// A model no worker serves yet is a warning that lists what the
+	// coordinator does serve; the run would wait for it, so the check passes.
+	r.coord.SetWorkers(gwtest.Worker("other/model", "127.0.0.1:9001", "ready", 1))
+	code, out = r.check(t, "viewer-secret", r.nx.Check())
+	if code != 0 || !strings.Contains(out, "[WARN]") || !strings.Contains(out, "coordinator_models=other/model") {
+		t.Fatalf("unseen model: code %d\n%s", code, out)
+	}
+
+	r.coord.Stop()
+	code, out = r.check(t, "viewer-secret", r.nx.Check())
+	if code != 1 || !strings.Contains(out, "step=coordinator") {
+		t.Fatalf("coordinator down: code %d\n%s", code, out)
+	}
+}
