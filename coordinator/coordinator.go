@@ -116,6 +116,7 @@ func FleetConfig(cfg config.Config) fleet.Config {
 	fc.WeightMin, fc.WeightMax, fc.Thresholds = cfg.WeightMin, cfg.WeightMax, cfg.Thresholds
 	fc.MaxKeysPerNode = cfg.MaxKeysPerNode
 	fc.ImplausibleFactor, fc.MaxTPSPerGPU, fc.MaxStreamTPS = cfg.ImplausibleFactor, cfg.MaxTPSPerGPU, cfg.MaxStreamTPS
+	fc.Probation, fc.MaxNodeShare = cfg.Probation, cfg.MaxNodeShare
 	return fc
 }
 

@@ -36,6 +36,7 @@ func TestFleetConfig(t *testing.T) {
 	want := fleet.DefaultConfig()
 	want.CacheTTL, want.RemeasureEvery, want.OfflineGrace = time.Hour, 2*time.Hour, time.Minute
 	want.WeightMin, want.WeightMax, want.Thresholds = 0.5, 4, cfg.Thresholds
+	want.Probation, want.MaxNodeShare = 0, 0 // testConfig's
 	if got := FleetConfig(cfg); got != want {
 		t.Errorf("FleetConfig =\n%+v\nwant\n%+v", got, want)
 	}
@@ -337,8 +338,10 @@ func TestTrustSettingsReachTheirPackages(t *testing.T) {
 	cfg.ImplausibleFactor, cfg.MaxTPSPerGPU, cfg.MaxStreamTPS, cfg.MaxKeysPerNode = 6, 2e5, 9000, 100
 	cfg.ApproveNewNodes, cfg.RequireNodeCredential, cfg.MaxNodes, cfg.MaxPendingNodes = true, true, 10, 5
 	cfg.MaxAgentConnections, cfg.MaxEventStreams, cfg.MaxAPIRequests = 7, 8, 9
+	cfg.Probation, cfg.MaxNodeShare = 3*time.Hour, 0.4
 	fc := FleetConfig(cfg)
-	if fc.ImplausibleFactor != 6 || fc.MaxTPSPerGPU != 2e5 || fc.MaxStreamTPS != 9000 || fc.MaxKeysPerNode != 100 {
+	if fc.ImplausibleFactor != 6 || fc.MaxTPSPerGPU != 2e5 || fc.MaxStreamTPS != 9000 || fc.MaxKeysPerNode != 100 ||
+		fc.Probation != 3*time.Hour || fc.MaxNodeShare != 0.4 {
 		t.Errorf("fleet config %+v", fc)
 	}
 	nc := NodesConfig(cfg)

@@ -63,6 +63,9 @@ func startCoordinatorWith(t *testing.T, dir, addr string, adjust func(*config.Co
 	logger := hclog.New(&hclog.LoggerOptions{Name: "coordinator", Output: t.Output(), Level: hclog.Warn})
 	cfg := config.Default()
 	cfg.Listen, cfg.StateDir, cfg.AgentToken, cfg.AdminToken = addr, dir, agentToken, adminToken
+	// The simulated engines weigh what they measured from their first
+	// measurement (probation and the node share cap are the fleet's tests).
+	cfg.Probation, cfg.MaxNodeShare = 0, 0
 	if adjust != nil {
 		adjust(&cfg)
 	}

@@ -88,6 +88,9 @@ type Config struct {
 	ImplausibleFactor float64
 	MaxTPSPerGPU      float64
 	MaxStreamTPS      float64
+	// Probation and MaxNodeShare: weight is earned (fleet's probation.go).
+	Probation    time.Duration
+	MaxNodeShare float64
 
 	// Concurrent connections by kind; past them new ones get 503.
 	MaxAgentConnections int
@@ -130,6 +133,8 @@ func Default() Config {
 		ImplausibleFactor: fc.ImplausibleFactor,
 		MaxTPSPerGPU:      fc.MaxTPSPerGPU,
 		MaxStreamTPS:      fc.MaxStreamTPS,
+		Probation:         fc.Probation,
+		MaxNodeShare:      fc.MaxNodeShare,
 
 		MaxAgentConnections: server.DefaultMaxAgentConnections,
 		MaxEventStreams:     server.DefaultMaxEventStreams,
@@ -184,6 +189,8 @@ func (c *Config) command() settings.Command {
 			settings.Float("plausibility.factor", &c.ImplausibleFactor, "a throughput above this × its model's median is held as implausible (0: off)"),
 			settings.Float("plausibility.max_tps_per_gpu", &c.MaxTPSPerGPU, "a throughput above this per GPU is held as implausible (0: off)"),
 			settings.Float("plausibility.max_stream_tps", &c.MaxStreamTPS, "a throughput above this per request's stream is held as implausible (0: off)"),
+			settings.Duration("probation", &c.Probation, "a new worker's weight is at most 1 and not counted in its model's median until this long after it was first seen and two measurements agree, or an admin admits it (0: off)"),
+			settings.Float("plausibility.max_node_share", &c.MaxNodeShare, "the largest share of a model's weight one node's workers hold once the model has 3 nodes (0: off)"),
 			settings.Int("max_agent_connections", &c.MaxAgentConnections, "agent websockets at once; past it new ones get 503"),
 			settings.Int("max_event_streams", &c.MaxEventStreams, "event streams (dashboards, heft-sync) at once; past it new ones get 503"),
 			settings.Int("max_api_requests", &c.MaxAPIRequests, "other API requests in flight at once; past it new ones get 503"),
@@ -322,7 +329,7 @@ func (c Config) Validate() error {
 	// The fleet owns these rules; they are checked here too so that a bad
 	// file is reported with every other problem, before anything starts.
 	errs = append(errs, fleet.CheckThresholds(c.Thresholds), fleet.CheckWeightRange(c.WeightMin, c.WeightMax),
-		fleet.CheckPlausibility(c.ImplausibleFactor, c.MaxTPSPerGPU, c.MaxStreamTPS))
+		fleet.CheckPlausibility(c.ImplausibleFactor, c.MaxTPSPerGPU, c.MaxStreamTPS), fleet.CheckProbation(c.Probation, c.MaxNodeShare))
 	if c.MaxKeysPerNode < wire.MaxEngines {
 		bad("max_keys_per_node must be at least %d (the engines one snapshot may list), is %d", wire.MaxEngines, c.MaxKeysPerNode)
 	}

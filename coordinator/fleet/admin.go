@@ -101,7 +101,8 @@ func (f *Fleet) pinsOf(kind string) map[string]float64 {
 }
 
 // Admit lets a worker that its uneven pools, or an implausible
-// measurement, would hold into the weight table. For a worker the rules would admit anyway it clears any decision,
+// measurement, would hold into the weight table, and ends a worker's
+// probation (probation.go). For a worker the rules would admit anyway it clears any decision,
 // returning it to the automatic rules (this is how a Hold is undone).
 func (f *Fleet) Admit(id string) error {
 	f.adminMu.Lock()
@@ -110,7 +111,7 @@ func (f *Fleet) Admit(id string) error {
 	w, err := f.keyed(id)
 	var holds, decided bool
 	if err == nil {
-		holds = f.poolHolds(w) || f.implausibleHolds(w)
+		holds = f.poolHolds(w) || f.implausibleHolds(w) || f.onProbation(w, f.now())
 		_, decided = f.decisions[id]
 	}
 	f.mu.Unlock()

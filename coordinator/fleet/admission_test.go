@@ -53,7 +53,7 @@ func TestUnevenPoolsHoldAndSlightlyUnevenWarn(t *testing.T) {
 }
 
 func TestThresholdsAreConfigurable(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := testConfig()
 	cfg.Thresholds.PoolHold, cfg.Thresholds.PoolWarn = 0.8, 0.95
 	h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
 	h.connect("n")
@@ -288,7 +288,7 @@ func TestConfigValidation(t *testing.T) {
 		"hold above warn":   func(c *Config) { c.Thresholds.PoolHold = 0.95 },
 		"threshold above 1": func(c *Config) { c.Thresholds.ClockLow = 1.5 },
 	} {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		mut(&cfg)
 		if _, err := New(cfg, newMemStore(), nil, nil); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: New returned %v, want ErrInvalid", name, err)

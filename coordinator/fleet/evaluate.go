@@ -17,6 +17,7 @@ type verdict struct {
 	findings   []health.Finding
 	tps        float64 // valid throughput of an admitted worker, else 0
 	prefillTPS float64 // valid prefill throughput of an admitted worker, else 0
+	probation  bool    // its weight is not yet earned (probation.go)
 }
 
 // refresh re-derives the given workers and publishes what changed. A model
@@ -29,7 +30,7 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 	ws = f.withDeployments(ws)
 	for _, w := range ws {
 		v := f.evaluate(w, now)
-		if v.tps != w.tps || v.prefillTPS != w.prefill.tps {
+		if v.tps != w.tps || v.prefillTPS != w.prefill.tps || v.probation != w.probation {
 			f.dirty[w.eng.Model] = true
 		}
 		if w.outlierHeld() && view.Serving(v.state) {
@@ -38,7 +39,7 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 		if v.state != w.state {
 			changed = true
 		}
-		w.state, w.base, w.tps, w.prefill.tps = v.state, v.findings, v.tps, v.prefillTPS
+		w.state, w.base, w.tps, w.prefill.tps, w.probation = v.state, v.findings, v.tps, v.prefillTPS, v.probation
 		f.touch(w)
 	}
 	for _, w := range ws {
@@ -81,12 +82,7 @@ func (f *Fleet) refreshNode(n *node, now time.Time) bool {
 // a valid prefill part, and publishes every worker of the model.
 func (f *Fleet) reweigh(model string, now time.Time) bool {
 	ws := f.byModel[model]
-	tps := make([]float64, 0, len(ws))
-	for _, w := range ws {
-		if w.tps > 0 {
-			tps = append(tps, w.tps)
-		}
-	}
+	tps := counted(ws, func(w *worker) float64 { return w.tps }) // workers on probation are not counted
 	med := median(tps)
 	wasHeld := make(map[*worker]bool, len(ws))
 	for _, w := range ws {
@@ -99,18 +95,29 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 			w.state = f.servingState(w, now) // its model's median caught up with it, or an admin admitted it
 		}
 	}
-	// The prefill median counts the workers the decode rules leave in the
-	// weight table.
-	var prefill []float64
+	shares := f.capNodeShares(ws, func(w *worker) **float64 { return &w.weight }, f.pins)
 	for _, w := range ws {
-		if w.prefill.tps > 0 && !w.outlierHeld() {
-			prefill = append(prefill, w.prefill.tps)
+		w.shareNote = nil
+		if before, ok := shares[w]; ok {
+			x := f.shareFinding(w, model, before)
+			w.shareNote = &x
 		}
 	}
+	// The prefill median counts the workers the decode rules leave in the
+	// weight table.
+	prefill := counted(ws, func(w *worker) float64 {
+		if w.outlierHeld() {
+			return 0
+		}
+		return w.prefill.tps
+	})
 	prefillMed := median(prefill)
-	changed := false
 	for _, w := range ws {
 		f.weighPrefill(w, model, prefillMed, len(prefill))
+	}
+	f.capNodeShares(ws, func(w *worker) **float64 { return &w.prefill.weight }, f.prefillPins)
+	changed := false
+	for _, w := range ws {
 		if f.publish(w, now) || wasHeld[w] != w.outlierHeld() {
 			changed = true
 			f.touch(w)
@@ -176,6 +183,7 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 		v.state = view.StateAdmitted
 		v.tps = m.ThroughputTPS
 		v.prefillTPS = prefillTPS(*m)
+		v.probation = f.onProbation(w, now)
 	}
 	if f.offline(w, now) {
 		f.away(w, &v, now)
@@ -259,7 +267,7 @@ func (w *worker) outlierHeld() bool {
 // worker far above the median is an outlier: held, without a weight,
 // unless an admin admitted it.
 func (f *Fleet) weigh(w *worker, model string, med float64, n int) {
-	w.computed, w.weight, w.clamp, w.outlier = nil, nil, nil, nil
+	w.computed, w.weight, w.clamp, w.outlier, w.note = nil, nil, nil, nil, nil
 	if w.tps <= 0 || med <= 0 {
 		return
 	}
@@ -273,6 +281,7 @@ func (f *Fleet) weigh(w *worker, model string, med float64, n int) {
 		w.outlier = o
 	}
 	w.computed, w.weight, w.clamp = f.scale(w.id, model, "", w.tps, med, n, f.pins)
+	w.weight, w.note = f.capProbation(w, w.weight, f.pins)
 }
 
 // scale turns a throughput into a weight against its model's median of n
@@ -307,6 +316,11 @@ func (f *Fleet) publish(w *worker, now time.Time) bool {
 	if w.outlier != nil {
 		fs = append(slices.Clip(fs), *w.outlier)
 	}
+	for _, x := range []*health.Finding{w.note, w.shareNote} {
+		if x != nil {
+			fs = append(slices.Clip(fs), *x)
+		}
+	}
 	health.Sort(fs)
 	changed := !slices.Equal(fs, w.findings) || !sameFloat(w.weight, w.shownWeight) || !sameFloat(w.prefill.weight, w.shownPrefill)
 	w.findings, w.shownWeight, w.shownPrefill = fs, w.weight, w.prefill.weight
@@ -340,6 +354,7 @@ func (f *Fleet) weighPrefill(w *worker, model string, med float64, n int) {
 		return
 	}
 	p.computed, p.weight, p.clamp = f.scale(w.id, model, "prefill", p.tps, med, n, f.prefillPins)
+	p.weight, _ = f.capProbation(w, p.weight, f.prefillPins)
 }
 
 // clampFindings is the worker's weight_clamped warning: the decode

@@ -262,7 +262,11 @@ func (f *Fleet) probeDue(w *worker) (at time.Time, reason string, ok bool) {
 	case w.remeasure != "" && reason == wire.ReasonScheduled:
 		return time.Time{}, wire.ReasonOnDemand, true // now, whatever the engine does
 	case reason == wire.ReasonScheduled:
-		return m.FinishedAt.Add(f.cfg.RemeasureEvery), reason, true
+		at := m.FinishedAt.Add(f.cfg.RemeasureEvery)
+		if p, ok := f.probationDue(w); ok && p.Before(at) {
+			at = p // a second measurement may end its probation
+		}
+		return at, reason, true
 	default:
 		return time.Time{}, reason, true // now
 	}

@@ -52,6 +52,16 @@ type Config struct {
 	MaxTPSPerGPU      float64 // tok/s per GPU of the engine (one when it lists none)
 	MaxStreamTPS      float64 // tok/s of one request's stream
 
+	// Probation: a worker first seen less than this long ago, or whose
+	// last two valid measurements disagree by more than probationAgree,
+	// gets a weight of at most 1 and is not counted in its model's median
+	// until an admin admits it (probation.go). Zero turns it off.
+	Probation time.Duration
+	// MaxNodeShare caps the share of a model's weight one node's workers
+	// hold, once the model has weighted workers on minNodesForShare
+	// nodes (probation.go). Zero turns it off.
+	MaxNodeShare float64
+
 	// MaxKeysPerNode bounds the capacity keys the fleet remembers for one
 	// node (its workers and cached measurements); past it the one listed
 	// least recently is forgotten.
@@ -76,6 +86,8 @@ func DefaultConfig() Config {
 		ImplausibleFactor: 4,
 		MaxTPSPerGPU:      100000,
 		MaxStreamTPS:      5000,
+		Probation:         time.Hour,
+		MaxNodeShare:      0.5,
 		MaxKeysPerNode:    2 * wire.MaxEngines,
 	}
 }
@@ -103,6 +115,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("max_keys_per_node must be at least %d (the engines one snapshot may list), is %d", wire.MaxEngines, c.MaxKeysPerNode))
 	}
 	errs = append(errs, CheckPlausibility(c.ImplausibleFactor, c.MaxTPSPerGPU, c.MaxStreamTPS))
+	errs = append(errs, CheckProbation(c.Probation, c.MaxNodeShare))
 	errs = append(errs, CheckWeightRange(c.WeightMin, c.WeightMax), CheckThresholds(c.Thresholds))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -320,6 +333,12 @@ type worker struct {
 	// ImplausibleFactor × its model's median: it is held.
 	outlier *health.Finding
 	rev     uint64 // f.seq of its last change
+	// probation: its weight is not yet earned (probation.go); note is the
+	// finding that says so, shareNote the one saying its node's share of
+	// the model's weight was capped.
+	probation bool
+	note      *health.Finding
+	shareNote *health.Finding
 	// The prefill weight, derived the same way from the prefill
 	// throughput of an admitted worker with a valid prefill part.
 	prefill      weighed

@@ -146,7 +146,16 @@ type harness struct {
 }
 
 func newHarness(t *testing.T) *harness {
-	return newHarnessWith(t, DefaultConfig(), newMemStore(), &clock{t: t0})
+	return newHarnessWith(t, testConfig(), newMemStore(), &clock{t: t0})
+}
+
+// testConfig is DefaultConfig without probation and the node share cap,
+// so the tests of the other weighing rules see weights as measured;
+// probation_test.go turns them on.
+func testConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Probation, cfg.MaxNodeShare = 0, 0
+	return cfg
 }
 
 func newHarnessWith(t *testing.T, cfg Config, st *memStore, clk *clock) *harness {

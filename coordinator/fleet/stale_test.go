@@ -37,7 +37,7 @@ func TestEngineDownBeforeTheAgentLeftGoesOffline(t *testing.T) {
 }
 
 func TestStaleWeightTTLSetting(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := testConfig()
 	cfg.StaleWeightTTL = 10 * time.Minute
 	h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
 	h.admit("n", engine("k", "http://1:8000", "m"), 640)

@@ -50,6 +50,9 @@ func startCoordinatorWith(t *testing.T, tweak func(*config.Config)) *coordinator
 	// The test's agents stand for nodes elsewhere (10.0.x.y) while they
 	// connect over loopback: their addresses are allowed.
 	cfg.AdvertiseAllow = []string{"0.0.0.0/0", "::/0"}
+	// A worker weighs what it measured from its first measurement
+	// (probation and the node share cap are the fleet's tests).
+	cfg.Probation, cfg.MaxNodeShare = 0, 0
 	if tweak != nil {
 		tweak(&cfg)
 	}

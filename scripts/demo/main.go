@@ -104,8 +104,10 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 	}
 	// Fresh tokens for every demo: the coordinator refuses short ones.
 	agentToken, adminToken := rand.Text()+rand.Text(), rand.Text()+rand.Text()
+	// The demo's engines are the operator's own, weighed from their first
+	// measurement: no probation (a real install keeps it; docs/security.md).
 	coordCfg := filepath.Join(dir, "coordinator.toml")
-	if err := os.WriteFile(coordCfg, fmt.Appendf(nil, "listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\n",
+	if err := os.WriteFile(coordCfg, fmt.Appendf(nil, "listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nprobation = \"0s\"\n",
 		addr, filepath.Join(dir, "state"), agentToken, adminToken), 0o600); err != nil {
 		return err
 	}

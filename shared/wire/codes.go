@@ -28,6 +28,15 @@ const (
 	// at is not its node's (the coordinator's advertise_allow says which
 	// are); the worker is held.
 	CodeAddressNotAllowed = "address_not_allowed"
+	// CodeProbation: a worker whose weight is not yet earned (no admin
+	// admitted it, and its measurements have not yet agreed over the
+	// probation period): its weight is at most 1 and it does not count in
+	// its model's median (info).
+	CodeProbation = "probation"
+	// CodeNodeShareCapped: the weights of a node's workers were scaled down
+	// so that one node holds at most plausibility.max_node_share of its
+	// model's weight (warning).
+	CodeNodeShareCapped = "node_share_capped"
 )
 
 // Why a probe's prefill part failed (Prefill.Failure), besides

@@ -1,0 +1,216 @@
+package fleet
+
+import (
+	"fmt"
+	"testing"
+
+	"heft/shared/view"
+	"heft/shared/wire"
+)
+
+// share is the part of a model's weight the given workers hold.
+func share(w map[string]float64, ids ...string) float64 {
+	total, part := 0.0, 0.0
+	for _, v := range w {
+		total += v
+	}
+	for _, id := range ids {
+		part += w[id]
+	}
+	if total == 0 {
+		return 0
+	}
+	return part / total
+}
+
+// fakeAmongTwo is issue 25's case: two honest workers (1,000 and 450
+// tok/s) and a new node's worker saying 3,900 tok/s, 3.9× the median.
+func fakeAmongTwo(h *harness) {
+	h.admit("n1", engine("a", "http://1:8000", "m"), 1000)
+	h.admit("n2", engine("b", "http://2:8000", "m"), 450)
+}
+
+// TestProbationCapsANewWorker: a new worker gets no weight above 1 and no
+// say in its model's median until its measurements agree over the
+// probation period, or an admin admits it; a name forgotten and bound
+// again starts over.
+func TestProbationCapsANewWorker(t *testing.T) {
+	// Before: no probation, no node share cap (what main did).
+	old := newHarness(t)
+	fakeAmongTwo(old)
+	old.admit("evil", engine("fake", "http://3:8000", "m"), 3900)
+	before := share(old.weights("m"), "fake")
+
+	h := newHarnessWith(t, DefaultConfig(), newMemStore(), &clock{t: t0})
+	fakeAmongTwo(h)
+	if w := h.worker("a"); w.Weight == nil {
+		t.Fatalf("a has no weight: %+v", w)
+	} else if _, ok := warning(w, wire.CodeProbation); !ok {
+		t.Errorf("a new worker carries no %s warning: %+v", wire.CodeProbation, w.Warnings)
+	}
+	// The honest workers' probation ends: measured again once the period
+	// is over, agreeing with their first measurement.
+	h.clk.advance(h.f.cfg.Probation)
+	acts := h.f.Tick()
+	for _, id := range []string{"a", "b"} {
+		if len(requests(acts, id)) != 1 {
+			t.Fatalf("no probe request for %s at the end of its probation: %+v", id, acts)
+		}
+	}
+	h.result("n1", measured("a", 980, h.clk.now()))
+	h.result("n2", measured("b", 460, h.clk.now()))
+	for _, id := range []string{"a", "b"} {
+		if _, ok := warning(h.worker(id), wire.CodeProbation); ok {
+			t.Errorf("%s is still on probation after two agreeing measurements over the period", id)
+		}
+	}
+
+	h.admit("evil", engine("fake", "http://3:8000", "m"), 3900)
+	w := h.weights("m")
+	after := share(w, "fake")
+	fake := h.worker("fake")
+	t.Logf("1 fake worker at 3.9× the median: %.1f %% of the model's weight before, %.1f %% on probation (weight %.3g; honest a %.3g, b %.3g)",
+		before*100, after*100, w["fake"], w["a"], w["b"])
+	if before < 0.7 {
+		t.Errorf("without probation the fake took %.1f %%, want issue 25's 72.9 %%", before*100)
+	}
+	if w["fake"] > 1 || after > 1.0/3+1e-9 {
+		t.Errorf("on probation the fake has weight %.3g, %.1f %% of the model's; want at most 1, a third", w["fake"], after*100)
+	}
+	if _, ok := warning(fake, wire.CodeProbation); !ok {
+		t.Errorf("the fake carries no %s warning: %+v", wire.CodeProbation, fake.Warnings)
+	}
+	// Its 3,900 did not move the median: a weighs 980 over the median of
+	// 980 and 460.
+	if !near(w["a"], 980.0/720) {
+		t.Errorf("a's weight %.4g, want %.4g: the median counts a worker on probation", w["a"], 980.0/720)
+	}
+
+	// Measured again after the period at the same figure, the fake has
+	// earned a weight; the node share cap still bounds it.
+	h.clk.advance(h.f.cfg.Probation)
+	if acts := h.f.Tick(); len(requests(acts, "fake")) != 1 {
+		t.Fatalf("no probe request for the fake at the end of its probation: %+v", acts)
+	}
+	h.result("evil", measured("fake", 3900, h.clk.now()))
+	earned := share(h.weights("m"), "fake")
+	t.Logf("after its probation, measured twice at 3,900 tok/s: %.1f %% (plausibility.max_node_share %g)", earned*100, h.f.cfg.MaxNodeShare)
+	if earned > h.f.cfg.MaxNodeShare+1e-9 {
+		t.Errorf("after probation the fake node holds %.1f %%, above max_node_share", earned*100)
+	}
+
+	// An admin's admit ends probation at once.
+	h.admit("n4", engine("c", "http://4:8000", "m"), 1500)
+	if _, ok := warning(h.worker("c"), wire.CodeProbation); !ok {
+		t.Fatal("a new worker is not on probation")
+	}
+	if err := h.f.Admit("c"); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.worker("c"); c.Weight == nil || *c.Weight <= 1 {
+		t.Errorf("admitted by an admin, c has weight %v; weights %v; warnings %+v", c.Weight, h.weights("m"), c.Warnings)
+	} else if _, ok := warning(c, wire.CodeProbation); ok {
+		t.Error("admitted by an admin, c is still on probation")
+	}
+
+	// A forgotten name bound again starts on probation.
+	h.disconnect("n1")
+	if err := h.f.ForgetNode("n1"); err != nil {
+		t.Fatal(err)
+	}
+	h.connect("n1")
+	h.put("n1", engine("a", "http://1:8000", "m"))
+	h.result("n1", measured("a", 1000, h.clk.now()))
+	if a := h.worker("a"); a.State != view.StateAdmitted {
+		t.Fatalf("a after re-binding: %s", a.State)
+	} else if _, ok := warning(a, wire.CodeProbation); !ok {
+		t.Errorf("a worker of a re-bound name is not on probation: %+v", a.Warnings)
+	}
+}
+
+// TestProbationNeedsAgreeingMeasurements: a second measurement far from the
+// first keeps the worker on probation, and it is measured again a period
+// later.
+func TestProbationNeedsAgreeingMeasurements(t *testing.T) {
+	h := newHarnessWith(t, DefaultConfig(), newMemStore(), &clock{t: t0})
+	h.admit("n1", engine("a", "http://1:8000", "m"), 1000)
+	h.clk.advance(h.f.cfg.Probation)
+	if acts := h.f.Tick(); len(requests(acts, "a")) != 1 {
+		t.Fatalf("no probe request at the end of the probation: %+v", acts)
+	}
+	h.result("n1", measured("a", 2000, h.clk.now()))
+	if _, ok := warning(h.worker("a"), wire.CodeProbation); !ok {
+		t.Fatal("1,000 then 2,000 tok/s ended the probation")
+	}
+	h.clk.advance(h.f.cfg.Probation / 2)
+	if acts := h.f.Tick(); len(requests(acts, "a")) != 0 {
+		t.Errorf("measured again before a period passed: %+v", acts)
+	}
+	h.clk.advance(h.f.cfg.Probation / 2)
+	if acts := h.f.Tick(); len(requests(acts, "a")) != 1 {
+		t.Fatalf("not measured again a period later: %+v", acts)
+	}
+	h.result("n1", measured("a", 1900, h.clk.now()))
+	if _, ok := warning(h.worker("a"), wire.CodeProbation); ok {
+		t.Error("2,000 then 1,900 tok/s did not end the probation")
+	}
+}
+
+// TestNodeShareIsCapped: one node listing 32 engines cannot hold more than
+// max_node_share of a model's weight once the model has three nodes.
+func TestNodeShareIsCapped(t *testing.T) {
+	run := func(maxShare float64) (float64, *harness) {
+		cfg := testConfig()
+		cfg.MaxNodeShare = maxShare
+		h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+		h.admit("n1", engine("a", "http://1:8000", "m"), 1000)
+		h.admit("n2", engine("b", "http://2:8000", "m"), 1000)
+		var many []string
+		for i := range 32 {
+			id := fmt.Sprintf("many-%02d", i)
+			h.admit("big", engine(id, fmt.Sprintf("http://3:%d", 8000+i), "m"), 3900)
+			many = append(many, id)
+		}
+		return share(h.weights("m"), many...), h
+	}
+	before, _ := run(0)
+	after, h := run(0.5)
+	t.Logf("1 node listing 32 engines at 3,900 tok/s beside 2 of 1,000: %.1f %% of the model's weight before, %.1f %% with max_node_share 0.5",
+		before*100, after*100)
+	if before < 0.98 {
+		t.Errorf("without the cap the node took %.1f %%, want issue 25's 98.4 %%", before*100)
+	}
+	if after > 0.5+1e-9 || after < 0.5-1e-6 {
+		t.Errorf("with the cap the node holds %.1f %%, want 50 %%", after*100)
+	}
+	if _, ok := warning(h.worker("many-00"), wire.CodeNodeShareCapped); !ok {
+		t.Errorf("a capped node's worker carries no %s warning", wire.CodeNodeShareCapped)
+	}
+	if _, ok := warning(h.worker("a"), wire.CodeNodeShareCapped); ok {
+		t.Errorf("an uncapped node's worker carries %s", wire.CodeNodeShareCapped)
+	}
+	// With two nodes the cap does not apply: it would cut real capacity.
+	cfg := testConfig()
+	cfg.MaxNodeShare = 0.5
+	two := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+	two.admit("n1", engine("a", "http://1:8000", "m"), 1000)
+	two.admit("n2", engine("b", "http://2:8000", "m"), 3000)
+	two.admit("n2", engine("c", "http://2:8001", "m"), 3000)
+	if s := share(two.weights("m"), "b", "c"); s < 0.8 {
+		t.Errorf("with two nodes the cap cut n2 to %.1f %%", s*100)
+	}
+}
+
+func TestCheckProbation(t *testing.T) {
+	for _, c := range []struct {
+		share float64
+		ok    bool
+	}{{0, true}, {0.5, true}, {0.34, true}, {0.3, false}, {1, false}, {-0.1, false}} {
+		if err := CheckProbation(0, c.share); (err == nil) != c.ok {
+			t.Errorf("max_node_share %g: %v", c.share, err)
+		}
+	}
+	if CheckProbation(-1, 0) == nil {
+		t.Error("a negative probation passed")
+	}
+}
