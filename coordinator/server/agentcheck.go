@@ -32,11 +32,21 @@ import (
 // agent is gone, its engine not known to be), N its weight scaled to
 // 1–100 among the model's serving workers (a percentage of the server's
 // configured weight, so configure "weight 100"), M its max_concurrency when
-// known; "drain" for a held, offline or unmeasured one; and an empty line,
-// which changes nothing, for an address the coordinator does not list
-// under that model or a request it refuses. A coordinator that does not
+// known; "drain" for a held, offline or unmeasured one; and a line that is
+// only a "#" description, which changes nothing in HAProxy but tells
+// whoever tries the request by hand (nc) what is wrong, for an address the coordinator does not
+// list under that model (agentCheckUnlisted) or a request it refuses
+// (agentCheckRefused). A coordinator that does not
 // answer changes nothing either (HAProxy keeps the last state), so a
 // coordinator restart leaves the gateway as it was.
+
+// The answers that change nothing: a description alone, without a state,
+// a weight or maxconn, so whoever reads the answer sees why rather than an
+// empty line.
+const (
+	agentCheckRefused  = `#heft refused this request: agent-send wants "[TOKEN ]MODEL ADDRESS\n", the viewer token first when one is set`
+	agentCheckUnlisted = "#heft lists no worker at this address under this model"
+)
 
 // agentCheckMaxWeight is the top of the percentages answered.
 const agentCheckMaxWeight = 100
@@ -170,12 +180,12 @@ func (s *Server) agentCheckAnswer(line string, answers agentAnswers) (ans string
 		if viewer != "" {
 			s.metrics.authFailures.WithLabelValues(authViewer).Inc()
 		}
-		return "", true
+		return agentCheckRefused, true
 	}
 	ans, ok := answers[f[0]][f[1]]
 	if !ok {
 		s.log.Debug("agent check for a worker heft does not list", "model", f[0], "address", f[1])
-		return "", false
+		return agentCheckUnlisted, false
 	}
 	return ans, false
 }

@@ -204,10 +204,10 @@ func TestAgentCheckToken(t *testing.T) {
 	answers := s.agentAnswers()
 	for line, want := range map[string]string{
 		"viewer-token-for-the-agent-check-test Qwen/Qwen3-8B " + r.a.Addr: "ready 3% maxconn:16",
-		"Qwen/Qwen3-8B " + r.a.Addr:                                       "",
-		"wrong Qwen/Qwen3-8B " + r.a.Addr:                                 "",
-		"viewer-token-for-the-agent-check-test Qwen/Qwen3-8B 10.9.9.9:1":  "",
-		"viewer-token-for-the-agent-check-test Other/Model " + r.a.Addr:   "",
+		"Qwen/Qwen3-8B " + r.a.Addr:                                       agentCheckRefused,
+		"wrong Qwen/Qwen3-8B " + r.a.Addr:                                 agentCheckRefused,
+		"viewer-token-for-the-agent-check-test Qwen/Qwen3-8B 10.9.9.9:1":  agentCheckUnlisted,
+		"viewer-token-for-the-agent-check-test Other/Model " + r.a.Addr:   agentCheckUnlisted,
 	} {
 		if got, _ := s.agentCheckAnswer(line, answers); got != want {
 			t.Errorf("%q: %q, want %q", line, got, want)
