@@ -99,9 +99,16 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 // genToken prints a new random token, for agent_token, admin_token or
 // viewer_token files.
 func genToken(args []string, stdout, stderr io.Writer) int {
+	// The file is made readable by group heft, which the packaged
+	// coordinator runs as, and by no one else.
+	const help = "heft-coordinator gen-token takes no arguments; it prints a new random token:\n" +
+		"  (umask 027 && heft-coordinator gen-token > /etc/heft/agent.token) && chgrp heft /etc/heft/agent.token\n"
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprint(stdout, help)
+		return 0
+	}
 	if len(args) > 0 {
-		fmt.Fprintf(stderr, "heft-coordinator gen-token takes no arguments; it prints a new random token:\n"+
-			"  heft-coordinator gen-token > /etc/heft/agent.token && chmod 600 /etc/heft/agent.token\n")
+		fmt.Fprint(stderr, help)
 		return settings.ExitUsage
 	}
 	fmt.Fprintln(stdout, config.NewToken())

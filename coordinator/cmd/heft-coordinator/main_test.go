@@ -211,6 +211,11 @@ func TestGenToken(t *testing.T) {
 	if _, err := config.Load(writeConfig(t, t.TempDir(), "viewer_token = \""+tok+"\"\n"), nil, noEnv); err != nil {
 		t.Errorf("the printed token was refused: %v", err)
 	}
+	var help bytes.Buffer
+	if code := run(context.Background(), []string{"gen-token", "-h"}, noEnv, &help, &stderr, nil); code != 0 ||
+		!strings.Contains(help.String(), "chgrp heft") {
+		t.Errorf("gen-token -h: exit %d, printed %q", code, help.String())
+	}
 	if code := run(context.Background(), []string{"gen-token", "extra"}, noEnv, &a, &stderr, nil); code != 2 {
 		t.Errorf("gen-token with an argument: exit %d", code)
 	}
