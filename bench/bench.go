@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"heft/agent/probe"
+
+	"heft/sim"
 )
 
 // Areas, in the order they run.
@@ -37,10 +39,11 @@ const (
 	AreaPrefillCost = 8
 	AreaRouting     = 9
 	AreaChaos       = 10
+	AreaChanges     = 11
 )
 
 // AllAreas lists every area.
-var AllAreas = []int{AreaFidelity, AreaCold, AreaCost, AreaWeights, AreaScale, AreaAgent, AreaPrefill, AreaPrefillCost, AreaRouting, AreaChaos}
+var AllAreas = []int{AreaFidelity, AreaCold, AreaCost, AreaWeights, AreaScale, AreaAgent, AreaPrefill, AreaPrefillCost, AreaRouting, AreaChaos, AreaChanges}
 
 // Options configure a run.
 type Options struct {
@@ -84,6 +87,11 @@ type env struct {
 	runs   int
 	tokens int // per request of every burst
 	conc   int // requests per burst
+
+	// Area 11's changes to the routing fleet: the fast worker's mid-run
+	// throttle and the agents' passive window (0: the default).
+	slowFast      sim.Slow
+	passiveWindow time.Duration
 
 	fidelityOnce sync.Once
 	fidelity     []workerRuns // area 1's probes, reused by area 3
@@ -173,6 +181,8 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 			s = e.areaRouting(ctx)
 		case AreaChaos:
 			s = e.areaChaos(ctx)
+		case AreaChanges:
+			s = e.areaChanges(ctx)
 		}
 		s.Area = a
 		s.Elapsed = time.Since(t0)
@@ -232,6 +242,8 @@ func (e *env) estimate(areas []int) time.Duration {
 			}
 		case AreaRouting:
 			sec += e.routingPlanFor().estimate().Seconds()
+		case AreaChanges:
+			sec += e.changesPlanFor().estimate().Seconds()
 		case AreaChaos:
 			sec += 60 // building and starting the rig
 			if e.opts.Quick {

@@ -253,9 +253,9 @@ func tableText(text string) string {
 }
 
 func TestRunRejectsBadOptions(t *testing.T) {
-	if _, err := Run(context.Background(), Options{Areas: []int{11}, Bin: t.TempDir()}); err == nil ||
-		!strings.Contains(err.Error(), "unknown area 11 (areas are 1 to 10)") {
-		t.Errorf("area 11: err = %v", err)
+	if _, err := Run(context.Background(), Options{Areas: []int{12}, Bin: t.TempDir()}); err == nil ||
+		!strings.Contains(err.Error(), "unknown area 12 (areas are 1 to 11)") {
+		t.Errorf("area 12: err = %v", err)
 	}
 	if _, err := Run(context.Background(), Options{}); err == nil {
 		t.Error("no binaries folder: want an error")

@@ -154,6 +154,9 @@ func (e *env) startSimProc(dir, name string, c Calibration, notReady time.Durati
 	if notReady > 0 {
 		args = append(args, "--fault-not-ready-for", notReady.String())
 	}
+	if c.Slow.Factor > 1 {
+		args = append(args, "--slow-at", c.Slow.At.String(), "--slow-factor", ftoa(c.Slow.Factor))
+	}
 	ch, err := startChild(dir, name+"-sim", bin, args, childIO{Lines: true})
 	if err != nil {
 		return nil, err
@@ -183,6 +186,9 @@ func (e *env) startAgent(dir, node string, co *coordinator, kind string, s *simP
 	fmt.Fprintf(&b, "state_dir = %q\n\n[coordinator]\nurl = %q\ntoken = %q\n\n[node]\nname = %q\n\n", filepath.Join(dir, node+"-state"), co.ws, agentToken, node)
 	fmt.Fprintf(&b, "[[engine]]\nkind = %q\nurl = %q\nlog = %q\n", kind, s.url, s.log)
 	fmt.Fprintf(&b, "\n[probe]\nprefill = %v\n", prefill)
+	if e.passiveWindow > 0 {
+		fmt.Fprintf(&b, "passive_window = %q\n", e.passiveWindow)
+	}
 	if e.tokens != 128 {
 		fmt.Fprintf(&b, "tokens = %d\n", e.tokens)
 	}

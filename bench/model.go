@@ -20,7 +20,8 @@ type Calibration struct {
 	// default). TrueCapacity assumes it is at least the burst's share of
 	// a rank.
 	MaxRunning int
-	KVTokens   []int64 // KV pool per rank (nil = the sim's default)
+	KVTokens   []int64  // KV pool per rank (nil = the sim's default)
+	Slow       sim.Slow // a mid-run throttle (--slow-at, --slow-factor); zero: none
 }
 
 func (c Calibration) ranks() int { return max(c.DP, 1) }

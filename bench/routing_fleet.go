@@ -105,7 +105,10 @@ func (e *env) startRoutingFleet(ctx context.Context, plan routingPlan) (_ *routi
 		return nil, err
 	}
 	f.procs = append(f.procs, f.co.child)
-	for _, c := range routingWorkers {
+	for i, c := range routingWorkers {
+		if i == routeFast {
+			c.Slow = e.slowFast
+		}
 		sp, err := e.startSimProc(f.dir, c.Name, c, 0)
 		if err != nil {
 			return nil, err

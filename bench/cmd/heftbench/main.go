@@ -42,7 +42,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("heftbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	quick := fs.Bool("quick", false, "run a reduced version of every area (exercises the harness; not the product's numbers)")
-	areas := fs.String("areas", "", "comma-separated areas to run, 1–10 (default all)")
+	areas := fs.String("areas", "", "comma-separated areas to run, 1–11 (default all)")
 	bin := fs.String("bin", "", "folder with heft-agent, heft-coordinator, heft-sim, heft-sync, swarm, heftbench (default: build them)")
 	out := fs.String("out", "", "also write the report to this markdown file")
 	runs := fs.Int("runs", 0, "runs per cell (default 3, quick 1)")
