@@ -114,6 +114,7 @@ func FleetConfig(cfg config.Config) fleet.Config {
 	fc.CacheTTL, fc.RemeasureEvery, fc.OfflineGrace = cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace
 	fc.StaleWeightTTL = cfg.StaleWeightTTL
 	fc.WeightMin, fc.WeightMax, fc.Thresholds = cfg.WeightMin, cfg.WeightMax, cfg.Thresholds
+	fc.SingleHost = cfg.SingleHost
 	fc.MaxKeysPerNode = cfg.MaxKeysPerNode
 	fc.ImplausibleFactor, fc.MaxTPSPerGPU, fc.MaxStreamTPS = cfg.ImplausibleFactor, cfg.MaxTPSPerGPU, cfg.MaxStreamTPS
 	fc.Probation, fc.MaxNodeShare = cfg.Probation, cfg.MaxNodeShare

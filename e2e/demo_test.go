@@ -24,7 +24,8 @@ func TestDemo(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	demo := exec.Command(filepath.Join(bin, "demo"), "--bin", bin, "--listen", "127.0.0.1:0", "--until-settled", "--timeout", "150s")
+	logs := filepath.Join(t.TempDir(), "logs")
+	demo := exec.Command(filepath.Join(bin, "demo"), "--bin", bin, "--listen", "127.0.0.1:0", "--until-settled", "--timeout", "150s", "--logs", logs)
 	out, err := demo.CombinedOutput()
 	text := string(out)
 	if err != nil {
@@ -34,6 +35,29 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, text)
 		}
+	}
+	// A one-host fleet shows only what is wrong: its loopback engines are
+	// routable there, so no worker carries not_routable.
+	if strings.Contains(text, "not_routable") {
+		t.Errorf("the demo warns not_routable on a one-host fleet:\n%s", text)
+	}
+	// The agent token is printed, with a command that adds an agent.
+	m := regexp.MustCompile(`agent token: (\S+) \(also in (\S+)\)`).FindStringSubmatch(text)
+	if m == nil {
+		t.Fatalf("demo output names no agent token:\n%s", text)
+	}
+	if b, err := os.ReadFile(m[2]); err != nil || strings.TrimSpace(string(b)) != m[1] {
+		t.Errorf("token file %s: %q, %v; want the printed token", m[2], b, err)
+	}
+	if add := regexp.MustCompile(`heft-agent run --coordinator ws://127\.0\.0\.1:\d+/api/v1/agent --token-file \S+ --node `).FindString(text); add == "" {
+		t.Errorf("demo output lacks the command that adds an agent:\n%s", text)
+	}
+	// The logs outlive the demo, and it says where they are.
+	if !strings.Contains(text, "logs kept in "+logs) {
+		t.Errorf("demo does not say where its logs stay:\n%s", text)
+	}
+	if _, err := os.Stat(filepath.Join(logs, "coordinator.out")); err != nil {
+		t.Errorf("the logs folder did not outlive the demo: %v", err)
 	}
 	// The last line printed for each node is its settled state.
 	last := map[string]string{}

@@ -75,6 +75,8 @@ type Config struct {
 	Thresholds health.Thresholds
 	WeightMin  float64
 	WeightMax  float64
+	// SingleHost: every gateway runs on this host (see fleet.Config).
+	SingleHost bool
 
 	// Node identity: see package nodes.
 	ApproveNewNodes       bool
@@ -180,6 +182,7 @@ func (c *Config) command() settings.Command {
 			settings.Float("thresholds.pool_warn", &c.Thresholds.PoolWarn, "smallest/largest DP pool below which a worker gets a warning"),
 			settings.Float("thresholds.clock_low", &c.Thresholds.ClockLow, "median/max SM clock during a probe below which a worker gets a warning"),
 			settings.Uint64("thresholds.foreign_min_bytes", &c.Thresholds.ForeignMinBytes, "foreign GPU processes holding less memory are ignored").Meta("BYTES"),
+			settings.Bool("single_host", &c.SingleHost, "every gateway runs on this host: engines offered at a loopback address are routable (no not_routable warning)"),
 			settings.Bool("approve_new_nodes", &c.ApproveNewNodes, "a new node name waits for an admin's approval before its workers count"),
 			settings.Bool("require_node_credential", &c.RequireNodeCredential, "refuse agents too old to keep a node credential"),
 			settings.Int("max_nodes", &c.MaxNodes, "node names remembered at most (every state)"),

@@ -137,6 +137,9 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 		w.judged = &eng
 	}
 	fs = append(fs, health.Engine(eng, w.gpus, th)...)
+	if f.cfg.SingleHost {
+		fs = slices.DeleteFunc(fs, func(x health.Finding) bool { return x.Code == wire.CodeNotRoutable })
+	}
 	fs = append(fs, deployment...)
 	m := f.newest(w.id)
 	if w.placeholder {

@@ -66,6 +66,11 @@ type Config struct {
 	// node (its workers and cached measurements); past it the one listed
 	// least recently is forgotten.
 	MaxKeysPerNode int
+
+	// SingleHost says every gateway runs on the coordinator's host (a
+	// one-host fleet, such as the demo): an engine offered at a loopback
+	// address is then reachable, so not_routable is not raised.
+	SingleHost bool
 }
 
 // DefaultConfig returns the documented defaults.

@@ -1,8 +1,9 @@
 // Command demo starts a whole simulated heft fleet on loopback: a
 // coordinator, four simulated engines of different speeds (one with uneven
 // data-parallel pools) and an agent beside each. It prints the dashboard's
-// address, then every change of a worker's state or weight, and stops
-// everything on Ctrl-C. `make demo` runs it.
+// address, the agent token with a command that adds an agent of your own,
+// then every change of a worker's state or weight, and stops everything on
+// Ctrl-C. The logs folder stays until the next demo. `make demo` runs it.
 package main
 
 import (
@@ -14,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -52,6 +54,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:7070", "coordinator address (a free port is used if this one is taken)")
 	settle := flag.Bool("until-settled", false, "exit 0 once every worker reached its final state (for tests)")
 	limit := flag.Duration("timeout", 0, "give up after this long (0 = run until Ctrl-C)")
+	logs := flag.String("logs", filepath.Join(os.TempDir(), "heft-demo"), "folder for the fleet's logs, state and configs; emptied when a demo starts, kept when it stops")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -61,18 +64,18 @@ func main() {
 		ctx, cancel = context.WithTimeout(ctx, *limit)
 		defer cancel()
 	}
-	if err := run(ctx, *bin, *listen, *settle); err != nil && !errors.Is(err, context.Canceled) {
+	if err := run(ctx, *bin, *listen, *logs, *settle); err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, bin, listen string, settle bool) error {
-	dir, err := os.MkdirTemp("", "heft-demo-")
-	if err != nil {
+func run(ctx context.Context, bin, listen, dir string, settle bool) error {
+	if err := freshDir(dir); err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	// Said last, after every process stopped, so it is the line left on screen.
+	defer fmt.Printf("logs kept in %s until the next demo\n", dir)
 	var procs []*process
 	defer func() {
 		// Stop agents first, then engines, then the coordinator.
@@ -104,10 +107,17 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 	}
 	// Fresh tokens for every demo: the coordinator refuses short ones.
 	agentToken, adminToken := rand.Text()+rand.Text(), rand.Text()+rand.Text()
+	tokenFile := filepath.Join(dir, "agent.token")
+	if err := os.WriteFile(tokenFile, []byte(agentToken+"\n"), 0o600); err != nil {
+		return err
+	}
 	// The demo's engines are the operator's own, weighed from their first
 	// measurement: no probation (a real install keeps it; docs/security.md).
+	// Every gateway of a one-host fleet runs here, so the engines' loopback
+	// addresses are routable: single_host says so, and not_routable, which
+	// a real fleet needs, is not raised.
 	coordCfg := filepath.Join(dir, "coordinator.toml")
-	if err := os.WriteFile(coordCfg, fmt.Appendf(nil, "listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nprobation = \"0s\"\n",
+	if err := os.WriteFile(coordCfg, fmt.Appendf(nil, "listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nprobation = \"0s\"\nsingle_host = true\n",
 		addr, filepath.Join(dir, "state"), agentToken, adminToken), 0o600); err != nil {
 		return err
 	}
@@ -135,7 +145,7 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 		kind := e.args[1]
 		agentCfg := filepath.Join(dir, e.node+"-agent.toml")
 		// A one-host fleet: gateways run here too, so the loopback URL is
-		// what they dial (said on purpose: advertise_url). Only vLLM's and
+		// what they dial (advertise_url, and single_host above). Only vLLM's and
 		// SGLang's start-up logs carry KV pools.
 		engineCfg := fmt.Sprintf("[[engine]]\nkind = %q\nurl = %q\nadvertise_url = %q\n", kind, url, url)
 		if kind == "vllm" || kind == "sglang" {
@@ -153,9 +163,46 @@ func run(ctx context.Context, bin, listen string, settle bool) error {
 	}
 
 	fmt.Printf("\nheft demo fleet is up.\n  dashboard:  %s/\n  workers:    curl -s %s/api/v1/workers\n  weights:    curl -s %s/api/v1/models/%s/weights\n"+
-		"  prefill:    curl -s '%s/api/v1/models/%s/weights?kind=prefill'\n  admin token (for pins in the dashboard): %s\n  logs:       %s\nPress Ctrl-C to stop.\n\n",
-		base, base, base, model, base, model, adminToken, dir)
+		"  prefill:    curl -s '%s/api/v1/models/%s/weights?kind=prefill'\n  admin token (for pins in the dashboard): %s\n"+
+		"  agent token: %s (also in %s)\n  add your own agent (a fifth simulated engine and its agent):\n    %s\n"+
+		"  logs:       %s (kept until the next demo)\nPress Ctrl-C to stop.\n\n",
+		base, base, base, model, base, model, adminToken, agentToken, tokenFile, addAgent(bin, addr, tokenFile, dir), dir)
 	return watch(ctx, base, settle)
+}
+
+// addAgent is one shell line that starts a simulated engine on a free port
+// and an agent beside it, reporting to the demo's coordinator.
+func addAgent(bin, addr, tokenFile, dir string) string {
+	url := "http://127.0.0.1:8099"
+	if a, err := freeAddr("127.0.0.1:8099"); err == nil {
+		url = "http://" + a
+	}
+	return fmt.Sprintf("%s --listen %s --model %s --flavor vllm --single-tps 100 --batch16-tps 1200 --prefill-tps 15000 & %s run --coordinator ws://%s/api/v1/agent --token-file %s --node my-node --state-dir %s --engine vllm=%s,advertise=%s",
+		filepath.Join(bin, "heft-sim"), strings.TrimPrefix(url, "http://"), model, filepath.Join(bin, "heft-agent"), addr, tokenFile,
+		filepath.Join(dir, "my-node-state"), url, url)
+}
+
+// freshDir empties the logs folder of the last demo, or makes it. A folder
+// that is not empty and was not a demo's is refused, never emptied.
+func freshDir(dir string) error {
+	const mark = ".heft-demo"
+	entries, err := os.ReadDir(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return err
+	case len(entries) > 0:
+		if _, err := os.Stat(filepath.Join(dir, mark)); err != nil {
+			return fmt.Errorf("logs folder %s holds files that are not a demo's; name another with --logs", dir)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, mark), []byte("the heft demo's logs folder: emptied when the next demo starts\n"), 0o600)
 }
 
 // watch prints each worker's state and weight whenever they change.
