@@ -116,6 +116,12 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 	}
 	logger.Info("starting", "version", version.Version, "node", cfg.Node.Name, "coordinator", coordURL,
 		"engines", len(cfg.Engines), "config", cfg.Path)
+	if len(cfg.Engines) == 0 {
+		// Running with nothing to measure is allowed (the node shows up
+		// for approval) but is rarely what the operator meant.
+		logger.Warn("no engines configured: this agent reports its node and nothing to measure; add [[engine]] tables to the config",
+			"config", cfg.Path)
+	}
 	board := status.New()
 	// Everything below ends with ctx, or when the link returns.
 	ctx, cancel := context.WithCancel(ctx)
