@@ -291,11 +291,14 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 	t.Run("real requests split by heft's weights", func(t *testing.T) {
 		hxGot, nxGot := splitsAs("both gateways to route by heft's weights", ws)
 		t.Logf("HAProxy: %v; nginx: %v", hxGot, nxGot)
-		fw, _ := byNode(ws, "gpu-fast")
-		mw, _ := byNode(ws, "gpu-mid")
+		// The split is judged against heft's own weights (splitsAs), not the
+		// sims' calibrations: on a loaded machine the fast sim, which costs the
+		// most CPU, can measure below the mid one, and its weight follows.
 		for _, got := range []map[string]int{hxGot, nxGot} {
-			if !(got[fw.Address] > got[mw.Address] && got[mw.Address] > got[fwd.addr]) {
-				t.Errorf("split %v is not in weight order fast %s > mid %s > slow %s", got, fw.Address, mw.Address, fwd.addr)
+			for _, w := range ws {
+				if view.Serving(w.State) && w.Weight != nil && *w.Weight > 0 && got[w.Address] == 0 {
+					t.Errorf("split %v: serving worker %s (weight %.3f) got no request", got, w.Node, *w.Weight)
+				}
 			}
 		}
 	})

@@ -122,7 +122,7 @@ func (c *coordinator) waitWorkers(t *testing.T, what string, ok func([]view.Work
 			t.Logf("have %d workers: %s", len(ws), states(ws))
 		}
 	}()
-	testutil.Eventually(t, what, 20*time.Second, func() bool {
+	testutil.Eventually(t, what, 60*time.Second, func() bool {
 		ws = c.workers(t)
 		return ok(ws)
 	})
