@@ -174,8 +174,8 @@ func TestRunAnswersAgentChecks(t *testing.T) {
 	if _, err := io.WriteString(c, "Qwen/Qwen3-8B 10.0.0.5:8000\n"); err != nil {
 		t.Fatal(err)
 	}
-	// No such worker: an empty line, which changes nothing in HAProxy.
-	if ans, err := io.ReadAll(c); err != nil || string(ans) != "\n" {
+	// No such worker: a line HAProxy reads as no change, saying why.
+	if ans, err := io.ReadAll(c); err != nil || string(ans) != "#heft lists no worker at this address under this model\n" {
 		t.Errorf("answer %q, %v", ans, err)
 	}
 	if err := r.stop(); err != nil {
