@@ -3,6 +3,7 @@ package reliability
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -669,7 +670,30 @@ func TestManyNodeNamesStayBounded(t *testing.T) {
 	}
 	t.Logf("%d hellos with new names and %d kB of host facts each: heap +%.1f MB (%.0f bytes a name), %d refused at max_nodes %d, %d nodes in the fleet",
 		hellos, 7*wire.MaxStringBytes/1000, growth, growth*(1<<20)/hellos, refused, maxNodes, st.Nodes)
-	if refused != hellos-maxNodes || st.Nodes != 0 || growth > 8 {
-		t.Errorf("want %d refused, 0 nodes left in the fleet and at most 8 MB kept; got %d, %d, %.1f MB", hellos-maxNodes, refused, st.Nodes, growth)
+	// A ghost leaves before it acknowledges its credential, so its name is
+	// taken back (nodes.Registry.Delivered) and none reaches max_nodes; the
+	// bound that matters is what stays: names kept, fleet nodes, heap.
+	kept := ghostNamesKept(t, c)
+	t.Logf("names kept: %d", kept)
+	if kept > maxNodes || refused > hellos-maxNodes || st.Nodes != 0 || growth > 8 {
+		t.Errorf("want at most %d names kept, at most %d refused, 0 nodes left in the fleet and at most 8 MB kept; got %d, %d, %d, %.1f MB",
+			maxNodes, hellos-maxNodes, kept, refused, st.Nodes, growth)
 	}
+}
+
+// ghostNamesKept counts the ghost names in the coordinator's node records.
+func ghostNamesKept(t *testing.T, c *coord) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+c.addr+"/api/v1/nodes", nil)
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("node list: %d %v", resp.StatusCode, err)
+	}
+	return strings.Count(string(body), `"ghost-`)
 }
