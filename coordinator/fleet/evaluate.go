@@ -32,6 +32,9 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 		v := f.evaluate(w, now)
 		if v.tps != w.tps || v.prefillTPS != w.prefill.tps || v.probation != w.probation {
 			f.dirty[w.eng.Model] = true
+			if v.tps != w.tps {
+				f.markNodeModels(w.node) // its node's bound (nodebound.go)
+			}
 		}
 		if w.outlierHeld() && view.Serving(v.state) {
 			v.state = view.StateHeld // until the model is weighed again
@@ -95,6 +98,7 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 			w.state = f.servingState(w, now) // its model's median caught up with it, or an admin admitted it
 		}
 	}
+	f.bindNodes(ws) // a node's workers weigh at most what its GPUs deliver
 	shares := f.capNodeShares(ws, func(w *worker) **float64 { return &w.weight }, f.pins)
 	for _, w := range ws {
 		w.shareNote = nil
@@ -319,7 +323,7 @@ func (f *Fleet) publish(w *worker, now time.Time) bool {
 	if w.outlier != nil {
 		fs = append(slices.Clip(fs), *w.outlier)
 	}
-	for _, x := range []*health.Finding{w.note, w.shareNote} {
+	for _, x := range []*health.Finding{w.note, w.shareNote, w.boundNote} {
 		if x != nil {
 			fs = append(slices.Clip(fs), *x)
 		}

@@ -70,6 +70,10 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 	defer f.mu.Unlock()
 	now := f.now()
 	n := f.nodeFor(nodeName)
+	if g := nodeGPUs(s.GPUs); !n.gpusKnown || g != n.gpus {
+		n.gpus, n.gpusKnown = g, true
+		f.markNodeModels(nodeName)
+	}
 	seen := map[string]bool{}
 	listed := map[string]bool{}
 	for _, e := range s.Engines {

@@ -260,6 +260,10 @@ type node struct {
 	// badAddr holds, by capacity key, why the server refused the address
 	// the node's engine offers gateways (see SetAddressRefusals).
 	badAddr map[string]string
+	// gpus is how many distinct GPUs its last snapshot reported, known
+	// once one came since the coordinator started (nodebound.go).
+	gpus      int
+	gpusKnown bool
 }
 
 // forget is a stored record to delete: a worker record, or all of a
@@ -344,6 +348,10 @@ type worker struct {
 	probation bool
 	note      *health.Finding
 	shareNote *health.Finding
+	// boundNote says its weight was scaled down because its node's
+	// workers together measure more than the node's GPUs deliver
+	// (nodebound.go).
+	boundNote *health.Finding
 	// The prefill weight, derived the same way from the prefill
 	// throughput of an admitted worker with a valid prefill part.
 	prefill      weighed

@@ -143,6 +143,7 @@ type harness struct {
 	conns   map[string]uint64
 	seq     uint64
 	engines map[string][]wire.Engine // what each node's agent lists
+	gpus    map[string][]wire.GPU    // what each node's agent reports of its GPUs
 }
 
 func newHarness(t *testing.T) *harness {
@@ -164,13 +165,13 @@ func newHarnessWith(t *testing.T, cfg Config, st *memStore, clk *clock) *harness
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	return &harness{t: t, f: f, st: st, clk: clk, conns: map[string]uint64{}, engines: map[string][]wire.Engine{}}
+	return &harness{t: t, f: f, st: st, clk: clk, conns: map[string]uint64{}, engines: map[string][]wire.Engine{}, gpus: map[string][]wire.GPU{}}
 }
 
 // restart builds a new fleet over the same store and clock.
 func (h *harness) restart() *harness {
 	n := newHarnessWith(h.t, h.f.cfg, h.st, h.clk)
-	n.engines = h.engines
+	n.engines, n.gpus = h.engines, h.gpus
 	return n
 }
 
@@ -186,7 +187,7 @@ func (h *harness) disconnect(node string) {
 
 // snapshot sends what the node's agent lists now.
 func (h *harness) snapshot(node string) []Action {
-	return h.f.Snapshot(node, wire.Snapshot{Node: node, At: h.clk.now(), Engines: h.engines[node]})
+	return h.f.Snapshot(node, wire.Snapshot{Node: node, At: h.clk.now(), GPUs: h.gpus[node], Engines: h.engines[node]})
 }
 
 // put lists e on node (replacing the engine at its URL) and sends a snapshot.

@@ -20,9 +20,13 @@ import (
 // released or forgotten loses its workers' records and measurements
 // (forget.go), so whoever holds it next starts on probation again.
 //
-// Apart from probation, one node's workers hold at most MaxNodeShare of a
+// A node's workers on probation hold together at most MaxNodeShare of a
 // model's weight once the model has weighted workers on minNodesForShare
-// nodes: a node listing many engines cannot take nearly all the traffic.
+// nodes: a new node listing many engines cannot take nearly all the
+// traffic at a weight of 1 each. A worker that has earned its weight is
+// not scaled by the share (weights follow physics: an honest fast worker
+// may hold most of a model); its node is bounded by what its GPUs can
+// deliver instead (nodebound.go).
 
 // probationAgree is how far apart two measurements may be, as a fraction
 // of the larger, and still agree.
@@ -134,24 +138,24 @@ func (f *Fleet) capProbation(w *worker, weight *float64, pins map[string]float64
 	return &one, &x
 }
 
-// capNodeShares scales the weights of the node whose workers hold more
-// than MaxNodeShare of the model's weight down to that share, each kept
-// weight as it is; weight gives a worker's weight field. Pinned weights
-// count in the total but are not scaled. It returns the workers it
-// scaled, with the node's share before.
+// capNodeShares scales the weights of a node whose workers on probation
+// hold more than MaxNodeShare of the model's weight down to that share;
+// weight gives a worker's weight field. Earned and pinned weights count
+// in the total but are never scaled. It returns the workers it scaled,
+// with their node's share before.
 func (f *Fleet) capNodeShares(ws map[string]*worker, weight func(*worker) **float64, pins map[string]float64) map[*worker]float64 {
 	s := f.cfg.MaxNodeShare
 	if s <= 0 {
 		return nil
 	}
-	sums := map[string]float64{} // by node, unpinned weights
-	fixed := 0.0                 // pinned weights
+	sums := map[string]float64{} // by node, weights on probation
+	fixed := 0.0                 // earned and pinned weights
 	for _, w := range ws {
 		p := *weight(w)
 		if p == nil {
 			continue
 		}
-		if _, pinned := pins[w.id]; pinned {
+		if !unearned(w, pins) {
 			fixed += *p
 			sums[w.node] += 0 // the node counts among the model's nodes
 			continue
@@ -188,10 +192,7 @@ func (f *Fleet) capNodeShares(ws map[string]*worker, weight func(*worker) **floa
 		factor := limit / sums[n]
 		for _, w := range ws {
 			p := weight(w)
-			if w.node != n || *p == nil {
-				continue
-			}
-			if _, pinned := pins[w.id]; pinned {
+			if w.node != n || *p == nil || !unearned(w, pins) {
 				continue
 			}
 			v := **p * factor
@@ -205,10 +206,17 @@ func (f *Fleet) capNodeShares(ws map[string]*worker, weight func(*worker) **floa
 	return out
 }
 
+// unearned reports whether the share cap may scale a worker's weight: it
+// is on probation and no admin pinned it.
+func unearned(w *worker, pins map[string]float64) bool {
+	_, pinned := pins[w.id]
+	return w.probation && !pinned
+}
+
 // shareFinding says a node's workers' weights were scaled to its cap.
 func (f *Fleet) shareFinding(w *worker, model string, before float64) health.Finding {
 	return health.Finding{Code: wire.CodeNodeShareCapped, Severity: wire.SeverityWarning, Message: fmt.Sprintf(
-		"node %s's workers held %.1f %% of %s's weight; their weights were scaled so that one node holds at most %.0f %% "+
-			"(plausibility.max_node_share). Pin weights if one node really holds this much of the model's capacity.",
+		"node %s's workers on probation held %.1f %% of %s's weight; their weights were scaled so that one node's workers on probation "+
+			"hold at most %.0f %% (plausibility.max_node_share). The cap ends with their probation, or when an admin admits them.",
 		w.node, before*100, model, f.cfg.MaxNodeShare*100)}
 }

@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"fmt"
+	"math"
+	"slices"
 	"testing"
 
 	"heft/shared/view"
@@ -87,16 +89,21 @@ func TestProbationCapsANewWorker(t *testing.T) {
 	}
 
 	// Measured again after the period at the same figure, the fake has
-	// earned a weight; the node share cap still bounds it.
+	// earned its weight: it follows its measurement, within the
+	// plausibility limits, and the node share cap no longer scales it
+	// (what bounds an earned node is its GPUs: TestNodeBoundedByItsGPUs).
 	h.clk.advance(h.f.cfg.Probation)
 	if acts := h.f.Tick(); len(requests(acts, "fake")) != 1 {
 		t.Fatalf("no probe request for the fake at the end of its probation: %+v", acts)
 	}
 	h.result("evil", measured("fake", 3900, h.clk.now()))
 	earned := share(h.weights("m"), "fake")
-	t.Logf("after its probation, measured twice at 3,900 tok/s: %.1f %% (plausibility.max_node_share %g)", earned*100, h.f.cfg.MaxNodeShare)
-	if earned > h.f.cfg.MaxNodeShare+1e-9 {
-		t.Errorf("after probation the fake node holds %.1f %%, above max_node_share", earned*100)
+	t.Logf("after its probation, measured twice at 3,900 tok/s: %.1f %% (its measurement's share; plausibility.max_node_share %g scales only workers on probation)",
+		earned*100, h.f.cfg.MaxNodeShare)
+	if fake := h.worker("fake"); fake.State != view.StateAdmitted {
+		t.Errorf("after probation the fake is %s", fake.State)
+	} else if _, ok := warning(fake, wire.CodeNodeShareCapped); ok {
+		t.Errorf("an earned worker's weight was scaled by the node share cap: %+v", fake.Warnings)
 	}
 
 	// An admin's admit ends probation at once.
@@ -156,15 +163,21 @@ func TestProbationNeedsAgreeingMeasurements(t *testing.T) {
 	}
 }
 
-// TestNodeShareIsCapped: one node listing 32 engines cannot hold more than
-// max_node_share of a model's weight once the model has three nodes.
+// TestNodeShareIsCapped: one new node listing 32 engines, all on
+// probation, cannot hold more than max_node_share of a model's weight once
+// the model has three nodes, although each of its workers weighs 1.
 func TestNodeShareIsCapped(t *testing.T) {
 	run := func(maxShare float64) (float64, *harness) {
-		cfg := testConfig()
+		cfg := DefaultConfig()
 		cfg.MaxNodeShare = maxShare
 		h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
 		h.admit("n1", engine("a", "http://1:8000", "m"), 1000)
 		h.admit("n2", engine("b", "http://2:8000", "m"), 1000)
+		for _, id := range []string{"a", "b"} {
+			if err := h.f.Admit(id); err != nil { // earned: an admin admitted them
+				t.Fatal(err)
+			}
+		}
 		var many []string
 		for i := range 32 {
 			id := fmt.Sprintf("many-%02d", i)
@@ -175,10 +188,10 @@ func TestNodeShareIsCapped(t *testing.T) {
 	}
 	before, _ := run(0)
 	after, h := run(0.5)
-	t.Logf("1 node listing 32 engines at 3,900 tok/s beside 2 of 1,000: %.1f %% of the model's weight before, %.1f %% with max_node_share 0.5",
+	t.Logf("1 new node listing 32 engines at 3,900 tok/s, on probation, beside 2 earned of 1,000: %.1f %% of the model's weight without the cap, %.1f %% with max_node_share 0.5",
 		before*100, after*100)
-	if before < 0.98 {
-		t.Errorf("without the cap the node took %.1f %%, want issue 25's 98.4 %%", before*100)
+	if before < 0.9 {
+		t.Errorf("without the cap the node took %.1f %%, want most of the model (weight 1 × 32)", before*100)
 	}
 	if after > 0.5+1e-9 || after < 0.5-1e-6 {
 		t.Errorf("with the cap the node holds %.1f %%, want 50 %%", after*100)
@@ -198,6 +211,107 @@ func TestNodeShareIsCapped(t *testing.T) {
 	two.admit("n2", engine("c", "http://2:8001", "m"), 3000)
 	if s := share(two.weights("m"), "b", "c"); s < 0.8 {
 		t.Errorf("with two nodes the cap cut n2 to %.1f %%", s*100)
+	}
+}
+
+// demoShape is make demo's fleet: gpu-a measures 1,961 tok/s, about 62 %
+// of the three nodes' capacity.
+func demoShape(h *harness) {
+	h.admit("gpu-a", engine("a", "http://1:8000", "m"), 1961)
+	h.admit("gpu-b", engine("b", "http://2:8000", "m"), 820)
+	h.admit("mac-c", engine("c", "http://3:8000", "m"), 380)
+}
+
+// TestEarnedWeightsFollowPhysics: the node share cap never scales a worker
+// that earned its weight. In make demo's shape gpu-a holds its measured
+// 62 % whether probation is off (the demo's setting) or over.
+func TestEarnedWeightsFollowPhysics(t *testing.T) {
+	measuredShare := 1961.0 / (1961 + 820 + 380)
+	check := func(name string, h *harness) {
+		t.Helper()
+		got := share(h.weights("m"), "a")
+		t.Logf("%s: gpu-a holds %.1f %% of the weight (its measurement: %.1f %%)", name, got*100, measuredShare*100)
+		if math.Abs(got-measuredShare) > 1e-6 {
+			t.Errorf("%s: gpu-a holds %.1f %%, want its measured %.1f %%", name, got*100, measuredShare*100)
+		}
+		if _, ok := warning(h.worker("a"), wire.CodeNodeShareCapped); ok {
+			t.Errorf("%s: gpu-a carries %s", name, wire.CodeNodeShareCapped)
+		}
+	}
+	// The demo: probation off, the share cap at its default.
+	cfg := DefaultConfig()
+	cfg.Probation = 0
+	demo := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+	demoShape(demo)
+	check("probation off", demo)
+
+	// Probation on: over once two measurements agree after the period.
+	h := newHarnessWith(t, DefaultConfig(), newMemStore(), &clock{t: t0})
+	demoShape(h)
+	h.clk.advance(h.f.cfg.Probation)
+	h.f.Tick()
+	for _, x := range []struct {
+		node, id string
+		tps      float64
+	}{{"gpu-a", "a", 1961}, {"gpu-b", "b", 820}, {"mac-c", "c", 380}} {
+		h.result(x.node, measured(x.id, x.tps, h.clk.now()))
+		if _, ok := warning(h.worker(x.id), wire.CodeProbation); ok {
+			t.Fatalf("%s is still on probation", x.id)
+		}
+	}
+	check("probation over", h)
+}
+
+// TestNodeBoundedByItsGPUs: an earned node listing 32 engines over the
+// same two GPUs is weighed at what two GPUs deliver
+// (plausibility.max_tps_per_gpu each), not at the sum of its claims.
+func TestNodeBoundedByItsGPUs(t *testing.T) {
+	gpus := []wire.GPU{{Index: 0, UUID: "GPU-0"}, {Index: 1, UUID: "GPU-1"}}
+	run := func(perGPU float64) (float64, *harness) {
+		cfg := testConfig() // probation off: every node has earned its weight
+		cfg.MaxTPSPerGPU = perGPU
+		h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+		h.gpus["n1"], h.gpus["n2"] = gpus[:1], gpus[:1]
+		h.admit("n1", engine("a", "http://1:8000", "m"), 1000)
+		h.admit("n2", engine("b", "http://2:8000", "m"), 1000)
+		// The node reports its two GPUs twice over, and every engine
+		// says it uses both.
+		h.gpus["big"] = append(slices.Clone(gpus), gpus...)
+		var many []string
+		for i := range 32 {
+			id := fmt.Sprintf("many-%02d", i)
+			e := engine(id, fmt.Sprintf("http://3:%d", 8000+i), "m")
+			e.GPUUUIDs = []string{"GPU-0", "GPU-1"}
+			h.admit("big", e, 3900)
+			many = append(many, id)
+		}
+		return share(h.weights("m"), many...), h
+	}
+	before, _ := run(0)
+	after, h := run(3000)
+	want := 6000.0 / (6000 + 2000)
+	t.Logf("1 earned node listing 32 engines at 3,900 tok/s over 2 GPUs beside 2 nodes of 1,000: %.1f %% of the model's weight without the bound, "+
+		"%.1f %% with max_tps_per_gpu 3,000 (what 2 GPUs deliver: %.1f %%)", before*100, after*100, want*100)
+	if before < 0.98 {
+		t.Errorf("without the bound the node took %.1f %%, want issue 25's 98.4 %%", before*100)
+	}
+	if math.Abs(after-want) > 1e-6 {
+		t.Errorf("with the bound the node holds %.1f %%, want %.1f %%", after*100, want*100)
+	}
+	if _, ok := warning(h.worker("many-00"), wire.CodeNodeCapacityCapped); !ok {
+		t.Errorf("a bounded node's worker carries no %s warning: %+v", wire.CodeNodeCapacityCapped, h.worker("many-00").Warnings)
+	}
+	if _, ok := warning(h.worker("a"), wire.CodeNodeCapacityCapped); ok {
+		t.Errorf("an honest node's worker carries %s", wire.CodeNodeCapacityCapped)
+	}
+	// One engine per GPU at a plausible figure is not bounded.
+	h.gpus["n3"] = gpus
+	e1, e2 := engine("x", "http://4:8000", "m"), engine("y", "http://4:8001", "m")
+	e1.GPUUUIDs, e2.GPUUUIDs = []string{"GPU-0"}, []string{"GPU-1"}
+	h.admit("n3", e1, 2900)
+	h.admit("n3", e2, 2900)
+	if _, ok := warning(h.worker("x"), wire.CodeNodeCapacityCapped); ok {
+		t.Errorf("a node within its GPUs' bound carries %s", wire.CodeNodeCapacityCapped)
 	}
 }
 

@@ -277,7 +277,7 @@ var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire
 	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped,
 	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree, wire.CodeNotRoutable, wire.CodeImplausibleMeasurement,
 	wire.CodeContextExceedsPool, wire.CodePrefillFailed, wire.CodeDeployment, wire.CodeDeploymentMismatch, wire.CodeAddressNotAllowed,
-	wire.CodeProbation, wire.CodeNodeShareCapped}
+	wire.CodeProbation, wire.CodeNodeShareCapped, wire.CodeNodeCapacityCapped}
 
 // ProbeReasons lists every reason a probe is requested for.
 var ProbeReasons = []string{wire.ReasonRegistration, wire.ReasonScheduled, wire.ReasonOnDemand}

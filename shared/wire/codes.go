@@ -37,6 +37,10 @@ const (
 	// so that one node holds at most plausibility.max_node_share of its
 	// model's weight (warning).
 	CodeNodeShareCapped = "node_share_capped"
+	// CodeNodeCapacityCapped: a node's workers together measured more than
+	// its distinct GPUs deliver at plausibility.max_tps_per_gpu each; each
+	// is weighed at its share of that bound (warning).
+	CodeNodeCapacityCapped = "node_capacity_capped"
 )
 
 // Why a probe's prefill part failed (Prefill.Failure), besides

@@ -1,0 +1,94 @@
+package fleet
+
+import (
+	"fmt"
+
+	"heft/shared/health"
+	"heft/shared/wire"
+)
+
+// A node is bounded by physics: its workers' throughputs together, over
+// every model, cannot exceed what the distinct GPUs it reports can
+// deliver, MaxTPSPerGPU each. Each engine's own figure may be plausible
+// while a node listing 32 engines over the same two GPUs claims sixteen
+// times what those GPUs can do; its workers' weights are then scaled down
+// together by the node's bound over its total, so the node holds what its
+// GPUs could, whatever it says. The model's median is left as measured,
+// so one node's many workers cannot make honest ones look like outliers
+// by being scaled. A pinned weight is an admin's and is left as it is.
+
+// nodeGPUs counts the distinct GPUs of a snapshot: a GPU listed twice is
+// one GPU.
+func nodeGPUs(gpus []wire.GPU) int {
+	seen := make(map[string]bool, len(gpus))
+	for _, g := range gpus {
+		id := g.UUID
+		if id == "" {
+			id = fmt.Sprintf("index %d", g.Index)
+		}
+		seen[id] = true
+	}
+	return len(seen)
+}
+
+// nodeBound returns the factor (at most 1) the throughputs of a node's
+// workers are scaled by to fit its GPUs, the node's measured total and
+// its bound. It is 1 while the bound is off, or the node has not said
+// since the coordinator started how many GPUs it has.
+func (f *Fleet) nodeBound(name string) (factor, total, limit float64) {
+	n := f.nodes[name]
+	if f.cfg.MaxTPSPerGPU <= 0 || n == nil || !n.gpusKnown {
+		return 1, 0, 0
+	}
+	for _, w := range n.workers {
+		total += w.tps
+	}
+	limit = f.cfg.MaxTPSPerGPU * float64(max(1, n.gpus))
+	if total <= limit {
+		return 1, total, limit
+	}
+	return limit / total, total, limit
+}
+
+// bindNodes scales the weights of the workers of ws whose node is over
+// its bound, and sets the finding that says so.
+func (f *Fleet) bindNodes(ws map[string]*worker) {
+	type bound struct{ factor, total, limit float64 }
+	byNode := map[string]bound{}
+	for _, w := range ws {
+		b, ok := byNode[w.node]
+		if !ok {
+			b.factor, b.total, b.limit = f.nodeBound(w.node)
+			byNode[w.node] = b
+		}
+		w.boundNote = nil
+		if b.factor >= 1 || w.weight == nil {
+			continue
+		}
+		if _, pinned := f.pins[w.id]; pinned {
+			continue
+		}
+		v := *w.weight * b.factor
+		if !validWeight(v) {
+			continue
+		}
+		w.weight = &v
+		x := health.Finding{Code: wire.CodeNodeCapacityCapped, Severity: wire.SeverityWarning, Message: fmt.Sprintf(
+			"node %s's workers measured %.0f tok/s together, more than its %d distinct GPU(s) deliver at %.4g tok/s each "+
+				"(plausibility.max_tps_per_gpu): each of its weights was scaled to %.1f %%. Check which engines the node lists on the same GPUs.",
+			w.node, b.total, max(1, f.nodes[w.node].gpus), f.cfg.MaxTPSPerGPU, b.factor*100)}
+		w.boundNote = &x
+	}
+}
+
+// markNodeModels marks every model a node's workers serve for weighing
+// again: the node's bound ties their weights together.
+func (f *Fleet) markNodeModels(name string) {
+	n := f.nodes[name]
+	if n == nil || f.cfg.MaxTPSPerGPU <= 0 {
+		return
+	}
+	for _, w := range n.workers {
+		f.dirty[w.eng.Model] = true
+	}
+}
