@@ -1,7 +1,10 @@
 package fleet
 
 import (
+	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,5 +140,65 @@ func TestSinceReturnsOnlyChanges(t *testing.T) {
 	}
 	if d4 := h.f.Since(d3.Seq); !d4.Full {
 		t.Error("a subscriber behind the tombstones did not get the whole fleet")
+	}
+}
+
+// TestGPUListsAreBoundedInViews is issue 25's 60 MB view: a node whose
+// engines each list all 64 GPUs (some twice, and GPUs it does not report)
+// costs the views about one copy of its GPUs, not one per engine.
+func TestGPUListsAreBoundedInViews(t *testing.T) {
+	h := newHarness(t)
+	var gpus []wire.GPU
+	var uuids []string
+	for i := range wire.MaxGPUs {
+		g := wire.GPU{Index: i, UUID: fmt.Sprintf("GPU-%02d", i), Name: "NVIDIA H100"}
+		for p := range 3 {
+			g.Processes = append(g.Processes, wire.GPUProcess{PID: 100 + p, Name: strings.Repeat("x", 4000)})
+		}
+		gpus = append(gpus, g)
+		uuids = append(uuids, g.UUID, g.UUID, fmt.Sprintf("GPU-unreported-%02d", i))
+	}
+	h.gpus["big"] = gpus
+	h.connect("big")
+	for i := range wire.MaxEngines {
+		e := engine(fmt.Sprintf("e%02d", i), fmt.Sprintf("http://9:%d", 8000+i), "m")
+		e.GPUUUIDs = uuids
+		h.engines["big"] = append(h.engines["big"], e)
+	}
+	h.snapshot("big")
+	snap, _ := json.Marshal(gpus)
+	view, _ := json.Marshal(h.f.Workers())
+	t.Logf("%d engines each listing %d GPU UUIDs (%d GPUs reported, %.2f MB of GPU facts): the workers' view is %.2f MB",
+		wire.MaxEngines, len(uuids), len(gpus), float64(len(snap))/1e6, float64(len(view))/1e6)
+	if len(view) > 3*len(snap) {
+		t.Errorf("the view is %d bytes for %d bytes of GPU facts: GPUs are repeated per engine", len(view), len(snap))
+	}
+	h.f.mu.Lock()
+	got := h.f.workers["e05"].eng.GPUUUIDs
+	h.f.mu.Unlock()
+	if len(got) != 64 || got[0] != "GPU-00" || got[1] != "GPU-01" {
+		t.Errorf("an engine keeps %d gpu_uuids (%v...), want the 64 its node reports, each once", len(got), got[:min(3, len(got))])
+	}
+	ws := h.f.Workers()
+	if len(ws) != wire.MaxEngines {
+		t.Fatalf("%d workers, want %d", len(ws), wire.MaxEngines)
+	}
+	for _, w := range ws {
+		if len(w.GPUs) != 64 {
+			t.Fatalf("%s shows %d GPUs, want 64", w.ID, len(w.GPUs))
+		}
+	}
+	if w := h.worker("e00"); len(w.GPUs[0].Processes) != 3 {
+		t.Errorf("the first worker shows %d processes of GPU-00, want 3", len(w.GPUs[0].Processes))
+	}
+
+	// A GPU the snapshot lists twice is one GPU.
+	h.gpus["twice"] = append(slices.Clone(gpus[:2]), gpus[:2]...)
+	e := engine("t", "http://8:8000", "m")
+	e.GPUUUIDs = []string{"GPU-00", "GPU-01"}
+	h.connect("twice")
+	h.put("twice", e)
+	if n := len(h.worker("t").GPUs); n != 2 {
+		t.Errorf("a snapshot listing 2 GPUs twice shows %d GPUs, want 2", n)
 	}
 }

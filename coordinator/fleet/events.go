@@ -70,7 +70,8 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 	defer f.mu.Unlock()
 	now := f.now()
 	n := f.nodeFor(nodeName)
-	if g := nodeGPUs(s.GPUs); !n.gpusKnown || g != n.gpus {
+	s.GPUs = distinctGPUs(s.GPUs) // gpus.go
+	if g := len(s.GPUs); !n.gpusKnown || g != n.gpus {
 		n.gpus, n.gpusKnown = g, true
 		f.markNodeModels(nodeName)
 	}
@@ -80,6 +81,7 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 		listed[e.CapacityKey] = true
 	}
 	for _, e := range s.Engines {
+		e.GPUUUIDs = reportedUUIDs(e.GPUUUIDs, s.GPUs)
 		if e.CapacityKey == "" {
 			f.applyKeyless(n, e, s.GPUs, len(s.Engines), now, seen)
 			continue
@@ -113,6 +115,7 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 			f.drop(w)
 		}
 	}
+	showGPUs(n)
 	var acts []Action
 	if n.connected {
 		for _, w := range sortedWorkers(n.workers) {

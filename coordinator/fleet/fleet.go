@@ -315,6 +315,7 @@ type worker struct {
 	node        string
 	eng         wire.Engine
 	gpus        []wire.GPU
+	shownGPUs   []wire.GPU   // what its view shows of gpus (gpus.go)
 	judged      *wire.Engine // the pools it is judged on, when a multi-node deployment's differ from eng's (deployment.go)
 	firstSeen   time.Time
 	lastSeen    time.Time

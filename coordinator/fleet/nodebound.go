@@ -17,20 +17,6 @@ import (
 // so one node's many workers cannot make honest ones look like outliers
 // by being scaled. A pinned weight is an admin's and is left as it is.
 
-// nodeGPUs counts the distinct GPUs of a snapshot: a GPU listed twice is
-// one GPU.
-func nodeGPUs(gpus []wire.GPU) int {
-	seen := make(map[string]bool, len(gpus))
-	for _, g := range gpus {
-		id := g.UUID
-		if id == "" {
-			id = fmt.Sprintf("index %d", g.Index)
-		}
-		seen[id] = true
-	}
-	return len(seen)
-}
-
 // nodeBound returns the factor (at most 1) the throughputs of a node's
 // workers are scaled by to fit its GPUs, the node's measured total and
 // its bound. It is 1 while the bound is off, or the node has not said

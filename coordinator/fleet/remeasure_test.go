@@ -26,6 +26,7 @@ func TestEngineChangeRemeasures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t)
+			h.gpus["n"] = []wire.GPU{{Index: 0, UUID: "GPU-a"}, {Index: 1, UUID: "GPU-b"}} // an engine's gpu_uuids are the node's
 			e := engine("k", "http://1:8000", "m")
 			if tc.before != nil {
 				tc.before(&e)

@@ -369,7 +369,7 @@ func (f *Fleet) view(w *worker) view.Worker {
 		Weight: clonePtr(w.weight), ComputedWeight: clonePtr(w.computed),
 		Ranks: make([]view.Rank, len(w.pools().Ranks)), Warnings: make([]view.Warning, len(w.findings)),
 		EngineVersion: w.eng.Version, AdminDecision: f.decisions[w.id], LaunchArgs: slices.Clone(w.eng.LaunchArgs),
-		GPUs: append([]wire.GPU{}, w.gpus...), Load: w.eng.Load, History: []view.MeasurementPoint{},
+		GPUs: append([]wire.GPU{}, w.shownGPUs...), Load: w.eng.Load, History: []view.MeasurementPoint{},
 		AgentConnected: f.connected(w), ProbeStatus: w.probe.status,
 		Address: Address(w.eng), MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, w.weight),
 		MaxRunningSource: w.eng.MaxRunningSource, AdvertiseSource: w.eng.AdvertiseSource,
