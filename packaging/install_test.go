@@ -148,7 +148,7 @@ func TestInstallScript(t *testing.T) {
 			prefix := t.TempDir()
 			// Both option forms, every log source form, a path-less coordinator URL.
 			out, calls := in.mustRun(osName, "--prefix", prefix, "--binary="+in.binary, "--coordinator", "wss://heft.example:7070",
-				"--token-file="+in.token, "--node", "gpu-a", "--listen", ":7071",
+				"--token-file="+in.token, "--node", "gpu-a", "--listen", ":7071", "--discover",
 				"--engine", "vllm=http://127.0.0.1:8000,log=/var/log/vllm/server.log,model=Qwen/Qwen3-8B,advertise=http://10.0.0.5:8000",
 				"--engine=sglang=http://127.0.0.1:30000,log=journald:sglang.service",
 				"--engine", "llamacpp=http://127.0.0.1:8080,log=docker:llama",
@@ -196,6 +196,9 @@ func TestInstallScript(t *testing.T) {
 			}
 			if err := ac.Validate(); err != nil {
 				t.Errorf("the agent rejects the written config: %v", err)
+			}
+			if !ac.Discover {
+				t.Error("--discover did not write discover = true")
 			}
 			st, _ := os.Stat(filepath.Join(prefix, confDir, "agent.token"))
 			if st != nil && st.Mode().Perm()&0o077 != 0 {
@@ -462,7 +465,7 @@ func TestInstallScriptHelp(t *testing.T) {
 	if strings.Contains(out, "set -eu") || strings.Contains(out, "prog=") {
 		t.Errorf("--help shows code:\n%s", out)
 	}
-	for _, want := range []string{"--coordinator", "--listen HOST:PORT", "--start."} {
+	for _, want := range []string{"--coordinator", "--listen HOST:PORT", "--discover writes", "--start."} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--help does not say %q:\n%s", want, out)
 		}

@@ -4,11 +4,14 @@
 # install the service, and start it, or restart it if it runs.
 #
 #   sudo ./install.sh --binary ./heft-agent --coordinator wss://heft.example:7070 \
-#        --token-file ./agent.token [--node NAME] [--listen :7071] [--engine vllm=http://127.0.0.1:8000,log=/var/log/vllm.log]...
+#        --token-file ./agent.token [--node NAME] [--listen :7071] [--discover]
+#        [--engine vllm=http://127.0.0.1:8000,log=/var/log/vllm.log]...
 #   sudo ./install.sh --binary ./heft-agent      # upgrade: keeps the config, restarts a running agent
 #
 # --engine is the agent's own: KIND=URL[,log=LOG][,model=NAME][,advertise=URL], LOG an absolute
 # path or glob, journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.
+# --discover writes discover = true: the agent finds the engines on the host itself (their
+# processes, default ports, launch arguments and logs) and logs what it found.
 # --listen HOST:PORT serves the agent's /metrics and /healthz there (":7071": every
 # address, for a central Prometheus; the default is no port).
 # Every option takes --opt value or --opt=value. Everything is checked before
@@ -30,7 +33,7 @@ tomlsafe() { # what value
 	if printf '%s' "$2" | LC_ALL=C grep -q '[[:cntrl:]]'; then die "$1 cannot contain control characters"; fi
 }
 
-binary="" coordinator="" token_file="" node="" listen="" prefix="" start=yes engines="" forced_start=no
+binary="" coordinator="" token_file="" node="" listen="" prefix="" start=yes engines="" forced_start=no discover=no
 while [ $# -gt 0 ]; do
 	opt=$1 attached=no
 	case "$opt" in
@@ -50,6 +53,11 @@ while [ $# -gt 0 ]; do
 				--engine) tomlsafe --engine "$val"; engines="$engines$val$nl" ;;
 				--prefix) prefix=$val ;;
 			esac
+			;;
+		--discover)
+			[ "$attached" = no ] || die "$opt takes no value"
+			discover=yes
+			shift
 			;;
 		--no-start | --start)
 			[ "$attached" = no ] || die "$opt takes no value"
@@ -191,7 +199,7 @@ if [ -n "$coordinator" ]; then
 	esac
 elif [ "$upgrade" = no ]; then
 	die "--coordinator URL is required (e.g. wss://heft.example:7070/api/v1/agent)"
-elif [ -n "$node$listen$engines" ]; then
+elif [ -n "$node$listen$engines" ] || [ "$discover" = yes ]; then
 	die "$conf exists: give --coordinator too, so that agent.toml.new is a whole config"
 fi
 if [ -n "$token_file" ]; then
@@ -260,6 +268,7 @@ if [ -n "$coordinator" ]; then
 	{
 		echo "# Written by $prog on $(date -u +%Y-%m-%dT%H:%M:%SZ)."
 		[ -z "$listen" ] || echo "listen = \"$listen\""
+		[ "$discover" = no ] || echo "discover = true"
 		echo "[coordinator]"
 		echo "url = \"$coordinator\""
 		echo "token_file = \"${token#"$prefix"}\""

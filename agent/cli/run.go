@@ -7,9 +7,11 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"heft/agent"
 	"heft/agent/config"
+	"heft/agent/discover"
 	"heft/agent/link"
 	"heft/shared/logging"
 	"heft/shared/settings"
@@ -45,6 +47,19 @@ func runRun(args []string, stdio IO) int {
 
 // runAgent is runRun under a caller's context, for tests.
 func runAgent(ctx context.Context, args []string, env func(string) string, stdio IO, opts ...agent.Option) int {
+	return runAgentDiscovering(ctx, args, env, stdio, discovery{every: rediscoverEvery}, opts...)
+}
+
+// discovery is how discover = true searches: the search's options and how
+// often it looks again (tests limit it to the engines they started, and
+// look more often).
+type discovery struct {
+	opts  discover.Options
+	every time.Duration
+}
+
+// runAgentDiscovering is runAgent with discover = true's search.
+func runAgentDiscovering(ctx context.Context, args []string, env func(string) string, stdio IO, d discovery, opts ...agent.Option) int {
 	cfg, err := config.Load("", args, env)
 	if err == nil {
 		// The token and TLS files are configuration too: a problem with
@@ -68,7 +83,11 @@ func runAgent(ctx context.Context, args []string, env func(string) string, stdio
 		// Loud on purpose: on stderr as a banner, and in the log.
 		fmt.Fprintf(stdio.Err, "\n%s\n%s\n%s\n\n", strings.Repeat("!", 72), w, strings.Repeat("!", 72))
 	}
-	if err := agent.Run(ctx, cfg, logger, opts...); err != nil {
+	run := func() error { return agent.Run(ctx, cfg, logger, opts...) }
+	if cfg.Discover {
+		run = func() error { return runDiscovering(ctx, cfg, logger, d, opts...) }
+	}
+	if err := run(); err != nil {
 		fmt.Fprintf(stdio.Err, "heft-agent run: %v\n", err)
 		return 1
 	}

@@ -122,6 +122,9 @@ type Config struct {
 	// Listen is where /metrics and /healthz are served, host:port; "" is
 	// off (the default: the agent opens no port unless asked).
 	Listen string
+	// Discover makes run find the engines on this host itself, besides
+	// those configured (agent/discover says how).
+	Discover bool
 
 	// Path is the file the config was read from, "" when none.
 	Path string
@@ -209,6 +212,7 @@ func (c *Config) command() settings.Command {
 			settings.String("state_dir", &c.StateDir, "directory for the node credential (the packaged unit's StateDirectory)").Meta("DIR"),
 			settings.Duration("snapshot_interval", &c.SnapshotInterval, "heartbeat: a snapshot at least this often"),
 			settings.Duration("poll_interval", &c.PollInterval, "how often to look for changed facts"),
+			settings.Bool("discover", &c.Discover, "find the engines on this host (their processes, default ports, launch arguments and logs) besides the configured ones; what is found is logged at start").Flag("discover").Env("HEFT_DISCOVER"),
 			settings.String("listen", &c.Listen, "serve /metrics and /healthz on this host:port, e.g. 127.0.0.1:7071 (default: off)").Meta("ADDR"),
 		},
 		Alternatives: [][]string{{"coordinator.token", "coordinator.token_file"}},
