@@ -135,8 +135,25 @@ func (f *Fleet) Admit(id string) error {
 }
 
 // Hold keeps a worker out of the weight table whatever its facts, until
-// Admit.
-func (f *Fleet) Hold(id string) error {
+// Admit. heft-sync's floor may still keep it in the gateways when it is
+// one of the last of its model; HoldBelowFloor lets it go even then.
+func (f *Fleet) Hold(id string) error { return f.hold(id, DecisionHold) }
+
+// HoldBelowFloor holds a worker as Hold does, and marks the hold as one
+// the admin let take the model below heft-sync's floor (to none, if it is
+// the last). A later Hold replaces the mark; Admit clears both.
+func (f *Fleet) HoldBelowFloor(id string) error { return f.hold(id, DecisionHoldBelowFloor) }
+
+// publicDecision is a decision as the API shows it in admin_decision: a
+// hold below the floor is a hold (view.Worker.BelowFloor marks it).
+func publicDecision(d string) string {
+	if isHold(d) {
+		return DecisionHold
+	}
+	return d
+}
+
+func (f *Fleet) hold(id, decision string) error {
 	f.adminMu.Lock()
 	defer f.adminMu.Unlock()
 	f.mu.Lock()
@@ -145,7 +162,7 @@ func (f *Fleet) Hold(id string) error {
 	if err != nil {
 		return err
 	}
-	return f.decide(id, DecisionHold)
+	return f.decide(id, decision)
 }
 
 // decide stores and applies a decision; the caller holds adminMu, not mu.

@@ -222,7 +222,9 @@
 // # Admin decisions
 //
 // Pins of either weight, holds and admits are admin decisions. Hold
-// stores "hold". Admit stores "admit" when the worker's pools, or an
+// stores "hold", HoldBelowFloor "hold_below_floor" (a hold heft-sync's
+// floor lets go even for a model's last worker; the API shows it as
+// "hold" with below_floor). Admit stores "admit" when the worker's pools, or an
 // implausible measurement, would hold it; otherwise it clears any
 // decision, returning the worker to the automatic rules. Decisions and pins are written to the Store before
 // memory changes: when the write fails the call returns the error and the

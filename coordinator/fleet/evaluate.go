@@ -176,7 +176,7 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 	}
 	v := verdict{findings: fs}
 	switch {
-	case decision == DecisionHold, badAddr != "":
+	case isHold(decision), badAddr != "":
 		v.state = view.StateHeld
 	case w.placeholder || !w.eng.Ready || w.eng.Error != "":
 		v.state = view.StatePending

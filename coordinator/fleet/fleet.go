@@ -428,7 +428,7 @@ func (f *Fleet) restore(state State, start time.Time) {
 		}
 	}
 	for id, d := range state.Decisions {
-		if d == DecisionAdmit || d == DecisionHold {
+		if validDecision(d) {
 			f.decisions[id] = d
 		} else {
 			f.log.Warn("ignoring stored decision", "worker", id, "decision", d)

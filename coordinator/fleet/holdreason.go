@@ -25,7 +25,7 @@ func (f *Fleet) holdReason(w *worker) string {
 		return ""
 	}
 	decision := f.decisions[w.id]
-	if decision == DecisionHold {
+	if isHold(decision) {
 		return HoldAdmin
 	}
 	if m := f.newest(w.id); m != nil && !w.placeholder && !m.Valid() {

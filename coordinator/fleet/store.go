@@ -34,7 +34,17 @@ type Store interface {
 const (
 	DecisionAdmit = "admit"
 	DecisionHold  = "hold"
+	// DecisionHoldBelowFloor is a hold the admin said may take its model
+	// below heft-sync's floor (view.Worker.BelowFloor): the gateways drop
+	// the worker even when it is the model's last.
+	DecisionHoldBelowFloor = "hold_below_floor"
 )
+
+// isHold says whether a decision holds the worker.
+func isHold(d string) bool { return d == DecisionHold || d == DecisionHoldBelowFloor }
+
+// validDecision says whether a stored decision is one the fleet knows.
+func validDecision(d string) bool { return d == DecisionAdmit || isHold(d) }
 
 // State is everything a Store holds. History lists are oldest first.
 type State struct {

@@ -368,11 +368,12 @@ func (f *Fleet) view(w *worker) view.Worker {
 		ID: w.id, Node: w.node, Model: w.eng.Model, Engine: w.eng.Kind, URL: w.eng.URL, State: w.state,
 		Weight: clonePtr(w.weight), ComputedWeight: clonePtr(w.computed),
 		Ranks: make([]view.Rank, len(w.pools().Ranks)), Warnings: make([]view.Warning, len(w.findings)),
-		EngineVersion: w.eng.Version, AdminDecision: f.decisions[w.id], LaunchArgs: slices.Clone(w.eng.LaunchArgs),
+		EngineVersion: w.eng.Version, AdminDecision: publicDecision(f.decisions[w.id]), LaunchArgs: slices.Clone(w.eng.LaunchArgs),
 		GPUs: append([]wire.GPU{}, w.shownGPUs...), Load: w.eng.Load, History: []view.MeasurementPoint{},
 		AgentConnected: f.connected(w), ProbeStatus: w.probe.status,
 		Address: Address(w.eng), MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, w.weight),
 		MaxRunningSource: w.eng.MaxRunningSource, AdvertiseSource: w.eng.AdvertiseSource,
+		BelowFloor: f.decisions[w.id] == DecisionHoldBelowFloor,
 	}
 	if w.eng.MaxRunning > 0 {
 		n := w.eng.MaxRunning

@@ -54,10 +54,11 @@ func weightKind(query, body string) (string, string) {
 }
 
 // adminArg is what an admin request carries for its action: a pin's
-// weight and the kind of weight it is for.
+// weight and the kind of weight it is for; a hold's below_floor.
 type adminArg struct {
-	weight float64
-	kind   string
+	weight     float64
+	kind       string
+	belowFloor bool
 }
 
 // adminRoute is a method and the last segment of an admin route.
@@ -98,7 +99,7 @@ var adminActions = map[adminRoute]adminAction{
 		run:    func(s *Server, wk view.Worker, a adminArg) error { return s.fleet.UnpinKind(wk.ID, a.kind) },
 	},
 	{http.MethodPost, "admit"}: {run: func(s *Server, wk view.Worker, _ adminArg) error { return s.fleet.Admit(wk.ID) }},
-	{http.MethodPost, "hold"}:  {run: func(s *Server, wk view.Worker, _ adminArg) error { return s.fleet.Hold(wk.ID) }},
+	{http.MethodPost, "hold"}:  {decode: decodeHold, params: []string{"below_floor"}, run: (*Server).hold}, // hold.go
 	{http.MethodPost, "probe"}: {run: (*Server).probe},
 }
 
@@ -209,7 +210,7 @@ func (s *Server) runAction(w http.ResponseWriter, r *http.Request, route adminRo
 		return
 	}
 	after, ok := s.fleet.Worker(wk.ID)
-	e := audit.Entry{Action: workerAction(route, arg.kind), Target: wk.ID, Node: wk.Node, Old: workerSummary(wk)}
+	e := audit.Entry{Action: workerAction(route, arg), Target: wk.ID, Node: wk.Node, Old: workerSummary(wk)}
 	if ok {
 		e.New = workerSummary(after)
 	}
@@ -376,10 +377,8 @@ func actionStatus(err error) int {
 func decodePin(body io.Reader, queryKind string, lo, hi float64) (adminArg, int, string) {
 	data, err := io.ReadAll(body)
 	if err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return adminArg{}, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", mbe.Limit)
-		}
-		return adminArg{}, http.StatusBadRequest, "read body: " + err.Error()
+		status, msg := bodyError(err)
+		return adminArg{}, status, msg
 	}
 	const want = `body must be {"weight": <positive number>}`
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -410,10 +409,16 @@ func decodePin(body io.Reader, queryKind string, lo, hi float64) (adminArg, int,
 // drainBody reads and ignores a body, answering 413 for an oversized one.
 func drainBody(body io.Reader) (int, string) {
 	if _, err := io.Copy(io.Discard, body); err != nil {
-		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", mbe.Limit)
-		}
-		return http.StatusBadRequest, "read body: " + err.Error()
+		return bodyError(err)
 	}
 	return 0, ""
+}
+
+// bodyError is the status and message for a body that could not be read:
+// 413 for an oversized one.
+func bodyError(err error) (int, string) {
+	if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+		return http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", mbe.Limit)
+	}
+	return http.StatusBadRequest, "read body: " + err.Error()
 }

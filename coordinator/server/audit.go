@@ -22,13 +22,16 @@ func (s *Server) record(r *http.Request, e audit.Entry) {
 }
 
 // workerAction is the audit's name of an admin route on a worker.
-func workerAction(route adminRoute, kind string) string {
+func workerAction(route adminRoute, arg adminArg) string {
 	action := route.action
 	if route.method == http.MethodDelete && action == "pin" {
 		action = "unpin"
 	}
-	if (action == "pin" || action == "unpin") && kind == view.WeightPrefill {
+	if (action == "pin" || action == "unpin") && arg.kind == view.WeightPrefill {
 		action += " prefill"
+	}
+	if action == "hold" && arg.belowFloor {
+		action += " below floor"
 	}
 	return action
 }
@@ -47,6 +50,9 @@ func workerSummary(w view.Worker) string {
 	num("prefill pinned", w.PinnedPrefillWeight)
 	if w.AdminDecision != "" {
 		parts = append(parts, "decision "+w.AdminDecision)
+	}
+	if w.BelowFloor {
+		parts = append(parts, "below floor")
 	}
 	if w.ProbeStatus != "" {
 		parts = append(parts, "probe "+w.ProbeStatus)

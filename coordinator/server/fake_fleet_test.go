@@ -225,19 +225,22 @@ func (f *fakeFleet) WeightsOf(model, kind string) (view.Weights, bool, error) {
 	return out, found, nil
 }
 
-func (f *fakeFleet) setDecision(id, d, state string) error {
+func (f *fakeFleet) setDecision(id, d, state string, belowFloor ...bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	w, ok := f.workers[id]
 	if !ok {
 		return fleet.ErrNotFound
 	}
-	w.AdminDecision, w.State = d, state
+	w.AdminDecision, w.State, w.BelowFloor = d, state, len(belowFloor) > 0 && belowFloor[0]
 	return nil
 }
 
 func (f *fakeFleet) Admit(id string) error { return f.setDecision(id, "admit", view.StateAdmitted) }
 func (f *fakeFleet) Hold(id string) error  { return f.setDecision(id, "hold", view.StateHeld) }
+func (f *fakeFleet) HoldBelowFloor(id string) error {
+	return f.setDecision(id, "hold", view.StateHeld, true)
+}
 
 func (f *fakeFleet) Probe(id string) ([]fleet.Action, error) {
 	f.mu.Lock()

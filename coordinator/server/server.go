@@ -41,6 +41,7 @@ type fleetAPI interface {
 	UnpinKind(id, kind string) error
 	Admit(id string) error
 	Hold(id string) error
+	HoldBelowFloor(id string) error
 	Probe(id string) ([]fleet.Action, error)
 	Workers() []view.Worker
 	Find(q fleet.Query) ([]view.Worker, bool)

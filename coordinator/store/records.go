@@ -50,7 +50,8 @@ func (b *Bolt) DeletePrefillPin(id string) error {
 	return b.delete("delete prefill pin", bucketPrefillPins, id)
 }
 
-// SaveDecision records an admin's "admit" or "hold" for a worker.
+// SaveDecision records an admin's "admit", "hold" or "hold_below_floor"
+// for a worker.
 func (b *Bolt) SaveDecision(id, decision string) error {
 	if err := checkID(id); err != nil {
 		return fmt.Errorf("store: save decision: %w", err)
@@ -174,8 +175,8 @@ func checkWeight(w float64) error {
 }
 
 func checkDecision(d string) error {
-	if d != fleet.DecisionAdmit && d != fleet.DecisionHold {
-		return fmt.Errorf("decision %q is neither %q nor %q", d, fleet.DecisionAdmit, fleet.DecisionHold)
+	if d != fleet.DecisionAdmit && d != fleet.DecisionHold && d != fleet.DecisionHoldBelowFloor {
+		return fmt.Errorf("decision %q is not %q, %q or %q", d, fleet.DecisionAdmit, fleet.DecisionHold, fleet.DecisionHoldBelowFloor)
 	}
 	return nil
 }

@@ -67,7 +67,11 @@ func (k Kept) explain() string {
 		}
 		return "the coordinator lists it as " + k.State + " (not measured since it restarted?)"
 	}
-	return "the coordinator says " + k.State + ", and dropping it would take the model below its floor"
+	why := "the coordinator says " + k.State + ", and dropping it would take the model below its floor"
+	if k.State == view.StateHeld {
+		why += " (an admin's hold goes below it only with below_floor=true)"
+	}
+	return why
 }
 
 // floorState is what a runner remembers between offers.
@@ -192,9 +196,15 @@ func (r *runner) keep(m target.Model, now time.Time, mayDrop func(string) bool) 
 	return out
 }
 
-// belowFloor says which workers an admin let go below the floor. The
-// coordinator does not send that mark yet (the coordinator side of issue
-// 21 adds it to shared/view); until it does, none may.
-func belowFloor([]coord.Worker) func(workerID string) bool {
-	return func(string) bool { return false }
+// belowFloor says which workers an admin held saying the hold may go
+// below the floor (POST .../hold?below_floor=true): heft-sync lets them
+// go even when that leaves their model fewer than MinServing workers.
+func belowFloor(ws []coord.Worker) func(workerID string) bool {
+	ids := map[string]bool{}
+	for _, w := range ws {
+		if w.BelowFloor && w.AdminDecision == "hold" {
+			ids[w.ID] = true
+		}
+	}
+	return func(id string) bool { return ids[id] }
 }

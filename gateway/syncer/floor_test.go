@@ -8,6 +8,7 @@ import (
 	"heft/gateway/coord"
 	"heft/gateway/gwtest"
 	"heft/gateway/target"
+	htest "heft/shared/testutil"
 	"heft/shared/view"
 )
 
@@ -121,16 +122,56 @@ func TestFloorStopsADrain(t *testing.T) {
 	}
 }
 
-// An admin's explicit below-floor action goes under the floor.
+// An admin's hold goes under the floor only when the admin said so
+// (below_floor, as the coordinator shows it): the last worker of a model
+// held below the floor leaves the gateway; held without it, the floor
+// keeps it and says how to let it go.
 func TestFloorAdminMayGoBelow(t *testing.T) {
-	var st floorState
-	f := DefaultFloor()
-	first, _ := f.apply(&st, fleet3(), time.Unix(0, 0), never)
-	st.last = &first
-	held := model(gwtest.Worker("m", a, view.StateHeld, 0), gwtest.Worker("m", b, view.StateHeld, 0), gwtest.Worker("m", c, view.StateHeld, 0))
-	out, kept := f.apply(&st, held, time.Unix(1, 0), func(string) bool { return true })
-	if len(out.Serving()) != 0 || len(kept) != 0 {
-		t.Fatalf("serving %v kept %v", serving(out), kept)
+	held := func(addr string, below bool) coord.Worker {
+		w := gwtest.Worker("m", addr, view.StateHeld, 0)
+		w.AdminDecision, w.BelowFloor = "hold", below
+		return w
+	}
+	offline := func(addr string) coord.Worker {
+		w := gwtest.Worker("m", addr, view.StateOffline, 0)
+		w.BelowFloor = true
+		return w
+	}
+	for _, tc := range []struct {
+		name    string
+		next    []coord.Worker
+		serving []string
+		kept    string
+	}{
+		{"every worker held below the floor", []coord.Worker{held(a, true), held(b, true)}, nil, ""},
+		{"every worker held", []coord.Worker{held(a, false), held(b, false)}, []string{a}, "below_floor=true"},
+		{"one below, one not: the floor keeps the other", []coord.Worker{held(a, true), held(b, false)}, []string{b}, "below_floor=true"},
+		{"the mark without a hold is no admin's word", []coord.Worker{offline(a), gwtest.Worker("m", b, view.StateOffline, 0)}, []string{a}, "offline"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fake{}
+			s, _ := run(t, f, time.Hour)
+			s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1.5), gwtest.Worker("m", b, view.StateAdmitted, 1)))
+			s.Update(snap(tc.next...))
+			var got target.Model
+			htest.Eventually(t, "the second state applied", 5*time.Second, func() bool {
+				f.mu.Lock()
+				defer f.mu.Unlock()
+				if len(f.applied) > 0 {
+					got = f.applied[len(f.applied)-1]
+				}
+				return len(f.applied) > 0 && len(got.Serving()) == len(tc.serving)
+			})
+			for _, addr := range tc.serving {
+				if _, ok := serving(got)[addr]; !ok {
+					t.Errorf("serving %v, want %v", serving(got), tc.serving)
+				}
+			}
+			kept := s.Status().Targets[0].Kept
+			if (tc.kept == "") != (len(kept) == 0) || (tc.kept != "" && !strings.Contains(kept[0], tc.kept)) {
+				t.Errorf("kept %q, want one saying %q", kept, tc.kept)
+			}
+		})
 	}
 }
 

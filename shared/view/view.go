@@ -94,6 +94,12 @@ type Worker struct {
 	// gateway stops sending it new requests, ComputedWeight keeps its
 	// weight, and the drain ends with the probe.
 	Draining bool `json:"draining,omitempty"`
+	// BelowFloor marks an admin's hold (admin_decision "hold") made with
+	// below_floor: heft-sync drops the worker from the gateways even when
+	// its model then serves on fewer than min_serving workers (none, if it
+	// was the last). Without it, heft-sync's floor keeps a model's last
+	// workers.
+	BelowFloor bool `json:"below_floor,omitempty"`
 	// Passive is the engine's newest passive capacity reading (its own
 	// counters while saturated in service); the weight still comes from
 	// the measurement, and readings below it re-measure the worker.
