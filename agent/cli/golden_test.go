@@ -27,17 +27,20 @@ func golden(name string) string { return filepath.Join("testdata", "golden", nam
 var lastLineAtRE = regexp.MustCompile(`"last_line_at":"[^"]*"`)
 
 func TestGoldenPoolsJSON(t *testing.T) {
-	for _, tc := range []struct{ kind, log, golden string }{
-		{"sglang", "logs/sglang-dp2-uneven.log", "pools-sglang-dp2-uneven.json"},
-		{"sglang", "logs/sglang-restart.log", "pools-sglang-restart.json"},
-		{"vllm", "engines/vllm-dp2.log", "pools-vllm-dp2.json"},
-		{"vllm", "engines/vllm-single.log", "pools-vllm-single.json"},
+	for _, tc := range []struct {
+		kind, log, golden string
+		code              int // 2: the pools are CRITICAL
+	}{
+		{"sglang", "logs/sglang-dp2-uneven.log", "pools-sglang-dp2-uneven.json", 2},
+		{"sglang", "logs/sglang-restart.log", "pools-sglang-restart.json", 0},
+		{"vllm", "engines/vllm-dp2.log", "pools-vllm-dp2.json", 0},
+		{"vllm", "engines/vllm-single.log", "pools-vllm-single.json", 0},
 	} {
 		t.Run(tc.golden, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			code := Main([]string{"pools", "--engine", tc.kind, "--log", testutil.Testdata(t, tc.log), "--json"}, strings.NewReader(""), &out, &errOut)
-			if code != 0 || errOut.Len() > 0 {
-				t.Fatalf("exit %d, stderr %q", code, errOut.String())
+			if code != tc.code || errOut.Len() > 0 {
+				t.Fatalf("exit %d, want %d; stderr %q", code, tc.code, errOut.String())
 			}
 			// Masked: the log's place on this machine and when it was read.
 			got := strings.ReplaceAll(out.String(), testutil.RepoRoot(t), "/REPO")
@@ -46,8 +49,8 @@ func TestGoldenPoolsJSON(t *testing.T) {
 
 			// The table says the same to a person.
 			out.Reset()
-			if code := Main([]string{"pools", "--engine", tc.kind, "--log", testutil.Testdata(t, tc.log)}, strings.NewReader(""), &out, &errOut); code != 0 {
-				t.Fatalf("table: exit %d, stderr %q", code, errOut.String())
+			if code := Main([]string{"pools", "--engine", tc.kind, "--log", testutil.Testdata(t, tc.log)}, strings.NewReader(""), &out, &errOut); code != tc.code {
+				t.Fatalf("table: exit %d, want %d; stderr %q", code, tc.code, errOut.String())
 			}
 			testutil.Golden(t, golden(strings.TrimSuffix(tc.golden, ".json")+".txt"), out.Bytes())
 		})

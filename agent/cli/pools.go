@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -59,8 +60,9 @@ type poolsArgs struct {
 }
 
 // runPools reads an engine's start-up log and prints each data-parallel
-// rank's KV pool. Exit codes: 0 pools found, 1 no pool line or the log
-// cannot be read, 2 bad usage.
+// rank's KV pool. Exit codes: 0 pools found and no CRITICAL finding, 2
+// a CRITICAL finding shown (pools far apart, as inspect) or bad usage, 1
+// no pool line or the log cannot be read.
 func runPools(args []string, stdio IO) int {
 	a, code, ok := parsePools(args, stdio)
 	if !ok {
@@ -82,9 +84,18 @@ func runPools(args []string, stdio IO) int {
 			fmt.Fprintf(stdio.Err, "heft-agent pools: write: %v\n", err)
 			return 1
 		}
-		return 0
+		return report.exitCode()
 	}
 	poolsTable(stdio.Out, report)
+	return report.exitCode()
+}
+
+// exitCode is 2 when the report shows a CRITICAL finding, else 0, as
+// inspect's: a script can act on pools it would not weigh.
+func (r poolsReport) exitCode() int {
+	if slices.ContainsFunc(r.Warnings, func(f health.Finding) bool { return f.Severity == wire.SeverityCritical }) {
+		return 2
+	}
 	return 0
 }
 
@@ -102,6 +113,8 @@ func parsePools(args []string, stdio IO) (a poolsArgs, code int, ok bool) {
 		fmt.Fprintln(w, "Reads an engine's start-up log and prints each data-parallel rank's KV pool.")
 		fmt.Fprintln(w, "FILE may also be a glob (the newest match), journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.")
 		fmt.Fprintln(w, "Without --engine, the kind whose pool lines the log holds is used.")
+		fmt.Fprintln(w, "\nExit 0: pools found, no CRITICAL warning; 2: a CRITICAL warning shown (or bad flags);")
+		fmt.Fprintln(w, "1: no pool line, or the log cannot be read.")
 		fmt.Fprintln(w)
 		settings.PrintFlags(w, fs)
 	}

@@ -20,10 +20,12 @@ func poolsRun(args ...string) (code int, stdout, stderr string) {
 	return code, out.String(), errOut.String()
 }
 
+// Uneven pools are a CRITICAL finding: the output is whole and the exit
+// is 2, as inspect's, so a script can act on it.
 func TestPoolsJSONUneven(t *testing.T) {
 	code, out, errOut := poolsRun("--engine", "sglang", "--log", testutil.Testdata(t, "logs/sglang-dp2-uneven.log"), "--json")
-	if code != 0 || errOut != "" {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
+	if code != 2 || errOut != "" {
+		t.Fatalf("exit %d, want 2 (CRITICAL); stderr %q", code, errOut)
 	}
 	const contract = `{"engine":"sglang","ranks":[{"dp_rank":0,"kv_tokens":24094},{"dp_rank":1,"kv_tokens":2925}],"min_over_max":0.1214,`
 	if !strings.HasPrefix(out, contract) || strings.Count(out, "\n") != 1 {
@@ -62,8 +64,8 @@ func TestPoolsJSONOneRank(t *testing.T) {
 
 func TestPoolsTableUneven(t *testing.T) {
 	code, out, errOut := poolsRun("--engine", "sglang", "--log", testutil.Testdata(t, "logs/sglang-dp2-uneven.log"))
-	if code != 0 || errOut != "" {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
+	if code != 2 || errOut != "" {
+		t.Fatalf("exit %d, want 2 (CRITICAL); stderr %q", code, errOut)
 	}
 	warning := health.Pools([]wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}}, health.DefaultThresholds())
 	for _, want := range []string{
@@ -139,8 +141,8 @@ func TestPoolsErrors(t *testing.T) {
 func TestPoolsWrappedLogs(t *testing.T) {
 	code, out, errOut := poolsRun("--engine", "sglang", "--log", testutil.Testdata(t, "wrapped/sglang-dp2-uneven.cri.log"), "--json")
 	const contract = `{"engine":"sglang","ranks":[{"dp_rank":0,"kv_tokens":24094},{"dp_rank":1,"kv_tokens":2925}],"min_over_max":0.1214,"complete":true,"expected_ranks":2,`
-	if code != 0 || errOut != "" || !strings.HasPrefix(out, contract) {
-		t.Fatalf("exit %d, stderr %q:\n%s", code, errOut, out)
+	if code != 2 || errOut != "" || !strings.HasPrefix(out, contract) {
+		t.Fatalf("exit %d (want 2: CRITICAL), stderr %q:\n%s", code, errOut, out)
 	}
 	var got struct {
 		Warning *health.Finding `json:"warning"`
@@ -159,7 +161,7 @@ func TestPoolsWrappedLogs(t *testing.T) {
 	// The DP4 log with one starved rank reads as four ranks, not one.
 	code, out, _ = poolsRun("--engine", "vllm", "--log", testutil.Testdata(t, "wrapped/vllm-dp4-starved.cri.log"))
 	for _, want := range []string{"      3     46,704       12.5%", "smallest/largest: 0.1250", "CRITICAL dp_pool_imbalance", "cri wrapper"} {
-		if code != 0 || !strings.Contains(out, want) {
+		if code != 2 || !strings.Contains(out, want) {
 			t.Errorf("exit %d, output lacks %q:\n%s", code, want, out)
 		}
 	}
@@ -210,7 +212,7 @@ func TestPoolsSourceSpecs(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut := poolsRun("--engine", "sglang", "--log", filepath.Join(dir, "sglang-*.log"), "--json")
-	if code != 0 || !strings.Contains(out, `"kv_tokens":2925`) || !strings.Contains(out, `"kind":"glob"`) {
+	if code != 2 || !strings.Contains(out, `"kv_tokens":2925`) || !strings.Contains(out, `"kind":"glob"`) {
 		t.Fatalf("glob: exit %d, stderr %q:\n%s", code, errOut, out)
 	}
 	tests := []struct {
