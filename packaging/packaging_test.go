@@ -181,8 +181,22 @@ func TestCoordinatorUnitIsHardened(t *testing.T) {
 			t.Errorf("%s = %v, want %s", k, got, v)
 		}
 	}
-	if !strings.Contains(keys["ExecStart"][0], "--state-dir /var/lib/heft") {
-		t.Errorf("ExecStart %q does not use the StateDirectory", keys["ExecStart"][0])
+	// The file's state_dir decides, and it names the StateDirectory: a
+	// --state-dir in ExecStart would silently beat an operator's edit.
+	if strings.Contains(keys["ExecStart"][0], "state-dir") {
+		t.Errorf("ExecStart %q passes --state-dir, which beats the file's state_dir", keys["ExecStart"][0])
+	}
+	var file struct {
+		StateDir string `toml:"state_dir"`
+	}
+	if _, err := toml.DecodeFile(filepath.Join(testutil.RepoRoot(t), "packaging/config/coordinator.toml"), &file); err != nil {
+		t.Fatal(err)
+	}
+	if want := "/var/lib/" + keys["StateDirectory"][0]; file.StateDir != want {
+		t.Errorf("the packaged coordinator.toml's state_dir = %q, want the unit's StateDirectory %s", file.StateDir, want)
+	}
+	if docker, err := os.ReadFile(filepath.Join(testutil.RepoRoot(t), "packaging/docker/coordinator.Dockerfile")); err != nil || strings.Contains(string(docker), `"--state-dir"`) {
+		t.Errorf("the coordinator image's CMD passes --state-dir (or cannot be read: %v)", err)
 	}
 }
 

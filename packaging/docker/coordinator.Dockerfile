@@ -14,4 +14,6 @@ COPY --from=build /out/heft-coordinator /usr/bin/heft-coordinator
 EXPOSE 7070
 VOLUME ["/var/lib/heft"]
 ENTRYPOINT ["/usr/bin/heft-coordinator"]
-CMD ["--config", "/etc/heft/coordinator.toml", "--state-dir", "/var/lib/heft"]
+# state_dir defaults to /var/lib/heft, the volume; no --state-dir, which would
+# beat the mounted config's state_dir.
+CMD ["--config", "/etc/heft/coordinator.toml"]
