@@ -22,6 +22,9 @@ const MaxTokenFile = 4096
 func ReadTokensFile(path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
+		if hint := accessHint(path, err); hint != "" {
+			return nil, fmt.Errorf("%w: %s", err, hint)
+		}
 		return nil, err
 	}
 	defer f.Close()
