@@ -13,8 +13,10 @@ import (
 	"strconv"
 	"time"
 
+	"heft/agent/engine"
 	"heft/agent/enginelog"
 	"heft/agent/logfollow"
+	"heft/shared/wire"
 	"heft/sim"
 )
 
@@ -304,11 +306,12 @@ func FollowLogMain(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintln(stderr, "usage: heftbench follow-log --path FILE")
 		return 2
 	}
-	tr, err := enginelog.NewTracker("vllm")
+	g, err := engine.LogGrammar(wire.EngineVLLM)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
+	tr := enginelog.NewTracker(g)
 	fmt.Fprintln(stdout, "following")
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

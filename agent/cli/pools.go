@@ -13,6 +13,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"heft/agent/engine"
 	"heft/agent/enginelog"
 	"heft/agent/logsource"
 	"heft/shared/health"
@@ -103,7 +104,7 @@ func (r poolsReport) exitCode() int {
 // code, when the command should stop (help, or bad flags).
 func parsePools(args []string, stdio IO) (a poolsArgs, code int, ok bool) {
 	fs := flag.NewFlagSet("heft-agent pools", flag.ContinueOnError)
-	engine := fs.String("engine", "", "the engine that wrote the log: vllm, sglang, llamacpp, ollama or mlx (default: the kind whose pool lines the log holds)")
+	kind := fs.String("engine", "", "the engine that wrote the log: vllm, sglang, llamacpp, ollama or mlx (default: the kind whose pool lines the log holds)")
 	fs.StringVar(&a.log, "log", "", "where the engine's start-up log is (`SOURCE`): "+logsource.Usage)
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
 	sourceFlags(fs, &a.src)
@@ -126,12 +127,12 @@ func parsePools(args []string, stdio IO) (a poolsArgs, code int, ok bool) {
 		fmt.Fprintln(stdio.Err, "heft-agent pools: --log is required")
 		return a, 2, false
 	}
-	a.kind = strings.ToLower(strings.TrimSpace(*engine))
+	a.kind = strings.ToLower(strings.TrimSpace(*kind))
 	if a.kind == wire.EngineMLX {
 		return a, 0, true // read says mlx has no pool
 	}
-	if _, err := enginelog.NewTracker(a.kind); a.kind != "" && err != nil {
-		fmt.Fprintf(stdio.Err, "heft-agent pools: unknown engine %q: pools reads %s start-up logs\n", *engine, strings.Join(poolKinds, ", "))
+	if _, err := engine.LogGrammar(a.kind); a.kind != "" && err != nil {
+		fmt.Fprintf(stdio.Err, "heft-agent pools: unknown engine %q: pools reads %s start-up logs\n", *kind, strings.Join(poolKinds, ", "))
 		return a, 2, false
 	}
 	return a, 0, true
@@ -140,6 +141,15 @@ func parsePools(args []string, stdio IO) (a poolsArgs, code int, ok bool) {
 // poolKinds are the kinds whose logs pools reads, in the order a log of
 // unknown kind is tried.
 var poolKinds = []string{wire.EngineVLLM, wire.EngineSGLang, wire.EngineLlamaCpp, wire.EngineOllama}
+
+// readKind reads a log of kind with its grammar.
+func readKind(kind string, each func(yield func(string)) error) (enginelog.Facts, error) {
+	g, err := engine.LogGrammar(kind)
+	if err != nil {
+		return enginelog.Facts{}, err
+	}
+	return enginelog.ReadEach(g, each)
+}
 
 // errNoPoolEngine is mlx-lm's answer: its server allocates KV cache per
 // request and has no pool to read.
@@ -185,13 +195,13 @@ func (a poolsArgs) read() (poolsReport, enginelog.Facts, int, error) {
 		readErr = src.ReadAll(context.Background(), logsource.Handler{Line: func(l string) { lines = append(lines, l) }})
 		kind = poolKinds[0]
 		for _, k := range poolKinds {
-			if f, err := enginelog.ReadEach(k, replay(lines)); err == nil && len(f.Ranks) > 0 {
+			if f, err := readKind(k, replay(lines)); err == nil && len(f.Ranks) > 0 {
 				kind = k
 				break
 			}
 		}
 	}
-	facts, err := enginelog.ReadEach(kind, func(yield func(string)) error {
+	facts, err := readKind(kind, func(yield func(string)) error {
 		if a.kind == "" {
 			return replay(lines)(yield)
 		}

@@ -103,7 +103,7 @@ func TestPoolsErrors(t *testing.T) {
 		stderr []string
 	}{
 		{"no pool line", []string{"--engine", "vllm", "--log", noPool}, 1,
-			[]string{"no KV pool line found", `"GPU KV cache size: N tokens"`, `"# cuda blocks: N`, `"KV Cache is allocated. #tokens: N"`, `"max_total_num_tokens=N"`, "version 0.28.0"}},
+			[]string{"no KV pool line found", `"GPU KV cache size: N tokens"`, `"# cuda blocks: N`, "version 0.28.0"}},
 		{"no pool line, json", []string{"--engine", "vllm", "--log", noPool, "--json"}, 1, []string{"no KV pool line found"}},
 		{"wrong engine", []string{"--engine", "vllm", "--log", testutil.Testdata(t, "engines/sglang-dp2-even.log")}, 1, []string{`try engine "sglang"`}},
 		{"unknown engine", []string{"--engine", "tgi", "--log", noPool}, 2, []string{`unknown engine "tgi"`}},

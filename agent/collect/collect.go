@@ -140,17 +140,12 @@ func New(cfg Config, gpus gpu.Source, logger hclog.Logger) (*Collector, error) {
 				return nil, fmt.Errorf("collect: engine %s: %w", client.URL(), err)
 			}
 			st.src = src
-			t, err := enginelog.NewTracker(client.Kind())
-			if k := client.Kind(); err == nil && k != "vllm" && k != "sglang" {
-				// heft-agent pools reads llama.cpp's and Ollama's one pool
-				// from their logs; the agent takes it from their endpoints.
-				err = fmt.Errorf("%w: %s", enginelog.ErrUnknownEngine, k)
-			}
-			if err != nil {
-				st.ignored = fmt.Sprintf("heft reads the start-up logs of vllm and sglang only, and this engine is %s", client.Kind())
-				logger.Warn("engine log ignored: heft reads start-up logs of vllm and sglang only",
-					"url", client.URL(), "log", spec.Log, "error", err)
+			if g := client.LogGrammar(); g == nil {
+				st.ignored = fmt.Sprintf("heft reads the start-up logs of %s only, and this engine is %s", strings.Join(engine.LogKinds(), ", "), client.Kind())
+				logger.Warn("engine log ignored: heft reads no start-up log of this engine kind",
+					"url", client.URL(), "log", spec.Log, "kind", client.Kind())
 			} else {
+				t := enginelog.NewTracker(g)
 				st.tracker, st.watch = t, newLogWatch(spec.Log, logRep)
 			}
 		}
@@ -199,7 +194,7 @@ func (c *Collector) follow(ctx context.Context, st *engineState) {
 		st.mu.Lock()
 		feed := st.tracker
 		if attempt > 0 {
-			feed, _ = enginelog.NewTracker(st.client.Kind())
+			feed = enginelog.NewTracker(st.client.LogGrammar())
 			st.pending, st.pendingAt = feed, time.Now()
 		}
 		st.mu.Unlock()
@@ -244,7 +239,7 @@ func (c *Collector) ReadLogsOnce(ctx context.Context) error {
 			return ctx.Err()
 		}
 		var readErr error
-		f, err := enginelog.ReadEach(st.client.Kind(), func(yield func(string)) error {
+		f, err := enginelog.ReadEach(st.client.LogGrammar(), func(yield func(string)) error {
 			readErr = st.src.ReadAll(ctx, logsource.Handler{Line: yield})
 			return readErr
 		})

@@ -285,12 +285,12 @@ func TestNewRejects(t *testing.T) {
 	if _, err := New(Config{}, nil, nil); err == nil {
 		t.Error("nil gpu source accepted")
 	}
-	// A log of a kind enginelog cannot read is ignored, not an error.
-	c, err := New(Config{Engines: []engine.Config{{Kind: "llamacpp", URL: "http://127.0.0.1:1", Log: "/var/log/llama.log"}}}, &fakeGPUs{}, nil)
+	// A log of a kind heft reads no log of is ignored, not an error.
+	c, err := New(Config{Engines: []engine.Config{{Kind: "mlx", URL: "http://127.0.0.1:1", Log: "/var/log/mlx.log"}}}, &fakeGPUs{}, nil)
 	if err != nil || c.cfg.Node == "" {
-		t.Fatalf("llamacpp with a log: %v (node %q)", err, c.cfg.Node)
+		t.Fatalf("mlx with a log: %v (node %q)", err, c.cfg.Node)
 	}
-	if l := c.engines[0].logStatus(); l == nil || !strings.Contains(l.Error, "vllm and sglang only") {
+	if l := c.engines[0].logStatus(); l == nil || !strings.Contains(l.Error, "start-up logs of vllm, sglang, llamacpp, ollama only, and this engine is mlx") {
 		t.Errorf("an ignored log's status %+v", l)
 	}
 	// A log source that is no source is a configuration error.

@@ -45,7 +45,11 @@ func checkWire(t *testing.T, e wire.Engine) {
 
 func readLog(t *testing.T, kind, rel string) *enginelog.Facts {
 	t.Helper()
-	lf, err := enginelog.Read(kind, bytes.NewReader(testutil.ReadTestdata(t, rel)))
+	g, err := LogGrammar(kind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf, err := enginelog.Read(g, bytes.NewReader(testutil.ReadTestdata(t, rel)))
 	if err != nil {
 		t.Fatalf("enginelog.Read: %v", err)
 	}

@@ -40,6 +40,7 @@ var llamaCpp = descriptor{
 		probes: []probe{{"/props", []string{"default_generation_settings", "total_slots"}}}},
 	running: llamaRunning,
 	adapter: llamaAdapter{},
+	log:     &llamaCppLog,
 }
 
 // llamaRunning reads --parallel (-np) when /props did not say total_slots.

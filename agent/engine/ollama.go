@@ -26,6 +26,7 @@ var ollama = descriptor{
 	detect:  detection{probes: []probe{{"/api/version", []string{"version"}}}},
 	running: ollamaRunning,
 	adapter: ollamaAdapter{},
+	log:     &ollamaLog,
 }
 
 // ollamaRunning reads OLLAMA_NUM_PARALLEL from the server's environment

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"heft/agent/engine/launch"
+	"heft/agent/enginelog"
 	"heft/shared/wire"
 )
 
@@ -57,6 +58,8 @@ type descriptor struct {
 	running func(in runningInput) (perRank int, src string)
 	// adapter reads what only this kind serves.
 	adapter adapter
+	// log is the grammar of the kind's start-up log; nil: heft reads none.
+	log *enginelog.Grammar
 }
 
 // adapter is the part of a Client's work that differs by kind.

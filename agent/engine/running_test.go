@@ -51,7 +51,11 @@ func TestMaxRunningFromSims(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				f, err := enginelog.Read(tc.kind, bytes.NewReader(data))
+				g, err := LogGrammar(tc.kind)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f, err := enginelog.Read(g, bytes.NewReader(data))
 				if err != nil {
 					t.Fatal(err)
 				}

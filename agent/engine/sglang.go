@@ -49,6 +49,7 @@ var sglang = descriptor{
 	}},
 	running: sglangRunning,
 	adapter: sglangAdapter{},
+	log:     &sglangLog,
 }
 
 // sglangRunning reads --max-running-requests, per rank; with DP attention

@@ -39,6 +39,7 @@ var vllm = descriptor{
 	detect:  detection{ownedBy: "vllm", probes: []probe{{"/version", []string{"version"}}}},
 	running: vllmRunning,
 	adapter: vllmAdapter{},
+	log:     &vllmLog,
 }
 
 // vllmRunning reads --max-num-seqs, per data-parallel rank (each rank is

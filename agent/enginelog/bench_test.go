@@ -1,4 +1,4 @@
-package enginelog
+package enginelog_test
 
 import (
 	"os"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"heft/agent/enginelog"
 	"heft/shared/testutil"
 )
 
@@ -24,7 +25,7 @@ func BenchmarkTrackerFeed(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		for _, kind := range kinds {
-			tr, _ := NewTracker(kind)
+			tr := enginelog.NewTracker(gram(b, kind))
 			for _, l := range lines {
 				tr.Feed(l)
 			}

@@ -1,15 +1,14 @@
-// Package enginelog reads vLLM and SGLang start-up logs (and llama.cpp's
-// and Ollama's, whose one pool heft-agent pools shows): the KV pool of
-// every data-parallel rank, the launch arguments, the version, the served
-// model and whether the server said it is ready.
+// Package enginelog reads engine start-up logs: the KV pool of every
+// data-parallel rank, the launch arguments, the version, the served model
+// and whether the server said it is ready.
 //
 // The per-rank pools are printed in each rank's start-up log and nowhere
 // else reliably (vLLM's /metrics sums them over ranks; SGLang's server_info
-// shows the first rank only), so this is the agent's source for them. The
-// formats are those of reference/engines.md §1 and §2: vLLM V1 (the
-// two-line and the newest merged "GPU KV cache size" line), vLLM V0
-// ("# cuda blocks: N" times the block size) and SGLang ("KV Cache is
-// allocated. #tokens: N" and "max_total_num_tokens=N").
+// shows the first rank only), so this is the agent's source for them. What
+// a kind's lines look like is its Grammar, which lives beside the kind's
+// descriptor in agent/engine (engine.LogGrammar): this package holds what
+// every kind shares (segments, ranks, start-ups, folding TP ranks,
+// completeness) and knows no kind by name.
 //
 // A line in an unknown format is skipped. Read parses a whole log; a
 // Tracker is fed line by line by a follower (agent/logfollow).
@@ -26,7 +25,7 @@ import (
 
 // Facts is what a start-up log told about the engine's latest start-up.
 type Facts struct {
-	Engine string // "vllm" | "sglang"
+	Engine string // the grammar's Kind: "vllm", "sglang", "llamacpp", "ollama"
 	// Ranks holds one KV pool per data-parallel rank, sorted by DPRank.
 	Ranks []wire.Rank
 	// ExpectedRanks is how many data-parallel ranks this start-up has: the
@@ -86,29 +85,27 @@ type Facts struct {
 	Notes []string
 }
 
-// ErrNoPools is wrapped by Read's error when no pool line was found.
-var ErrNoPools = errors.New(`no KV pool line found; looked for vLLM V1 "GPU KV cache size: N tokens" ` +
-	`(alone or merged with "Maximum concurrency for N tokens per request"), ` +
-	`vLLM V0 "# cuda blocks: N, # CPU blocks: M" and "# GPU blocks: N, # CPU blocks: M", ` +
-	`SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA) and SGLang "max_total_num_tokens=N", ` +
-	`llama.cpp and Ollama "llama_kv_cache: size = ... (N cells, ..." and "n_ctx = N"`)
+// ErrNoPools is wrapped by Read's error when no pool line was found; the
+// error says what the kind's pool lines look like.
+var ErrNoPools = errors.New("no KV pool line found")
 
 // ErrSeveralServers is wrapped by Read's error when the log holds several
 // servers (SGLang router workers): no pool line can be told to be one's.
 var ErrSeveralServers = errors.New("several servers in one log")
 
-// ErrUnknownEngine is returned for an engine kind whose log enginelog
-// cannot read.
-var ErrUnknownEngine = errors.New("unknown engine kind (enginelog reads vllm, sglang, llamacpp and ollama logs)")
+// ErrUnknownEngine is wrapped by the error for an engine kind without a
+// log grammar (engine.LogGrammar), and by Read's for a nil grammar.
+var ErrUnknownEngine = errors.New("no start-up log grammar for engine kind")
 
 // MaxLineBytes is the longest line Read keeps; the rest of a longer line
 // is skipped so one runaway line cannot exhaust memory.
 const MaxLineBytes = 1 << 20
 
-// Read parses a whole start-up log. Without a pool line it returns the
-// facts it did find together with an error wrapping ErrNoPools.
-func Read(kind string, r io.Reader) (Facts, error) {
-	return ReadEach(kind, func(yield func(string)) error {
+// Read parses a whole start-up log written in grammar g. Without a pool
+// line it returns the facts it did find together with an error wrapping
+// ErrNoPools.
+func Read(g *Grammar, r io.Reader) (Facts, error) {
+	return ReadEach(g, func(yield func(string)) error {
 		return logfollow.ReadLines(r, MaxLineBytes, yield)
 	})
 }
@@ -116,16 +113,19 @@ func Read(kind string, r io.Reader) (Facts, error) {
 // ReadEach is Read for lines from elsewhere (agent/logsource): each calls
 // yield with every line of the log and returns an error when its source
 // cannot be read.
-func ReadEach(kind string, each func(yield func(line string)) error) (Facts, error) {
-	t, err := NewTracker(kind)
-	if err != nil {
-		return Facts{}, err
+func ReadEach(g *Grammar, each func(yield func(line string)) error) (Facts, error) {
+	if g == nil {
+		return Facts{}, ErrUnknownEngine
 	}
+	t := NewTracker(g)
 	// A log read with the wrong --engine is the commonest mistake; the
 	// other kind's tracker lets the error say so.
-	other, _ := NewTracker(t.gr.mistaken)
+	var other *Tracker
+	if g.Mistaken != nil {
+		other = NewTracker(g.Mistaken)
+	}
 	lines := 0
-	err = each(func(line string) {
+	err := each(func(line string) {
 		lines++
 		t.Feed(line)
 		if other != nil {
@@ -133,7 +133,7 @@ func ReadEach(kind string, each func(yield func(line string)) error) (Facts, err
 		}
 	})
 	if err != nil {
-		return Facts{}, fmt.Errorf("read %s log: %w", t.kind, err)
+		return Facts{}, fmt.Errorf("read %s log: %w", g.Kind, err)
 	}
 	f, ok := t.Facts()
 	if !ok && f.Servers == 0 {
@@ -142,16 +142,16 @@ func ReadEach(kind string, each func(yield func(line string)) error) (Facts, err
 		}
 	}
 	if !ok && f.Servers != 0 {
-		return f, fmt.Errorf("%s log of %d lines: %w: %s", t.kind, lines, ErrSeveralServers, f.RankCountUnknown)
+		return f, fmt.Errorf("%s log of %d lines: %w: %s", g.Kind, lines, ErrSeveralServers, f.RankCountUnknown)
 	}
 	if !ok {
 		hint := ""
 		if other == nil {
 			// no other kind to suggest
 		} else if _, otherOK := other.Facts(); otherOK {
-			hint = fmt.Sprintf(", but it has %s pool lines: try engine %q", other.kind, other.kind)
+			hint = fmt.Sprintf(", but it has %s pool lines: try engine %q", other.gr.Kind, other.gr.Kind)
 		}
-		return f, fmt.Errorf("%s log of %d lines%s: %w", t.kind, lines, hint, ErrNoPools)
+		return f, fmt.Errorf("%s log of %d lines%s: %w; looked for %s", g.Kind, lines, hint, ErrNoPools, g.PoolLines)
 	}
 	return f, nil
 }

@@ -1,4 +1,4 @@
-package enginelog
+package enginelog_test
 
 import (
 	"errors"
@@ -8,18 +8,20 @@ import (
 	"strings"
 	"testing"
 
+	"heft/agent/engine"
+	"heft/agent/enginelog"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 )
 
-func readFixture(t *testing.T, kind, rel string) (Facts, error) {
+func readFixture(t *testing.T, kind, rel string) (enginelog.Facts, error) {
 	t.Helper()
 	f, err := os.Open(filepath.Join(testutil.RepoRoot(t), "testdata", rel))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	return Read(kind, f)
+	return enginelog.Read(gram(t, kind), f)
 }
 
 func ranks(pairs ...int64) []wire.Rank {
@@ -48,46 +50,46 @@ func TestReadGolden(t *testing.T) {
 		missing  []int
 	}{
 		{kind: "sglang", file: "engines/sglang-dp2-even.log", ranks: ranks(0, 24094, 1, 24037),
-			format: FormatSGLangMaxTotal, model: "Qwen/Qwen3-8B", ready: true, dpSize: 2,
+			format: engine.FormatSGLangMaxTotal, model: "Qwen/Qwen3-8B", ready: true, dpSize: 2,
 			args: map[string]string{"dp_size": "2", "load_balance_method": "round_robin", "api_key": "None", "enable_metrics": "True", "schedule_conservativeness": "1.0"}},
 		{kind: "vllm", file: "engines/vllm-dp2.log", ranks: ranks(0, 373696, 1, 373552),
-			format: FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", ready: true, dpSize: 2,
+			format: engine.FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", ready: true, dpSize: 2,
 			args: map[string]string{"data_parallel_size": "2", "gpu_memory_utilization": "0.9"}},
 		{kind: "vllm", file: "engines/vllm-single.log", ranks: ranks(0, 379088),
-			format: FormatVLLMMerged, version: "0.28.0", model: "Qwen/Qwen3-8B", ready: true,
+			format: engine.FormatVLLMMerged, version: "0.28.0", model: "Qwen/Qwen3-8B", ready: true,
 			args: map[string]string{"api_key": "***", "max_model_len": "40960"}},
 		{kind: "sglang", file: "logs/sglang-dp2-uneven.log", ranks: ranks(0, 24094, 1, 2925),
-			format: FormatSGLangMaxTotal, model: "Qwen/Qwen3-8B", ready: true, dpSize: 2},
+			format: engine.FormatSGLangMaxTotal, model: "Qwen/Qwen3-8B", ready: true, dpSize: 2},
 		{kind: "sglang", file: "logs/sglang-tp2-dp2.log", ranks: ranks(0, 1123952, 1, 1122416),
-			format: FormatSGLangMaxTotal, model: "qwen3-moe", ready: true, dpSize: 2,
+			format: engine.FormatSGLangMaxTotal, model: "qwen3-moe", ready: true, dpSize: 2,
 			args: map[string]string{"api_key": "***", "tp_size": "2", "cuda_graph_bs": "[1, 2, 4, 8, 16, 24, 32]",
 				"json_model_override_args": `{"rope_scaling": {"type": "yarn", "factor": 4.0}}`, "lora_paths": "None"}},
 		{kind: "sglang", file: "logs/sglang-mla.log", ranks: ranks(0, 614400),
-			format: FormatSGLangAlloc, model: "deepseek-ai/DeepSeek-V3", ready: false, dpSize: 1},
+			format: engine.FormatSGLangAlloc, model: "deepseek-ai/DeepSeek-V3", ready: false, dpSize: 1},
 		{kind: "vllm", file: "logs/vllm-v0-blocks.log", ranks: ranks(0, 27305*16),
-			format: FormatVLLMBlocks, version: "0.5.4", model: "meta-llama/Meta-Llama-3.1-8B-Instruct", ready: true,
+			format: engine.FormatVLLMBlocks, version: "0.5.4", model: "meta-llama/Meta-Llama-3.1-8B-Instruct", ready: true,
 			args:  map[string]string{"block_size": "16", "allowed_origins": "['*']", "middleware": "[]", "served_model_name": "None"},
 			notes: []string{"block_size from the launch args"}},
 		{kind: "vllm", file: "logs/vllm-v0-cuda-blocks.log", ranks: ranks(0, 2570*32),
-			format: FormatVLLMBlocks, version: "0.9.2", model: "mistral-7b", ready: true,
+			format: engine.FormatVLLMBlocks, version: "0.9.2", model: "mistral-7b", ready: true,
 			args:  map[string]string{"served_model_name": "['mistral-7b', 'mistral']", "chat_template_content_format": "string's", "api_key": "***"},
 			notes: []string{"× 32 tokens"}},
 		{kind: "vllm", file: "logs/vllm-color-workers.log", ranks: ranks(0, 1064384, 1, 1063872),
-			format: FormatVLLMTwoLine, version: "0.11.0", model: "Qwen/Qwen3-30B-A3B", ready: true, dpSize: 2,
+			format: engine.FormatVLLMTwoLine, version: "0.11.0", model: "Qwen/Qwen3-30B-A3B", ready: true, dpSize: 2,
 			args: map[string]string{"enable_expert_parallel": "True", "tensor_parallel_size": "2"}},
 		{kind: "vllm", file: "logs/vllm-crlf.log", ranks: ranks(0, 401232),
-			format: FormatVLLMMerged, version: "0.28.0", model: "qwen3-8b", ready: true,
+			format: engine.FormatVLLMMerged, version: "0.28.0", model: "qwen3-8b", ready: true,
 			args: map[string]string{"served_model_name": "['qwen3-8b']"}},
 		{kind: "vllm", file: "logs/vllm-restart.log", ranks: ranks(0, 362544),
-			format: FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", ready: true, restarts: 1,
+			format: engine.FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", ready: true, restarts: 1,
 			args: map[string]string{"gpu_memory_utilization": "0.88"}},
 		{kind: "sglang", file: "logs/sglang-restart.log", ranks: ranks(0, 24101, 1, 24088),
-			format: FormatSGLangMaxTotal, model: "Qwen/Qwen3-8B", ready: false, restarts: 1, dpSize: 2,
+			format: engine.FormatSGLangMaxTotal, model: "Qwen/Qwen3-8B", ready: false, restarts: 1, dpSize: 2,
 			args: map[string]string{"random_seed": "1200931"}},
 		{kind: "vllm", file: "logs/vllm-dp4-starved.log", ranks: ranks(0, 373696, 1, 373552, 2, 373600, 3, 46704),
-			format: FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", ready: true, dpSize: 4},
+			format: engine.FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", ready: true, dpSize: 4},
 		{kind: "vllm", file: "logs/vllm-dp4-starting.log", ranks: ranks(0, 373696, 1, 373552, 2, 373600),
-			format: FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", dpSize: 4, expected: 4, missing: []int{3},
+			format: engine.FormatVLLMTwoLine, version: "0.12.0", model: "Qwen/Qwen3-8B", dpSize: 4, expected: 4, missing: []int{3},
 			notes: []string{"expected 4 data-parallel ranks (the launch args say data_parallel_size=4) but 3 printed a KV pool; none from DP 3"}},
 	}
 	for _, tc := range tests {
@@ -135,10 +137,12 @@ func TestReadGolden(t *testing.T) {
 
 func TestReadNoPools(t *testing.T) {
 	f, err := readFixture(t, "vllm", "logs/vllm-no-pool.log")
-	if !errors.Is(err, ErrNoPools) {
-		t.Fatalf("err = %v, want ErrNoPools", err)
+	if !errors.Is(err, enginelog.ErrNoPools) {
+		t.Fatalf("err = %v, want enginelog.ErrNoPools", err)
 	}
-	for _, want := range []string{"GPU KV cache size", "# cuda blocks", "# GPU blocks", "KV Cache is allocated", "max_total_num_tokens", "8 lines"} {
+	// It names the kind's own pool lines (the other kind's hint is
+	// TestReadWrongEngineHints').
+	for _, want := range []string{"GPU KV cache size", "# cuda blocks", "# GPU blocks", "8 lines"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
@@ -151,32 +155,32 @@ func TestReadNoPools(t *testing.T) {
 
 func TestReadWrongEngineHints(t *testing.T) {
 	_, err := readFixture(t, "vllm", "engines/sglang-dp2-even.log")
-	if !errors.Is(err, ErrNoPools) || !strings.Contains(err.Error(), `try engine "sglang"`) {
-		t.Fatalf("err = %v, want ErrNoPools with a hint", err)
+	if !errors.Is(err, enginelog.ErrNoPools) || !strings.Contains(err.Error(), `try engine "sglang"`) {
+		t.Fatalf("err = %v, want enginelog.ErrNoPools with a hint", err)
 	}
 	_, err = readFixture(t, "sglang", "engines/vllm-dp2.log")
-	if !errors.Is(err, ErrNoPools) || !strings.Contains(err.Error(), `try engine "vllm"`) {
-		t.Fatalf("err = %v, want ErrNoPools with a hint", err)
+	if !errors.Is(err, enginelog.ErrNoPools) || !strings.Contains(err.Error(), `try engine "vllm"`) {
+		t.Fatalf("err = %v, want enginelog.ErrNoPools with a hint", err)
 	}
 }
 
 func TestReadUnknownEngine(t *testing.T) {
 	for _, kind := range []string{"mlx", "", "tgi"} {
-		if _, err := Read(kind, strings.NewReader("")); !errors.Is(err, ErrUnknownEngine) {
-			t.Errorf("Read(%q) err = %v, want ErrUnknownEngine", kind, err)
-		}
-		if _, err := NewTracker(kind); !errors.Is(err, ErrUnknownEngine) {
-			t.Errorf("NewTracker(%q) err = %v, want ErrUnknownEngine", kind, err)
+		if _, err := engine.LogGrammar(kind); !errors.Is(err, enginelog.ErrUnknownEngine) || !strings.Contains(err.Error(), "vllm") {
+			t.Errorf("LogGrammar(%q) err = %v, want ErrUnknownEngine naming the kinds heft reads", kind, err)
 		}
 	}
-	if _, err := Read(" VLLM ", strings.NewReader("")); !errors.Is(err, ErrNoPools) {
+	if _, err := enginelog.Read(nil, strings.NewReader("")); !errors.Is(err, enginelog.ErrUnknownEngine) {
+		t.Errorf("Read(nil) err = %v, want ErrUnknownEngine", err)
+	}
+	if _, err := enginelog.Read(gram(t, " VLLM "), strings.NewReader("")); !errors.Is(err, enginelog.ErrNoPools) {
 		t.Errorf("kind is matched case-insensitively: err = %v", err)
 	}
 }
 
 func TestReadEmpty(t *testing.T) {
-	_, err := Read("sglang", strings.NewReader(""))
-	if !errors.Is(err, ErrNoPools) || !strings.Contains(err.Error(), "0 lines") {
+	_, err := enginelog.Read(gram(t, "sglang"), strings.NewReader(""))
+	if !errors.Is(err, enginelog.ErrNoPools) || !strings.Contains(err.Error(), "0 lines") {
 		t.Fatalf("err = %v", err)
 	}
 }
@@ -187,8 +191,8 @@ func (r failingReader) Read([]byte) (int, error) { return 0, r.err }
 
 func TestReadError(t *testing.T) {
 	boom := errors.New("disk on fire")
-	_, err := Read("vllm", failingReader{boom})
-	if !errors.Is(err, boom) || errors.Is(err, ErrNoPools) {
+	_, err := enginelog.Read(gram(t, "vllm"), failingReader{boom})
+	if !errors.Is(err, boom) || errors.Is(err, enginelog.ErrNoPools) {
 		t.Fatalf("err = %v, want the reader's error", err)
 	}
 }
@@ -198,7 +202,7 @@ func TestReadError(t *testing.T) {
 func TestReadSurvivesHugeLine(t *testing.T) {
 	log := "[2026-03-02 10:15:01] " + strings.Repeat("noise ", 400_000) + "\n" +
 		"[2026-03-02 10:15:21 DP0] KV Cache is allocated. #tokens: 1000, K size: 1.00 GB, V size: 1.00 GB\n"
-	f, err := Read("sglang", strings.NewReader(log))
+	f, err := enginelog.Read(gram(t, "sglang"), strings.NewReader(log))
 	if err != nil || !slices.Equal(f.Ranks, ranks(0, 1000)) {
 		t.Fatalf("facts %+v, err %v", f, err)
 	}

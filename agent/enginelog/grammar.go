@@ -1,45 +1,48 @@
 package enginelog
 
-import "strings"
-
-// grammar is one engine kind's log grammar: how its lines name ranks and
-// what they say. Each kind's lives in its own file (vllm.go, sglang.go,
-// llamacpp.go); the reader and the tracker only look them up, so a new
-// kind is a new file and a row in grammars.
-type grammar struct {
-	// segment reads one '\r'-separated segment of a line. first is set
-	// for the line's first segment; line is the rank state shared by the
-	// line's segments (vLLM names the process at a line's start only).
-	segment func(seg string, first bool, line *proc) (Event, proc, bool)
-	// formats are the kind's pool formats, best first: lines of several
+// Grammar is one engine kind's log grammar: how its lines name ranks and
+// what they say. Each kind's lives beside its descriptor in agent/engine
+// (engine.LogGrammar finds it); this package reads a log with whichever
+// grammar it is given and knows no kind by name.
+type Grammar struct {
+	// Kind is the engine kind, as Facts.Engine and messages write it.
+	Kind string
+	// Segment reads one '\r'-separated segment of a line. first is set for
+	// the line's first segment; line is the rank state shared by the
+	// line's segments (vLLM names the process at a line's start only). It
+	// returns the segment's event, if any, and the rank its prefix names.
+	Segment func(seg string, first bool, line *Proc) (Event, Proc, bool)
+	// CommandLine reads a whole line as a command line a launch script
+	// echoed (EventDPSize, EventRouter); nil when the kind has none.
+	CommandLine func(line string) (Event, bool)
+	// Formats are the kind's pool formats, best first: lines of several
 	// formats for one rank give the best one's figure.
-	formats []string
-	// dpKey is the launch argument that gives the data-parallel size.
-	dpKey string
-	// serverPort, when set, is the launch argument naming the server's
+	Formats []string
+	// PoolLines says what the kind's pool lines look like, for the error
+	// when a log holds none.
+	PoolLines string
+	// BlockFormat is the format whose pools are counted in blocks
+	// (Event.Blocks), "" for none; BlockSizeKey is the launch argument
+	// giving the block size, DefaultBlockSize the size without it.
+	BlockFormat      string
+	BlockSizeKey     string
+	DefaultBlockSize int64
+	// DPKey is the launch argument that gives the data-parallel size.
+	DPKey string
+	// ServerPort, when set, is the launch argument naming the server's
 	// port: launch args with another port in one start-up are another
 	// server in the same log, not a restart.
-	serverPort string
-	// sharedPools tells, from the launch args, whether the engine sizes
+	ServerPort string
+	// SharedPools tells, from the launch args, whether the engine sizes
 	// every DP rank's pool together, so a rank that printed none holds
-	// what the others printed (see sharedAttentionPools).
-	sharedPools func(args map[string]string) bool
-	// mistaken is the kind whose logs are most often read with this
-	// kind's name, for the "try engine ..." hint; "" for none.
-	mistaken string
-}
-
-// grammars are the kinds whose logs enginelog reads.
-var grammars = map[string]grammar{
-	kindVLLM:     vllmGrammar,
-	kindSGLang:   sglangGrammar,
-	kindLlamaCpp: llamaGrammar(kindLlamaCpp),
-	kindOllama:   llamaGrammar(kindOllama),
-}
-
-// grammarOf finds a kind's grammar, case and spaces aside.
-func grammarOf(kind string) (string, grammar, bool) {
-	k := strings.ToLower(strings.TrimSpace(kind))
-	g, ok := grammars[k]
-	return k, g, ok
+	// what the others printed; SharedPoolsWhy says why, for the note.
+	// nil: never.
+	SharedPools    func(args map[string]string) bool
+	SharedPoolsWhy string
+	// MultiNodeKeys are the launch arguments that describe a multi-node
+	// launch (a value other than None, False or, for nnodes, 1).
+	MultiNodeKeys []string
+	// Mistaken is the kind whose logs are most often read with this
+	// kind's name, for the "try engine ..." hint; nil for none.
+	Mistaken *Grammar
 }

@@ -1,7 +1,6 @@
 package enginelog
 
 import (
-	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -87,15 +86,6 @@ type Event struct {
 	DPNamed bool
 }
 
-// Pool formats.
-const (
-	FormatVLLMMerged     = "vllm-v1-merged"
-	FormatVLLMTwoLine    = "vllm-v1-two-line"
-	FormatVLLMBlocks     = "vllm-v0-blocks"
-	FormatSGLangAlloc    = "sglang-kv-allocated"
-	FormatSGLangMaxTotal = "sglang-max-total"
-)
-
 // maxRankValue bounds a rank number read from a prefix; larger ones are
 // not a real deployment and the line is skipped.
 const maxRankValue = 1 << 16
@@ -105,37 +95,6 @@ var (
 	// process prefix when writing to a terminal (or with FORCE_COLOR).
 	ansiRE = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
 
-	// vLLM's per-process prefix: "(EngineCore_DP1 pid=212) " (v0.10.2 on),
-	// "(EngineCore_1 pid=212) " (v0.8.3 to v0.10.1), "(VllmWorker rank=1
-	// pid=9) " (a TP worker of v0.8 to v0.10), and Ray's "(RayWorkerWrapper
-	// pid=3, ip=10.0.0.2) ", which Ray may nest before vLLM's own. Searched
-	// anywhere in the line: whatever a log wrapper put before it is not the
-	// engine's.
-	vllmProcRE = regexp.MustCompile(`\(([^\s()]+)(?: rank=(\d+))? pid=\d+(?:, ip=[^)]*)?\) ?`)
-
-	// vLLM's logger header after its level (see findVLLMHeader):
-	// "INFO 12-11 00:06:53 [kv_cache_utils.py:1286] " (newest) or
-	// "INFO 02-18 08:50:24 executor_base.py:108] " (2024).
-	vllmHeaderRestRE = regexp.MustCompile(`^\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[?[^\s\[\]]+:\d+\] `)
-
-	// Uvicorn's own lines, not formatted by vLLM: "INFO:     Application startup complete."
-	uvicornRE = regexp.MustCompile(`(?:^|[^A-Za-z])(?:INFO|WARNING|ERROR):\s+`)
-
-	vllmBlocksRE      = regexp.MustCompile(`^# (\w+) blocks: (\d+), # CPU blocks: (\d+)`)
-	vllmConcurrencyRE = regexp.MustCompile(`^Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x`)
-	vllmServerVerRE   = regexp.MustCompile(`^vLLM server version ([^\s,]+), serving model (.+)$`)
-	vllmEngineInitRE  = regexp.MustCompile(`^Initializing an? (?:V\d+ )?LLM engine \(v([^)\s]+)\)`)
-	vllmInitModelRE   = regexp.MustCompile(`(?:^|[ ,(])model='([^']*)'`)
-	vllmInitServedRE  = regexp.MustCompile(`[ ,(]served_model_name=([^,\s)]+)`)
-
-	// SGLang's header: "[2026-03-02 10:15:21.123 DP0 TP1] " with rank
-	// tokens in any order (the order changed across versions). Searched
-	// anywhere in the line, like vLLM's prefix.
-	// SGLang 0.3 printed the time only ("[16:43:29 TP0] ").
-	sglangHeaderRE = regexp.MustCompile(`\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d{1,6})?((?: [A-Za-z_]+\d+)*)\] ?`)
-	// SGLang 0.2 tagged a worker's lines with its GPU: "[gpu=0] ".
-	sglangGPUHeaderRE = regexp.MustCompile(`\[gpu=(\d+)\] ?`)
-
 	// A data-parallel size on a command line: vLLM's --data-parallel-size
 	// and -dp, SGLang's --data-parallel-size, --dp-size and --dp (argparse
 	// takes an unambiguous prefix of a long option). A shell variable in
@@ -143,19 +102,19 @@ var (
 	dpFlagRE = regexp.MustCompile(`(?:^|\s)(?:--data-parallel-size|--dp-size|--dp|-dp)(?:=|\s+)(\d+|["']?\$\{?\w+\}?["']?)(?:\s|$)`)
 )
 
-// ParseLine reads one log line of an engine of the given kind ("vllm" or
-// "sglang"). It strips ANSI colour codes and reads every carriage-return
-// separated segment (tqdm redraws its bar with '\r'; Windows ends lines
-// with "\r\n"), returning the first event found. The engine's own prefix
-// (vLLM's "(EngineCore_DP1 pid=N)" and logger header, SGLang's
-// "[date DP1 TP0]") is found wherever it starts, so text a log wrapper put
-// before it (a container runtime's, syslog's, or one heft does not know)
-// never changes the rank a line is read for. A line in no known format
-// gives ok=false: it is skipped, never guessed at.
-func ParseLine(kind, line string) (Event, bool) {
+// ParseLine reads one log line with grammar g. It strips ANSI colour
+// codes and reads every carriage-return separated segment (tqdm redraws
+// its bar with '\r'; Windows ends lines with "\r\n"), returning the first
+// event found. The grammar finds the engine's own prefix (vLLM's
+// "(EngineCore_DP1 pid=N)" and logger header, SGLang's "[date DP1 TP0]")
+// wherever it starts, so text a log wrapper put before it (a container
+// runtime's, syslog's, or one heft does not know) never changes the rank a
+// line is read for. A line in no known format gives ok=false: it is
+// skipped, never guessed at.
+func ParseLine(g *Grammar, line string) (Event, bool) {
 	var first Event
 	found := false
-	scanLine(kind, line, func(ev Event) {
+	scanLine(g, line, func(ev Event) {
 		if !found {
 			first, found = ev, true
 		}
@@ -167,28 +126,24 @@ func ParseLine(kind, line string) (Event, bool) {
 // (when not nil) with the data-parallel rank of every segment whose prefix
 // names one, event or not: a rank that prints lines but no pool is a rank
 // the pools must account for.
-func scanLine(kind, line string, onEvent func(Event), onRank func(dp int, dpOnly bool)) {
-	_, gr, ok := grammarOf(kind)
-	if !ok {
-		return
-	}
+func scanLine(g *Grammar, line string, onEvent func(Event), onRank func(dp int, dpOnly bool)) {
 	if strings.IndexByte(line, 0x1b) >= 0 {
 		line = ansiRE.ReplaceAllString(line, "")
 	}
-	rank := func(p proc) {
-		if onRank != nil && p.hasDP && !p.bad {
-			onRank(p.dp, p.dpOnly)
+	rank := func(p Proc) {
+		if onRank != nil && p.HasDP && !p.Bad {
+			onRank(p.DP, p.DPOnly)
 		}
 	}
 	// vLLM adds its process prefix only at the start of a '\n' line, so a
 	// segment after a '\r' belongs to the process that began the line.
-	inherited := proc{tp: -1}
+	inherited := NoProc()
 	for i, seg := range strings.Split(line, "\r") {
 		seg = strings.TrimSpace(seg)
 		if seg == "" {
 			continue
 		}
-		ev, segRank, ok := gr.segment(seg, i == 0, &inherited)
+		ev, segRank, ok := g.Segment(seg, i == 0, &inherited)
 		// The event first: a start-up marker may begin a new start-up,
 		// which the rank then belongs to.
 		if ok {
@@ -196,175 +151,53 @@ func scanLine(kind, line string, onEvent func(Event), onRank func(dp int, dpOnly
 		}
 		rank(segRank)
 	}
-	router := strings.Contains(line, "sglang_router.launch_server")
-	if (strings.Contains(line, "-dp") || strings.Contains(line, "data-parallel-size")) && dpFlagRE.MatchString(line) {
-		m := dpFlagRE.FindStringSubmatch(line)
-		n, err := strconv.Atoi(m[1])
-		switch {
-		case err != nil:
-			n = -1 // a shell variable
-		case n < 1 || n > maxRankValue:
-			return
+	if g.CommandLine != nil {
+		if ev, ok := g.CommandLine(line); ok {
+			onEvent(ev)
 		}
-		kind := EventDPSize
-		if router {
-			kind = EventRouter
-		}
-		onEvent(Event{Kind: kind, TPRank: -1, DPSize: n})
-	} else if router {
-		// The router's default is one worker per GPU it finds: unknown here.
-		onEvent(Event{Kind: EventRouter, TPRank: -1, DPSize: -1})
 	}
 }
 
-const (
-	kindVLLM   = "vllm"
-	kindSGLang = "sglang"
-)
-
-// vllmGrammar is vLLM's log grammar.
-var vllmGrammar = grammar{
-	segment: func(seg string, first bool, line *proc) (Event, proc, bool) {
-		p, msg, hasProc, hasHeader := splitVLLM(seg)
-		if hasProc && first {
-			*line = p
-		} else if !hasProc {
-			p = *line
-		}
-		ev, ok := parseVLLM(msg, hasHeader, p)
-		return ev, p, ok
-	},
-	formats:     []string{FormatVLLMMerged, FormatVLLMTwoLine, FormatVLLMBlocks},
-	dpKey:       "data_parallel_size",
-	serverPort:  "port",
-	sharedPools: func(map[string]string) bool { return false },
-	mistaken:    kindSGLang,
+// CommandLineDPSize reads a data-parallel size from a command line in a
+// log ("--data-parallel-size 4", "--dp-size 4", "--dp 4", "-dp 4"), as a
+// launch script that echoes its command prints it: n is -1 when a shell
+// variable stands for it ("--dp $DP_SIZE"). ok is false for a line that
+// names none, or one out of range.
+func CommandLineDPSize(line string) (n int, ok bool) {
+	if !strings.Contains(line, "-dp") && !strings.Contains(line, "data-parallel-size") {
+		return 0, false
+	}
+	m := dpFlagRE.FindStringSubmatch(line)
+	if m == nil {
+		return 0, false
+	}
+	n, err := strconv.Atoi(m[1])
+	switch {
+	case err != nil:
+		return -1, true
+	case n < 1 || n > maxRankValue:
+		return 0, false
+	}
+	return n, true
 }
 
-// sglangGrammar is SGLang's log grammar.
-var sglangGrammar = grammar{
-	segment: func(seg string, _ bool, _ *proc) (Event, proc, bool) {
-		return parseSGLang(seg)
-	},
-	formats:     []string{FormatSGLangMaxTotal, FormatSGLangAlloc},
-	dpKey:       "dp_size",
-	serverPort:  "port",
-	sharedPools: func(args map[string]string) bool { return args["enable_dp_attention"] == "True" },
-	mistaken:    kindVLLM,
-}
-
-// proc is the rank a process prefix names.
-type proc struct {
-	dp, tp int
-	hasDP  bool // the prefix named a DP rank (EngineCore_DP0, [... DP0])
-	tpSet  bool // the prefix named a TP rank
-	// dpOnly: the naming exists only with data parallelism (EngineCore_<n>,
+// Proc is the rank a line's prefix names.
+type Proc struct {
+	DP, TP int
+	HasDP  bool // the prefix named a DP rank (EngineCore_DP0, [... DP0])
+	HasTP  bool // the prefix named a TP rank
+	// DPOnly: the naming exists only with data parallelism (EngineCore_<n>,
 	// an SGLang DP tag), unlike vLLM's EngineCore_DP0 of a single engine.
-	dpOnly bool
-	bad    bool // a rank number out of range: skip the line
+	DPOnly bool
+	Bad    bool // a rank number out of range: skip the line
 }
 
-// splitVLLM finds vLLM's logger header and process prefixes in a segment.
-// The prefixes are every "(Name pid=N)" before the header (Ray nests its
-// actor's before vLLM's) or, in a line without a header (a progress bar,
-// uvicorn), the first one anywhere. Their Names give DPn/TPn
-// (EngineCore_DP1, EngineCore_1, Worker_DP0_TP1, VllmWorker rank=1): the
-// last prefix that names a DP rank gives it, and a line none names is rank
-// 0. msg is the text after the header, or after the prefixes when there is
-// no header.
-func splitVLLM(seg string) (p proc, msg string, hasProc, hasHeader bool) {
-	p = proc{tp: -1}
-	hStart, hEnd, hasHeader := findVLLMHeader(seg)
-	var all [][]int
-	if strings.Contains(seg, " pid=") {
-		if hasHeader {
-			all = vllmProcRE.FindAllStringSubmatchIndex(seg[:hStart], -1)
-		} else if m := vllmProcRE.FindStringSubmatchIndex(seg); m != nil {
-			all = [][]int{m}
-		}
-	}
-	msg = seg
-	for _, m := range all {
-		var one proc
-		one.takeVLLMName(seg[m[2]:m[3]])
-		if m[4] >= 0 {
-			one.take("TP" + seg[m[4]:m[5]])
-		}
-		if one.bad {
-			p.bad = true
-		}
-		if one.hasDP {
-			p.dp, p.hasDP, p.dpOnly = one.dp, true, one.dpOnly
-		}
-		if one.tpSet {
-			p.tp, p.tpSet = one.tp, true
-		}
-		msg, hasProc = seg[m[1]:], true
-	}
-	if hasHeader {
-		msg = seg[hEnd:]
-	}
-	return p, msg, hasProc, hasHeader
-}
+// NoProc is a prefix that names no rank.
+func NoProc() Proc { return Proc{TP: -1} }
 
-// takeVLLMName reads a process name: "EngineCore_DP1", "Worker_DP0_TP1",
-// and v0.8.3 to v0.10.1's "EngineCore_1", whose bare number is the DP rank
-// (that naming exists only with data parallelism).
-func (p *proc) takeVLLMName(name string) {
-	parts := strings.Split(name, "_")
-	for i, part := range parts {
-		if i == 1 && parts[0] == "EngineCore" && part != "" && isAllDigits(part) {
-			p.take("DP" + part)
-			p.dpOnly = true
-			continue
-		}
-		p.take(part)
-	}
-}
-
-func isAllDigits(s string) bool {
-	for i := range len(s) {
-		if !isDigit(s[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-// vllmLevels are the level names vLLM's logger prints.
-var vllmLevels = []string{"INFO ", "WARNING ", "DEBUG ", "ERROR ", "WARN ", "CRITICAL "}
-
-// findVLLMHeader finds the first "LEVEL MM-DD HH:MM:SS [file:line] " in
-// seg whose level does not continue a word (VLLM_LOGGING_PREFIX, or a log
-// wrapper, may put any text before it). It looks for each level with
-// strings.Index and matches the rest in place: a regular expression
-// searching every position of a long line costs several times more.
-func findVLLMHeader(seg string) (start, end int, ok bool) {
-	start = len(seg)
-	for _, level := range vllmLevels {
-		for from := 0; from < start; {
-			i := strings.Index(seg[from:start], level)
-			if i < 0 {
-				break
-			}
-			i += from
-			from = i + 1
-			if i > 0 && isLetter(seg[i-1]) {
-				continue
-			}
-			if m := vllmHeaderRestRE.FindStringIndex(seg[i+len(level):]); m != nil {
-				start, end, ok = i, i+len(level)+m[1], true
-				break
-			}
-		}
-	}
-	return start, end, ok
-}
-
-func isLetter(c byte) bool { return c|0x20 >= 'a' && c|0x20 <= 'z' }
-
-// take reads one rank token such as DP1 or TP0 into p.
-func (p *proc) take(tok string) {
+// Take reads one rank token such as DP1 or TP0 into p; other tokens are
+// ignored.
+func (p *Proc) Take(tok string) {
 	name := strings.TrimRight(tok, "0123456789")
 	digits := tok[len(name):]
 	if digits == "" || (name != "DP" && name != "TP") {
@@ -372,126 +205,19 @@ func (p *proc) take(tok string) {
 	}
 	n, err := strconv.Atoi(digits)
 	if err != nil || n > maxRankValue {
-		p.bad = true
+		p.Bad = true
 		return
 	}
 	if name == "DP" {
-		p.dp, p.hasDP = n, true
+		p.DP, p.HasDP = n, true
 	} else {
-		p.tp, p.tpSet = n, true
+		p.TP, p.HasTP = n, true
 	}
 }
 
-// parseVLLM reads the message of a vLLM segment: after its logger header
-// (hasHeader), or else a uvicorn line.
-func parseVLLM(msg string, hasHeader bool, p proc) (Event, bool) {
-	if p.bad {
-		return Event{}, false
-	}
-	if !hasHeader {
-		if !strings.Contains(msg, "Application startup complete.") {
-			return Event{}, false
-		}
-		m := uvicornRE.FindStringIndex(msg)
-		if m != nil && strings.HasPrefix(msg[m[1]:], "Application startup complete.") {
-			return Event{Kind: EventReady, DPRank: p.dp, TPRank: p.tp}, true
-		}
-		return Event{}, false
-	}
-	ev, ok := vllmMessage(msg)
-	if !ok {
-		return Event{}, false
-	}
-	ev.DPRank, ev.TPRank, ev.DPNamed = p.dp, p.tp, p.dpOnly
-	return ev, true
-}
-
-func vllmMessage(msg string) (Event, bool) {
-	switch {
-	case strings.HasPrefix(msg, "GPU KV cache size: "):
-		rest := msg[len("GPU KV cache size: "):]
-		num, rest, ok := cutNumber(rest)
-		if !ok || !strings.HasPrefix(rest, " tokens") {
-			return Event{}, false
-		}
-		ev := Event{Kind: EventPool, Format: FormatVLLMTwoLine, KVTokens: num}
-		rest = rest[len(" tokens"):]
-		if strings.HasPrefix(rest, ", ") {
-			if c, ok := parseConcurrency(rest[2:]); ok {
-				ev.Format = FormatVLLMMerged
-				ev.MaxModelLen, ev.Concurrency = c.MaxModelLen, c.Concurrency
-			}
-		}
-		return ev, true
-	case strings.HasPrefix(msg, "Maximum concurrency for "):
-		return parseConcurrency(msg)
-	case strings.HasPrefix(msg, "# "):
-		m := vllmBlocksRE.FindStringSubmatch(msg)
-		if m == nil {
-			return Event{}, false
-		}
-		blocks, err := strconv.ParseInt(m[2], 10, 64)
-		if err != nil {
-			return Event{}, false
-		}
-		return Event{Kind: EventPool, Format: FormatVLLMBlocks, Blocks: blocks}, true
-	case strings.HasPrefix(msg, "non-default args: "):
-		pairs, err := parsePyDictArgs(msg[len("non-default args: "):])
-		return argsEvent(pairs, err, vllmModelKeys), true
-	case strings.HasPrefix(msg, "args: Namespace("):
-		// 2024 vLLM logged the whole argparse Namespace.
-		_, pairs, err := parsePyCallArgs(msg[len("args: "):])
-		return argsEvent(pairs, err, vllmModelKeys), true
-	case strings.HasPrefix(msg, "vLLM API server version "):
-		v := strings.Fields(msg[len("vLLM API server version "):])
-		if len(v) == 0 {
-			return Event{}, false
-		}
-		return Event{Kind: EventVersion, Version: v[0]}, true
-	case strings.HasPrefix(msg, "vLLM server version "):
-		m := vllmServerVerRE.FindStringSubmatch(msg)
-		if m == nil {
-			return Event{}, false
-		}
-		return Event{Kind: EventVersion, Version: m[1], Model: strings.TrimSpace(m[2])}, true
-	case strings.HasPrefix(msg, "Initializing a"):
-		m := vllmEngineInitRE.FindStringSubmatch(msg)
-		if m == nil {
-			return Event{}, false
-		}
-		ev := Event{Kind: EventEngineInit, Version: m[1]}
-		if s := vllmInitServedRE.FindStringSubmatch(msg); s != nil {
-			ev.Model = s[1]
-		} else if s := vllmInitModelRE.FindStringSubmatch(msg); s != nil {
-			ev.Model = s[1]
-		}
-		return ev, true
-	case strings.HasPrefix(msg, "Starting vLLM server on "),
-		strings.HasPrefix(msg, "Starting vLLM API server "):
-		return Event{Kind: EventReady}, true
-	}
-	return Event{}, false
-}
-
-func parseConcurrency(msg string) (Event, bool) {
-	m := vllmConcurrencyRE.FindStringSubmatch(msg)
-	if m == nil {
-		return Event{}, false
-	}
-	n, _, ok := cutNumber(m[1])
-	if !ok {
-		return Event{}, false
-	}
-	c, err := strconv.ParseFloat(m[2], 64)
-	if err != nil || math.IsInf(c, 0) || math.IsNaN(c) {
-		return Event{}, false
-	}
-	return Event{Kind: EventConcurrency, MaxModelLen: n, Concurrency: c}, true
-}
-
-// cutNumber reads a non-negative integer with optional thousands
+// CutNumber reads a non-negative integer with optional thousands
 // separators ("373,696") from the start of s.
-func cutNumber(s string) (int64, string, bool) {
+func CutNumber(s string) (int64, string, bool) {
 	i := 0
 	for i < len(s) && (isDigit(s[i]) || (s[i] == ',' && i > 0 && i+1 < len(s) && isDigit(s[i+1]))) {
 		i++
@@ -506,60 +232,8 @@ func cutNumber(s string) (int64, string, bool) {
 	return n, s[i:], true
 }
 
-// parseSGLang reads an SGLang segment: its header, found wherever it
-// starts, and the message after it. p is the header's rank.
-func parseSGLang(seg string) (Event, proc, bool) {
-	p := proc{tp: -1}
-	m := sglangHeaderRE.FindStringSubmatchIndex(seg)
-	if m != nil {
-		for _, tok := range strings.Fields(seg[m[2]:m[3]]) {
-			p.take(tok)
-		}
-	} else if m = sglangGPUHeaderRE.FindStringSubmatchIndex(seg); m != nil {
-		// 0.2's GPU tag is the worker's GPU, a TP rank of DP rank 0 as far
-		// as this log can tell.
-		p.take("TP" + seg[m[2]:m[3]])
-	} else {
-		return Event{}, p, false
-	}
-	if p.bad {
-		return Event{}, p, false
-	}
-	// SGLang adds a DP tag only when dp_size > 1.
-	p.dpOnly = p.hasDP
-	ev, ok := sglangMessage(seg[m[1]:])
-	ev.DPRank, ev.TPRank, ev.DPNamed = p.dp, p.tp, p.dpOnly
-	return ev, p, ok
-}
-
-func sglangMessage(msg string) (Event, bool) {
-	switch {
-	case strings.HasPrefix(msg, "KV Cache is allocated. #tokens: "):
-		// MHA: ", K size: 1.65 GB, V size: 1.65 GB"; MLA: ", KV size: 160.63 GB".
-		// Requiring the comma keeps a line cut mid-number from counting.
-		n, rest, ok := cutDigits(msg[len("KV Cache is allocated. #tokens: "):])
-		if !ok || !strings.HasPrefix(rest, ",") {
-			return Event{}, false
-		}
-		return Event{Kind: EventPool, Format: FormatSGLangAlloc, KVTokens: n}, true
-	case strings.HasPrefix(msg, "max_total_num_tokens="):
-		n, rest, ok := cutDigits(msg[len("max_total_num_tokens="):])
-		if !ok || !strings.HasPrefix(rest, ",") {
-			return Event{}, false
-		}
-		return Event{Kind: EventPool, Format: FormatSGLangMaxTotal, KVTokens: n}, true
-	case strings.HasPrefix(msg, "server_args=ServerArgs("):
-		_, pairs, err := parsePyCallArgs(msg[len("server_args="):])
-		ev := argsEvent(pairs, err, sglangModelKeys)
-		ev.Version = firstNonEmpty(ev.Args, "version", "sglang_version")
-		return ev, true
-	case strings.HasPrefix(msg, "The server is fired up and ready to roll!"):
-		return Event{Kind: EventReady}, true
-	}
-	return Event{}, false
-}
-
-func cutDigits(s string) (int64, string, bool) {
+// CutDigits reads a non-negative integer from the start of s.
+func CutDigits(s string) (int64, string, bool) {
 	i := 0
 	for i < len(s) && isDigit(s[i]) {
 		i++
@@ -571,11 +245,21 @@ func cutDigits(s string) (int64, string, bool) {
 	return n, s[i:], true
 }
 
-// Launch-arg keys that name the served model, best first.
-var (
-	vllmModelKeys   = []string{"served_model_name", "model", "model_tag"}
-	sglangModelKeys = []string{"served_model_name", "model_path"}
-)
+// ArgsFromPyDict reads launch args printed as a Python dict (vLLM's
+// "non-default args: {...}"), the model from the first of modelKeys that
+// names one.
+func ArgsFromPyDict(text string, modelKeys []string) Event {
+	pairs, err := parsePyDictArgs(text)
+	return argsEvent(pairs, err, modelKeys)
+}
+
+// ArgsFromPyCall reads launch args printed as a Python call
+// ("Namespace(...)", SGLang's "ServerArgs(...)"), the model from the first
+// of modelKeys that names one.
+func ArgsFromPyCall(text string, modelKeys []string) Event {
+	_, pairs, err := parsePyCallArgs(text)
+	return argsEvent(pairs, err, modelKeys)
+}
 
 func argsEvent(pairs []pyArg, err error, modelKeys []string) Event {
 	ev := Event{Kind: EventLaunchArgs, Args: make(map[string]string, len(pairs))}
@@ -607,15 +291,6 @@ func modelName(v pyValue) string {
 	case pyList, pyTuple:
 		if len(v.Items) > 0 && v.Items[0].Kind == pyStr {
 			return v.Items[0].Text
-		}
-	}
-	return ""
-}
-
-func firstNonEmpty(m map[string]string, keys ...string) string {
-	for _, k := range keys {
-		if v := m[k]; v != "" && v != "None" {
-			return v
 		}
 	}
 	return ""

@@ -1,4 +1,4 @@
-package enginelog
+package enginelog_test
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"heft/agent/enginelog"
 	"heft/shared/testutil"
 )
 
@@ -56,14 +57,14 @@ func TestUnknownPrefixNeverShiftsARank(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, wantErr := Read(kind, strings.NewReader(string(raw)))
+			want, wantErr := enginelog.Read(gram(t, kind), strings.NewReader(string(raw)))
 			for seed := range uint64(20) {
 				r := rand.New(rand.NewPCG(seed, 7))
 				var b strings.Builder
 				for _, line := range strings.Split(string(raw), "\n") {
 					b.WriteString(junk(r) + line + "\n")
 				}
-				got, err := Read(kind, strings.NewReader(b.String()))
+				got, err := enginelog.Read(gram(t, kind), strings.NewReader(b.String()))
 				if (err == nil) != (wantErr == nil) {
 					t.Fatalf("seed %d: err %v, raw err %v", seed, err, wantErr)
 				}
@@ -76,7 +77,7 @@ func TestUnknownPrefixNeverShiftsARank(t *testing.T) {
 }
 
 // factsDiff names the first fact that differs, or "".
-func factsDiff(got, want Facts) string {
+func factsDiff(got, want enginelog.Facts) string {
 	switch {
 	case !slices.Equal(got.Ranks, want.Ranks):
 		return fmt.Sprintf("ranks %v, want %v", got.Ranks, want.Ranks)
@@ -107,15 +108,15 @@ func TestParseLineBehindWrappers(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ev, ok := ParseLine(tc.kind, tc.line)
-			if !ok || ev.Kind != EventPool || ev.DPRank != tc.dp || ev.TPRank != tc.tp || ev.KVTokens != tc.tokens {
+			ev, ok := enginelog.ParseLine(gram(t, tc.kind), tc.line)
+			if !ok || ev.Kind != enginelog.EventPool || ev.DPRank != tc.dp || ev.TPRank != tc.tp || ev.KVTokens != tc.tokens {
 				t.Fatalf("ok=%v %+v, want DP%d TP%d %d tokens", ok, ev, tc.dp, tc.tp, tc.tokens)
 			}
 		})
 	}
 	// A process prefix in the message, after vLLM's header, is the
 	// message's, not the line's.
-	ev, ok := ParseLine("vllm", "(EngineCore_DP1 pid=9) INFO 12-11 00:06:53 [core.py:1] GPU KV cache size: 9 tokens (EngineCore_DP5 pid=2) ")
+	ev, ok := enginelog.ParseLine(gram(t, "vllm"), "(EngineCore_DP1 pid=9) INFO 12-11 00:06:53 [core.py:1] GPU KV cache size: 9 tokens (EngineCore_DP5 pid=2) ")
 	if !ok || ev.DPRank != 1 {
 		t.Fatalf("ok=%v %+v", ok, ev)
 	}

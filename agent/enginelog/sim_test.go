@@ -40,7 +40,7 @@ func TestSimLogsGiveBackTheirPools(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			facts, err := enginelog.Read(tc.flavor, f)
+			facts, err := enginelog.Read(gram(t, tc.flavor), f)
 			if err != nil {
 				t.Fatalf("read the sim's log: %v", err)
 			}
@@ -106,7 +106,7 @@ func TestSimLogNamings(t *testing.T) {
 			if !strings.Contains(string(text), tc.contains) {
 				t.Fatalf("log lacks %q:\n%s", tc.contains, text)
 			}
-			f, err := enginelog.Read(tc.cfg.Flavor, strings.NewReader(string(text)))
+			f, err := enginelog.Read(gram(t, tc.cfg.Flavor), strings.NewReader(string(text)))
 			if tc.servers > 0 {
 				if !errors.Is(err, enginelog.ErrSeveralServers) || f.Servers != tc.servers || len(f.Ranks) != 0 || f.Complete {
 					t.Fatalf("router: err %v facts %+v", err, f)

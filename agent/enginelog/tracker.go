@@ -37,8 +37,7 @@ import (
 // engine clamps its TP ranks to the smallest, with a note.
 type Tracker struct {
 	mu       sync.Mutex
-	kind     string
-	gr       grammar
+	gr       *Grammar
 	gen      *generation
 	startups int
 	// carried: the file was truncated or replaced (Reset) and the new
@@ -90,21 +89,16 @@ type poolVals struct {
 // maxNotes bounds Facts.Notes.
 const maxNotes = 16
 
-// NewTracker returns an empty tracker for kind "vllm" or "sglang"; other
-// kinds give an error wrapping ErrUnknownEngine.
-func NewTracker(kind string) (*Tracker, error) {
-	k, gr, ok := grammarOf(kind)
-	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrUnknownEngine, kind)
-	}
-	return &Tracker{kind: k, gr: gr, gen: newGeneration(false)}, nil
+// NewTracker returns an empty tracker of a log written in grammar g.
+func NewTracker(g *Grammar) *Tracker {
+	return &Tracker{gr: g, gen: newGeneration(false)}
 }
 
 // Feed reads one line (with or without its line ending).
 func (t *Tracker) Feed(line string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	scanLine(t.kind, line, t.apply, t.rank)
+	scanLine(t.gr, line, t.apply, t.rank)
 }
 
 // rank records that a line of DP rank dp was seen in this start-up.
@@ -134,8 +128,8 @@ func (t *Tracker) apply(ev Event) {
 		g.version = ev.Version
 		g.model[1] = ev.Model
 	case EventLaunchArgs:
-		port := ev.Args[t.gr.serverPort]
-		if g := t.gen; t.gr.serverPort != "" && g.argsSeen && port != "" && len(g.ports) > 0 && !slices.Contains(g.ports, port) && !g.ready {
+		port := ev.Args[t.gr.ServerPort]
+		if g := t.gen; t.gr.ServerPort != "" && g.argsSeen && port != "" && len(g.ports) > 0 && !slices.Contains(g.ports, port) && !g.ready {
 			// Another server's launch args (a router's worker, or two
 			// engines writing to one log), not a restart: a restart
 			// serves on the same port.
@@ -216,7 +210,7 @@ func (g *generation) setCmdlineDP(n int) {
 
 func (g *generation) addPool(ev Event) {
 	v := ev.KVTokens
-	if ev.Format == FormatVLLMBlocks {
+	if ev.Blocks != 0 {
 		v = ev.Blocks
 	}
 	if v < 0 || ev.DPRank < 0 {
@@ -270,14 +264,14 @@ func (t *Tracker) previousFacts() (Facts, bool) {
 
 func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 	f := Facts{
-		Engine:           t.kind,
+		Engine:           t.gr.Kind,
 		Version:          g.version,
 		Ready:            g.ready,
 		Startups:         t.startups,
 		Restarts:         max(t.startups-1, 0),
 		FromPreviousFile: t.carried,
 		LaunchArgs:       maps.Clone(g.args),
-		DPSize:           dpSize(t.gr.dpKey, g.args),
+		DPSize:           dpSize(t.gr.DPKey, g.args),
 	}
 	for _, m := range g.model {
 		if m != "" {
@@ -293,17 +287,17 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 	if g.argsErr != "" {
 		note("launch args could not be read whole (%s); kept the %d read before the problem", g.argsErr, len(g.args))
 	}
-	blockSize, blockNote := g.blockSize()
+	blockSize, blockNote := g.blockSize(t.gr)
 	var formats []string
 	for _, dp := range slices.Sorted(maps.Keys(g.pools)) {
-		for _, format := range t.gr.formats {
+		for _, format := range t.gr.Formats {
 			pv, ok := g.pools[dp][format]
 			if !ok {
 				continue
 			}
 			tokens := pv.min
 			unit := "tokens"
-			if format == FormatVLLMBlocks {
+			if format == t.gr.BlockFormat {
 				unit = "blocks"
 				if tokens > math.MaxInt64/blockSize {
 					note("DP rank %d: %d GPU blocks of %d tokens overflow; rank skipped", dp, tokens, blockSize)
@@ -323,7 +317,7 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 		}
 	}
 	f.Format = strings.Join(formats, ",")
-	if slices.Contains(formats, FormatVLLMBlocks) {
+	if t.gr.BlockFormat != "" && slices.Contains(formats, t.gr.BlockFormat) {
 		note("%s", blockNote)
 	}
 	if g.droppedRanks > 0 {
@@ -338,13 +332,13 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 		note("%s", f.RankCountUnknown)
 		return f, false
 	}
-	f.ExpectedRanks, f.ExpectedFrom = g.expectedRanks(t.gr.dpKey, f.DPSize)
+	f.ExpectedRanks, f.ExpectedFrom = g.expectedRanks(t.gr.DPKey, f.DPSize)
 	if f.DPSize == 0 && g.cmdlineDP == 0 && (g.dpNamed || g.cmdlineDPUnknown) {
 		f.RankCountUnknown = "the log shows data parallelism (" + g.dpEvidence() + ") but not how many ranks there are " +
 			"(no launch args or command line giving the DP size): completeness is unknown"
 	}
-	if t.gr.sharedPools(g.args) {
-		f.Ranks = sharedAttentionPools(f.Ranks, f.ExpectedRanks, note)
+	if t.gr.SharedPools != nil && t.gr.SharedPools(g.args) {
+		f.Ranks = sharedPools(f.Ranks, f.ExpectedRanks, t.gr.SharedPoolsWhy, note)
 	}
 	f.MissingRanks = missingRanks(f.Ranks, f.ExpectedRanks)
 	f.Complete = len(f.Ranks) > 0 && len(f.MissingRanks) == 0 && f.RankCountUnknown == ""
@@ -353,7 +347,7 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 	} else if msg := IncompleteMessage(f); msg != "" {
 		note("%s", msg)
 	}
-	if mn := multiNode(g.args); mn != "" {
+	if mn := multiNode(t.gr.MultiNodeKeys, g.args); mn != "" {
 		f.MultiNode = mn
 		note("multi-node launch (%s): this log holds this node's ranks only; the other nodes' logs hold the rest", mn)
 	}
@@ -392,15 +386,12 @@ func (g *generation) dpEvidence() string {
 	return fmt.Sprintf("lines named for DP rank %d", g.topRank)
 }
 
-// sharedAttentionPools gives every attention-DP rank without a pool line
-// the pool the others printed. With --enable-dp-attention SGLang runs all
-// DP ranks in one torch world and sizes each rank's pool from the free
-// GPU memory all-reduced to the minimum over that world (model_runner.py,
-// get_available_gpu_memory(distributed=True)), so the ranks' pools are
-// equal; only DP0 prints max_total_num_tokens. See
-// docs/reference/sglang-dp-attention.md. Ranks that printed different
-// figures contradict that, and nothing is filled in.
-func sharedAttentionPools(ranks []wire.Rank, expected int, note func(string, ...any)) []wire.Rank {
+// sharedPools gives every DP rank without a pool line the pool the others
+// printed, for an engine that sizes its ranks' pools together (the
+// grammar's SharedPools, say SGLang's DP attention; why says so). Ranks
+// that printed different figures contradict that, and nothing is filled
+// in.
+func sharedPools(ranks []wire.Rank, expected int, why string, note func(string, ...any)) []wire.Rank {
 	if len(ranks) == 0 || len(ranks) >= expected {
 		return ranks
 	}
@@ -423,16 +414,16 @@ func sharedAttentionPools(ranks []wire.Rank, expected int, note func(string, ...
 		}
 	}
 	slices.SortFunc(ranks, func(a, b wire.Rank) int { return a.DPRank - b.DPRank })
-	note("DP attention: DP %s printed no pool line; SGLang sizes every attention-DP rank's pool from one minimum over all ranks, so each holds the %d tokens the others printed",
-		health.RankList(filled), v)
+	note("DP attention: DP %s printed no pool line; %s, so each holds the %d tokens the others printed",
+		health.RankList(filled), why, v)
 	return ranks
 }
 
 // multiNode describes a multi-node launch from the launch args; "" when
 // they show none.
-func multiNode(args map[string]string) string {
+func multiNode(keys []string, args map[string]string) string {
 	var parts []string
-	for _, k := range []string{"nnodes", "node_rank", "data_parallel_size_local", "data_parallel_start_rank", "data_parallel_rank", "headless"} {
+	for _, k := range keys {
 		v, ok := args[k]
 		if !ok || v == "None" || v == "False" || (k == "nnodes" && v == "1") {
 			continue
@@ -488,20 +479,19 @@ func missingRanks(ranks []wire.Rank, expected int) []int {
 	return out
 }
 
-// defaultBlockSize is vLLM's block size on CUDA when none is given.
-const defaultBlockSize = 16
-
-// blockSize is the vLLM V0 block size from the launch args.
-func (g *generation) blockSize() (int64, string) {
-	s, ok := g.args["block_size"]
+// blockSize is the block size of gr's block format, from the launch args
+// or else the kind's default.
+func (g *generation) blockSize(gr *Grammar) (int64, string) {
+	def := max(gr.DefaultBlockSize, 1)
+	s, ok := g.args[gr.BlockSizeKey]
 	if !ok || s == "None" {
-		return defaultBlockSize, fmt.Sprintf("pool = GPU blocks × %d tokens, vLLM's default block size (no block_size in the launch args)", defaultBlockSize)
+		return def, fmt.Sprintf("pool = GPU blocks × %d tokens, %s's default block size (no %s in the launch args)", def, gr.Kind, gr.BlockSizeKey)
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || n <= 0 || n > 1<<20 {
-		return defaultBlockSize, fmt.Sprintf("pool = GPU blocks × %d tokens, vLLM's default block size (block_size %q in the launch args is not a usable number)", defaultBlockSize, s)
+		return def, fmt.Sprintf("pool = GPU blocks × %d tokens, %s's default block size (%s %q in the launch args is not a usable number)", def, gr.Kind, gr.BlockSizeKey, s)
 	}
-	return n, fmt.Sprintf("pool = GPU blocks × %d tokens (block_size from the launch args)", n)
+	return n, fmt.Sprintf("pool = GPU blocks × %d tokens (%s from the launch args)", n, gr.BlockSizeKey)
 }
 
 // dpSize reads the data-parallel size from the launch arg key.

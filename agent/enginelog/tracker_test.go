@@ -1,4 +1,4 @@
-package enginelog
+package enginelog_test
 
 import (
 	"errors"
@@ -8,22 +8,21 @@ import (
 	"sync"
 	"testing"
 
+	"heft/agent/engine"
+	"heft/agent/enginelog"
 	"heft/shared/wire"
 )
 
-func feed(t *testing.T, kind string, lines ...string) *Tracker {
+func feed(t *testing.T, kind string, lines ...string) *enginelog.Tracker {
 	t.Helper()
-	tr, err := NewTracker(kind)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := enginelog.NewTracker(gram(t, kind))
 	for _, l := range lines {
 		tr.Feed(l)
 	}
 	return tr
 }
 
-func mustFacts(t *testing.T, tr *Tracker) Facts {
+func mustFacts(t *testing.T, tr *enginelog.Tracker) enginelog.Facts {
 	t.Helper()
 	f, ok := tr.Facts()
 	if !ok {
@@ -46,7 +45,7 @@ func TestTrackerTPRanksDisagree(t *testing.T) {
 		sgl(" TP1 DP1", "KV Cache is allocated. #tokens: 29750, K size: 1 GB, V size: 1 GB"),
 	)
 	f := mustFacts(t, tr)
-	if !slices.Equal(f.Ranks, ranks(0, 30000, 1, 29750)) || f.Format != FormatSGLangAlloc {
+	if !slices.Equal(f.Ranks, ranks(0, 30000, 1, 29750)) || f.Format != engine.FormatSGLangAlloc {
 		t.Fatalf("ranks %v format %q", f.Ranks, f.Format)
 	}
 	if len(f.Notes) != 2 || !strings.Contains(f.Notes[0], "DP rank 1") || !strings.Contains(f.Notes[0], "29750 to 29800") ||
@@ -60,13 +59,13 @@ func TestTrackerPrefersSchedulerFigure(t *testing.T) {
 		sgl(" DP0", "KV Cache is allocated. #tokens: 30016, K size: 1 GB, V size: 1 GB"),
 		sgl(" DP1", "KV Cache is allocated. #tokens: 30016, K size: 1 GB, V size: 1 GB"),
 	)
-	if f := mustFacts(t, tr); f.Format != FormatSGLangAlloc || !slices.Equal(f.Ranks, ranks(0, 30016, 1, 30016)) {
+	if f := mustFacts(t, tr); f.Format != engine.FormatSGLangAlloc || !slices.Equal(f.Ranks, ranks(0, 30016, 1, 30016)) {
 		t.Fatalf("before max_total: %+v", f)
 	}
 	tr.Feed(sgl(" DP0", "max_total_num_tokens=30000, chunked_prefill_size=2048"))
 	f := mustFacts(t, tr)
 	// DP1 has not printed its scheduler line yet: each rank uses its best.
-	if !slices.Equal(f.Ranks, ranks(0, 30000, 1, 30016)) || f.Format != FormatSGLangMaxTotal+","+FormatSGLangAlloc {
+	if !slices.Equal(f.Ranks, ranks(0, 30000, 1, 30016)) || f.Format != engine.FormatSGLangMaxTotal+","+engine.FormatSGLangAlloc {
 		t.Fatalf("mixed: ranks %v format %q", f.Ranks, f.Format)
 	}
 }
@@ -218,7 +217,7 @@ func TestTrackerFactsAreCopies(t *testing.T) {
 	}
 }
 
-// Feed, Facts and Reset from several goroutines; run with -race.
+// Feed, enginelog.Facts and Reset from several goroutines; run with -race.
 func TestTrackerConcurrent(t *testing.T) {
 	tr := feed(t, "sglang")
 	var wg sync.WaitGroup
@@ -307,8 +306,8 @@ func TestSeveralServers(t *testing.T) {
 		"router --dp 2": {"python -m sglang_router.launch_server --model-path m --dp 2", srv(31000), pool(9000), pool(7000)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			f, err := Read("sglang", strings.NewReader(strings.Join(lines, "\n")))
-			if !errors.Is(err, ErrSeveralServers) || len(f.Ranks) != 0 || f.Servers != 2 || f.Complete {
+			f, err := enginelog.Read(gram(t, "sglang"), strings.NewReader(strings.Join(lines, "\n")))
+			if !errors.Is(err, enginelog.ErrSeveralServers) || len(f.Ranks) != 0 || f.Servers != 2 || f.Complete {
 				t.Fatalf("err %v facts %+v", err, f)
 			}
 		})
@@ -340,9 +339,9 @@ func TestTwoVLLMServersInterleaved(t *testing.T) {
 	args := func(port int) string {
 		return fmt.Sprintf("(APIServer pid=%d) INFO 12-11 09:13:58 [utils.py:253] non-default args: {'model': 'm', 'port': %d}", port, port)
 	}
-	f, err := Read("vllm", strings.NewReader(strings.Join([]string{args(8000), args(8001),
+	f, err := enginelog.Read(gram(t, "vllm"), strings.NewReader(strings.Join([]string{args(8000), args(8001),
 		vll("(EngineCore pid=5) ", "GPU KV cache size: 9,000 tokens"), vll("(EngineCore pid=6) ", "GPU KV cache size: 7,000 tokens")}, "\n")))
-	if !errors.Is(err, ErrSeveralServers) || f.Servers != 2 || len(f.Ranks) != 0 {
+	if !errors.Is(err, enginelog.ErrSeveralServers) || f.Servers != 2 || len(f.Ranks) != 0 {
 		t.Fatalf("err %v facts %+v", err, f)
 	}
 }

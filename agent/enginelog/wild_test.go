@@ -72,20 +72,20 @@ func TestWildLogs(t *testing.T) {
 		lines := strings.Split(strings.TrimSuffix(string(text), "\n"), "\n")
 		for _, w := range wrappers {
 			t.Run(tr.File+"/"+w.name, func(t *testing.T) {
-				f, err := readWrapped(tr.Engine, w.wrap(lines))
+				f, err := readWrapped(gram(t, tr.Engine), w.wrap(lines))
 				checkWild(t, tr, f, err)
 			})
 		}
 		t.Run(tr.File+"/direct", func(t *testing.T) {
-			f, err := enginelog.Read(tr.Engine, strings.NewReader(string(text)))
+			f, err := enginelog.Read(gram(t, tr.Engine), strings.NewReader(string(text)))
 			checkWild(t, tr, f, err)
 		})
 	}
 }
 
 // readWrapped takes the wrapper off as the agent does, then reads the log.
-func readWrapped(kind, wrapped string) (enginelog.Facts, error) {
-	return enginelog.ReadEach(kind, func(yield func(string)) error {
+func readWrapped(g *enginelog.Grammar, wrapped string) (enginelog.Facts, error) {
+	return enginelog.ReadEach(g, func(yield func(string)) error {
 		u := logwrap.New(yield, logwrap.Options{})
 		sc := bufio.NewScanner(strings.NewReader(wrapped))
 		sc.Buffer(nil, 1<<20)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"heft/agent/engine"
 	"heft/agent/enginelog"
 	"heft/agent/logfollow"
 	"heft/shared/testutil"
@@ -26,10 +27,11 @@ func TestFollowFeedsTracker(t *testing.T) {
 	if err := os.WriteFile(path, []byte(first), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := enginelog.NewTracker("sglang")
+	g, err := engine.LogGrammar("sglang")
 	if err != nil {
 		t.Fatal(err)
 	}
+	tr := enginelog.NewTracker(g)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {

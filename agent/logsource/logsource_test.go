@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/agent/engine"
 	"heft/agent/enginelog"
 	"heft/agent/logwrap/wraptest"
 	"heft/shared/testutil"
@@ -91,11 +92,11 @@ type recorder struct {
 
 func newRecorder(t *testing.T, kind string) *recorder {
 	t.Helper()
-	tr, err := enginelog.NewTracker(kind)
+	g, err := engine.LogGrammar(kind)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &recorder{tracker: tr}
+	return &recorder{tracker: enginelog.NewTracker(g)}
 }
 
 func (r *recorder) handler() Handler {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"heft/agent/engine"
 	"heft/agent/enginelog"
 	"heft/agent/logwrap"
 	"heft/agent/logwrap/wraptest"
@@ -76,17 +77,17 @@ func TestSamplesWrappedGiveTheRawPools(t *testing.T) {
 		{"journald-cat", func(l []string) string { return wraptest.Journal(l, wraptest.Cat, t0, "", "", 0) }, logwrap.None},
 	}
 	for path, lines := range samples(t) {
-		kind := kindOf(path)
-		want, wantErr := enginelog.Read(kind, strings.NewReader(strings.Join(lines, "\n")))
+		g, err := engine.LogGrammar(kindOf(path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, wantErr := enginelog.Read(g, strings.NewReader(strings.Join(lines, "\n")))
 		if wantErr != nil && !strings.Contains(path, "no-pool") {
 			t.Fatalf("%s: raw read: %v", path, wantErr)
 		}
 		for _, w := range wrappers {
 			t.Run(filepath.Base(path)+"/"+w.name, func(t *testing.T) {
-				tr, err := enginelog.NewTracker(kind)
-				if err != nil {
-					t.Fatal(err)
-				}
+				tr := enginelog.NewTracker(g)
 				u := logwrap.New(tr.Feed, logwrap.Options{})
 				for _, l := range strings.Split(strings.TrimSuffix(w.wrap(lines), "\n"), "\n") {
 					u.Line(l)

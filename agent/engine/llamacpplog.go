@@ -1,9 +1,12 @@
-package enginelog
+package engine
 
 import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"heft/agent/enginelog"
+	"heft/shared/wire"
 )
 
 // llama.cpp's llama-server and Ollama (whose runner is llama.cpp's, or its
@@ -18,9 +21,6 @@ import (
 //	time=... msg="Listening on 127.0.0.1:11434 (version 0.6.2)"
 //	build: 5123 (5f1d2e3a) with cc ...
 const (
-	kindLlamaCpp = "llamacpp"
-	kindOllama   = "ollama"
-
 	// FormatLlamaKVCells is llama.cpp's KV cache line: its cells are the
 	// pool's tokens, over all slots.
 	FormatLlamaKVCells = "llamacpp-kv-cells"
@@ -43,65 +43,67 @@ var (
 	ollamaLoadedRE = regexp.MustCompile(`msg="(?:llama runner started in |Starting llama main loop")|"(?:message|msg)":"model loaded"`)
 )
 
-// llamaGrammar is llama.cpp's log grammar, also Ollama's (kind says
-// which): one pool, rank 0.
-func llamaGrammar(kind string) grammar {
-	formats := []string{FormatLlamaKVCells, FormatLlamaNCtx}
-	if kind == kindOllama {
-		// The cells are what the cache holds; n_ctx is asked for;
-		// --ctx-size is what Ollama asked its runner for.
-		formats = append(formats, FormatOllamaCtxSize)
-	}
-	return grammar{
-		segment: func(seg string, _ bool, _ *proc) (Event, proc, bool) {
+// llamaCppLog is llama.cpp's log grammar, ollamaLog Ollama's: one pool,
+// rank 0.
+var (
+	llamaCppLog = llamaGrammar(wire.EngineLlamaCpp, FormatLlamaKVCells, FormatLlamaNCtx)
+	// The cells are what the cache holds; n_ctx is asked for; --ctx-size
+	// is what Ollama asked its runner for.
+	ollamaLog = llamaGrammar(wire.EngineOllama, FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize)
+)
+
+func llamaGrammar(kind string, formats ...string) enginelog.Grammar {
+	return enginelog.Grammar{
+		Kind: kind,
+		Segment: func(seg string, _ bool, _ *enginelog.Proc) (enginelog.Event, enginelog.Proc, bool) {
 			ev, ok := parseLlama(seg)
-			return ev, proc{tp: -1}, ok
+			return ev, enginelog.NoProc(), ok
 		},
-		formats:     formats,
-		dpKey:       "data_parallel_size", // never printed: one rank
-		sharedPools: func(map[string]string) bool { return false },
+		Formats:   formats,
+		PoolLines: `llama.cpp and Ollama "llama_kv_cache: size = ... (N cells, ..." and "n_ctx = N"`,
+		DPKey:     "data_parallel_size", // never printed: one rank
 	}
 }
 
 // parseLlama reads a llama.cpp or Ollama line.
-func parseLlama(seg string) (Event, bool) {
-	ev := Event{TPRank: -1}
+func parseLlama(seg string) (enginelog.Event, bool) {
+	ev := enginelog.Event{TPRank: -1}
 	switch {
 	case strings.HasPrefix(seg, "llama_kv_cache") && strings.Contains(seg, " cells,"):
 		if m := llamaCellsRE.FindStringSubmatch(seg); m != nil {
 			if n, err := strconv.ParseInt(m[1], 10, 64); err == nil {
-				ev.Kind, ev.Format, ev.KVTokens = EventPool, FormatLlamaKVCells, n
+				ev.Kind, ev.Format, ev.KVTokens = enginelog.EventPool, FormatLlamaKVCells, n
 				return ev, true
 			}
 		}
 	case strings.Contains(seg, ": n_ctx "):
 		if m := llamaNCtxRE.FindStringSubmatch(seg); m != nil {
 			if n, err := strconv.ParseInt(m[1], 10, 64); err == nil {
-				ev.Kind, ev.Format, ev.KVTokens = EventPool, FormatLlamaNCtx, n
+				ev.Kind, ev.Format, ev.KVTokens = enginelog.EventPool, FormatLlamaNCtx, n
 				return ev, true
 			}
 		}
 	case strings.Contains(seg, `msg="starting llama server"`):
 		// Ollama starts a runner per model load: a new start-up.
-		ev.Kind, ev.Args = EventLaunchArgs, map[string]string{}
+		ev.Kind, ev.Args = enginelog.EventLaunchArgs, map[string]string{}
 		if m := ollamaCtxRE.FindStringSubmatch(seg); m != nil {
 			ev.Args["ctx_size"] = m[1]
 		}
 		return ev, true
 	case strings.Contains(seg, "server is listening on ") && strings.HasSuffix(seg, "starting the main loop"),
 		ollamaLoadedRE.MatchString(seg):
-		ev.Kind = EventReady
+		ev.Kind = enginelog.EventReady
 		return ev, true
 	case strings.HasPrefix(seg, "build: "):
 		if m := llamaBuildRE.FindStringSubmatch(seg); m != nil {
-			ev.Kind, ev.Version = EventVersion, "b"+m[1]
+			ev.Kind, ev.Version = enginelog.EventVersion, "b"+m[1]
 			return ev, true
 		}
 	case strings.Contains(seg, `msg="Listening on `):
 		if m := ollamaVerRE.FindStringSubmatch(seg); m != nil {
-			ev.Kind, ev.Version = EventVersion, m[1]
+			ev.Kind, ev.Version = enginelog.EventVersion, m[1]
 			return ev, true
 		}
 	}
-	return Event{}, false
+	return enginelog.Event{}, false
 }

@@ -1,0 +1,113 @@
+package engine
+
+import (
+	"regexp"
+	"strings"
+
+	"heft/agent/enginelog"
+	"heft/shared/wire"
+)
+
+// SGLang's start-up log (reference/engines.md §2): "KV Cache is
+// allocated. #tokens: N" per TP rank and the scheduler's
+// "max_total_num_tokens=N", its server args, and readiness, with the
+// rank its header's DP and TP tags name.
+
+// SGLang's pool formats.
+const (
+	FormatSGLangAlloc    = "sglang-kv-allocated"
+	FormatSGLangMaxTotal = "sglang-max-total"
+)
+
+// sglangLog is SGLang's log grammar.
+var sglangLog = enginelog.Grammar{
+	Kind: wire.EngineSGLang,
+	Segment: func(seg string, _ bool, _ *enginelog.Proc) (enginelog.Event, enginelog.Proc, bool) {
+		return parseSGLang(seg)
+	},
+	CommandLine: sglangCommand,
+	Formats:     []string{FormatSGLangMaxTotal, FormatSGLangAlloc},
+	PoolLines:   `SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA) and SGLang "max_total_num_tokens=N"`,
+	DPKey:       "dp_size",
+	ServerPort:  "port",
+	SharedPools: func(args map[string]string) bool { return args["enable_dp_attention"] == "True" },
+	// With --enable-dp-attention SGLang runs all DP ranks in one torch
+	// world and sizes each rank's pool from the free GPU memory
+	// all-reduced to the minimum over that world (model_runner.py,
+	// get_available_gpu_memory(distributed=True)), so the ranks' pools are
+	// equal; only DP0 prints max_total_num_tokens. See
+	// docs/reference/sglang-dp-attention.md.
+	SharedPoolsWhy: "SGLang sizes every attention-DP rank's pool from one minimum over all ranks",
+	MultiNodeKeys:  []string{"nnodes", "node_rank"},
+}
+
+var (
+
+	// SGLang's header: "[2026-03-02 10:15:21.123 DP0 TP1] " with rank
+	// tokens in any order (the order changed across versions). Searched
+	// anywhere in the line, like vLLM's prefix.
+	// SGLang 0.3 printed the time only ("[16:43:29 TP0] ").
+	sglangHeaderRE = regexp.MustCompile(`\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d{1,6})?((?: [A-Za-z_]+\d+)*)\] ?`)
+	// SGLang 0.2 tagged a worker's lines with its GPU: "[gpu=0] ".
+	sglangGPUHeaderRE = regexp.MustCompile(`\[gpu=(\d+)\] ?`)
+)
+
+// parseSGLang reads an SGLang segment: its header, found wherever it
+// starts, and the message after it. p is the header's rank.
+func parseSGLang(seg string) (enginelog.Event, enginelog.Proc, bool) {
+	p := enginelog.NoProc()
+	m := sglangHeaderRE.FindStringSubmatchIndex(seg)
+	if m != nil {
+		for _, tok := range strings.Fields(seg[m[2]:m[3]]) {
+			p.Take(tok)
+		}
+	} else if m = sglangGPUHeaderRE.FindStringSubmatchIndex(seg); m != nil {
+		// 0.2's GPU tag is the worker's GPU, a TP rank of DP rank 0 as far
+		// as this log can tell.
+		p.Take("TP" + seg[m[2]:m[3]])
+	} else {
+		return enginelog.Event{}, p, false
+	}
+	if p.Bad {
+		return enginelog.Event{}, p, false
+	}
+	// SGLang adds a DP tag only when dp_size > 1.
+	p.DPOnly = p.HasDP
+	ev, ok := sglangMessage(seg[m[1]:])
+	ev.DPRank, ev.TPRank, ev.DPNamed = p.DP, p.TP, p.DPOnly
+	return ev, p, ok
+}
+
+func sglangMessage(msg string) (enginelog.Event, bool) {
+	switch {
+	case strings.HasPrefix(msg, "KV Cache is allocated. #tokens: "):
+		// MHA: ", K size: 1.65 GB, V size: 1.65 GB"; MLA: ", KV size: 160.63 GB".
+		// Requiring the comma keeps a line cut mid-number from counting.
+		n, rest, ok := enginelog.CutDigits(msg[len("KV Cache is allocated. #tokens: "):])
+		if !ok || !strings.HasPrefix(rest, ",") {
+			return enginelog.Event{}, false
+		}
+		return enginelog.Event{Kind: enginelog.EventPool, Format: FormatSGLangAlloc, KVTokens: n}, true
+	case strings.HasPrefix(msg, "max_total_num_tokens="):
+		n, rest, ok := enginelog.CutDigits(msg[len("max_total_num_tokens="):])
+		if !ok || !strings.HasPrefix(rest, ",") {
+			return enginelog.Event{}, false
+		}
+		return enginelog.Event{Kind: enginelog.EventPool, Format: FormatSGLangMaxTotal, KVTokens: n}, true
+	case strings.HasPrefix(msg, "server_args=ServerArgs("):
+		ev := enginelog.ArgsFromPyCall(msg[len("server_args="):], sglangModelKeys)
+		for _, k := range []string{"version", "sglang_version"} {
+			if v := ev.Args[k]; v != "" && v != "None" {
+				ev.Version = v
+				break
+			}
+		}
+		return ev, true
+	case strings.HasPrefix(msg, "The server is fired up and ready to roll!"):
+		return enginelog.Event{Kind: enginelog.EventReady}, true
+	}
+	return enginelog.Event{}, false
+}
+
+// Launch-arg keys that name the served model, best first.
+var sglangModelKeys = []string{"served_model_name", "model_path"}
