@@ -39,12 +39,16 @@ defaults
     timeout connect 2s
     timeout client 60s
     timeout server 60s
+    retries 3
+    option redispatch 1
 frontend llm
     bind {{front}}
     default_backend qwen
 backend qwen
     balance roundrobin
     http-response set-header X-Heft-Backend %si:%sp
+    option httpchk GET /health
+    default-server check inter 1s fall 2 rise 2
     server-template heft 1-6 127.0.0.1:9 disabled
 `
 	gwNginx = `    include {{upstream_file}};

@@ -55,6 +55,7 @@ frontend fe
     default_backend qwen
 backend qwen
     balance leastconn
+    http-response set-header X-Heft-Backend %si:%sp
     option httpchk GET /health
     default-server check inter 1s fall 2 rise 2
     server-template heft 1-4 127.0.0.1:9 disabled
@@ -68,6 +69,7 @@ const chaosNginx = `    include {{upstream_file}};
         location / {
             proxy_pass http://qwen;
             proxy_buffering off;
+            add_header X-Heft-Backend $upstream_addr always;
             proxy_read_timeout 60s;
             proxy_next_upstream error timeout;
             proxy_next_upstream_tries 3;
@@ -140,6 +142,7 @@ type chaosRig struct {
 	oldTok string // the agent token in use
 	proxy  *faultProxy
 	agents []*chaosAgent
+	sims   []*sim.Server // sims[i] is agents[i]'s engine
 	sync   *chaosSync
 	hx     *gwtest.HAProxy
 	nx     *gwtest.Nginx
@@ -161,6 +164,7 @@ func newChaosRig(t *testing.T) *chaosRig {
 	for i, sc := range chaosSims {
 		sc.LogPath = filepath.Join(t.TempDir(), "vllm.log")
 		s := simOn(t, sc, "127.0.0.1:0")
+		r.sims = append(r.sims, s)
 		cfg := agentconfig.Default()
 		cfg.Coordinator.URL = "ws://" + r.proxy.addr() + "/api/v1/agent"
 		cfg.Coordinator.TokenFile = filepath.Join(t.TempDir(), "agent.token")

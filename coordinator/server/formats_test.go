@@ -48,7 +48,7 @@ func TestWeightsAsHAProxy(t *testing.T) {
 	text := string(body)
 	for _, want := range []string{`# heft weights of model "Qwen/Qwen3-8B"`, "2 of 3 workers serve",
 		"server heft-10.0.0.1-8000 10.0.0.1:8000 weight 137 maxconn 22", "server heft-10.0.0.2-8000 10.0.0.2:8000 weight 63 maxconn 16",
-		"server heft-10.0.0.3-8000 10.0.0.3:8000 weight 1 maxconn 16 disabled", "error of a worker's share of traffic after rounding: 0.00%"} {
+		"server heft-10.0.0.3-8000 10.0.0.3:8000 weight 1 maxconn 16 check inter 2s fall 2 rise 2 disabled", "option httpchk GET /health", "error of a worker's share of traffic after rounding: 0.00%"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("lacks %q:\n%s", want, text)
 		}
@@ -66,8 +66,8 @@ func TestWeightsAsHAProxyWithAgentCheck(t *testing.T) {
 	}
 	text := string(body)
 	for _, want := range []string{
-		`server heft-10.0.0.1-8000 10.0.0.1:8000 weight 100 maxconn 22 agent-check agent-addr 10.0.0.100 agent-port 7071 agent-inter 2s agent-send "Qwen/Qwen3-8B 10.0.0.1:8000\n"`,
-		`server heft-10.0.0.3-8000 10.0.0.3:8000 weight 100 maxconn 16 disabled agent-check agent-addr 10.0.0.100 agent-port 7071 agent-inter 2s agent-send "Qwen/Qwen3-8B 10.0.0.3:8000\n"`,
+		`server heft-10.0.0.1-8000 10.0.0.1:8000 weight 100 maxconn 22 check inter 2s fall 2 rise 2 agent-check agent-addr 10.0.0.100 agent-port 7071 agent-inter 2s agent-send "Qwen/Qwen3-8B 10.0.0.1:8000\n"`,
+		`server heft-10.0.0.3-8000 10.0.0.3:8000 weight 100 maxconn 16 check inter 2s fall 2 rise 2 disabled agent-check agent-addr 10.0.0.100 agent-port 7071 agent-inter 2s agent-send "Qwen/Qwen3-8B 10.0.0.3:8000\n"`,
 		"asks the coordinator's agent check at 10.0.0.100:7071",
 	} {
 		if !strings.Contains(text, want) {

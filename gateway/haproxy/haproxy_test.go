@@ -201,6 +201,7 @@ frontend fe
     default_backend qwen
 backend qwen
     balance roundrobin
+    option httpchk GET /health
     server gpu-a `+a.Addr+` weight 1
 `)
 	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen", AddServers: true, MaxConn: true})
@@ -218,6 +219,21 @@ backend qwen
 	if again := apply(t, h, desired(wa, wb)); len(again.Changes) != 0 {
 		t.Fatalf("a second apply changed %v", again.Changes)
 	}
+	// The added server has the gateway's own health check (the backend's
+	// httpchk): its engine dying takes it out with nothing from heft.
+	added := func() map[string]string {
+		for _, row := range hx.Stat(t) {
+			if row["pxname"] == "qwen" && row["addr"] == b.Addr {
+				return row
+			}
+		}
+		return nil
+	}
+	testutil.Eventually(t, "a health check of the added server", 10*time.Second, func() bool { return added()["check_status"] == "L7OK" })
+	b.Stop()
+	testutil.Eventually(t, "the added server's check to mark it down", 30*time.Second, func() bool {
+		return strings.HasPrefix(added()["status"], "DOWN")
+	})
 	// b gone from the coordinator: its added server is removed.
 	// (HAProxy deletes it once no connection is attached to it.)
 	deleted := false

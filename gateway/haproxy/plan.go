@@ -192,14 +192,18 @@ func (p *plan) assignByAddress(servers []server, slots []int, ws []want, o planO
 	return assign
 }
 
-// addServer adds a server (HAProxy ≥ 2.5) for a serving worker.
+// addServer adds a server (HAProxy ≥ 2.5) for a serving worker, with
+// the gateway's own health check as the backend defines it (its "option
+// httpchk", else a connect check): an added server takes nothing from
+// "default-server", and HAProxy starts its check only on "enable health".
+// The check's timing is HAProxy's default (inter 2s, fall 3, rise 2).
 func (p *plan) addServer(w *want, o planOptions) {
-	name := o.addedName(w.Addr)
-	p.cmds = append(p.cmds, fmt.Sprintf("add server %s/%s %s weight %d", o.Backend, name, w.Addr, w.Int))
+	ref := o.Backend + "/" + o.addedName(w.Addr)
+	p.cmds = append(p.cmds, fmt.Sprintf("add server %s %s weight %d check", ref, w.Addr, w.Int))
 	if o.MaxConn && w.MaxConcurrency > 0 {
-		p.cmds = append(p.cmds, fmt.Sprintf("set maxconn server %s/%s %d", o.Backend, name, w.MaxConcurrency))
+		p.cmds = append(p.cmds, fmt.Sprintf("set maxconn server %s %d", ref, w.MaxConcurrency))
 	}
-	p.cmds = append(p.cmds, fmt.Sprintf("set server %s/%s state ready", o.Backend, name))
+	p.cmds = append(p.cmds, "enable health "+ref, "set server "+ref+" state ready")
 	p.serving++
 }
 

@@ -74,7 +74,8 @@ func TestPlanNoSlotAndAddServers(t *testing.T) {
 	o := opts
 	o.AddServers = true
 	p = makePlan(servers, ws, o)
-	if len(p.problems) != 0 || !slices.Contains(p.cmds, "add server qwen/heft-10.0.0.2-8000 10.0.0.2:8000 weight 1") {
+	if len(p.problems) != 0 || !slices.Contains(p.cmds, "add server qwen/heft-10.0.0.2-8000 10.0.0.2:8000 weight 1 check") ||
+		!slices.Contains(p.cmds, "enable health qwen/heft-10.0.0.2-8000") {
 		t.Fatalf("add_servers: %v %v", p.cmds, p.problems)
 	}
 	// A server heft added whose worker is gone is put in maintenance and deleted.

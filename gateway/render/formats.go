@@ -97,9 +97,13 @@ func renderHAProxy(m target.Model, req Request) (Output, error) {
 		out.Notes = append(out.Notes, "Server lines for a backend section: weights 1-256, maxconn = max_concurrency, drained workers disabled.")
 	} else {
 		out.Notes = append(out.Notes, "Server lines for a backend section; each asks the coordinator's agent check at "+opt.AgentCheck+" for its weight and state.")
-		if req.ViewerToken {
-			out.Notes = append(out.Notes, `This coordinator has a viewer token: put it first in each agent-send, "TOKEN MODEL ADDRESS\n".`)
-		}
+	}
+	if healthRoute(m) == "" {
+		out.Notes = append(out.Notes, "The engines' health routes differ: each server's check is a connect check; add the backend's option httpchk yourself.")
+	}
+	out.Notes = append(out.Notes, "Each server has HAProxy's own health check: with retries 3 and option redispatch 1 in defaults, an engine that dies fails no request.")
+	if opt.AgentCheck != "" && req.ViewerToken {
+		out.Notes = append(out.Notes, `This coordinator has a viewer token: put it first in each agent-send, "TOKEN MODEL ADDRESS\n".`)
 	}
 	return out, nil
 }

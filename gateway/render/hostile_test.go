@@ -92,7 +92,7 @@ func want(m target.Model, servingOnly bool) []string {
 var (
 	nginxServer   = regexp.MustCompile(`^    server (\S+) (weight=[1-9][0-9]*( max_conns=[1-9][0-9]*)?|down); *# [ -~]*$`)
 	haproxyServer = regexp.MustCompile(`^    server heft-[A-Za-z0-9._-]+ (\S+)( ssl verify required ca-file @system-ca)? weight [1-9][0-9]*` +
-		`( maxconn [1-9][0-9]*)?( disabled)?( agent-check agent-addr [0-9a-f.:]+ agent-port [0-9]+ agent-inter [0-9a-z]+ agent-send "[!-~]+ \S+\\n")?  # [ -~]*$`)
+		`( maxconn [1-9][0-9]*)? check inter 2s fall 2 rise 2( disabled)?( agent-check agent-addr [0-9a-f.:]+ agent-port [0-9]+ agent-inter [0-9a-z]+ agent-send "[!-~]+ \S+\\n")?  # [ -~]*$`)
 )
 
 // checkNginx reads an upstream file back line by line: comments, the
@@ -128,12 +128,16 @@ func checkNginx(out []byte, upstream string, directives []string, wantAddrs []st
 	return sameAddrs(got, wantAddrs)
 }
 
-// checkHAProxy reads server lines back: one per worker, nothing else.
+// checkHAProxy reads server lines back: the health check's httpchk line
+// first, then one server line per worker, nothing else.
 func checkHAProxy(out []byte, wantAddrs []string) error {
 	var got []string
 	for i, l := range strings.Split(strings.TrimSuffix(string(out), "\n"), "\n") {
 		if l == "" && len(out) == 0 {
 			break
+		}
+		if i == 0 && (l == "    option httpchk GET /health" || l == "    option httpchk GET /api/version") {
+			continue
 		}
 		sm := haproxyServer.FindStringSubmatch(l)
 		if sm == nil {

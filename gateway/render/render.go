@@ -55,8 +55,42 @@ type HAProxyOptions struct {
 	AgentInter string
 }
 
+// HealthRoute is the path of an engine kind's health route, which
+// HAProxy's "option httpchk" asks: /health for vLLM, SGLang, llama.cpp,
+// mlx-lm (and an engine kind heft does not know); Ollama has none, and
+// answers /api/version once it runs.
+func HealthRoute(kind string) string {
+	if kind == "ollama" {
+		return "/api/version"
+	}
+	return "/health"
+}
+
+// haproxyCheck is the health check of every rendered server: the timing
+// of docs/gateways.md's example backend.
+const haproxyCheck = " check inter 2s fall 2 rise 2"
+
+// healthRoute is the one health route of m's engines; "" when they differ
+// (HAProxy has one httpchk per backend: a connect check is what is left).
+func healthRoute(m target.Model) string {
+	route := HealthRoute("")
+	for i, b := range m.Backends {
+		r := HealthRoute(b.Engine)
+		if i > 0 && r != route {
+			return ""
+		}
+		route = r
+	}
+	return route
+}
+
 // HAProxy returns the server lines of a backend for m, indented for a
-// "backend" section, and the rounding error of the weights. Serving
+// "backend" section, and the rounding error of the weights. The first
+// line is the backend's "option httpchk GET ROUTE" of its engines' health
+// route (left out when they differ), and every server has "check": the
+// gateway's own health check takes an engine that dies out whatever heft
+// says (with "retries" and "option redispatch" in the defaults, no
+// request fails for it). Serving
 // workers come first, heaviest first (so "balance first" fills the
 // fastest one first), each with its weight in 1–256 and, when known,
 // "maxconn" = its max_concurrency; held, offline and unmeasured workers
@@ -90,6 +124,9 @@ func HAProxy(m target.Model, opt HAProxyOptions) ([]byte, float64, error) {
 		return cmp.Or(cmp.Compare(b.Weight, a.Weight), cmp.Compare(a.Address, b.Address))
 	})
 	var buf bytes.Buffer
+	if route := healthRoute(m); route != "" && len(bs) > 0 {
+		fmt.Fprintf(&buf, "    option httpchk GET %s\n", route)
+	}
 	for _, b := range bs {
 		line := fmt.Sprintf("    server %s %s", HAProxyServerName(b.Address), b.Address)
 		if b.Scheme == "https" {
@@ -107,6 +144,7 @@ func HAProxy(m target.Model, opt HAProxyOptions) ([]byte, float64, error) {
 		if b.MaxConcurrency > 0 {
 			line += fmt.Sprintf(" maxconn %d", b.MaxConcurrency)
 		}
+		line += haproxyCheck
 		if !b.Serving {
 			line += " disabled"
 		}

@@ -1,6 +1,7 @@
 package render_test
 
 import (
+	"net/url"
 	"strings"
 	"testing"
 
@@ -42,14 +43,17 @@ func TestHAProxyParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := string(lines)
+	if !strings.HasPrefix(text, "    option httpchk GET /health\n") {
+		t.Errorf("the engines' health check does not come first:\n%s", text)
+	}
 	for _, want := range []string{
-		"    server heft-10.0.0.1-8000 10.0.0.1:8000 weight 137 maxconn 22  # admitted, weight 1.37, w-10.0.0.1:8000\n",
-		"    server heft-10.0.0.2-8000 10.0.0.2:8000 weight 63 maxconn 16  # admitted, weight 0.63, w-10.0.0.2:8000\n",
-		"    server heft-10.0.0.3-8000 10.0.0.3:8000 weight 1 maxconn 16 disabled  # held, w-10.0.0.3:8000\n",
-		"    server heft-10.0.0.4-8000 10.0.0.4:8000 weight 1 disabled  # offline",
-		"    server heft-10.0.0.5-8000 10.0.0.5:8000 weight 1 disabled  # measuring",
-		"    server heft-10.0.0.6-8443 10.0.0.6:8443 ssl verify required ca-file @system-ca weight 100  #",
-		"    server heft-fd00--7-8000 [fd00::7]:8000 weight 100  #",
+		"    server heft-10.0.0.1-8000 10.0.0.1:8000 weight 137 maxconn 22 check inter 2s fall 2 rise 2  # admitted, weight 1.37, w-10.0.0.1:8000\n",
+		"    server heft-10.0.0.2-8000 10.0.0.2:8000 weight 63 maxconn 16 check inter 2s fall 2 rise 2  # admitted, weight 0.63, w-10.0.0.2:8000\n",
+		"    server heft-10.0.0.3-8000 10.0.0.3:8000 weight 1 maxconn 16 check inter 2s fall 2 rise 2 disabled  # held, w-10.0.0.3:8000\n",
+		"    server heft-10.0.0.4-8000 10.0.0.4:8000 weight 1 check inter 2s fall 2 rise 2 disabled  # offline",
+		"    server heft-10.0.0.5-8000 10.0.0.5:8000 weight 1 check inter 2s fall 2 rise 2 disabled  # measuring",
+		"    server heft-10.0.0.6-8443 10.0.0.6:8443 ssl verify required ca-file @system-ca weight 100 check inter 2s fall 2 rise 2  #",
+		"    server heft-fd00--7-8000 [fd00::7]:8000 weight 100 check inter 2s fall 2 rise 2  #",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("lacks %q:\n%s", want, text)
@@ -144,5 +148,41 @@ func TestHAProxyServerName(t *testing.T) {
 		if got := render.HAProxyServerName(addr); got != want {
 			t.Errorf("HAProxyServerName(%q) = %q, want %q", addr, got, want)
 		}
+	}
+}
+
+// The httpchk line asks the engines' own health route; engines of
+// different routes in one backend get a connect check and a note.
+func TestHAProxyHealthCheck(t *testing.T) {
+	ollama := func(addr string) coord.Worker {
+		w := gwtest.Worker(model, addr, view.StateAdmitted, 1)
+		w.Engine = "ollama"
+		return w
+	}
+	for _, tc := range []struct {
+		name    string
+		workers []coord.Worker
+		first   string
+		note    bool
+	}{
+		{"ollama", []coord.Worker{ollama("10.0.0.1:11434"), ollama("10.0.0.2:11434")}, "    option httpchk GET /api/version", false},
+		{"vllm and ollama", []coord.Worker{ollama("10.0.0.1:11434"), gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 1)}, "    server ", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := target.ForModel(model, tc.workers)
+			f, _ := render.Lookup("haproxy")
+			out, err := f.Render(m, render.Request{Query: url.Values{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := string(out.Body)
+			if !strings.HasPrefix(text, tc.first) || strings.Count(text, " check inter 2s fall 2 rise 2") != 2 {
+				t.Errorf("want it to start with %q and two checked servers:\n%s", tc.first, text)
+			}
+			noted := strings.Contains(strings.Join(out.Notes, "\n"), "health routes differ")
+			if noted != tc.note {
+				t.Errorf("notes %q: a note of different routes %t, want %t", out.Notes, noted, tc.note)
+			}
+		})
 	}
 }

@@ -21,6 +21,7 @@ type Backend struct {
 	Scheme   string // "http" or "https", from the worker's URL
 	WorkerID string
 	Node     string
+	Engine   string // the engine's kind (vllm, sglang, ...): its health route
 	State    string // the coordinator's state
 	// Serving is true for an admitted or stale worker (view.Serving) with
 	// a positive weight: it gets Weight. Every other worker is drained: it
@@ -89,7 +90,7 @@ func ForSelection(model string, sel Selection, ws []view.Worker) (Model, []strin
 			problems = append(problems, fmt.Sprintf("worker %s left out: %v", Printable(w.ID), err))
 			continue
 		}
-		b := Backend{Address: addr, Scheme: scheme, WorkerID: w.ID, Node: w.Node, State: w.State}
+		b := Backend{Address: addr, Scheme: scheme, WorkerID: w.ID, Node: w.Node, Engine: w.Engine, State: w.State}
 		if w.MaxContextTokens != nil && *w.MaxContextTokens > 0 {
 			b.MaxContextTokens = *w.MaxContextTokens
 		}
