@@ -69,8 +69,11 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog
 	if len(e.Ranks) > 0 {
 		e.RanksAt = time.Now().UTC()
 	}
-	if len(e.Ranks) > 0 && e.RanksSource != r.poolsSrc && len(r.pools) > 0 {
-		// The log's pools won; what the endpoints said checks them.
+	if len(e.Ranks) > 0 && e.RanksSource != r.poolsSrc && len(r.pools) > 0 && r.poolsSrc != SourceAPIPS {
+		// The log's pools won; what the endpoints said checks them. Not
+		// Ollama's /api/ps: its context_length is one request's context,
+		// while the runner's cache in the log holds OLLAMA_NUM_PARALLEL
+		// of them, so the two differ without either being wrong.
 		e.PoolCheck = &wire.PoolCheck{Source: r.poolsSrc, Ranks: slices.Clone(r.pools)}
 	}
 	completeness(&e, logFacts, args)
