@@ -4,7 +4,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"heft/shared/view"
 	"heft/shared/wire"
@@ -31,7 +30,7 @@ func TestMultiNodeDeploymentHeld(t *testing.T) {
 	startAgent(t, c, "gpu-a", "vllm", head.URL(), headLog)
 	startAgent(t, c, "gpu-b", "vllm", tail.URL(), tailLog)
 
-	ws := c.waitFor(t, "both nodes measured and held", 120*time.Second, func(ws []view.Worker) bool {
+	ws := c.waitFor(t, "both nodes measured and held", measuredWithin, func(ws []view.Worker) bool {
 		for _, n := range []string{"gpu-a", "gpu-b"} {
 			if w, ok := byNode(ws, n); !ok || w.State != view.StateHeld {
 				return false

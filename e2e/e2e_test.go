@@ -355,6 +355,12 @@ func byNode(ws []view.Worker, node string) (view.Worker, bool) {
 	return view.Worker{}, false
 }
 
+// measuredWithin bounds the wait for a fleet's first measurements. On a
+// loaded machine one request of a burst can fail (the whole burst then
+// fails, as it should), and the coordinator asks for the probe again
+// fleet.FailRetry (2 min) later: the wait leaves room for that second try.
+const measuredWithin = 4 * time.Minute
+
 func settled(nodes ...string) func([]view.Worker) bool {
 	return func(ws []view.Worker) bool {
 		for _, n := range nodes {

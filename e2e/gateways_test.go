@@ -254,7 +254,7 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 	runAgentConfig(t, fmt.Sprintf("[coordinator]\nurl = %q\ntoken = %q\n[node]\nname = \"gpu-slow\"\n[[engine]]\nkind = \"vllm\"\nurl = %q\nlog = %q\nadvertise_url = %q\n",
 		"ws://"+c.addr+"/api/v1/agent", agentToken, slow.URL(), logs["slow"], "http://"+fwd.addr))
 	startAgent(t, c, "gpu-uneven", "sglang", uneven.URL(), logs["uneven"])
-	ws := c.waitFor(t, "all four workers measured", 120*time.Second, settled("gpu-fast", "gpu-mid", "gpu-slow", "gpu-uneven"))
+	ws := c.waitFor(t, "all four workers measured", measuredWithin, settled("gpu-fast", "gpu-mid", "gpu-slow", "gpu-uneven"))
 
 	addrOf := func(s *sim.Server) string { return strings.TrimPrefix(s.URL(), "http://") }
 	sw, _ := byNode(ws, "gpu-slow")

@@ -91,7 +91,7 @@ func TestPoolsFromPodLogs(t *testing.T) {
 	pods.wrap(t, otherLog, "inference", "sglang-0", "sglang", 80, nil)
 	startAgentWith(t, agentURL, extra, "gpu-other", "sglang", other.URL(), "k8s:inference/sglang-0/sglang")
 
-	ws := c.waitFor(t, "four workers measured", 120*time.Second, settled("gpu-raw", "gpu-pod", "gpu-starting", "gpu-other"))
+	ws := c.waitFor(t, "four workers measured", measuredWithin, settled("gpu-raw", "gpu-pod", "gpu-starting", "gpu-other"))
 	rw, _ := byNode(ws, "gpu-raw")
 	pw, _ := byNode(ws, "gpu-pod")
 	sw, _ := byNode(ws, "gpu-starting")

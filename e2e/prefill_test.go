@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"heft/bench"
 	"heft/shared/view"
@@ -34,7 +33,7 @@ func TestPrefillWeight(t *testing.T) {
 	startAgentWith(t, coordURL, probe, "gpu-h20", "vllm", h20.URL(), h20Log)
 	startAgentWith(t, coordURL, probe, "gpu-dp2", "sglang", dp2.URL(), dp2Log)
 
-	ws := c.waitFor(t, "both workers with a prefill weight", 120*time.Second, func(ws []view.Worker) bool {
+	ws := c.waitFor(t, "both workers with a prefill weight", measuredWithin, func(ws []view.Worker) bool {
 		n := 0
 		for _, w := range ws {
 			if w.State == view.StateAdmitted && w.PrefillWeight != nil {
