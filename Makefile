@@ -1,6 +1,9 @@
 # heft — see README.md. `make help` lists the targets.
 SHELL := /bin/bash
 GO ?= go
+# A test binary may run longer than go test's default 10 min on a busy machine:
+# packaging (lintian, rpmlint) took over 10 min at a load of 25 on 2 cores.
+TEST_TIMEOUT ?= 30m
 BIN := bin
 # The version lives in VERSION; binaries report it with the commit as semver
 # build metadata (0.2.0+<commit>, -dirty for uncommitted changes).
@@ -25,7 +28,7 @@ build-cross: ## check the agent builds for Linux on arm64 and for macOS on Apple
 
 test: ## a short fuzz of every fuzz target, then every test with the race detector
 	./scripts/fuzz.sh 3
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 test-under-load: ## make test with six CPU-bound hogs beside it (load about 8 on 2 cores); scripts/test-under-load.sh PKG... for some packages
 	./scripts/test-under-load.sh

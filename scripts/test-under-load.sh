@@ -32,10 +32,10 @@ echo "test-under-load: $HOGS CPU hogs running (pids$pids) on $(nproc) cores"
 
 start=$(date +%s)
 if [ "$#" -gt 0 ]; then
-	$GO test -race -count=1 "$@"
+	$GO test -race -count=1 -timeout 30m "$@"
 	rc=$?
 else
-	./scripts/fuzz.sh 3 && $GO test -race -count=1 ./...
+	./scripts/fuzz.sh 3 && $GO test -race -count=1 -timeout 30m ./...
 	rc=$?
 fi
 end=$(date +%s)
