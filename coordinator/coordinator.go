@@ -81,7 +81,7 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 		_ = st.Close()
 		return nil, err
 	}
-	reg, err := nodes.New(NodesConfig(cfg), st, records, o.now, o.logger)
+	reg, err := nodes.New(nodesConfig(cfg, st, o.logger), st, records, o.now, o.logger)
 	if err != nil {
 		_ = st.Close()
 		return nil, err
@@ -126,6 +126,23 @@ func FleetConfig(cfg config.Config) fleet.Config {
 func NodesConfig(cfg config.Config) nodes.Config {
 	return nodes.Config{ApproveNew: cfg.ApproveNewNodes, RequireCredential: cfg.RequireNodeCredential,
 		MaxNodes: cfg.MaxNodes, MaxPending: cfg.MaxPendingNodes, ForgetAfter: cfg.ForgetNodesAfter}
+}
+
+// nodesConfig is NodesConfig with approve_new_nodes, where the
+// configuration does not set it, as the state file was installed with:
+// on for a new install, off for an upgrade from before that default.
+func nodesConfig(cfg config.Config, st *store.Bolt, logger hclog.Logger) nodes.Config {
+	nc := NodesConfig(cfg)
+	if cfg.ApproveNewNodesSet() {
+		return nc
+	}
+	nc.ApproveNew = st.ApproveNewNodesByDefault()
+	why := "a state file from before approval was the default (an upgrade) keeps it off"
+	if nc.ApproveNew {
+		why = "a new install approves new node names unless approve_new_nodes = false"
+	}
+	logger.Info("approve_new_nodes is not set: "+why, "approve_new_nodes", nc.ApproveNew)
+	return nc
 }
 
 // serverOptions is the one mapping from the configuration to the

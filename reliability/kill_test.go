@@ -115,7 +115,7 @@ func TestCoordinatorSIGKILLMidWrites(t *testing.T) {
 	bin := buildCoordinator(t)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(t.TempDir(), "coordinator.toml")
-	cfg := fmt.Sprintf("listen = \"127.0.0.1:0\"\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nlog_level = \"warn\"\n",
+	cfg := fmt.Sprintf("listen = \"127.0.0.1:0\"\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nlog_level = \"warn\"\napprove_new_nodes = false\n",
 		dir, agentToken, adminToken)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

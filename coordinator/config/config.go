@@ -458,3 +458,16 @@ func PrintUsage(w io.Writer) {
 	c := Default()
 	c.command().Usage(w)
 }
+
+// ApproveNewNodesSet reports whether the configuration says whether new
+// node names wait for approval. When it does not, the state file decides
+// (coordinator.New): on for a new install, off for an upgrade, which
+// keeps the default it was installed with. A Config not made by Load
+// (config.Default() in a program or a test) says every setting itself.
+func (c Config) ApproveNewNodesSet() bool {
+	if c.report == nil {
+		return true
+	}
+	o, ok := c.report.Origin("approve_new_nodes")
+	return !ok || o.Source != settings.FromDefault
+}

@@ -96,7 +96,10 @@ func Open(dir string, logger hclog.Logger, opts ...Option) (*Bolt, error) {
 		}
 		meta := tx.Bucket(bucketMeta)
 		switch found.schema {
-		case 0: // a new file
+		case 0: // a new file: a new install
+			if err := meta.Put(keyApproveNew, []byte("true")); err != nil {
+				return err
+			}
 			return meta.Put(keySchema, []byte(fmt.Sprint(SchemaVersion)))
 		case 1:
 			n, err := upgrade1(tx)

@@ -55,6 +55,9 @@ var (
 	bucketNodes       = []byte("nodes")
 	bucketAudit       = []byte("audit") // audit.go
 	keySchema         = []byte("schema_version")
+	// keyApproveNew marks a state file begun by a heft whose new installs
+	// approve new node names by default (install.go).
+	keyApproveNew = []byte("approve_new_nodes_default")
 
 	allBuckets = [][]byte{bucketMeta, bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketHistory, bucketWorkers, bucketNodes, bucketAudit}
 	// dataBuckets hold checksummed values (history's are in sub-buckets).

@@ -112,12 +112,13 @@ func run(ctx context.Context, bin, listen, dir string, settle bool) error {
 		return err
 	}
 	// The demo's engines are the operator's own, weighed from their first
-	// measurement: no probation (a real install keeps it; docs/security.md).
+	// measurement and admitted without an admin: no probation, no approval
+	// of new names (a real install keeps both; docs/security.md).
 	// Every gateway of a one-host fleet runs here, so the engines' loopback
 	// addresses are routable: single_host says so, and not_routable, which
 	// a real fleet needs, is not raised.
 	coordCfg := filepath.Join(dir, "coordinator.toml")
-	if err := os.WriteFile(coordCfg, fmt.Appendf(nil, "listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nprobation = \"0s\"\nsingle_host = true\n",
+	if err := os.WriteFile(coordCfg, fmt.Appendf(nil, "listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nprobation = \"0s\"\napprove_new_nodes = false\nsingle_host = true\n",
 		addr, filepath.Join(dir, "state"), agentToken, adminToken), 0o600); err != nil {
 		return err
 	}
