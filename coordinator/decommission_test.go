@@ -91,3 +91,69 @@ func metricLines(t *testing.T, r *running) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A name forgotten after forget_nodes_after goes the way an admin's
+// release goes (fleet.ForgetNode): its pins, decisions, keys and
+// measurements are forgotten with it, in the state too, so whoever says
+// the name next inherits nothing. Before, the record went and the pin and
+// the admit stayed for the next holder.
+func TestForgottenNameLeavesNothingToInherit(t *testing.T) {
+	clk := newClock()
+	cfg := testConfig(t)
+	cfg.ForgetNodesAfter = 48 * time.Hour
+	r := start(t, cfg, WithClock(clk.now))
+	key := "gpu-a|vllm|" + testModel + "|--port=8000"
+	a := connectAgent(t, r, "gpu-a")
+	s := snapshot("gpu-a", clk.now(), engine(key, 8000))
+	a.send(&s)
+	var req *wire.ProbeRequest
+	for req == nil {
+		if env := a.read(); env.Type == wire.TypeProbeRequest {
+			req = env.ProbeRequest
+		}
+	}
+	a.send(&wire.ProbeResult{RequestID: req.RequestID, Measurement: measured(key, "gpu-a", 900, clk.now())})
+	testutil.Eventually(t, "the worker admitted", 10*time.Second, func() bool {
+		ws, _ := r.Fleet().Find(fleet.Query{State: view.StateAdmitted})
+		return len(ws) == 1
+	})
+	for _, act := range []struct{ path, body string }{{"/pin", `{"weight":1.5}`}, {"/admit", ""}} {
+		if status, body := r.do(t, "POST", "/api/v1/workers/"+key+act.path, adminToken, act.body); status != http.StatusOK {
+			t.Fatalf("%s: %d %s", act.path, status, body)
+		}
+	}
+	_ = a.c.CloseNow()
+	testutil.Eventually(t, "the agent seen gone", 10*time.Second, func() bool {
+		ws, _ := r.Fleet().Find(fleet.Query{})
+		return len(ws) == 1 && !ws[0].AgentConnected
+	})
+	clk.add(49 * time.Hour)
+	testutil.Eventually(t, "the name forgotten", 10*time.Second, func() bool {
+		status, _ := r.do(t, "GET", "/api/v1/nodes/gpu-a", adminToken, "")
+		return status == http.StatusNotFound
+	})
+	st, err := r.st.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Pins) != 0 || len(st.Decisions) != 0 || len(st.Latest) != 0 || len(st.Workers) != 0 {
+		t.Errorf("the forgotten name's state remains: pins %v, decisions %v, measurements %d, workers %d",
+			st.Pins, st.Decisions, len(st.Latest), len(st.Workers))
+	}
+	// The next holder of the name is probed, and neither pinned nor admitted.
+	b := connectAgent(t, r, "gpu-a")
+	s = snapshot("gpu-a", clk.now(), engine(key, 8000))
+	b.send(&s)
+	for {
+		env := b.read()
+		if env.Type == wire.TypeCached {
+			t.Fatal("the next holder of the name was handed the old measurement")
+		}
+		if env.Type == wire.TypeProbeRequest {
+			break
+		}
+	}
+	if w, ok := r.Fleet().Worker(key); !ok || w.PinnedWeight != nil || w.AdminDecision != "" {
+		t.Errorf("the next holder's worker: pinned %v, decision %q", w.PinnedWeight, w.AdminDecision)
+	}
+}

@@ -500,7 +500,7 @@ func (f *Fleet) Tick() []Action {
 				if !w.placeholder {
 					f.forgets = append(f.forgets, forget{key: w.id, worker: true})
 					if m := f.newest(w.id); m != nil && now.Sub(m.FinishedAt) >= f.cfg.CacheTTL {
-						f.release(w.id) // too old to spare a burst
+						f.lapse(w.id) // too old to spare a burst
 					}
 				}
 				continue
@@ -534,12 +534,12 @@ func (f *Fleet) sweep(now time.Time) {
 	for key, c := range f.cache {
 		if f.workers[key] == nil && (c.latest == nil || now.Sub(c.latest.FinishedAt) >= f.cfg.CacheTTL) {
 			f.log.Debug("forgetting the measurements of a capacity key no agent lists", "capacity_key", key)
-			f.release(key)
+			f.lapse(key)
 		}
 	}
 	for key := range f.owner {
 		if f.workers[key] == nil && f.cache[key] == nil {
-			f.release(key)
+			f.lapse(key)
 		}
 	}
 	for name, n := range f.nodes {

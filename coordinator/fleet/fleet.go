@@ -539,6 +539,25 @@ func (f *Fleet) claim(key, node string, at time.Time) {
 	}
 }
 
+// lapse forgets what the fleet keeps of a capacity key no agent lists:
+// its cached measurements, and its owner unless an admin pinned it or
+// decided on it. A pinned key stays its node's, so that no other node
+// can claim it and inherit the pin, and the pin goes when that node's
+// name is released or forgotten (ForgetNode).
+func (f *Fleet) lapse(key string) {
+	_, pin := f.pins[key]
+	_, prefillPin := f.prefillPins[key]
+	_, decision := f.decisions[key]
+	if !pin && !prefillPin && !decision {
+		f.release(key)
+		return
+	}
+	if _, ok := f.cache[key]; ok {
+		delete(f.cache, key)
+		f.forgets = append(f.forgets, forget{key: key, measurements: true})
+	}
+}
+
 // release forgets a capacity key: its owner and its cached measurements,
 // here and (after the lock is released) in the store. Its worker, if any,
 // must already be gone. Pins and decisions stay, as for a forgotten worker.
@@ -648,7 +667,7 @@ func (f *Fleet) drop(w *worker) {
 		return
 	}
 	if _, cached := f.cache[w.id]; !cached {
-		f.release(w.id)
+		f.lapse(w.id)
 	}
 }
 

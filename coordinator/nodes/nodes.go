@@ -531,8 +531,12 @@ const tickEvery = time.Minute
 // Tick forgets the nodes unseen for ForgetAfter (connected reports the
 // ones connected now, which count as seen now) and writes last-seen times
 // that drifted from the stored ones by persistEvery. It writes outside
-// the lock.
-func (r *Registry) Tick(connected func(name string) bool) {
+// the lock. Before a name's record goes, release forgets what the rest
+// of the coordinator holds of it (fleet.ForgetNode: its keys, pins,
+// decisions and measurements), as an admin's release does; when that
+// fails the record stays, and the next Tick tries again, so the name is
+// never free while something of it could be inherited.
+func (r *Registry) Tick(connected func(name string) bool, release func(name string) error) {
 	now := r.now()
 	var old, touch []Record
 	r.mu.Lock()
@@ -554,6 +558,15 @@ func (r *Registry) Tick(connected func(name string) bool) {
 	}
 	r.mu.Unlock()
 	for _, rec := range old {
+		if connected(rec.Name) {
+			continue // it came back meanwhile
+		}
+		if release != nil {
+			if err := release(rec.Name); err != nil {
+				r.log.Warn("could not forget what a node unseen past forget_nodes_after held; keeping its name until it can", "node", rec.Name, "error", err)
+				continue
+			}
+		}
 		r.forget(rec.Name, fmt.Sprintf("not seen since %s (forget_nodes_after %s)", rec.LastSeen.UTC().Format(time.RFC3339), r.cfg.ForgetAfter))
 	}
 	for _, rec := range touch {

@@ -87,7 +87,7 @@ func TestForgetAndStoreFailure(t *testing.T) {
 	r.Admit(Hello{Node: "gone", KeepsCredential: true})
 	r.Admit(Hello{Node: "here", KeepsCredential: true})
 	clk.t = clk.t.Add(49 * time.Hour)
-	r.Tick(func(n string) bool { return n == "here" })
+	r.Tick(func(n string) bool { return n == "here" }, nil)
 	if _, ok := r.Get("gone"); ok {
 		t.Error("a node unseen past forget_nodes_after is remembered")
 	}

@@ -369,7 +369,7 @@ func (s *Server) tickLoop(ctx context.Context) {
 			return
 		case <-t.C:
 			s.hub.route(s.fleet.Tick())
-			s.opts.Nodes.Tick(s.hub.connected)
+			s.opts.Nodes.Tick(s.hub.connected, s.fleet.ForgetNode) // forget_nodes_after forgets as a release does
 		}
 	}
 }
