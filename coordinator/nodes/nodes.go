@@ -48,6 +48,10 @@ const (
 	StatePending = "pending"
 	// StateRejected: refused by an admin until the name is released.
 	StateRejected = "rejected"
+	// StateDamaged: its stored record could not be read. The name stays
+	// bound, refusing every connection, until an admin releases it: a
+	// damaged record must not free a name for whoever says it first.
+	StateDamaged = "damaged"
 )
 
 // Record is what the coordinator keeps about one node name. Its JSON form
@@ -143,10 +147,11 @@ const (
 	LabelLimit      = "limit"
 	LabelBusy       = "busy"
 	LabelStore      = "store"
+	LabelDamaged    = "damaged"
 )
 
 // Labels lists every refusal label.
-var Labels = []string{LabelCredential, LabelRejected, LabelPending, LabelOldAgent, LabelLimit, LabelBusy, LabelStore}
+var Labels = []string{LabelCredential, LabelRejected, LabelPending, LabelOldAgent, LabelLimit, LabelBusy, LabelStore, LabelDamaged}
 
 // Errors of the admin actions.
 var (
@@ -189,8 +194,13 @@ func New(cfg Config, st Store, records map[string]Record, now func() time.Time, 
 		handed: map[string]handout{}, savedSeen: map[string]time.Time{}}
 	for name, rec := range records {
 		if err := check(rec); err != nil || rec.Name != name {
-			r.log.Warn("ignoring stored node record", "node", name, "error", err)
-			continue
+			if (&wire.Hello{Node: name}).Validate() != nil {
+				r.log.Warn("ignoring a stored node record under a name no agent can say", "node", name, "error", err)
+				continue
+			}
+			// Fail closed: the name stays bound until an admin acts.
+			r.log.Warn("a stored node record is damaged: its name refuses every connection until an admin releases it", "node", name, "error", err)
+			rec = Record{Name: name, State: StateDamaged}
 		}
 		rec := rec
 		r.nodes[name] = &rec
@@ -208,7 +218,7 @@ func check(r Record) error {
 		if r.State != StateRejected && len(r.CredentialSHA256) != sha256.Size*2 && r.CredentialSHA256 != "" {
 			return fmt.Errorf("credential hash of %d characters", len(r.CredentialSHA256))
 		}
-	case StateUnbound:
+	case StateUnbound, StateDamaged:
 	default:
 		return fmt.Errorf("unknown state %q", r.State)
 	}
@@ -255,6 +265,11 @@ func (r *Registry) Admit(h Hello) Decision {
 	var next Record
 	var d Decision
 	switch {
+	case known && rec.State == StateDamaged:
+		r.mu.Unlock()
+		return Decision{Outcome: Refuse, Label: LabelDamaged, Close: "the coordinator's record of this node is damaged; an admin can release the name",
+			Reason: fmt.Sprintf("the coordinator's stored record of node %q is damaged, so it cannot check this connection's credential; "+
+				"an admin releases the name (DELETE /api/v1/nodes/%s) and its agent enrols again", h.Node, h.Node)}
 	case known && rec.State == StateRejected:
 		r.mu.Unlock()
 		return Decision{Outcome: Refuse, Label: LabelRejected, Close: "node rejected by an admin",
@@ -512,7 +527,7 @@ func (r *Registry) List() []Record {
 
 // Counts returns the number of records in each state.
 func (r *Registry) Counts() map[string]int {
-	out := map[string]int{StateEnrolled: 0, StateUnbound: 0, StatePending: 0, StateRejected: 0}
+	out := map[string]int{StateEnrolled: 0, StateUnbound: 0, StatePending: 0, StateRejected: 0, StateDamaged: 0}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, rec := range r.nodes {
@@ -550,6 +565,7 @@ func (r *Registry) Tick(connected func(name string) bool, release func(name stri
 			rec.LastSeen = now
 		}
 		switch {
+		case rec.State == StateDamaged: // kept until an admin acts
 		case now.Sub(rec.LastSeen) >= r.cfg.ForgetAfter:
 			old = append(old, *rec)
 		case rec.LastSeen.Sub(r.savedSeen[rec.Name]) >= persistEvery:

@@ -191,3 +191,40 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// A damaged record keeps its name bound: every connection is refused, even
+// one that could have enrolled a new name, and forget_nodes_after does not
+// free it; an admin's release does. A record that fails its checks (an
+// unknown state, a cut credential hash) is damaged too.
+func TestDamagedRecordKeepsItsName(t *testing.T) {
+	st, clk := &memStore{recs: map[string]Record{}}, &clock{t: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
+	records := map[string]Record{
+		"gpu-a": {Name: "gpu-a", State: StateDamaged},
+		"gpu-b": {Name: "gpu-b", State: StateEnrolled, CredentialSHA256: "abc"},
+		"gpu-c": {Name: "gpu-c", State: "bogus"},
+	}
+	cfg := DefaultConfig()
+	cfg.ForgetAfter = time.Hour
+	r, err := New(cfg, st, records, clk.now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"gpu-a", "gpu-b", "gpu-c"} {
+		for _, h := range []Hello{{Node: name, KeepsCredential: true}, {Node: name}, {Node: name, Credential: NewCredential(), KeepsCredential: true}} {
+			if d := r.Admit(h); d.Outcome != Refuse || d.Label != LabelDamaged {
+				t.Errorf("%s: a connection to a damaged name: %+v", name, d)
+			}
+		}
+	}
+	clk.t = clk.t.Add(2 * time.Hour)
+	r.Tick(func(string) bool { return false }, nil)
+	if rec, ok := r.Get("gpu-a"); !ok || rec.State != StateDamaged {
+		t.Errorf("forget_nodes_after freed a damaged name: %+v %v", rec, ok)
+	}
+	if err := r.Release("gpu-a"); err != nil {
+		t.Fatal(err)
+	}
+	if d := r.Admit(Hello{Node: "gpu-a", KeepsCredential: true}); d.Outcome != Accept || d.Credential == "" {
+		t.Errorf("after an admin's release: %+v", d)
+	}
+}

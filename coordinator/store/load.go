@@ -41,7 +41,7 @@ func (b *Bolt) Load() (fleet.State, error) {
 				return nil
 			})
 		}
-		b.each(tx.Bucket(bucketDecisions), bucketDecisions, "decision", func(k, v []byte) error {
+		damaged := b.each(tx.Bucket(bucketDecisions), bucketDecisions, "decision", func(k, v []byte) error {
 			var d string
 			if err := json.Unmarshal(v, &d); err != nil {
 				return err
@@ -52,6 +52,14 @@ func (b *Bolt) Load() (fleet.State, error) {
 			st.Decisions[string(k)] = d
 			return nil
 		})
+		// Fail closed: a decision that cannot be read may have been a
+		// hold, so the worker is held until an admin decides again.
+		for _, k := range damaged {
+			if checkID(k) == nil {
+				st.Decisions[k] = fleet.DecisionHold
+				b.logger.Warn("holding a worker whose stored admin decision is damaged, until an admin admits or holds it again", "worker", truncate([]byte(k)))
+			}
+		}
 		b.each(tx.Bucket(bucketLatest), bucketLatest, "measurement", func(k, v []byte) error {
 			m, err := decodeMeasurement(k, v)
 			if err != nil {
@@ -99,10 +107,11 @@ func (b *Bolt) Load() (fleet.State, error) {
 }
 
 // each calls use with every value of a bucket whose checksum holds,
-// skipping (with a warning) the values that fail it or that use refuses.
-func (b *Bolt) each(bk *bolt.Bucket, name []byte, what string, use func(k, v []byte) error) {
+// skipping (with a warning) the values that fail it or that use refuses,
+// whose keys it returns.
+func (b *Bolt) each(bk *bolt.Bucket, name []byte, what string, use func(k, v []byte) error) (damaged []string) {
 	if bk == nil {
-		return
+		return nil
 	}
 	_ = bk.ForEach(func(k, v []byte) error {
 		if v == nil {
@@ -114,9 +123,11 @@ func (b *Bolt) each(bk *bolt.Bucket, name []byte, what string, use func(k, v []b
 		}
 		if err != nil {
 			b.skip(what, k, v, err)
+			damaged = append(damaged, string(k))
 		}
 		return nil
 	})
+	return damaged
 }
 
 func (b *Bolt) skip(what string, key, value []byte, err error) {

@@ -9,12 +9,14 @@ import (
 	"heft/coordinator/nodes"
 )
 
-// LoadNodes reads the node records, skipping (with a warning) any that
-// fails its checksum or to decode.
+// LoadNodes reads the node records. One that fails its checksum or to
+// decode fails closed: its name comes back damaged (nodes.StateDamaged),
+// still bound, refusing every connection until an admin releases it,
+// rather than free for whoever says it first.
 func (b *Bolt) LoadNodes() (map[string]nodes.Record, error) {
 	out := map[string]nodes.Record{}
 	err := b.db.View(func(tx *bolt.Tx) error {
-		b.each(tx.Bucket(bucketNodes), bucketNodes, "node", func(k, v []byte) error {
+		damaged := b.each(tx.Bucket(bucketNodes), bucketNodes, "node", func(k, v []byte) error {
 			var r nodes.Record
 			if err := json.Unmarshal(v, &r); err != nil {
 				return err
@@ -25,6 +27,9 @@ func (b *Bolt) LoadNodes() (map[string]nodes.Record, error) {
 			out[r.Name] = r
 			return nil
 		})
+		for _, k := range damaged {
+			out[k] = nodes.Record{Name: k, State: nodes.StateDamaged}
+		}
 		return nil
 	})
 	if err != nil {

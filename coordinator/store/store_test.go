@@ -566,7 +566,7 @@ func TestChangedBytesAreNotServed(t *testing.T) {
 	_, meas := st.Latest["k"]
 	_, hist := st.History["k"]
 	_, rec := st.Workers["k"]
-	_, node := ns["gpu-a"]
+	node := ns["gpu-a"].State != nodes.StateDamaged || ns["gpu-a"].CredentialSHA256 != "" // a damaged name is kept bound, nothing of it served
 	t.Logf("after changing a digit: pin served=%v, measurement served=%v, history served=%v, worker served=%v, node served=%v; other pin %v, decision %q",
 		pin, meas, hist, rec, node, st.Pins["other"], st.Decisions["k"])
 	if pin || meas || hist || rec || node {
@@ -753,5 +753,56 @@ func TestPrefillPinsBucketAddedToOlderFile(t *testing.T) {
 	st, err := b.Load()
 	if err != nil || st.Pins["k"] != 1.5 || st.PrefillPins["k"] != 2.5 {
 		t.Errorf("pins %v, prefill pins %v (%v)", st.Pins, st.PrefillPins, err)
+	}
+}
+
+// A damaged record fails closed: a worker whose stored decision cannot be
+// read is held (it may have been a hold), and a node name whose record
+// cannot be read stays bound, damaged, until an admin acts. Before issue
+// 25 both were dropped: the held worker returned to traffic, the name
+// went to whoever said it first.
+func TestDamagedRecordsFailClosed(t *testing.T) {
+	dir := t.TempDir()
+	b := open(t, dir)
+	at := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	for _, err := range []error{
+		b.SaveDecision("held-worker", fleet.DecisionHold),
+		b.SaveNode(nodes.Record{Name: "gpu-a", State: nodes.StateEnrolled, CredentialSHA256: strings.Repeat("ab", 32), Since: at, LastSeen: at}),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Close()
+	path := filepath.Join(dir, FileName)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for old, repl := range map[string]string{`"hold"`: `"hald"`, strings.Repeat("ab", 32): strings.Repeat("cd", 32)} {
+		if !bytes.Contains(data, []byte(old)) {
+			t.Fatalf("%q is not in the file", old)
+		}
+		data = bytes.ReplaceAll(data, []byte(old), []byte(repl))
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b = open(t, dir)
+	defer b.Close()
+	st, err := b.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := b.LoadNodes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after damage: decision %q, node %+v", st.Decisions["held-worker"], ns["gpu-a"])
+	if st.Decisions["held-worker"] != fleet.DecisionHold {
+		t.Errorf("the held worker's damaged decision loads as %q, want %q", st.Decisions["held-worker"], fleet.DecisionHold)
+	}
+	if r, ok := ns["gpu-a"]; !ok || r.State != nodes.StateDamaged || r.CredentialSHA256 != "" {
+		t.Errorf("the damaged node record loads as %+v (present %v), want gpu-a damaged", r, ok)
 	}
 }
