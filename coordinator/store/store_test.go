@@ -245,8 +245,9 @@ func TestLoadSkipsBadRecords(t *testing.T) {
 	if len(st.Pins) != 1 || st.Pins["good"] != 1.25 {
 		t.Errorf("pins = %v, want only good=1.25", st.Pins)
 	}
-	if len(st.Decisions) != 0 || len(st.Workers) != 0 {
-		t.Errorf("bad decisions/workers kept: %v %v", st.Decisions, st.Workers)
+	// A bad decision fails closed: its worker is held (TestDamagedRecordsFailClosed).
+	if len(st.Decisions) != 1 || st.Decisions["odd"] != fleet.DecisionHold || len(st.Workers) != 0 {
+		t.Errorf("bad decisions/workers: %v %v, want only odd held", st.Decisions, st.Workers)
 	}
 	if len(st.Latest) != 1 || st.Latest["good"].ThroughputTPS != 500 {
 		t.Errorf("latest = %v, want only good", st.Latest)
