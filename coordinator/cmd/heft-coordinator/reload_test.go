@@ -72,7 +72,7 @@ func TestSIGHUPReloadsCertificateAndTokens(t *testing.T) {
 	replaceFile(t, agentFile, []byte("agent-one-0123456789abcdef0123456789\n"))
 	replaceFile(t, adminFile, []byte("admin-one-0123456789abcdef0123456789\n"))
 	cfg := filepath.Join(dir, "coordinator.toml")
-	body := fmt.Sprintf("listen = \"127.0.0.1:0\"\nstate_dir = %q\nagent_token_file = %q\nadmin_token_file = %q\ntls_cert_file = %q\ntls_key_file = %q\n",
+	body := fmt.Sprintf("listen = \"127.0.0.1:0\"\nstate_dir = %q\nagent_token_file = %q\nadmin_token_file = %q\ntls_cert_file = %q\ntls_key_file = %q\napprove_new_nodes = false\n",
 		t.TempDir(), agentFile, adminFile, certFile, keyFile)
 	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
