@@ -17,6 +17,15 @@ import (
 const (
 	FormatSGLangAlloc    = "sglang-kv-allocated"
 	FormatSGLangMaxTotal = "sglang-max-total"
+	// FormatSGLangDSv4 is DeepSeek-V4's pool configurator's full-attention
+	// pool, "DSV4 pool sizes: full=N, swa=...": its compressed layout
+	// prints no "KV Cache is allocated" line, and a rank that prints no
+	// max_total_num_tokens (DP attention) shows its pool only here.
+	FormatSGLangDSv4 = "sglang-dsv4-pool-sizes"
+	// FormatSGLangDSv4Memory is the same configurator's profiled figure,
+	// "DSv4 memory calculation: ... full_token=N": before a configured
+	// --max-total-tokens clamps it, so the last choice.
+	FormatSGLangDSv4Memory = "sglang-dsv4-memory"
 )
 
 // sglangLog is SGLang's log grammar.
@@ -26,8 +35,12 @@ var sglangLog = enginelog.Grammar{
 		return parseSGLang(seg)
 	},
 	CommandLine: sglangCommand,
-	Formats:     []string{FormatSGLangMaxTotal, FormatSGLangAlloc},
-	PoolLines:   `SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA) and SGLang "max_total_num_tokens=N"`,
+	Formats:     []string{FormatSGLangMaxTotal, FormatSGLangAlloc, FormatSGLangDSv4, FormatSGLangDSv4Memory},
+	// The configurator sizes the pools, then again when a configured
+	// maximum clamps them, printing both.
+	Resized: []string{FormatSGLangDSv4, FormatSGLangDSv4Memory},
+	PoolLines: `SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA), SGLang "max_total_num_tokens=N" ` +
+		`and DeepSeek-V4's "DSV4 pool sizes: full=N" and "DSv4 memory calculation: ... full_token=N"`,
 	DPKey:       "dp_size",
 	ServerPort:  "port",
 	SharedPools: func(args map[string]string) bool { return args["enable_dp_attention"] == "True" },
@@ -50,6 +63,9 @@ var (
 	sglangHeaderRE = regexp.MustCompile(`\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:[.,]\d{1,6})?((?: [A-Za-z_]+\d+)*)\] ?`)
 	// SGLang 0.2 tagged a worker's lines with its GPU: "[gpu=0] ".
 	sglangGPUHeaderRE = regexp.MustCompile(`\[gpu=(\d+)\] ?`)
+	// DeepSeek-V4's profiled pool: "..., full_token=5491200" (the fields
+	// before it changed across versions).
+	dsv4FullTokenRE = regexp.MustCompile(`[ ,]full_token=(\d+)(?:,|$)`)
 )
 
 // parseSGLang reads an SGLang segment: its header, found wherever it
@@ -94,19 +110,42 @@ func sglangMessage(msg string) (enginelog.Event, bool) {
 			return enginelog.Event{}, false
 		}
 		return enginelog.Event{Kind: enginelog.EventPool, Format: FormatSGLangMaxTotal, KVTokens: n}, true
-	case strings.HasPrefix(msg, "server_args=ServerArgs("):
-		ev := enginelog.ArgsFromPyCall(msg[len("server_args="):], sglangModelKeys)
-		for _, k := range []string{"version", "sglang_version"} {
-			if v := ev.Args[k]; v != "" && v != "None" {
-				ev.Version = v
-				break
-			}
+	case strings.HasPrefix(msg, "DSV4 pool sizes: full="):
+		n, rest, ok := enginelog.CutDigits(msg[len("DSV4 pool sizes: full="):])
+		if !ok || !strings.HasPrefix(rest, ",") {
+			return enginelog.Event{}, false
 		}
-		return ev, true
+		return enginelog.Event{Kind: enginelog.EventPool, Format: FormatSGLangDSv4, KVTokens: n}, true
+	case strings.HasPrefix(msg, "DSv4 memory calculation: "), strings.HasPrefix(msg, "DSV4 memory calculation: "):
+		m := dsv4FullTokenRE.FindStringSubmatch(msg)
+		if m == nil {
+			return enginelog.Event{}, false
+		}
+		n, _, ok := enginelog.CutDigits(m[1])
+		if !ok {
+			return enginelog.Event{}, false
+		}
+		return enginelog.Event{Kind: enginelog.EventPool, Format: FormatSGLangDSv4Memory, KVTokens: n}, true
+	case strings.HasPrefix(msg, "server_args={"):
+		// 2026 SGLang prints its server args as a dict.
+		return sglangArgs(enginelog.ArgsFromPyDict(msg[len("server_args="):], sglangModelKeys)), true
+	case strings.HasPrefix(msg, "server_args=ServerArgs("):
+		return sglangArgs(enginelog.ArgsFromPyCall(msg[len("server_args="):], sglangModelKeys)), true
 	case strings.HasPrefix(msg, "The server is fired up and ready to roll!"):
 		return enginelog.Event{Kind: enginelog.EventReady}, true
 	}
 	return enginelog.Event{}, false
+}
+
+// sglangArgs takes the version from the server args, where they name one.
+func sglangArgs(ev enginelog.Event) enginelog.Event {
+	for _, k := range []string{"version", "sglang_version"} {
+		if v := ev.Args[k]; v != "" && v != "None" {
+			ev.Version = v
+			break
+		}
+	}
+	return ev
 }
 
 // Launch-arg keys that name the served model, best first.

@@ -18,6 +18,11 @@ type Grammar struct {
 	// Formats are the kind's pool formats, best first: lines of several
 	// formats for one rank give the best one's figure.
 	Formats []string
+	// Resized are the formats an engine may print again for the same TP
+	// rank within one start-up, having sized the pool again (clamped it to
+	// a configured maximum): a later line replaces that TP rank's earlier
+	// one, where other formats' lines are TP ranks that disagree.
+	Resized []string
 	// PoolLines says what the kind's pool lines look like, for the error
 	// when a log holds none.
 	PoolLines string

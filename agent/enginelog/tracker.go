@@ -84,6 +84,21 @@ func newGeneration(begun bool) *generation {
 type poolVals struct {
 	min, max int64
 	lines    int
+	// byTP holds each TP rank's latest value, for a format whose later
+	// line replaces the same TP rank's earlier one (Grammar.Resized).
+	byTP map[int]int64
+}
+
+// set records v as TP rank tp's value, replacing its earlier one.
+func (pv *poolVals) set(tp int, v int64) {
+	if pv.byTP == nil {
+		pv.byTP = make(map[int]int64)
+	}
+	pv.byTP[tp] = v
+	pv.min, pv.max, pv.lines = v, v, len(pv.byTP)
+	for _, x := range pv.byTP {
+		pv.min, pv.max = min(pv.min, x), max(pv.max, x)
+	}
 }
 
 // maxNotes bounds Facts.Notes.
@@ -159,7 +174,7 @@ func (t *Tracker) apply(ev Event) {
 		}
 	case EventPool:
 		t.begin(false)
-		t.gen.addPool(ev)
+		t.gen.addPool(ev, slices.Contains(t.gr.Resized, ev.Format))
 	case EventReady:
 		t.gen.ready = true
 	case EventDPSize:
@@ -208,7 +223,7 @@ func (g *generation) setCmdlineDP(n int) {
 	g.cmdlineDP, g.cmdlineDPUnknown = max(n, 0), n < 0
 }
 
-func (g *generation) addPool(ev Event) {
+func (g *generation) addPool(ev Event, resized bool) {
 	v := ev.KVTokens
 	if ev.Blocks != 0 {
 		v = ev.Blocks
@@ -229,11 +244,18 @@ func (g *generation) addPool(ev Event) {
 		g.pools[ev.DPRank] = byFormat
 	}
 	pv, ok := byFormat[ev.Format]
-	if !ok {
+	switch {
+	case resized:
+		if !ok {
+			pv = &poolVals{}
+			byFormat[ev.Format] = pv
+		}
+		pv.set(ev.TPRank, v)
+	case !ok:
 		byFormat[ev.Format] = &poolVals{min: v, max: v, lines: 1}
-		return
+	default:
+		pv.min, pv.max, pv.lines = min(pv.min, v), max(pv.max, v), pv.lines+1
 	}
-	pv.min, pv.max, pv.lines = min(pv.min, v), max(pv.max, v), pv.lines+1
 }
 
 // Facts returns the latest start-up's facts; ok is false until a pool line
