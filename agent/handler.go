@@ -41,6 +41,7 @@ type Handler struct {
 
 	passiveMu     sync.Mutex
 	passive       map[string]*passive // passive capacity per capacity key (passive.go)
+	paces         map[string]*pace    // pace readings per capacity key (pace.go)
 	passiveWindow time.Duration       // 0: PassiveWindow
 }
 

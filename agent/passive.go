@@ -86,14 +86,15 @@ func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 	return r
 }
 
-// passiveReadings keeps one tracker per capacity key and fills each
-// engine's Passive in a snapshot, reading the counters only of engines
-// whose load shows them saturated (one extra /metrics read then).
+// passiveReadings keeps one passive and one pace tracker per capacity key
+// and fills each engine's Passive and Pace in a snapshot, reading the
+// counters only of engines that run requests or whose pace window runs
+// (one extra /metrics read then).
 func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 	h.passiveMu.Lock() // its own lock: a counter read must not hold up probes
 	defer h.passiveMu.Unlock()
 	if h.passive == nil {
-		h.passive = map[string]*passive{}
+		h.passive, h.paces = map[string]*passive{}, map[string]*pace{}
 	}
 	for i := range s.Engines {
 		e := &s.Engines[i]
@@ -112,17 +113,32 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 			h.passive[e.CapacityKey] = p
 		}
 		p.ranks = dataParallelRanks(*e)
-		if _, ok := p.saturated(e.Load); ok {
+		pc := h.paces[e.CapacityKey]
+		if pc == nil {
+			pc = &pace{window: p.window}
+			h.paces[e.CapacityKey] = pc
+		}
+		_, saturated := p.saturated(e.Load)
+		// The counters are read while the engine works or a pace window
+		// runs (one extra /metrics read then), not while it idles.
+		c, read := engine.Counters{Load: e.Load}, true
+		if saturated || e.Load.Running > 0 || !pc.start.at.IsZero() {
+			read = false
 			if client, found := h.col.Engine(e.CapacityKey); found {
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				c, err := client.Counters(cctx)
+				got, err := client.Counters(cctx)
 				cancel()
-				if err == nil {
-					p.add(time.Now(), c)
-				}
+				c, read = got, err == nil
 			}
-		} else {
-			p.add(time.Now(), engine.Counters{Load: e.Load})
+		}
+		if read { // a failed read leaves both windows as they were
+			now := time.Now()
+			p.add(now, c)
+			pc.add(now, c, p.ranks)
+		}
+		if pc.latest != nil {
+			r := *pc.latest
+			e.Pace = &r
 		}
 		if p.latest != nil {
 			r := *p.latest

@@ -60,6 +60,10 @@ func (s *Server) handleVLLMMetrics(w http.ResponseWriter, _ *http.Request) {
 		func(v rankView) float64 { return float64(v.stats.cacheQueries) })
 	counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
 		func(v rankView) float64 { return float64(v.stats.cacheHits) })
+	p.family("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "histogram")
+	for _, v := range views {
+		p.histogram("vllm:inter_token_latency_seconds", lbl(v), v.stats.itl)
+	}
 	p.family("vllm:request_success_total", "Count of successfully processed requests.", "counter")
 	for _, v := range views {
 		for _, reason := range []string{"stop", "length", "abort"} {
@@ -122,7 +126,9 @@ func (s *Server) handleSGLangMetrics(w http.ResponseWriter, _ *http.Request) {
 		func(rankView) float64 { return 0 })
 
 	var prompt, cached, gen, done int64
+	var itl itlHist
 	for _, v := range views {
+		itl.add(v.stats.itl)
 		prompt += v.stats.promptFinished
 		cached += v.stats.cachedFinished
 		gen += v.stats.genTokens
@@ -137,6 +143,9 @@ func (s *Server) handleSGLangMetrics(w http.ResponseWriter, _ *http.Request) {
 	p.sample("sglang:generation_tokens_total", model, float64(gen))
 	p.family("sglang:num_requests_total", "Number of requests processed.", "counter")
 	p.sample("sglang:num_requests_total", model, float64(done))
+	// The tokenizer keeps it, over every rank.
+	p.family("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "histogram")
+	p.histogram("sglang:inter_token_latency_seconds", model, itl)
 	writeMetrics(w, p)
 }
 

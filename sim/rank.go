@@ -38,8 +38,8 @@ type seq struct {
 	chain   chainPos
 	gen     int
 	aborted bool
-	// When it was admitted, got its first token and finished.
-	admitted, first, ended time.Time
+	// When it was admitted, got its first and its latest token, and finished.
+	admitted, first, last, ended time.Time
 }
 
 // rank is one data-parallel rank: a continuous-batching loop over its own
@@ -84,6 +84,7 @@ type rankStats struct {
 	prefillSeconds                 float64 // time spent on prompts
 	maxBatchTok                    int64   // most tokens in one step
 	throughput                     float64 // generated tok/s over the last window; 0 when idle
+	itl                            itlHist // time between a sequence's tokens
 	winStart                       time.Time
 	winGen                         int64
 }
@@ -335,6 +336,10 @@ func (r *rank) apply(st *step, decode, prefill float64) {
 		s.gen++
 		n++
 		r.hold(s, 1)
+		if s.gen > 1 {
+			r.stats.itl.observe(now.Sub(s.last))
+		}
+		s.last = now
 		if s.gen == 1 {
 			s.first = now
 			r.stats.promptFirst += s.prompt
@@ -400,6 +405,7 @@ func (r *rank) view() rankView {
 		idx: r.idx, pool: r.pool, running: len(r.running), waiting: len(r.waiting),
 		used: r.used, stats: r.stats, maxSlots: r.maxRunning,
 	}
+	v.stats.itl = r.stats.itl.clone()
 	v.stats.finished = make(map[string]int64, len(r.stats.finished))
 	for k, n := range r.stats.finished {
 		v.stats.finished[k] = n

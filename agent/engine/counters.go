@@ -20,6 +20,11 @@ type Counters struct {
 	Ranks map[int]float64
 	// Load is the running and waiting requests, per rank where labelled.
 	Load wire.Load
+	// InterTokenSeconds and InterTokens are the engine's inter-token
+	// latency histogram's sum and count over every rank, where
+	// InterTokenKnown (vLLM, SGLang).
+	InterTokenSeconds, InterTokens float64
+	InterTokenKnown                bool
 }
 
 // Counters scrapes /metrics for the generated-tokens counter and the
@@ -37,5 +42,6 @@ func (c *Client) Counters(ctx context.Context) (Counters, error) {
 	if !mf.GeneratedKnown {
 		return Counters{}, fmt.Errorf("%s /metrics has no %s", c.kind.name, c.kind.metrics.generated[0])
 	}
-	return Counters{Generated: mf.Generated, Ranks: mf.GeneratedRanks, Load: mf.Load}, nil
+	return Counters{Generated: mf.Generated, Ranks: mf.GeneratedRanks, Load: mf.Load,
+		InterTokenSeconds: mf.InterTokenSeconds, InterTokens: mf.InterTokens, InterTokenKnown: mf.InterTokenKnown}, nil
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"maps"
+	"math"
 	"testing"
 
 	"heft/shared/testutil"
@@ -32,5 +33,46 @@ func TestParseMetricsGenerated(t *testing.T) {
 				t.Errorf("generated = %v %v %v, want %v %v %v", mf.GeneratedKnown, mf.Generated, mf.GeneratedRanks, tt.known, tt.total, tt.ranks)
 			}
 		})
+	}
+}
+
+// The inter-token latency histogram's sum and count are summed over the
+// ranks (vLLM labels them by engine, SGLang's tokenizer keeps one); a
+// kind or page without it says so.
+func TestParseMetricsInterToken(t *testing.T) {
+	const vllmPage = `# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 10.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 20.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 0.3
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 20.0
+vllm:inter_token_latency_seconds_bucket{engine="1",le="0.01",model_name="m"} 0.0
+vllm:inter_token_latency_seconds_bucket{engine="1",le="+Inf",model_name="m"} 10.0
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 0.2
+vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 10.0
+`
+	const sglangOld = `# HELP sglang:time_per_output_token_seconds Histogram of time per output token in seconds.
+# TYPE sglang:time_per_output_token_seconds histogram
+sglang:time_per_output_token_seconds_bucket{le="0.1",model_name="m"} 4.0
+sglang:time_per_output_token_seconds_bucket{le="+Inf",model_name="m"} 4.0
+sglang:time_per_output_token_seconds_sum{model_name="m"} 0.08
+sglang:time_per_output_token_seconds_count{model_name="m"} 4.0
+`
+	for _, tt := range []struct {
+		kind, page string
+		known      bool
+		sum, n     float64
+	}{
+		{"vllm", vllmPage, true, 0.5, 30},
+		{"sglang", sglangOld, true, 0.08, 4},
+		{"sglang", vllmPage, false, 0, 0},
+	} {
+		mf, err := ParseMetrics(tt.kind, bytes.NewReader([]byte(tt.page)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mf.InterTokenKnown != tt.known || math.Abs(mf.InterTokenSeconds-tt.sum) > 1e-12 || mf.InterTokens != tt.n {
+			t.Errorf("%s: inter-token = %v %v %v, want %v %v %v", tt.kind, mf.InterTokenKnown, mf.InterTokenSeconds, mf.InterTokens, tt.known, tt.sum, tt.n)
+		}
 	}
 }

@@ -48,6 +48,10 @@ type MetricsFacts struct {
 	// GeneratedRanks is the counter per rank where the engine labels it
 	// by rank (vLLM engine="k"); one entry, rank 0, otherwise.
 	GeneratedRanks map[int]float64
+	// InterTokenSeconds and InterTokens are the inter-token latency
+	// histogram's sum and count over every rank, where InterTokenKnown.
+	InterTokenSeconds, InterTokens float64
+	InterTokenKnown                bool
 }
 
 // metricNames says which series of a kind's /metrics carry what (each
@@ -59,6 +63,9 @@ type metricNames struct {
 	kvUsage   []string // a 0..1 fraction
 	pool      []string // per-rank KV pool in tokens (truthful only)
 	generated []string // counter of generated tokens
+	// interToken is a histogram of the time between two tokens of one
+	// request; its sum over its count is the step time running requests see.
+	interToken []string
 }
 
 // ErrNoMetrics is returned for an engine kind that has no /metrics
@@ -131,6 +138,10 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 		facts.GeneratedRanks[k] = v
 		facts.Generated += v
 	})
+	facts.InterTokenKnown = page.histogram(names.interToken, func(sum, count float64) {
+		facts.InterTokenSeconds += sum
+		facts.InterTokens += count
+	})
 	if known || len(ranks) > 0 {
 		facts.Load.Known = known
 		for _, k := range sortedKeys(ranks) {
@@ -190,6 +201,28 @@ func (p *metricsPage) each(list []string, fn func(rank int, v float64)) bool {
 		}
 		for k, v := range seen {
 			fn(k, v)
+		}
+		return true
+	}
+	return false
+}
+
+// histogram calls fn with the sum and count of every usable series of the
+// first histogram family in list that the page holds, and reports whether
+// there was one.
+func (p *metricsPage) histogram(list []string, fn func(sum, count float64)) bool {
+	for _, name := range list {
+		mf, ok := p.families[name]
+		if !ok || mf.GetType() != dto.MetricType_HISTOGRAM {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			h := m.GetHistogram()
+			sum, count := h.GetSampleSum(), float64(h.GetSampleCount())
+			if math.IsNaN(sum) || math.IsInf(sum, 0) || sum < 0 {
+				continue
+			}
+			fn(sum, count)
 		}
 		return true
 	}

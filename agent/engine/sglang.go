@@ -28,6 +28,9 @@ var sglang = descriptor{
 		kvUsage:   []string{"sglang:token_usage"},
 		pool:      []string{"sglang:max_total_num_tokens"},
 		generated: []string{"sglang:generation_tokens_total"},
+		// The tokenizer's histogram, over every rank; older releases
+		// named it time_per_output_token_seconds.
+		interToken: []string{"sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}

@@ -22,6 +22,9 @@ var vllm = descriptor{
 		waiting:   []string{"vllm:num_requests_waiting"},
 		kvUsage:   []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		generated: []string{"vllm:generation_tokens_total"},
+		// Renamed from time_per_output_token_seconds in vLLM 0.11, which
+		// since means a request's mean, not each token's.
+		interToken: []string{"vllm:inter_token_latency_seconds"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}

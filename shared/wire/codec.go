@@ -252,6 +252,14 @@ func (e *Engine) Validate() error {
 			return invalid("engine.passive.concurrency is negative")
 		}
 	}
+	if p := e.Pace; p != nil {
+		for name, v := range map[string]float64{"window_seconds": p.WindowSeconds, "seconds_per_token": p.SecondsPerToken,
+			"batch": p.Batch, "throughput_tps": p.ThroughputTPS} {
+			if err := checkNumber("engine.pace."+name, v); err != nil {
+				return err
+			}
+		}
+	}
 	// A kind this build does not know is accepted, so agents can be
 	// upgraded before coordinators; it must still look like a kind name.
 	if !slices.Contains(EngineKinds, e.Kind) && !IsKindName(e.Kind) {

@@ -209,6 +209,29 @@ type Engine struct {
 	// delivered over a window in which every rank ran at least the probe's
 	// per-rank burst with work waiting; nil until there is one.
 	Passive *Passive `json:"passive,omitempty"`
+	// Pace is the engine's newest pace reading: how long a step took for
+	// the requests it was running, at whatever load; nil until one.
+	Pace *Pace `json:"pace,omitempty"`
+}
+
+// Pace is the engine's step time at the load it carried over a window,
+// from its own counters (vLLM's and SGLang's inter-token latency
+// histogram, the generated-tokens counter), below saturation too. Below
+// saturation delivered tokens equal the offered load, whatever the
+// engine's speed; the time between two tokens of a request at a given
+// batch size does not: an engine that runs at half speed takes twice as
+// long at every batch size. The coordinator compares it with what the
+// engine showed at the same batch size while its measurement held.
+type Pace struct {
+	At            time.Time `json:"at"`             // end of the window
+	WindowSeconds float64   `json:"window_seconds"` // its length
+	// SecondsPerToken is the mean time between two tokens of one
+	// request over the window: the histogram's sum over its count.
+	SecondsPerToken float64 `json:"seconds_per_token"`
+	// Batch is the mean number of requests decoding per rank over the
+	// window: tokens per second × SecondsPerToken / ranks (Little's law).
+	Batch         float64 `json:"batch"`
+	ThroughputTPS float64 `json:"throughput_tps"` // tokens generated / window
 }
 
 // Passive is a capacity measurement at load with no burst sent: the

@@ -1,0 +1,60 @@
+package agent
+
+import (
+	"time"
+
+	"heft/agent/engine"
+	"heft/shared/wire"
+)
+
+// minPaceTokens is how many inter-token intervals a window must hold to
+// be a pace reading: fewer say more about the few requests than the engine.
+const minPaceTokens = 200
+
+// pace turns an engine's inter-token latency histogram and generated-tokens
+// counter, read at any load, into wire.Pace readings over windows of the
+// passive window's length. Below saturation the tokens an engine delivers
+// are what it was offered; the time between two tokens of a request at a
+// given batch size is what it can do, so the coordinator can tell an
+// engine that slowed down while it serves.
+type pace struct {
+	window time.Duration
+	start  paceSample
+	latest *wire.Pace
+}
+
+type paceSample struct {
+	at                time.Time
+	gen, itlSum, itlN float64
+}
+
+// add takes one reading of the counters; it returns the reading a window
+// completed, else nil. A counter that went back (a restart) or an engine
+// without the histogram starts over.
+func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
+	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens}
+	if !c.InterTokenKnown {
+		p.start = paceSample{}
+		return nil
+	}
+	if p.start.at.IsZero() || s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum {
+		p.start = s
+		return nil
+	}
+	span := at.Sub(p.start.at)
+	if span < p.window {
+		return nil
+	}
+	n, sum, gen := s.itlN-p.start.itlN, s.itlSum-p.start.itlSum, s.gen-p.start.gen
+	p.start = s
+	if n < minPaceTokens || sum <= 0 {
+		p.start = paceSample{} // too little traffic to say; the next request starts a window
+		return nil
+	}
+	spt := sum / n
+	tps := gen / span.Seconds()
+	r := &wire.Pace{At: at.UTC(), WindowSeconds: span.Seconds(), SecondsPerToken: spt,
+		Batch: tps * spt / float64(max(1, ranks)), ThroughputTPS: tps}
+	p.latest = r
+	return r
+}
