@@ -188,7 +188,7 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 		v.state = view.StateHeld
 	default:
 		v.state = view.StateAdmitted
-		v.tps = m.ThroughputTPS
+		v.tps, _ = w.capacity(m)
 		v.prefillTPS = prefillTPS(*m)
 		v.probation = f.onProbation(w, now)
 	}

@@ -231,6 +231,10 @@ func cloneEngine(e wire.Engine) wire.Engine {
 		p := *e.Passive
 		e.Passive = &p
 	}
+	if e.Pace != nil {
+		p := *e.Pace
+		e.Pace = &p
+	}
 	return e
 }
 

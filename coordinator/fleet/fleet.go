@@ -328,6 +328,8 @@ type worker struct {
 	remeasure string
 	// passiveLow counts passive readings in a row below its measurement.
 	passiveLow int
+	// pace is its pace reference and rescale (pace.go).
+	pace paceState
 
 	// Derived by evaluate, weigh and publish.
 	state       string

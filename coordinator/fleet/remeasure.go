@@ -60,6 +60,9 @@ func (f *Fleet) noteChange(w *worker, e wire.Engine) {
 	if why == "" {
 		why = f.passiveLowCause(w, e.Passive)
 	}
+	if slower := f.notePace(w, e.Pace); why == "" {
+		why = slower
+	}
 	if why != "" {
 		if w.remeasure == "" {
 			f.log.Info("engine changed under the same capacity key; measuring it again", "worker", w.id, "cause", why)

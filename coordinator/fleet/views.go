@@ -391,6 +391,16 @@ func (f *Fleet) view(w *worker) view.Worker {
 		pc := *p
 		v.Passive = &pc
 	}
+	if p := w.eng.Pace; p != nil {
+		pc := *p
+		v.Pace = &pc
+	}
+	if m := f.newest(w.id); m != nil && m.Valid() && w.tps > 0 {
+		_, v.WeightSource = w.capacity(m)
+		if v.WeightSource == SourceRescaled {
+			v.PaceFactor = w.pace.factor
+		}
+	}
 	if f.drained(w) {
 		zero := 0.0
 		v.Draining, v.Weight = true, &zero

@@ -104,6 +104,15 @@ type Worker struct {
 	// counters while saturated in service); the weight still comes from
 	// the measurement, and readings below it re-measure the worker.
 	Passive *wire.Passive `json:"passive,omitempty"`
+	// Pace is the engine's newest pace reading (its step time at the
+	// load it carries). WeightSource says what the weight counts:
+	// "measured" (the newest valid measurement) or "rescaled" (that
+	// measurement over PaceFactor, because the engine's pace at the same
+	// batch size is that much slower than when it was measured); empty
+	// for a worker without a weight from a measurement.
+	Pace         *wire.Pace `json:"pace,omitempty"`
+	WeightSource string     `json:"weight_source,omitempty"`
+	PaceFactor   float64    `json:"pace_factor,omitempty"`
 
 	// ExpectedRanks is how many data-parallel ranks the engine runs, and
 	// Complete whether every one has a pool in Ranks; both null when the
