@@ -145,7 +145,9 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, seed int) ([]cha
 	e.logf("changes: seed %d: load on, slowdown in %s", seed+1, time.Until(slowAt).Round(time.Second))
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
+	var lastPace time.Time
 	for now := time.Now(); now.Before(end) && ctx.Err() == nil; now = <-tick.C {
+		lastPace = f.logPace(ctx, lastPace)
 		for i, p := range pols {
 			share, err := f.fastShare(ctx, p)
 			if err != nil {
@@ -202,4 +204,29 @@ func (f *routingFleet) fastShare(ctx context.Context, p policy) (float64, error)
 		return 0, fmt.Errorf("%s: no serving weight", p)
 	}
 	return w / total, nil
+}
+
+// logPace logs the fast worker's newest pace reading and weight source
+// once per reading, so a run shows what moved its weight.
+func (f *routingFleet) logPace(ctx context.Context, last time.Time) time.Time {
+	list, err := f.co.workers(ctx)
+	if err != nil {
+		return last
+	}
+	for _, w := range list {
+		if !samePort(w.URL, f.sims[routeFast].url) || w.Pace == nil || !w.Pace.At.After(last) {
+			continue
+		}
+		p := w.Pace
+		weights := ""
+		if wt, err := f.co.weights(ctx, benchModel); err == nil {
+			for _, x := range wt.Workers {
+				weights += fmt.Sprintf(" %s=%.3f", x.URL, x.Weight)
+			}
+		}
+		f.e.logf("changes: fast worker pace %.2f ms per token at %.1f running per rank, %.0f tok/s; weight source %s, factor %.2f; weights%s",
+			1000*p.SecondsPerToken, p.Batch, p.ThroughputTPS, w.WeightSource, w.PaceFactor, weights)
+		return p.At
+	}
+	return last
 }

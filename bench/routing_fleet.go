@@ -99,8 +99,10 @@ func (e *env) startRoutingFleet(ctx context.Context, plan routingPlan) (_ *routi
 		return nil, err
 	}
 	e.logf("routing: starting the fleet (coordinator, %d heft-sims, their agents)", len(routingWorkers))
+	// Probation off: the cells compare heft's earned weights, not the cap
+	// of 1 a new worker gets for its first hour.
 	f.co, err = e.startCoordinator(ctx, "routing-coordinator", fmt.Sprintf("offline_grace = %q", routeOfflineGrace),
-		fmt.Sprintf("stale_weight_ttl = %q", routeOfflineGrace))
+		fmt.Sprintf("stale_weight_ttl = %q", routeOfflineGrace), `probation = "0s"`)
 	if err != nil {
 		return nil, err
 	}

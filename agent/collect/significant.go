@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"time"
 
 	"heft/shared/wire"
 )
@@ -13,7 +14,7 @@ import (
 // turning ready or not, failing or recovering, changing model, version,
 // capacity key, launch arguments, KV pools (and whether they are whole,
 // and what the endpoints say of them) or GPUs, where its log is read from
-// and whether it can be; the set of GPUs; the
+// and whether it can be, a new passive or pace reading; the set of GPUs; the
 // GPU error; or the set of foreign processes. Clocks, temperatures,
 // power, free memory and load are noise here: the periodic heartbeat
 // carries them.
@@ -51,7 +52,24 @@ func engineChanged(p, n wire.Engine) bool {
 		!slices.Equal(p.Models, n.Models) || !slices.Equal(p.GPUUUIDs, n.GPUUUIDs) ||
 		!slices.Equal(procPIDs(p.ForeignProcesses), procPIDs(n.ForeignProcesses)) ||
 		p.ExpectedRanks != n.ExpectedRanks || !sameBool(p.Complete, n.Complete) || !slices.Equal(p.MissingRanks, n.MissingRanks) ||
-		!slices.Equal(checkRanks(p.PoolCheck), checkRanks(n.PoolCheck)) || logState(p.LogSource) != logState(n.LogSource)
+		!slices.Equal(checkRanks(p.PoolCheck), checkRanks(n.PoolCheck)) || logState(p.LogSource) != logState(n.LogSource) ||
+		!passiveAt(p.Passive).Equal(passiveAt(n.Passive)) || !paceAt(p.Pace).Equal(paceAt(n.Pace))
+}
+
+// A passive or pace reading the coordinator has not seen is sent at once
+// (one per window), not at the next heartbeat.
+func passiveAt(r *wire.Passive) time.Time {
+	if r == nil {
+		return time.Time{}
+	}
+	return r.At
+}
+
+func paceAt(r *wire.Pace) time.Time {
+	if r == nil {
+		return time.Time{}
+	}
+	return r.At
 }
 
 func sameBool(a, b *bool) bool {

@@ -400,7 +400,7 @@ function workerCard(w, maxWeight) {
     ${w.warmup_tps != null ? `${num(w.warmup_tps)} tok/s${cold && cold > 1.05 ? ` <span class="chip" title="measured / warm-up">cold ×${num(cold, 1)}</span>` : ''}` : '—'}</span></div>
   <div class="row"><span class="label">Weight</span><div class="val">
     <div class="weightbar${pinned ? ' pinned' : ''}" title="${pinned ? 'pinned by an admin' : 'throughput / model median'}"><span data-w="${weight != null ? Math.min(100, 100 * weight / maxWeight).toFixed(1) : 0}"></span></div></div>
-    <span class="num weight" data-weight="${weight ?? ''}" data-pinned="${pinned}">${weight != null ? num(weight, 2) : `<span class="meta">${esc(noWeight(w))}</span>`}${pinned ? ` <span class="chip pin" title="pinned by an admin; computed ${num(w.computed_weight, 2)}">pinned</span>` : ''}</span></div>
+    <span class="num weight" data-weight="${weight ?? ''}" data-pinned="${pinned}">${weight != null ? num(weight, 2) : `<span class="meta">${esc(noWeight(w))}</span>`}${pinned ? ` <span class="chip pin" title="pinned by an admin; computed ${num(w.computed_weight, 2)}">pinned</span>` : ''}${w.weight_source === 'rescaled' ? ` <span class="chip" data-source="rescaled" title="its pace is ${num(w.pace_factor, 2)}× slower than when measured: the measurement over ${num(w.pace_factor, 2)} counts until it is measured again">rescaled</span>` : ''}</span></div>
   ${prefill(w)}
   ${context(w)}
   ${history(w.history)}
