@@ -67,9 +67,14 @@ func startAgentCheckRig(t *testing.T, viewerToken string) *agentCheckRig {
 	if status != http.StatusOK {
 		t.Fatalf("%s: %d %s", path, status, lines)
 	}
+	// With a viewer token, each agent-send carries ${HEFT_VIEWER_TOKEN},
+	// which HAProxy fills from its environment: no hand edit.
 	servers := string(lines)
 	if viewerToken != "" {
-		servers = strings.ReplaceAll(servers, `agent-send "`, `agent-send "`+viewerToken+" ")
+		if !strings.Contains(servers, `agent-send "${HEFT_VIEWER_TOKEN} Qwen/Qwen3-8B `) {
+			t.Fatalf("the rendering does not carry the token's variable:\n%s", servers)
+		}
+		t.Setenv(render.DefaultAgentTokenEnv, viewerToken)
 	}
 	r.hx = gwtest.StartHAProxy(t, `global
     stats socket {{socket}} mode 600 level admin
@@ -194,7 +199,10 @@ func TestAgentCheckDrivesRealHAProxy(t *testing.T) {
 	}
 }
 
-// With a viewer token, HAProxy must send it first; a request without it
+// With a viewer token, HAProxy must send it first; the rendering has it
+// take the token from its environment, and a real HAProxy started with
+// HEFT_VIEWER_TOKEN set follows the weights (the 3:1 split comes from the
+// coordinator's answers, which need the token). A request without it
 // changes nothing.
 func TestAgentCheckToken(t *testing.T) {
 	r := startAgentCheckRig(t, "viewer-token-for-the-agent-check-test")

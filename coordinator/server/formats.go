@@ -16,7 +16,7 @@ import (
 // One-shot renderings of a model's weights, for config management (an
 // Ansible template, a cron job): GET /api/v1/models/{model}/weights with
 // ?format=haproxy (server lines for a backend section; ?agent_check=
-// HOST:PORT[&agent_inter=2s] makes them ask the coordinator's agent-check
+// HOST:PORT[&agent_inter=2s][&agent_token_env=NAME] makes them ask the coordinator's agent-check
 // responder for their state, agentcheck.go), ?format=nginx (a
 // whole upstream block; ?upstream=NAME, ?max_conns=true) or
 // ?format=litellm (a model_list document; ?model_name=, ?provider=). They

@@ -232,3 +232,38 @@ func TestWeightsFormatsHostileWorker(t *testing.T) {
 	gwtest.CheckHAProxyConfig(t, "defaults\n    mode http\n    timeout connect 2s\n    timeout client 60s\n    timeout server 60s\n"+
 		"frontend llm\n    bind 127.0.0.1:9\n    default_backend qwen\nbackend qwen\n    balance leastconn\n"+string(body))
 }
+
+// agent_token_env names HAProxy's variable the token comes from; without a
+// viewer token the coordinator's agent checks take none, so asking for one
+// is a mistake, said so.
+func TestWeightsAsHAProxyAgentTokenEnv(t *testing.T) {
+	ts := formatsFleet(t)
+	status, body, _ := ts.do(t, "GET", weightsPath+"?format=haproxy&agent_check=10.0.0.100:7071&agent_token_env=HX_TOKEN", "", nil)
+	if status != http.StatusBadRequest || !strings.Contains(string(body), "has no viewer token") {
+		t.Errorf("agent_token_env without a viewer token: %d %s", status, body)
+	}
+	status, body, _ = ts.do(t, "GET", weightsPath+"?format=haproxy&agent_token_env=HX_TOKEN", "", nil)
+	if status != http.StatusBadRequest || !strings.Contains(string(body), "agent_token_env needs agent_check") {
+		t.Errorf("agent_token_env without agent_check: %d %s", status, body)
+	}
+
+	opts := testOptions()
+	opts.Tokens.Viewer = "viewer-token-for-the-render-test"
+	vs := startServer(t, opts, nil)
+	a := connectAgent(t, vs, "gpu-a")
+	a.snapshot("Qwen/Qwen3-8B", "fast")
+	testutil.Eventually(t, "one worker", 10*time.Second, func() bool { return len(vs.fleet.Workers()) == 1 })
+	for query, want := range map[string]string{
+		"":                          `agent-send "${HEFT_VIEWER_TOKEN} Qwen/Qwen3-8B `,
+		"&agent_token_env=HX_TOKEN": `agent-send "${HX_TOKEN} Qwen/Qwen3-8B `,
+	} {
+		status, body, _ := vs.do(t, "GET", weightsPath+"?format=haproxy&agent_check=10.0.0.100:7071"+query, opts.Tokens.Viewer, nil)
+		if status != http.StatusOK || !strings.Contains(string(body), want) || strings.Contains(string(body), opts.Tokens.Viewer) {
+			t.Errorf("%q: %d, want %q and not the token itself:\n%s", query, status, want, body)
+		}
+	}
+	status, body, _ = vs.do(t, "GET", weightsPath+"?format=haproxy&agent_check=10.0.0.100:7071&agent_token_env=1BAD", opts.Tokens.Viewer, nil)
+	if status != http.StatusBadRequest || !strings.Contains(string(body), "not an environment variable's name") {
+		t.Errorf("a bad variable name: %d %s", status, body)
+	}
+}

@@ -83,10 +83,25 @@ func FormatNames() []string {
 	return out
 }
 
+// DefaultAgentTokenEnv is the variable of HAProxy's environment whose
+// value agent-send carries first when the coordinator has a viewer token
+// (?agent_token_env= names another).
+const DefaultAgentTokenEnv = "HEFT_VIEWER_TOKEN"
+
 func renderHAProxy(m target.Model, req Request) (Output, error) {
-	opt := HAProxyOptions{AgentCheck: req.Query.Get("agent_check"), AgentInter: req.Query.Get("agent_inter")}
-	if opt.AgentCheck == "" && opt.AgentInter != "" {
+	opt := HAProxyOptions{AgentCheck: req.Query.Get("agent_check"), AgentInter: req.Query.Get("agent_inter"),
+		AgentTokenEnv: req.Query.Get("agent_token_env")}
+	switch {
+	case opt.AgentCheck == "" && opt.AgentInter != "":
 		return Output{}, optionErr(errors.New("agent_inter needs agent_check=HOST:PORT"))
+	case opt.AgentCheck == "" && opt.AgentTokenEnv != "":
+		return Output{}, optionErr(errors.New("agent_token_env needs agent_check=HOST:PORT"))
+	}
+	switch {
+	case opt.AgentTokenEnv != "" && !req.ViewerToken:
+		return Output{}, optionErr(errors.New("agent_token_env: this coordinator has no viewer token, so its agent checks take none"))
+	case opt.AgentCheck != "" && req.ViewerToken && opt.AgentTokenEnv == "":
+		opt.AgentTokenEnv = DefaultAgentTokenEnv
 	}
 	body, rounding, err := HAProxy(m, opt)
 	if err != nil {
@@ -103,7 +118,8 @@ func renderHAProxy(m target.Model, req Request) (Output, error) {
 	}
 	out.Notes = append(out.Notes, "Each server has HAProxy's own health check: with retries 3 and option redispatch 1 in defaults, an engine that dies fails no request.")
 	if opt.AgentCheck != "" && req.ViewerToken {
-		out.Notes = append(out.Notes, `This coordinator has a viewer token: put it first in each agent-send, "TOKEN MODEL ADDRESS\n".`)
+		out.Notes = append(out.Notes, "This coordinator has a viewer token: each agent-send carries ${"+opt.AgentTokenEnv+"}, which HAProxy fills from its environment "+
+			"when it starts: put "+opt.AgentTokenEnv+"=TOKEN in /etc/default/haproxy (or /etc/sysconfig/haproxy; mode 0600), which haproxy.service reads, and restart HAProxy (a reload keeps the old environment).")
 	}
 	return out, nil
 }

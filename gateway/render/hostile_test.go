@@ -266,7 +266,8 @@ func TestHAProxyHostileCorpus(t *testing.T) {
 	}
 
 	for _, opt := range []render.HAProxyOptions{{AgentCheck: "10.0.0.1:7071\nlisten x"}, {AgentCheck: "unix:7071"},
-		{AgentCheck: "10.0.0.1:7071", AgentInter: "2s\nlisten x"}} {
+		{AgentCheck: "10.0.0.1:7071", AgentInter: "2s\nlisten x"}, {AgentCheck: "10.0.0.1:7071", AgentTokenEnv: "X} \"\nlisten x"},
+		{AgentCheck: "10.0.0.1:7071", AgentTokenEnv: "1TOKEN"}} {
 		if _, _, err := render.HAProxy(hostileModel(model), opt); err == nil {
 			t.Errorf("%+v rendered", opt)
 		}

@@ -53,6 +53,12 @@ type HAProxyOptions struct {
 	AgentCheck string
 	// AgentInter is the agent check's interval (default 2s).
 	AgentInter string
+	// AgentTokenEnv, when set, names the environment variable of
+	// HAProxy's that holds the token agent-send carries first: written
+	// "${NAME}", HAProxy puts the value there when it reads its
+	// configuration, so the token stays out of the file and off every
+	// server line.
+	AgentTokenEnv string
 }
 
 // HealthRoute is the path of an engine kind's health route, which
@@ -149,7 +155,11 @@ func HAProxy(m target.Model, opt HAProxyOptions) ([]byte, float64, error) {
 			line += " disabled"
 		}
 		if agent != "" {
-			line += agent + fmt.Sprintf(` agent-send "%s %s\n"`, m.Name, b.Address)
+			tok := ""
+			if opt.AgentTokenEnv != "" {
+				tok = "${" + opt.AgentTokenEnv + "} "
+			}
+			line += agent + fmt.Sprintf(` agent-send "%s%s %s\n"`, tok, m.Name, b.Address)
 		}
 		fmt.Fprintf(&buf, "%s  # %s, %s\n", line, describe(b), target.Printable(b.WorkerID))
 	}
@@ -166,13 +176,19 @@ func checkAgentCheck(model string, opt HAProxyOptions) error {
 	if opt.AgentInter != "" && !haproxyTime.MatchString(opt.AgentInter) {
 		return fmt.Errorf("agent_inter %q is not an HAProxy time such as 2s or 500ms", opt.AgentInter)
 	}
+	if opt.AgentTokenEnv != "" && !envName.MatchString(opt.AgentTokenEnv) {
+		return fmt.Errorf("agent_token_env %s is not an environment variable's name (letters, digits and _, not first a digit)", strconv.QuoteToASCII(opt.AgentTokenEnv))
+	}
 	if !AgentSendable(model) {
 		return fmt.Errorf("model %s holds a character agent-send cannot carry (a space, quote, backslash, '#' or one outside printable ASCII)", strconv.QuoteToASCII(model))
 	}
 	return nil
 }
 
-var haproxyTime = regexp.MustCompile(`^[0-9]{1,9}(us|ms|s|m|h|d)?$`)
+var (
+	haproxyTime = regexp.MustCompile(`^[0-9]{1,9}(us|ms|s|m|h|d)?$`)
+	envName     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+)
 
 // AgentSendable reports whether a model name can be written inside
 // agent-send's double quotes as it is: 1–256 bytes of printable ASCII
