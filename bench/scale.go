@@ -15,7 +15,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/bench/swarm"
-	coord "heft/coordinator"
 	"heft/coordinator/config"
 	"heft/coordinator/fleet"
 	"heft/shared/wire"
@@ -391,7 +390,7 @@ func (nopStore) DeleteMeasurements(string) error             { return nil }
 // Connect, Snapshot and ProbeResult calls the server makes) and times
 // RecomputeWeights: median of recomputeSamples calls, in ms.
 func recomputeTime(n int) (Summary, error) {
-	f, err := fleet.New(coord.FleetConfig(config.Default()), nopStore{}, nil, hclog.NewNullLogger())
+	f, err := fleet.New(config.Default().Fleet, nopStore{}, nil, hclog.NewNullLogger())
 	if err != nil {
 		return Summary{}, err
 	}

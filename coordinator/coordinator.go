@@ -71,7 +71,7 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := fleet.New(FleetConfig(cfg), st, o.now, o.logger)
+	f, err := fleet.New(cfg.Fleet, st, o.now, o.logger)
 	if err != nil {
 		_ = st.Close()
 		return nil, err
@@ -107,32 +107,11 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 	return &Coordinator{cfg: cfg, log: o.logger, st: st, fleet: f, srv: srv}, nil
 }
 
-// FleetConfig is the one mapping from the configuration to the fleet's
-// settings; what the configuration does not set keeps the fleet's default.
-func FleetConfig(cfg config.Config) fleet.Config {
-	fc := fleet.DefaultConfig()
-	fc.CacheTTL, fc.RemeasureEvery, fc.OfflineGrace = cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace
-	fc.StaleWeightTTL = cfg.StaleWeightTTL
-	fc.WeightMin, fc.WeightMax, fc.Thresholds = cfg.WeightMin, cfg.WeightMax, cfg.Thresholds
-	fc.SingleHost = cfg.SingleHost
-	fc.MaxKeysPerNode = cfg.MaxKeysPerNode
-	fc.ImplausibleFactor, fc.MaxTPSPerGPU, fc.MaxStreamTPS = cfg.ImplausibleFactor, cfg.MaxTPSPerGPU, cfg.MaxStreamTPS
-	fc.Probation, fc.MaxNodeShare = cfg.Probation, cfg.MaxNodeShare
-	return fc
-}
-
-// NodesConfig is the one mapping from the configuration to the node
-// registry's settings.
-func NodesConfig(cfg config.Config) nodes.Config {
-	return nodes.Config{ApproveNew: cfg.ApproveNewNodes, RequireCredential: cfg.RequireNodeCredential,
-		MaxNodes: cfg.MaxNodes, MaxPending: cfg.MaxPendingNodes, ForgetAfter: cfg.ForgetNodesAfter}
-}
-
-// nodesConfig is NodesConfig with approve_new_nodes, where the
+// nodesConfig is the registry's settings with approve_new_nodes, where the
 // configuration does not set it, as the state file was installed with:
 // on for a new install, off for an upgrade from before that default.
 func nodesConfig(cfg config.Config, st *store.Bolt, logger hclog.Logger) nodes.Config {
-	nc := NodesConfig(cfg)
+	nc := cfg.Nodes
 	if cfg.ApproveNewNodesSet() {
 		return nc
 	}
@@ -145,8 +124,9 @@ func nodesConfig(cfg config.Config, st *store.Bolt, logger hclog.Logger) nodes.C
 	return nc
 }
 
-// serverOptions is the one mapping from the configuration to the
-// server's options; it reads the token files.
+// serverOptions are the server's settings with what New adds to them:
+// the tokens (token files read), the parsed proxies and advertise rules,
+// and the fleet's weight range as the range an admin may pin within.
 func serverOptions(cfg config.Config) (server.Options, error) {
 	tokens, err := cfg.ReadTokens()
 	if err != nil {
@@ -160,17 +140,10 @@ func serverOptions(cfg config.Config) (server.Options, error) {
 	if err != nil {
 		return server.Options{}, err
 	}
-	return server.Options{
-		AdvertiseAllow: allow,
-		Tokens:         server.Tokens(tokens),
-		TLSCertFile:    cfg.TLSCertFile, TLSKeyFile: cfg.TLSKeyFile,
-		PingInterval: cfg.AgentPingInterval, PingTimeout: cfg.AgentPingTimeout,
-		// An admin's pin stays within the range computed weights are
-		// clamped to.
-		PinMin: cfg.WeightMin, PinMax: cfg.WeightMax,
-		TrustedProxies:      proxies,
-		MaxAgentConnections: cfg.MaxAgentConnections, MaxEventStreams: cfg.MaxEventStreams, MaxAPIRequests: cfg.MaxAPIRequests,
-	}, nil
+	so := cfg.Server
+	so.Tokens, so.TrustedProxies, so.AdvertiseAllow = server.Tokens(tokens), proxies, allow
+	so.PinMin, so.PinMax = cfg.Fleet.WeightMin, cfg.Fleet.WeightMax
+	return so, nil
 }
 
 // Run serves on ln until ctx ends, then shuts the server down and closes
@@ -219,7 +192,7 @@ func (c *Coordinator) Reload() error {
 		return err
 	}
 	var files []string
-	for _, f := range []string{c.cfg.AgentTokenFile, c.cfg.AdminTokenFile, c.cfg.ViewerTokenFile, c.cfg.TLSCertFile, c.cfg.TLSKeyFile} {
+	for _, f := range []string{c.cfg.AgentTokenFile, c.cfg.AdminTokenFile, c.cfg.ViewerTokenFile, c.cfg.Server.TLSCertFile, c.cfg.Server.TLSKeyFile} {
 		if f != "" {
 			files = append(files, f)
 		}

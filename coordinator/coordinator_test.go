@@ -17,30 +17,12 @@ import (
 	"github.com/coder/websocket"
 
 	"heft/coordinator/config"
-	"heft/coordinator/fleet"
 	"heft/coordinator/server"
 	"heft/coordinator/store"
-	"heft/shared/health"
 	"heft/shared/testutil"
 	"heft/shared/view"
 	"heft/shared/wire"
 )
-
-// Every setting the configuration has for the fleet reaches it; the rest
-// keep the fleet's defaults.
-func TestFleetConfig(t *testing.T) {
-	cfg := testConfig(t)
-	cfg.CacheTTL, cfg.RemeasureEvery, cfg.OfflineGrace = time.Hour, 2*time.Hour, time.Minute
-	cfg.WeightMin, cfg.WeightMax = 0.5, 4
-	cfg.Thresholds = health.Thresholds{PoolHold: 0.1, PoolWarn: 0.2, ClockLow: 0.3, ForeignMinBytes: 4}
-	want := fleet.DefaultConfig()
-	want.CacheTTL, want.RemeasureEvery, want.OfflineGrace = time.Hour, 2*time.Hour, time.Minute
-	want.WeightMin, want.WeightMax, want.Thresholds = 0.5, 4, cfg.Thresholds
-	want.Probation, want.MaxNodeShare = 0, 0 // testConfig's
-	if got := FleetConfig(cfg); got != want {
-		t.Errorf("FleetConfig =\n%+v\nwant\n%+v", got, want)
-	}
-}
 
 // The server gets the tokens (token files read), TLS files, ping timings
 // and the configured weight range as its pin range.
@@ -51,9 +33,9 @@ func TestServerOptions(t *testing.T) {
 	}
 	cfg := testConfig(t)
 	cfg.ViewerTokenFile = viewerFile
-	cfg.TLSCertFile, cfg.TLSKeyFile = "/etc/heft/cert.pem", "/etc/heft/key.pem"
-	cfg.AgentPingInterval, cfg.AgentPingTimeout = 20*time.Second, 7*time.Second
-	cfg.WeightMin, cfg.WeightMax = 0.5, 4
+	cfg.Server.TLSCertFile, cfg.Server.TLSKeyFile = "/etc/heft/cert.pem", "/etc/heft/key.pem"
+	cfg.Server.PingInterval, cfg.Server.PingTimeout = 20*time.Second, 7*time.Second
+	cfg.Fleet.WeightMin, cfg.Fleet.WeightMax = 0.5, 4
 	cfg.TrustedProxies = []string{"10.0.0.0/8", "192.0.2.7"}
 	cfg.AdvertiseAllow = []string{"gpu-a=10.1.0.0/16"}
 	got, err := serverOptions(cfg)
@@ -81,10 +63,10 @@ func TestServerOptions(t *testing.T) {
 func TestConfigReachesFleet(t *testing.T) {
 	clk := newClock()
 	cfg := testConfig(t)
-	cfg.OfflineGrace = 2 * time.Minute // the default is 30 s
-	cfg.StaleWeightTTL = time.Hour     // the default is cache_ttl, 6 h
-	cfg.WeightMin, cfg.WeightMax = 0.5, 4
-	cfg.ImplausibleFactor = 20 // the default 4 would hold the fast one
+	cfg.Fleet.OfflineGrace = 2 * time.Minute // the default is 30 s
+	cfg.Fleet.StaleWeightTTL = time.Hour     // the default is cache_ttl, 6 h
+	cfg.Fleet.WeightMin, cfg.Fleet.WeightMax = 0.5, 4
+	cfg.Fleet.ImplausibleFactor = 20 // the default 4 would hold the fast one
 	c, err := New(cfg, WithLogger(testLogger(t)), WithClock(clk.now))
 	if err != nil {
 		t.Fatal(err)
@@ -207,7 +189,7 @@ func TestNewRefuses(t *testing.T) {
 	}{
 		{"no agent token", func(c *config.Config) { c.AgentToken = "" }, "agent_token"},
 		{"token file others can read", func(c *config.Config) { c.AgentToken, c.AgentTokenFile = "", tokenFile }, "chmod 600"},
-		{"weights without the median", func(c *config.Config) { c.WeightMax = 0.9 }, "weight_max"},
+		{"weights without the median", func(c *config.Config) { c.Fleet.WeightMax = 0.9 }, "weight_max"},
 		{"corrupt state", func(c *config.Config) { c.StateDir = corrupt }, "corrupt"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -330,24 +312,14 @@ func TestReloadRefusesShortTokens(t *testing.T) {
 	}
 }
 
-// The trust settings reach the packages whose behaviour they set: the
-// plausibility limits and the key bound the fleet, the node settings the
-// registry (through NodesConfig), the caps the server.
+// The trust settings bind into the packages' own configs; the caps reach
+// the server with what New adds, and a coordinator starts on them.
 func TestTrustSettingsReachTheirPackages(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.ImplausibleFactor, cfg.MaxTPSPerGPU, cfg.MaxStreamTPS, cfg.MaxKeysPerNode = 6, 2e5, 9000, 100
-	cfg.ApproveNewNodes, cfg.RequireNodeCredential, cfg.MaxNodes, cfg.MaxPendingNodes = true, true, 10, 5
-	cfg.MaxAgentConnections, cfg.MaxEventStreams, cfg.MaxAPIRequests = 7, 8, 9
-	cfg.Probation, cfg.MaxNodeShare = 3*time.Hour, 0.4
-	fc := FleetConfig(cfg)
-	if fc.ImplausibleFactor != 6 || fc.MaxTPSPerGPU != 2e5 || fc.MaxStreamTPS != 9000 || fc.MaxKeysPerNode != 100 ||
-		fc.Probation != 3*time.Hour || fc.MaxNodeShare != 0.4 {
-		t.Errorf("fleet config %+v", fc)
-	}
-	nc := NodesConfig(cfg)
-	if !nc.ApproveNew || !nc.RequireCredential || nc.MaxNodes != 10 || nc.MaxPending != 5 || nc.ForgetAfter != cfg.ForgetNodesAfter {
-		t.Errorf("nodes config %+v", nc)
-	}
+	cfg.Fleet.ImplausibleFactor, cfg.Fleet.MaxTPSPerGPU, cfg.Fleet.MaxStreamTPS, cfg.Fleet.MaxKeysPerNode = 6, 2e5, 9000, 100
+	cfg.Nodes.ApproveNew, cfg.Nodes.RequireCredential, cfg.Nodes.MaxNodes, cfg.Nodes.MaxPending = true, true, 10, 5
+	cfg.Server.MaxAgentConnections, cfg.Server.MaxEventStreams, cfg.Server.MaxAPIRequests = 7, 8, 9
+	cfg.Fleet.Probation, cfg.Fleet.MaxNodeShare = 3*time.Hour, 0.4
 	so, err := serverOptions(cfg)
 	if err != nil || so.MaxAgentConnections != 7 || so.MaxEventStreams != 8 || so.MaxAPIRequests != 9 {
 		t.Errorf("server options %+v (%v)", so, err)

@@ -100,7 +100,7 @@ func metricLines(t *testing.T, r *running) string {
 func TestForgottenNameLeavesNothingToInherit(t *testing.T) {
 	clk := newClock()
 	cfg := testConfig(t)
-	cfg.ForgetNodesAfter = 48 * time.Hour
+	cfg.Nodes.ForgetAfter = 48 * time.Hour
 	r := start(t, cfg, WithClock(clk.now))
 	key := "gpu-a|vllm|" + testModel + "|--port=8000"
 	a := connectAgent(t, r, "gpu-a")

@@ -41,7 +41,7 @@ func testConfig(t *testing.T) config.Config {
 	cfg.AdvertiseAllow = []string{"0.0.0.0/0", "::/0"}
 	// These tests are about other rules: a worker weighs what it measured
 	// from its first measurement (fleet's probation tests cover these).
-	cfg.Probation, cfg.MaxNodeShare = 0, 0
+	cfg.Fleet.Probation, cfg.Fleet.MaxNodeShare = 0, 0
 	return cfg
 }
 

@@ -65,7 +65,7 @@ func startCoordinatorWith(t *testing.T, dir, addr string, adjust func(*config.Co
 	cfg.Listen, cfg.StateDir, cfg.AgentToken, cfg.AdminToken = addr, dir, agentToken, adminToken
 	// The simulated engines weigh what they measured from their first
 	// measurement (probation and the node share cap are the fleet's tests).
-	cfg.Probation, cfg.MaxNodeShare = 0, 0
+	cfg.Fleet.Probation, cfg.Fleet.MaxNodeShare = 0, 0
 	if adjust != nil {
 		adjust(&cfg)
 	}

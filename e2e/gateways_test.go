@@ -232,7 +232,7 @@ func wantSplit(ws []view.Worker, hi int) (map[string]int, int) {
 func TestGatewaysFollowTheFleet(t *testing.T) {
 	dir := t.TempDir()
 	c := startCoordinatorWith(t, filepath.Join(dir, "state"), "127.0.0.1:0", func(cfg *config.Config) {
-		cfg.OfflineGrace, cfg.StaleWeightTTL = offlineGrace, staleTTL
+		cfg.Fleet.OfflineGrace, cfg.Fleet.StaleWeightTTL = offlineGrace, staleTTL
 	})
 
 	// Three workers of one model at three speeds; the slow one's agent

@@ -34,7 +34,7 @@ func TestPrometheusAlerts(t *testing.T) {
 	root := testutil.RepoRoot(t)
 	dir := t.TempDir()
 	c := startCoordinatorWith(t, filepath.Join(dir, "state"), "127.0.0.1:0", func(cfg *config.Config) {
-		cfg.OfflineGrace = 2 * time.Second
+		cfg.Fleet.OfflineGrace = 2 * time.Second
 	})
 
 	// Two equal workers of one model, each with an agent that serves /metrics.

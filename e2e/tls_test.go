@@ -65,7 +65,7 @@ func TestTLS(t *testing.T) {
 	caFile, certFile, keyFile, pool := writeCA(t, dir, "heft")
 	otherCA, _, _, _ := writeCA(t, dir, "other")
 	c := startCoordinatorWith(t, filepath.Join(dir, "state"), "127.0.0.1:0", func(cfg *config.Config) {
-		cfg.TLSCertFile, cfg.TLSKeyFile = certFile, keyFile
+		cfg.Server.TLSCertFile, cfg.Server.TLSKeyFile = certFile, keyFile
 	})
 	c.scheme = "https"
 	c.client = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}

@@ -213,8 +213,8 @@ func newChaosRig(t *testing.T) *chaosRig {
 // limit: that check is not what this test is about.
 func (r *chaosRig) coordConfig(cfg *config.Config) {
 	cfg.AgentToken, cfg.AgentTokenFile = "", r.tokens
-	cfg.OfflineGrace = 2 * time.Second
-	cfg.MaxStreamTPS = 1e6
+	cfg.Fleet.OfflineGrace = 2 * time.Second
+	cfg.Fleet.MaxStreamTPS = 1e6
 }
 
 // restartCoord stops the coordinator and starts it again on dir, at the

@@ -57,7 +57,7 @@ func startCoord(t *testing.T, dir, addr string, logger hclog.Logger, tweak func(
 	cfg.AgentToken, cfg.AdminToken = agentToken, adminToken
 	// A worker weighs what it measured from its first measurement; a test
 	// of probation or the node share cap turns them on in tweak.
-	cfg.Probation, cfg.MaxNodeShare = 0, 0
+	cfg.Fleet.Probation, cfg.Fleet.MaxNodeShare = 0, 0
 	if tweak != nil {
 		tweak(&cfg)
 	}

@@ -196,7 +196,7 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c := startCoord(t, t.TempDir(), "127.0.0.1:0", quietLogger(t), func(cfg *config.Config) { cfg.OfflineGrace = grace })
+			c := startCoord(t, t.TempDir(), "127.0.0.1:0", quietLogger(t), func(cfg *config.Config) { cfg.Fleet.OfflineGrace = grace })
 			proxy := newFaultProxy(t, c.addr)
 			a := newFixedAgent("edge-a", 8001, 1000).withModel("model-a")
 			b := newFixedAgent("core-b", 8002, 800).withModel("model-b")

@@ -54,7 +54,7 @@ func TestTokenRotationKeepsEveryWorkerRouted(t *testing.T) {
 	writeTokenFile(t, coordTokens, oldTok)
 	tweak := func(cfg *config.Config) {
 		cfg.AgentToken, cfg.AgentTokenFile = "", coordTokens
-		cfg.OfflineGrace, cfg.StaleWeightTTL = time.Second, 15*time.Second
+		cfg.Fleet.OfflineGrace, cfg.Fleet.StaleWeightTTL = time.Second, 15*time.Second
 	}
 	state := filepath.Join(dir, "state")
 	c := startCoord(t, state, "127.0.0.1:0", quietLogger(t), tweak)

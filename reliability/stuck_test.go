@@ -67,7 +67,7 @@ func TestStuckPeersDoNotBlockOthers(t *testing.T) {
 	// ping round would drop the silent ones while the test still counts
 	// them, sooner or later depending on how loaded the machine is. The
 	// deaf agent is dropped for its stalled writes, not for pings.
-	c := startCoord(t, t.TempDir(), "127.0.0.1:0", quietLogger(t), func(cfg *config.Config) { cfg.AgentPingInterval = time.Hour })
+	c := startCoord(t, t.TempDir(), "127.0.0.1:0", quietLogger(t), func(cfg *config.Config) { cfg.Server.PingInterval = time.Hour })
 	api := c.api()
 
 	// 1. An HTTP request that never finishes its headers.

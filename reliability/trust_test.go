@@ -646,7 +646,7 @@ func TestSmallerHardening(t *testing.T) {
 // by max_nodes.
 func TestManyNodeNamesStayBounded(t *testing.T) {
 	const hellos, maxNodes = 1000, 600
-	c := startCoord(t, t.TempDir(), "127.0.0.1:0", quietLogger(t), func(cfg *config.Config) { cfg.MaxNodes, cfg.MaxPendingNodes = maxNodes, 100 })
+	c := startCoord(t, t.TempDir(), "127.0.0.1:0", quietLogger(t), func(cfg *config.Config) { cfg.Nodes.MaxNodes, cfg.Nodes.MaxPending = maxNodes, 100 })
 	base := heapMB()
 	big := strings.Repeat("h", wire.MaxStringBytes)
 	refused := 0

@@ -16,17 +16,14 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"heft/coordinator/fleet"
 	"heft/coordinator/nodes"
 	"heft/coordinator/server"
-	"heft/shared/health"
 	"heft/shared/logging"
 	"heft/shared/settings"
-	"heft/shared/wire"
 )
 
 // EnvPrefix starts every environment variable the coordinator reads.
@@ -48,8 +45,6 @@ type Config struct {
 	ViewerToken     string // optional: when set, reads need it
 	ViewerTokenFile string
 
-	TLSCertFile string
-	TLSKeyFile  string
 	// TrustedProxies are addresses or CIDR prefixes of proxies whose
 	// X-Forwarded-For header names the client.
 	TrustedProxies []string
@@ -61,43 +56,15 @@ type Config struct {
 	LogLevel string
 	LogJSON  bool
 
-	OfflineGrace time.Duration
-	// StaleWeightTTL: how long a worker whose agent is gone keeps its
-	// last weight; 0 is CacheTTL.
-	StaleWeightTTL time.Duration
-	// AgentPingInterval and AgentPingTimeout bound how long a silently
-	// stalled agent connection lingers before it is dropped.
-	AgentPingInterval time.Duration
-	AgentPingTimeout  time.Duration
-	CacheTTL          time.Duration
-	RemeasureEvery    time.Duration
-
-	Thresholds health.Thresholds
-	WeightMin  float64
-	WeightMax  float64
-	// SingleHost: every gateway runs on this host (see fleet.Config).
-	SingleHost bool
-
-	// Node identity: see package nodes.
-	ApproveNewNodes       bool
-	RequireNodeCredential bool
-	MaxNodes              int
-	MaxPendingNodes       int
-	ForgetNodesAfter      time.Duration
-
-	// Bounds and plausibility: see package fleet.
-	MaxKeysPerNode    int
-	ImplausibleFactor float64
-	MaxTPSPerGPU      float64
-	MaxStreamTPS      float64
-	// Probation and MaxNodeShare: weight is earned (fleet's probation.go).
-	Probation    time.Duration
-	MaxNodeShare float64
-
-	// Concurrent connections by kind; past them new ones get 503.
-	MaxAgentConnections int
-	MaxEventStreams     int
-	MaxAPIRequests      int
+	// Fleet, Nodes and Server are those packages' own settings: each row
+	// of command() binds straight into a field of theirs, and each package
+	// validates its own (Validate calls them). Server holds what the file
+	// sets (TLS files, pings, connection caps); coordinator.New adds what
+	// is read or derived: the tokens, the parsed proxies and advertise
+	// rules, the pin range and the parts it assembles.
+	Fleet  fleet.Config
+	Nodes  nodes.Config
+	Server server.Options
 
 	// Init lets the coordinator start over on an empty state file, or
 	// recreate the missing buckets of a damaged one (--init).
@@ -111,36 +78,20 @@ type Config struct {
 }
 
 // Default returns the configuration used where nothing else is said. The
-// fleet's and the server's settings default to what those packages define.
+// fleet's, the registry's and the server's settings default to what those
+// packages define.
 func Default() Config {
-	fc, nc := fleet.DefaultConfig(), nodes.DefaultConfig()
 	return Config{
-		Listen:            "127.0.0.1:7070",
-		StateDir:          "/var/lib/heft",
-		LogLevel:          logging.DefaultLevel,
-		OfflineGrace:      fc.OfflineGrace,
-		AgentPingInterval: server.DefaultPingInterval,
-		AgentPingTimeout:  server.DefaultPingTimeout,
-		CacheTTL:          fc.CacheTTL,
-		RemeasureEvery:    fc.RemeasureEvery,
-		Thresholds:        fc.Thresholds,
-		WeightMin:         fc.WeightMin,
-		WeightMax:         fc.WeightMax,
-
-		MaxNodes:         nc.MaxNodes,
-		MaxPendingNodes:  nc.MaxPending,
-		ForgetNodesAfter: nc.ForgetAfter,
-
-		MaxKeysPerNode:    fc.MaxKeysPerNode,
-		ImplausibleFactor: fc.ImplausibleFactor,
-		MaxTPSPerGPU:      fc.MaxTPSPerGPU,
-		MaxStreamTPS:      fc.MaxStreamTPS,
-		Probation:         fc.Probation,
-		MaxNodeShare:      fc.MaxNodeShare,
-
-		MaxAgentConnections: server.DefaultMaxAgentConnections,
-		MaxEventStreams:     server.DefaultMaxEventStreams,
-		MaxAPIRequests:      server.DefaultMaxAPIRequests,
+		Listen:   "127.0.0.1:7070",
+		StateDir: "/var/lib/heft",
+		LogLevel: logging.DefaultLevel,
+		Fleet:    fleet.DefaultConfig(),
+		Nodes:    nodes.DefaultConfig(),
+		Server: server.Options{
+			PingInterval: server.DefaultPingInterval, PingTimeout: server.DefaultPingTimeout,
+			MaxAgentConnections: server.DefaultMaxAgentConnections, MaxEventStreams: server.DefaultMaxEventStreams,
+			MaxAPIRequests: server.DefaultMaxAPIRequests,
+		},
 	}
 }
 
@@ -164,39 +115,39 @@ func (c *Config) command() settings.Command {
 			settings.String("admin_token_file", &c.AdminTokenFile, "file holding the admin token "+tokenFile).Meta("FILE"),
 			settings.String("viewer_token", &c.ViewerToken, "the optional viewer token").Secret().Flag("-"),
 			settings.String("viewer_token_file", &c.ViewerTokenFile, "file holding the optional viewer token "+tokenFile).Meta("FILE"),
-			settings.String("tls_cert_file", &c.TLSCertFile, "TLS certificate (PEM); with --tls-key-file, serve HTTPS").Meta("FILE"),
-			settings.String("tls_key_file", &c.TLSKeyFile, "TLS private key (PEM)").Meta("FILE"),
+			settings.String("tls_cert_file", &c.Server.TLSCertFile, "TLS certificate (PEM); with --tls-key-file, serve HTTPS").Meta("FILE"),
+			settings.String("tls_key_file", &c.Server.TLSKeyFile, "TLS private key (PEM)").Meta("FILE"),
 			settings.Strings("trusted_proxies", &c.TrustedProxies, "proxies (addresses or CIDR prefixes) whose X-Forwarded-For names the client").Meta("ADDR"),
 			settings.Strings("advertise_allow", &c.AdvertiseAllow, "addresses nodes may offer gateways besides the one each connects from: CIDR, ADDRESS, NODE=CIDR or NODE=ADDRESS").Meta("RULE"),
 			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),
-			settings.Duration("offline_grace", &c.OfflineGrace, "how long an agent may be gone before its workers show stale (still routed) or offline"),
-			settings.Duration("stale_weight_ttl", &c.StaleWeightTTL, "how long a worker whose agent is gone keeps its last weight, from the disconnect (0: cache_ttl)"),
-			settings.Duration("agent_ping_interval", &c.AgentPingInterval, "how often each agent connection is pinged"),
-			settings.Duration("agent_ping_timeout", &c.AgentPingTimeout, "how long a ping may go unanswered before the agent is dropped"),
-			settings.Duration("cache_ttl", &c.CacheTTL, "how long a measurement is reused across reconnects"),
-			settings.Duration("remeasure_every", &c.RemeasureEvery, "how often an idle worker is measured again"),
-			settings.Float("weight_min", &c.WeightMin, "smallest weight"),
-			settings.Float("weight_max", &c.WeightMax, "largest weight"),
-			settings.Float("thresholds.pool_hold", &c.Thresholds.PoolHold, "smallest/largest DP pool below which a worker is held"),
-			settings.Float("thresholds.pool_warn", &c.Thresholds.PoolWarn, "smallest/largest DP pool below which a worker gets a warning"),
-			settings.Float("thresholds.clock_low", &c.Thresholds.ClockLow, "median/max SM clock during a probe below which a worker gets a warning"),
-			settings.Uint64("thresholds.foreign_min_bytes", &c.Thresholds.ForeignMinBytes, "foreign GPU processes holding less memory are ignored").Meta("BYTES"),
-			settings.Bool("single_host", &c.SingleHost, "every gateway runs on this host: engines offered at a loopback address are routable (no not_routable warning)"),
-			settings.Bool("approve_new_nodes", &c.ApproveNewNodes, "a new node name waits for an admin's approval before its workers count"),
-			settings.Bool("require_node_credential", &c.RequireNodeCredential, "refuse agents too old to keep a node credential"),
-			settings.Int("max_nodes", &c.MaxNodes, "node names remembered at most (every state)"),
-			settings.Int("max_pending_nodes", &c.MaxPendingNodes, "node names awaiting approval at most; the oldest goes first"),
-			settings.Duration("forget_nodes_after", &c.ForgetNodesAfter, "a node name unseen this long is forgotten, credential and all"),
-			settings.Int("max_keys_per_node", &c.MaxKeysPerNode, "capacity keys remembered per node; past it the least recently listed is forgotten"),
-			settings.Float("plausibility.factor", &c.ImplausibleFactor, "a throughput above this × its model's median is held as implausible (0: off)"),
-			settings.Float("plausibility.max_tps_per_gpu", &c.MaxTPSPerGPU, "a throughput above this per GPU is held as implausible (0: off)"),
-			settings.Float("plausibility.max_stream_tps", &c.MaxStreamTPS, "a throughput above this per request's stream is held as implausible (0: off)"),
-			settings.Duration("probation", &c.Probation, "a new worker's weight is at most 1 and not counted in its model's median until this long after it was first seen and two measurements agree, or an admin admits it (0: off)"),
-			settings.Float("plausibility.max_node_share", &c.MaxNodeShare, "the largest share of a model's weight one node's workers hold once the model has 3 nodes (0: off)"),
-			settings.Int("max_agent_connections", &c.MaxAgentConnections, "agent websockets at once; past it new ones get 503"),
-			settings.Int("max_event_streams", &c.MaxEventStreams, "event streams (dashboards, heft-sync) at once; past it new ones get 503"),
-			settings.Int("max_api_requests", &c.MaxAPIRequests, "other API requests in flight at once; past it new ones get 503"),
+			settings.Duration("offline_grace", &c.Fleet.OfflineGrace, "how long an agent may be gone before its workers show stale (still routed) or offline"),
+			settings.Duration("stale_weight_ttl", &c.Fleet.StaleWeightTTL, "how long a worker whose agent is gone keeps its last weight, from the disconnect (0: cache_ttl)"),
+			settings.Duration("agent_ping_interval", &c.Server.PingInterval, "how often each agent connection is pinged"),
+			settings.Duration("agent_ping_timeout", &c.Server.PingTimeout, "how long a ping may go unanswered before the agent is dropped"),
+			settings.Duration("cache_ttl", &c.Fleet.CacheTTL, "how long a measurement is reused across reconnects"),
+			settings.Duration("remeasure_every", &c.Fleet.RemeasureEvery, "how often an idle worker is measured again"),
+			settings.Float("weight_min", &c.Fleet.WeightMin, "smallest weight"),
+			settings.Float("weight_max", &c.Fleet.WeightMax, "largest weight"),
+			settings.Float("thresholds.pool_hold", &c.Fleet.Thresholds.PoolHold, "smallest/largest DP pool below which a worker is held"),
+			settings.Float("thresholds.pool_warn", &c.Fleet.Thresholds.PoolWarn, "smallest/largest DP pool below which a worker gets a warning"),
+			settings.Float("thresholds.clock_low", &c.Fleet.Thresholds.ClockLow, "median/max SM clock during a probe below which a worker gets a warning"),
+			settings.Uint64("thresholds.foreign_min_bytes", &c.Fleet.Thresholds.ForeignMinBytes, "foreign GPU processes holding less memory are ignored").Meta("BYTES"),
+			settings.Bool("single_host", &c.Fleet.SingleHost, "every gateway runs on this host: engines offered at a loopback address are routable (no not_routable warning)"),
+			settings.Bool("approve_new_nodes", &c.Nodes.ApproveNew, "a new node name waits for an admin's approval before its workers count"),
+			settings.Bool("require_node_credential", &c.Nodes.RequireCredential, "refuse agents too old to keep a node credential"),
+			settings.Int("max_nodes", &c.Nodes.MaxNodes, "node names remembered at most (every state)"),
+			settings.Int("max_pending_nodes", &c.Nodes.MaxPending, "node names awaiting approval at most; the oldest goes first"),
+			settings.Duration("forget_nodes_after", &c.Nodes.ForgetAfter, "a node name unseen this long is forgotten, credential and all"),
+			settings.Int("max_keys_per_node", &c.Fleet.MaxKeysPerNode, "capacity keys remembered per node; past it the least recently listed is forgotten"),
+			settings.Float("plausibility.factor", &c.Fleet.ImplausibleFactor, "a throughput above this × its model's median is held as implausible (0: off)"),
+			settings.Float("plausibility.max_tps_per_gpu", &c.Fleet.MaxTPSPerGPU, "a throughput above this per GPU is held as implausible (0: off)"),
+			settings.Float("plausibility.max_stream_tps", &c.Fleet.MaxStreamTPS, "a throughput above this per request's stream is held as implausible (0: off)"),
+			settings.Duration("probation", &c.Fleet.Probation, "a new worker's weight is at most 1 and not counted in its model's median until this long after it was first seen and two measurements agree, or an admin admits it (0: off)"),
+			settings.Float("plausibility.max_node_share", &c.Fleet.MaxNodeShare, "the largest share of a model's weight one node's workers hold once the model has 3 nodes (0: off)"),
+			settings.Int("max_agent_connections", &c.Server.MaxAgentConnections, "agent websockets at once; past it new ones get 503"),
+			settings.Int("max_event_streams", &c.Server.MaxEventStreams, "event streams (dashboards, heft-sync) at once; past it new ones get 503"),
+			settings.Int("max_api_requests", &c.Server.MaxAPIRequests, "other API requests in flight at once; past it new ones get 503"),
 			settings.Bool("init", &c.Init, "start over on an empty state file, or recreate the missing buckets of a damaged one").FlagOnly(),
 		},
 		Alternatives: [][]string{
@@ -213,7 +164,7 @@ func (c Config) String() string { return c.command().Describe() }
 func (c Config) GoString() string { return "config.Config{" + c.String() + "}" }
 
 // TLS reports whether the HTTP server should serve TLS.
-func (c Config) TLS() bool { return c.TLSCertFile != "" && c.TLSKeyFile != "" }
+func (c Config) TLS() bool { return c.Server.TLS() }
 
 // Tokens are the secrets in force after token files have been read. Each
 // may hold several tokens, one a line (settings.SplitTokens), as a token
@@ -303,10 +254,10 @@ func (c Config) Validate() error {
 	if shareToken(tokens.Agent, tokens.Admin) {
 		bad("admin_token must differ from agent_token, or every agent could act as an admin")
 	}
-	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+	if (c.Server.TLSCertFile == "") != (c.Server.TLSKeyFile == "") {
 		bad("tls_cert_file and tls_key_file must be set together")
 	}
-	for _, f := range []struct{ key, path string }{{"tls_cert_file", c.TLSCertFile}, {"tls_key_file", c.TLSKeyFile}} {
+	for _, f := range []struct{ key, path string }{{"tls_cert_file", c.Server.TLSCertFile}, {"tls_key_file", c.Server.TLSKeyFile}} {
 		if f.path == "" {
 			continue
 		}
@@ -314,39 +265,10 @@ func (c Config) Validate() error {
 			bad("%s: %v", f.key, err)
 		}
 	}
-	if c.StaleWeightTTL < 0 {
-		bad("stale_weight_ttl must not be negative (0: cache_ttl), got %s", c.StaleWeightTTL)
-	}
 	if err := logging.CheckLevel(c.LogLevel); err != nil {
 		bad("log_level: %v", err)
 	}
-	for _, d := range []struct {
-		key string
-		d   time.Duration
-	}{{"offline_grace", c.OfflineGrace}, {"agent_ping_interval", c.AgentPingInterval}, {"agent_ping_timeout", c.AgentPingTimeout},
-		{"cache_ttl", c.CacheTTL}, {"remeasure_every", c.RemeasureEvery}} {
-		if d.d <= 0 {
-			bad("%s must be positive, got %s", d.key, d.d)
-		}
-	}
-	// The fleet owns these rules; they are checked here too so that a bad
-	// file is reported with every other problem, before anything starts.
-	errs = append(errs, fleet.CheckThresholds(c.Thresholds), fleet.CheckWeightRange(c.WeightMin, c.WeightMax),
-		fleet.CheckPlausibility(c.ImplausibleFactor, c.MaxTPSPerGPU, c.MaxStreamTPS), fleet.CheckProbation(c.Probation, c.MaxNodeShare))
-	if c.MaxKeysPerNode < wire.MaxEngines {
-		bad("max_keys_per_node must be at least %d (the engines one snapshot may list), is %d", wire.MaxEngines, c.MaxKeysPerNode)
-	}
-	if err := (nodes.Config{MaxNodes: c.MaxNodes, MaxPending: c.MaxPendingNodes, ForgetAfter: c.ForgetNodesAfter}).Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	for _, n := range []struct {
-		key string
-		v   int
-	}{{"max_agent_connections", c.MaxAgentConnections}, {"max_event_streams", c.MaxEventStreams}, {"max_api_requests", c.MaxAPIRequests}} {
-		if n.v < 1 {
-			bad("%s must be at least 1, is %d", n.key, n.v)
-		}
-	}
+	errs = append(errs, c.Fleet.Validate(), c.Nodes.Validate(), c.Server.Validate())
 	return errors.Join(errs...)
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"heft/coordinator/fleet"
+	"heft/coordinator/nodes"
 )
 
 func writeFile(t *testing.T, name, body string, mode os.FileMode) string {
@@ -54,7 +55,7 @@ admin_token = "adm1n-0123456789abcdef0123456789"            # or admin_token_fil
 	if tok.Agent != "s3cret-0123456789abcdef0123456789" || tok.Admin != "adm1n-0123456789abcdef0123456789" || tok.Viewer != "" {
 		t.Errorf("tokens = %+v", tok)
 	}
-	if cfg.CacheTTL != 6*time.Hour || cfg.WeightMin != 0.25 || cfg.WeightMax != 8 {
+	if cfg.Fleet.CacheTTL != 6*time.Hour || cfg.Fleet.WeightMin != 0.25 || cfg.Fleet.WeightMax != 8 {
 		t.Errorf("defaults lost: %v", cfg)
 	}
 }
@@ -80,16 +81,16 @@ clock_low = 0.7
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	if cfg.OfflineGrace != 30*time.Second || cfg.CacheTTL != 90*time.Minute || cfg.RemeasureEvery != 2*time.Hour {
-		t.Errorf("durations = %s %s %s", cfg.OfflineGrace, cfg.CacheTTL, cfg.RemeasureEvery)
+	if cfg.Fleet.OfflineGrace != 30*time.Second || cfg.Fleet.CacheTTL != 90*time.Minute || cfg.Fleet.RemeasureEvery != 2*time.Hour {
+		t.Errorf("durations = %s %s %s", cfg.Fleet.OfflineGrace, cfg.Fleet.CacheTTL, cfg.Fleet.RemeasureEvery)
 	}
-	if cfg.Thresholds.PoolHold != 0.4 || cfg.Thresholds.PoolWarn != 0.8 || cfg.Thresholds.ClockLow != 0.7 {
-		t.Errorf("thresholds = %+v", cfg.Thresholds)
+	if cfg.Fleet.Thresholds.PoolHold != 0.4 || cfg.Fleet.Thresholds.PoolWarn != 0.8 || cfg.Fleet.Thresholds.ClockLow != 0.7 {
+		t.Errorf("thresholds = %+v", cfg.Fleet.Thresholds)
 	}
-	if cfg.Thresholds.ForeignMinBytes != 256<<20 {
-		t.Errorf("unset threshold lost its default: %d", cfg.Thresholds.ForeignMinBytes)
+	if cfg.Fleet.Thresholds.ForeignMinBytes != 256<<20 {
+		t.Errorf("unset threshold lost its default: %d", cfg.Fleet.Thresholds.ForeignMinBytes)
 	}
-	if !cfg.LogJSON || cfg.LogLevel != "debug" || cfg.WeightMin != 0.5 || cfg.WeightMax != 4 {
+	if !cfg.LogJSON || cfg.LogLevel != "debug" || cfg.Fleet.WeightMin != 0.5 || cfg.Fleet.WeightMax != 4 {
 		t.Errorf("cfg = %v", cfg)
 	}
 }
@@ -147,8 +148,8 @@ cache_ttl = "1h"
 	if cfg.Listen != "127.0.0.1:3" {
 		t.Errorf("flag should beat env and file: listen = %q", cfg.Listen)
 	}
-	if cfg.CacheTTL != 3*time.Hour {
-		t.Errorf("flag should beat env: cache_ttl = %s", cfg.CacheTTL)
+	if cfg.Fleet.CacheTTL != 3*time.Hour {
+		t.Errorf("flag should beat env: cache_ttl = %s", cfg.Fleet.CacheTTL)
 	}
 	if cfg.StateDir != "/from/file" {
 		t.Errorf("file should beat defaults: state_dir = %q", cfg.StateDir)
@@ -156,8 +157,8 @@ cache_ttl = "1h"
 	if cfg.AgentToken != "env-token-0123456789abcdef0123456789" {
 		t.Errorf("env should beat file: agent_token not from env")
 	}
-	if cfg.Thresholds.PoolHold != 0.3 {
-		t.Errorf("env threshold = %g", cfg.Thresholds.PoolHold)
+	if cfg.Fleet.Thresholds.PoolHold != 0.3 {
+		t.Errorf("env threshold = %g", cfg.Fleet.Thresholds.PoolHold)
 	}
 }
 
@@ -274,12 +275,12 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	cfg.Listen = "7070"
 	cfg.AdminToken = "a"
 	cfg.AdminTokenFile = tokFile
-	cfg.TLSCertFile = "/etc/cert.pem"
-	cfg.Thresholds.PoolHold = 0.95 // above pool_warn
-	cfg.Thresholds.ClockLow = 1.5
-	cfg.WeightMin = 2
-	cfg.WeightMax = 1
-	cfg.CacheTTL = 0
+	cfg.Server.TLSCertFile = "/etc/cert.pem"
+	cfg.Fleet.Thresholds.PoolHold = 0.95 // above pool_warn
+	cfg.Fleet.Thresholds.ClockLow = 1.5
+	cfg.Fleet.WeightMin = 2
+	cfg.Fleet.WeightMax = 1
+	cfg.Fleet.CacheTTL = 0
 	cfg.LogLevel = "loud"
 	cfg.AgentCheckListen = "7071"
 	err := cfg.Validate()
@@ -400,12 +401,35 @@ func TestBareNumberDurationRefused(t *testing.T) {
 	}
 }
 
-// The fleet owns its defaults; the configuration refers to them.
-func TestDefaultsAreTheFleets(t *testing.T) {
-	c, fc := Default(), fleet.DefaultConfig()
-	if c.OfflineGrace != fc.OfflineGrace || c.CacheTTL != fc.CacheTTL || c.RemeasureEvery != fc.RemeasureEvery ||
-		c.WeightMin != fc.WeightMin || c.WeightMax != fc.WeightMax || c.Thresholds != fc.Thresholds {
-		t.Errorf("config defaults %v differ from the fleet's %+v", c, fc)
+// The fleet, the node registry and the server own their defaults: the
+// configuration starts from them, and each row writes into their configs.
+func TestRowsBindIntoThePackagesConfigs(t *testing.T) {
+	c := Default()
+	if c.Fleet != fleet.DefaultConfig() || c.Nodes != nodes.DefaultConfig() {
+		t.Errorf("config defaults %v differ from the fleet's %+v or the registry's %+v", c, fleet.DefaultConfig(), nodes.DefaultConfig())
+	}
+	path := writeFile(t, "c.toml", `agent_token = "a-0123456789abcdef0123456789abcdef"
+offline_grace = "1m"
+max_pending_nodes = 7
+agent_ping_interval = "3s"
+[plausibility]
+max_node_share = 0.4
+`, 0o600)
+	cfg, err := Load(path, []string{"--forget-nodes-after=48h", "--max-api-requests=5"}, envMap(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Fleet.OfflineGrace != time.Minute || cfg.Fleet.MaxNodeShare != 0.4 || cfg.Nodes.MaxPending != 7 ||
+		cfg.Nodes.ForgetAfter != 48*time.Hour || cfg.Server.PingInterval != 3*time.Second || cfg.Server.MaxAPIRequests != 5 {
+		t.Errorf("fleet %+v\nnodes %+v\nserver %+v", cfg.Fleet, cfg.Nodes, cfg.Server)
+	}
+	// Each package's own validation speaks for its rows.
+	cfg.Fleet.OfflineGrace, cfg.Nodes.MaxPending, cfg.Server.MaxEventStreams = 0, 0, 0
+	err = cfg.Validate()
+	for _, want := range []string{"offline_grace", "max_pending_nodes", "max_event_streams"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q: %v", want, err)
+		}
 	}
 }
 

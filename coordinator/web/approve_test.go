@@ -17,7 +17,7 @@ import (
 // The dashboard approves pending nodes by name pattern, then all the rest,
 // each in one call.
 func TestDashboardApprovesInBulk(t *testing.T) {
-	c := startCoordinatorWith(t, func(cfg *config.Config) { cfg.ApproveNewNodes = true })
+	c := startCoordinatorWith(t, func(cfg *config.Config) { cfg.Nodes.ApproveNew = true })
 	wsURL := "ws" + strings.TrimPrefix(c.base, "http") + "/api/v1/agent"
 	enrol := func(node string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -52,7 +52,7 @@ func startCoordinatorWith(t *testing.T, tweak func(*config.Config)) *coordinator
 	cfg.AdvertiseAllow = []string{"0.0.0.0/0", "::/0"}
 	// A worker weighs what it measured from its first measurement
 	// (probation and the node share cap are the fleet's tests).
-	cfg.Probation, cfg.MaxNodeShare = 0, 0
+	cfg.Fleet.Probation, cfg.Fleet.MaxNodeShare = 0, 0
 	if tweak != nil {
 		tweak(&cfg)
 	}

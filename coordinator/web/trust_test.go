@@ -91,7 +91,7 @@ func TestDashboardShowsHostileNamesSafely(t *testing.T) {
 // With approve_new_nodes the dashboard lists a node awaiting approval,
 // and an admin approves it from there; the node's agent is then admitted.
 func TestDashboardApprovesPendingNode(t *testing.T) {
-	c := startCoordinatorWith(t, func(cfg *config.Config) { cfg.ApproveNewNodes = true })
+	c := startCoordinatorWith(t, func(cfg *config.Config) { cfg.Nodes.ApproveNew = true })
 	wsURL := "ws" + strings.TrimPrefix(c.base, "http") + "/api/v1/agent"
 	hello := func(cred string) (*wire.Welcome, websocket.StatusCode) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -70,56 +70,50 @@ func (b Built) Close() {
 func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 	var b Built
 	var errs []error
-	for _, h := range cfg.HAProxy {
-		t, err := haproxy.New(haproxy.Config{Model: h.Model, Socket: h.Socket, Backend: h.Backend, Slots: h.Slots,
-			Order: h.Order, AddServers: h.AddServers, MaxConn: h.MaxConn, Timeout: h.Timeout}, logger)
+	add := func(t target.Target, err error, sel target.Selection) {
 		if err != nil {
 			errs = append(errs, err)
-			continue
+			return
 		}
-		b.Targets = append(b.Targets, target.WithSelection(t, target.Selection{Kind: h.Kind, MinContextTokens: int64(h.MinContextTokens)}))
+		b.Targets = append(b.Targets, target.WithSelection(t, sel))
+	}
+	for _, h := range cfg.HAProxy {
+		t, err := haproxy.New(h.Config, logger)
+		add(t, err, h.Selection)
 	}
 	for _, n := range cfg.Nginx {
-		t, err := nginx.New(nginx.Config{Model: n.Model, File: n.File, Upstream: n.Upstream, Directives: n.Directives,
-			Check: n.Check, Reload: n.Reload, MaxConns: n.MaxConns, Timeout: n.Timeout}, logger)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		b.Targets = append(b.Targets, target.WithSelection(t, target.Selection{Kind: n.Kind, MinContextTokens: int64(n.MinContextTokens)}))
+		t, err := nginx.New(n.Config, logger)
+		add(t, err, n.Selection)
 	}
 	servers := map[string]*envoy.Server{}
 	for _, e := range cfg.Envoy {
-		s := servers[e.Listen]
+		s, err := servers[e.Listen], error(nil)
 		if s == nil {
-			var err error
-			if s, err = envoy.NewServer(e.Listen, logger); err != nil {
-				errs = append(errs, err)
-				continue
+			if s, err = envoy.NewServer(e.Listen, logger); err == nil {
+				servers[e.Listen] = s
+				b.Envoys = append(b.Envoys, s)
 			}
-			servers[e.Listen] = s
-			b.Envoys = append(b.Envoys, s)
 		}
-		b.Targets = append(b.Targets, target.WithSelection(s.Cluster(e.Model, e.ClusterName()),
-			target.Selection{Kind: e.Kind, MinContextTokens: int64(e.MinContextTokens)}))
-	}
-	files := map[string]*litellm.File{}
-	for _, l := range cfg.LiteLLM {
-		f := files[l.File]
-		if f == nil {
-			var err error
-			if f, err = litellm.NewFile(l.File, l.Command, l.Timeout, logger); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			files[l.File] = f
-		}
-		t, err := f.Target(litellm.Config{Model: l.Model, ModelName: l.ModelName, Provider: l.Provider, APIKey: l.APIKey})
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		b.Targets = append(b.Targets, target.WithSelection(t, target.Selection{Kind: l.Kind, MinContextTokens: int64(l.MinContextTokens)}))
+		add(s.Cluster(e.Model, e.ClusterName()), nil, e.Selection)
+	}
+	files := map[string]*litellm.File{}
+	for _, l := range cfg.LiteLLM {
+		f, err := files[l.File], error(nil)
+		if f == nil {
+			if f, err = litellm.NewFile(l.File, l.Command, l.Timeout, logger); err == nil {
+				files[l.File] = f
+			}
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		t, err := f.Target(l.Config)
+		add(t, err, l.Selection)
 	}
 	if err := errors.Join(errs...); err != nil {
 		b.Close()
@@ -128,16 +122,30 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 	return b, nil
 }
 
-// Run runs heft-sync until ctx ends.
-func Run(ctx context.Context, cfg config.Config, logger hclog.Logger) error {
+// coordinatorConfig is how heft-sync reaches the coordinator: the token
+// file read, and a client of its own that trusts ca_file when one is
+// set. The caller closes the client's idle connections when done.
+func coordinatorConfig(cfg config.Config) (coord.Config, error) {
 	token, err := cfg.Token()
 	if err != nil {
-		return err
+		return coord.Config{}, err
 	}
 	tlsCfg, err := cfg.TLS()
 	if err != nil {
+		return coord.Config{}, err
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.TLSClientConfig = tlsCfg
+	return coord.Config{URL: cfg.Coordinator.URL, Token: token, Client: &http.Client{Transport: transport}}, nil
+}
+
+// Run runs heft-sync until ctx ends.
+func Run(ctx context.Context, cfg config.Config, logger hclog.Logger) error {
+	cc, err := coordinatorConfig(cfg)
+	if err != nil {
 		return err
 	}
+	defer cc.Client.CloseIdleConnections()
 	built, err := Build(cfg, logger)
 	if err != nil {
 		return err
@@ -148,13 +156,9 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger) error {
 	}
 	metrics := syncer.NewMetrics(names)
 	sy := syncer.New(built.Targets, metrics, cfg.Resync, logger)
-	sy.SetFloor(cfg.Floor())
+	sy.SetFloor(cfg.Floor)
 
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.TLSClientConfig = tlsCfg
-	client := &http.Client{Transport: transport}
-	defer client.CloseIdleConnections()
-	follower, err := coord.New(coord.Config{URL: cfg.Coordinator.URL, Token: token, Client: client}, sy.Hooks(), logger)
+	follower, err := coord.New(cc, sy.Hooks(), logger)
 	if err != nil {
 		built.Close()
 		return err

@@ -2,8 +2,6 @@ package app
 
 import (
 	"context"
-	"crypto/tls"
-	"net/http"
 	"slices"
 	"strings"
 
@@ -33,16 +31,12 @@ func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
 	failed := func(step string, err error, args ...any) {
 		logger.Error("check failed", append([]any{"step", step, "error", err}, args...)...)
 	}
-	token, err := cfg.Token()
+	cc, err := coordinatorConfig(cfg)
 	if err != nil {
 		failed("configuration", err)
 		return 2
 	}
-	tlsCfg, err := cfg.TLS()
-	if err != nil {
-		failed("configuration", err)
-		return 2
-	}
+	defer cc.Client.CloseIdleConnections()
 	built, err := Build(cfg, logger)
 	if err != nil {
 		failed("configuration", err)
@@ -50,7 +44,7 @@ func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
 	}
 	defer built.Close()
 	code := 0
-	if !checkCoordinator(ctx, cfg, token, tlsCfg, built.Targets, logger, failed) {
+	if !checkCoordinator(ctx, cc, built.Targets, logger, failed) {
 		code = 1
 	}
 	for _, t := range built.Targets {
@@ -72,23 +66,19 @@ func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
 
 // checkCoordinator reads the workers once and looks for each target's
 // model among them; it reports false when the coordinator cannot be read.
-func checkCoordinator(ctx context.Context, cfg config.Config, token string, tlsCfg *tls.Config, targets []target.Target,
+func checkCoordinator(ctx context.Context, cc coord.Config, targets []target.Target,
 	logger hclog.Logger, failed func(string, error, ...any)) bool {
-	transport := http.DefaultTransport.(*http.Transport).Clone()
-	transport.TLSClientConfig = tlsCfg
-	client := &http.Client{Transport: transport}
-	defer client.CloseIdleConnections()
-	f, err := coord.New(coord.Config{URL: cfg.Coordinator.URL, Token: token, Client: client}, coord.Hooks{}, logger)
+	f, err := coord.New(cc, coord.Hooks{}, logger)
 	if err != nil {
 		failed("coordinator", err)
 		return false
 	}
 	ws, err := f.Workers(ctx)
 	if err != nil {
-		failed("coordinator", err, "url", cfg.Coordinator.URL)
+		failed("coordinator", err, "url", cc.URL)
 		return false
 	}
-	logger.Info("ok", "step", "coordinator", "url", cfg.Coordinator.URL, "workers", len(ws))
+	logger.Info("ok", "step", "coordinator", "url", cc.URL, "workers", len(ws))
 	count := map[string]int{}
 	for _, w := range ws {
 		count[w.Model]++

@@ -13,36 +13,37 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/gateway/envoy"
+	"heft/gateway/haproxy"
+	"heft/gateway/litellm"
+	"heft/gateway/nginx"
 	"heft/gateway/syncer"
+	"heft/gateway/target"
 	"heft/shared/address"
 	"heft/shared/logging"
 	"heft/shared/settings"
-	"heft/shared/view"
 )
 
-// Config is the whole of heft-sync's configuration.
+// Config is the whole of heft-sync's configuration. Each gateway table
+// binds straight into its driver's config and the Selection of workers it
+// serves; Validate asks each of them for its problems.
 type Config struct {
 	Listen   string // heft-sync's /metrics and /healthz
 	LogLevel string
 	LogJSON  bool
 	Resync   time.Duration // how often every target is applied again
-	// The floor of every model (syncer.Floor): what control-plane signals
-	// may not take it below.
-	MinServing         int
-	MinServingCapacity float64
-	KeepUnlisted       time.Duration
-	Coordinator        Coordinator
-	HAProxy            []HAProxy
-	Nginx              []Nginx
-	Envoy              []Envoy
-	LiteLLM            []LiteLLM
+	// Floor is what control-plane signals may not take a model below.
+	Floor       syncer.Floor
+	Coordinator Coordinator
+	HAProxy     []HAProxy
+	Nginx       []Nginx
+	Envoy       []Envoy
+	LiteLLM     []LiteLLM
 
 	Path        string // the file read
 	CheckOnly   bool   // --check: validate, check each gateway once, exit
@@ -61,63 +62,26 @@ type Coordinator struct {
 
 // HAProxy is one [[haproxy]] table.
 type HAProxy struct {
-	Model      string
-	Socket     string
-	Backend    string
-	Slots      string
-	Order      string
-	AddServers bool
-	MaxConn    bool
-	Timeout    time.Duration
-	Kind       string // WeightKinds: which weight the backend applies
-	// MinContextTokens serves only workers that hold this many tokens.
-	MinContextTokens int
+	haproxy.Config
+	target.Selection
 }
-
-// WeightKinds are what a gateway table's kind may name: the decode weight
-// (the default) or the prefill weight, for a backend that takes long
-// prompts apart.
-var WeightKinds = []string{view.WeightDecode, view.WeightPrefill}
 
 // Nginx is one [[nginx]] table.
 type Nginx struct {
-	Model            string
-	File             string
-	Upstream         string
-	Directives       []string
-	Check            []string
-	Reload           []string
-	MaxConns         bool
-	Timeout          time.Duration
-	Kind             string
-	MinContextTokens int
+	nginx.Config
+	target.Selection
 }
 
 // Envoy is one [[envoy]] table: one model served as one cluster.
 type Envoy struct {
-	Listen           string
-	Model            string
-	Cluster          string // default: the model name
-	Kind             string
-	MinContextTokens int
+	envoy.Config
+	target.Selection
 }
 
 // LiteLLM is one [[litellm]] table.
 type LiteLLM struct {
-	Model            string
-	File             string
-	Command          []string
-	ModelName        string
-	Provider         string
-	APIKey           string
-	Timeout          time.Duration
-	Kind             string
-	MinContextTokens int
-}
-
-// Floor returns the floor the settings set.
-func (c Config) Floor() syncer.Floor {
-	return syncer.Floor{MinServing: c.MinServing, MinCapacity: c.MinServingCapacity, KeepUnlisted: c.KeepUnlisted}
+	litellm.Config
+	target.Selection
 }
 
 // Defaults.
@@ -128,9 +92,7 @@ const (
 )
 
 func defaults() Config {
-	f := syncer.DefaultFloor()
-	return Config{Listen: DefaultListen, LogLevel: logging.DefaultLevel, Resync: DefaultResync,
-		MinServing: f.MinServing, MinServingCapacity: f.MinCapacity, KeepUnlisted: f.KeepUnlisted}
+	return Config{Listen: DefaultListen, LogLevel: logging.DefaultLevel, Resync: DefaultResync, Floor: syncer.DefaultFloor()}
 }
 
 // command is heft-sync's command line and configuration, bound to c: one
@@ -150,9 +112,9 @@ func (c *Config) command() settings.Command {
 			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),
 			settings.Duration("resync", &c.Resync, "how often every target is applied again"),
-			settings.Int("min_serving", &c.MinServing, "the fewest workers a model serves on whatever the coordinator says (agents gone, a coordinator restarted empty, holds); only an admin's explicit below-floor action goes under it; 0 turns the floor off"),
-			settings.Float("min_serving_capacity", &c.MinServingCapacity, "the smallest share (0-1) of a model's last applied capacity (sum of weights) that control-plane signals may take away"),
-			settings.Duration("keep_unlisted", &c.KeepUnlisted, "how long a serving worker the coordinator stops listing (or lists as unmeasured) keeps its last weight, so a coordinator restarted on an empty state drains nothing; 0: only the floor keeps it"),
+			settings.Int("min_serving", &c.Floor.MinServing, "the fewest workers a model serves on whatever the coordinator says (agents gone, a coordinator restarted empty, holds); only an admin's explicit below-floor action goes under it; 0 turns the floor off"),
+			settings.Float("min_serving_capacity", &c.Floor.MinCapacity, "the smallest share (0-1) of a model's last applied capacity (sum of weights) that control-plane signals may take away"),
+			settings.Duration("keep_unlisted", &c.Floor.KeepUnlisted, "how long a serving worker the coordinator stops listing (or lists as unmeasured) keeps its last weight, so a coordinator restarted on an empty state drains nothing; 0: only the floor keeps it"),
 			settings.String("coordinator.url", &c.Coordinator.URL, "the coordinator, http:// or https://").Meta("URL"),
 			settings.String("coordinator.token_file", &c.Coordinator.TokenFile, "file holding a viewer (or admin) token (mode 0600, or 0640 with a dedicated group)").Meta("FILE"),
 			settings.String("coordinator.ca_file", &c.Coordinator.CAFile, "PEM file of CAs trusted for an https:// coordinator").Meta("FILE"),
@@ -261,15 +223,7 @@ func (c Config) Validate() error {
 	if c.Resync < 100*time.Millisecond {
 		bad("resync %s is too short (at least 100ms)", c.Resync)
 	}
-	if c.MinServing < 0 {
-		bad("min_serving %d is below 0", c.MinServing)
-	}
-	if c.MinServingCapacity < 0 || c.MinServingCapacity > 1 {
-		bad("min_serving_capacity %g is not a share between 0 and 1", c.MinServingCapacity)
-	}
-	if c.KeepUnlisted < 0 {
-		bad("keep_unlisted %s is below 0", c.KeepUnlisted)
-	}
+	errs = append(errs, c.Floor.Validate())
 	if c.Coordinator.URL == "" {
 		bad("[coordinator] url is required, e.g. http://127.0.0.1:7070")
 	} else if _, err := address.CheckURL("[coordinator] url", c.Coordinator.URL, "http", "https"); err != nil {
@@ -288,12 +242,18 @@ func (c Config) Validate() error {
 	if len(c.HAProxy)+len(c.Nginx)+len(c.Envoy)+len(c.LiteLLM) == 0 {
 		bad("no gateway: add a [[haproxy]], [[nginx]], [[envoy]] or [[litellm]] table")
 	}
-	weightKind := func(at, kind string, minContext int) {
-		if kind != "" && !slices.Contains(WeightKinds, kind) {
-			bad("%s: kind %q: want %q (the default) or %q", at, kind, WeightKinds[0], WeightKinds[1])
-		}
-		if minContext < 0 {
-			bad("%s: min_context_tokens %d is negative", at, minContext)
+	// table names the table on each line of its config's problems.
+	table := func(kind string, i int, problems ...error) {
+		for _, err := range problems {
+			lines := []error{err}
+			if j, ok := err.(interface{ Unwrap() []error }); ok {
+				lines = j.Unwrap()
+			}
+			for _, e := range lines {
+				if e != nil {
+					bad("[[%s]] #%d: %w", kind, i+1, e)
+				}
+			}
 		}
 	}
 	seen := map[string]bool{}
@@ -304,71 +264,32 @@ func (c Config) Validate() error {
 		seen[kind+"\x00"+key] = true
 	}
 	for i, h := range c.HAProxy {
-		at := fmt.Sprintf("[[haproxy]] #%d", i+1)
-		if h.Model == "" || h.Socket == "" || h.Backend == "" {
-			bad("%s: model, socket and backend are required", at)
-		}
-		if h.Order != "" && h.Order != "address" && h.Order != "weight" {
-			bad("%s: order %q: want \"address\" or \"weight\"", at, h.Order)
-		}
-		weightKind(at, h.Kind, h.MinContextTokens)
+		table("haproxy", i, h.Config.Validate(), h.Selection.Validate())
 		dup("haproxy", "socket "+h.Socket+" backend "+h.Backend)
 	}
 	for i, n := range c.Nginx {
-		at := fmt.Sprintf("[[nginx]] #%d", i+1)
-		if n.Model == "" || n.File == "" || n.Upstream == "" {
-			bad("%s: model, file and upstream are required", at)
-		}
-		if n.File != "" && !filepath.IsAbs(n.File) {
-			bad("%s: file %q must be an absolute path", at, n.File)
-		}
-		if len(n.Check) == 0 && n.Check != nil || len(n.Reload) == 0 && n.Reload != nil {
-			bad("%s: check and reload must name a command (leave them out for nginx -t and nginx -s reload)", at)
-		}
-		weightKind(at, n.Kind, n.MinContextTokens)
+		table("nginx", i, n.Config.Validate(), n.Selection.Validate())
 		dup("nginx", "file "+n.File)
 	}
 	for i, e := range c.Envoy {
-		at := fmt.Sprintf("[[envoy]] #%d", i+1)
-		if e.Model == "" || e.Listen == "" {
-			bad("%s: model and listen are required", at)
-		}
-		if _, _, err := net.SplitHostPort(e.Listen); e.Listen != "" && err != nil {
-			bad("%s: listen %q is not host:port", at, e.Listen)
-		}
-		weightKind(at, e.Kind, e.MinContextTokens)
+		table("envoy", i, e.Config.Validate(), e.Selection.Validate())
 		dup("envoy", "listen "+e.Listen+" cluster "+e.ClusterName())
 	}
 	commands := map[string]string{}
 	for i, l := range c.LiteLLM {
-		at := fmt.Sprintf("[[litellm]] #%d", i+1)
-		if l.Model == "" || l.File == "" {
-			bad("%s: model and file are required", at)
-		}
-		if l.File != "" && !filepath.IsAbs(l.File) {
-			bad("%s: file %q must be an absolute path", at, l.File)
-		}
+		table("litellm", i, l.Config.Validate(), l.Selection.Validate())
 		name := l.ModelName
 		if name == "" {
 			name = l.Model
 		}
-		weightKind(at, l.Kind, l.MinContextTokens)
 		dup("litellm", "file "+l.File+" model_name "+name)
 		cmd := strings.Join(l.Command, "\x00")
 		if prev, ok := commands[l.File]; ok && prev != cmd {
-			bad("%s: the [[litellm]] tables writing %s name different commands; give them one", at, l.File)
+			bad("[[litellm]] #%d: the [[litellm]] tables writing %s name different commands; give them one", i+1, l.File)
 		}
 		commands[l.File] = cmd
 	}
 	return errors.Join(errs...)
-}
-
-// ClusterName is the Envoy cluster name: cluster, or the model name.
-func (e Envoy) ClusterName() string {
-	if e.Cluster != "" {
-		return e.Cluster
-	}
-	return e.Model
 }
 
 // Token reads the coordinator token file ("" when none is configured),

@@ -107,8 +107,8 @@ command = ["b"]
 	if err == nil {
 		t.Fatal("took a bad config")
 	}
-	for _, want := range []string{"listen \"nope\"", "log_level", "url \"ws://x\"", "socket and backend are required", "order \"random\"",
-		"must be an absolute path", "check and reload must name a command", "two [[nginx]] tables", "listen \"18000\"", "different commands"} {
+	for _, want := range []string{"listen \"nope\"", "log_level", "url \"ws://x\"", "[[haproxy]] #1: socket is empty", "[[haproxy]] #1: order \"random\"",
+		"[[nginx]] #1: file \"relative.conf\" is not an absolute path", "[[nginx]] #1: check and reload must name a command", "two [[nginx]] tables", "listen \"18000\"", "different commands"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error lacks %q:\n%v", want, err)
 		}

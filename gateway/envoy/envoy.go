@@ -61,6 +61,34 @@ type Server struct {
 	version  int
 }
 
+// Config is one model served as one cluster by the xDS server on Listen;
+// tables that share Listen share one server.
+type Config struct {
+	Listen  string
+	Model   string
+	Cluster string // default: the model name
+}
+
+// ClusterName is the cluster's name: Cluster, or the model name.
+func (c Config) ClusterName() string {
+	if c.Cluster != "" {
+		return c.Cluster
+	}
+	return c.Model
+}
+
+// Validate returns every problem with c.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Model == "" || c.Listen == "" {
+		errs = append(errs, errors.New("model and listen are required"))
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); c.Listen != "" && err != nil {
+		errs = append(errs, fmt.Errorf("listen %q is not host:port", c.Listen))
+	}
+	return errors.Join(errs...)
+}
+
 // NewServer listens on listen; Run serves.
 func NewServer(listen string, logger hclog.Logger) (*Server, error) {
 	ln, err := net.Listen("tcp", listen)

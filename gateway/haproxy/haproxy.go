@@ -53,6 +53,31 @@ type HAProxy struct {
 
 // New checks cfg.
 func New(cfg Config, logger hclog.Logger) (*HAProxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("haproxy backend %q: %w", cfg.Backend, err)
+	}
+	if cfg.Slots == "" {
+		cfg.Slots = "heft"
+	}
+	if cfg.Order == "" {
+		cfg.Order = OrderAddress
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 3 * time.Second
+	}
+	h := &HAProxy{
+		cfg: cfg,
+		c:   newClient(cfg.Socket, cfg.Timeout),
+		opt: planOptions{Backend: cfg.Backend, Slots: cfg.Slots, ByWeight: cfg.Order == OrderWeight,
+			AddServers: cfg.AddServers, MaxConn: cfg.MaxConn},
+	}
+	h.log = logger.Named("haproxy").With("backend", cfg.Backend)
+	return h, nil
+}
+
+// Validate returns every problem with cfg; heft-sync's configuration
+// reports them at load, New refuses them.
+func (cfg Config) Validate() error {
 	var errs []error
 	if cfg.Model == "" {
 		errs = append(errs, errors.New("model is empty"))
@@ -63,33 +88,13 @@ func New(cfg Config, logger hclog.Logger) (*HAProxy, error) {
 	if cfg.Backend == "" || strings.ContainsAny(cfg.Backend, " /\t\n;") {
 		errs = append(errs, fmt.Errorf("backend %q is not a backend name", cfg.Backend))
 	}
-	if cfg.Slots == "" {
-		cfg.Slots = "heft"
-	}
 	if strings.ContainsAny(cfg.Slots, " /\t\n;") {
 		errs = append(errs, fmt.Errorf("slots %q is not a server name prefix", cfg.Slots))
 	}
-	switch cfg.Order {
-	case "":
-		cfg.Order = OrderAddress
-	case OrderAddress, OrderWeight:
-	default:
+	if cfg.Order != "" && cfg.Order != OrderAddress && cfg.Order != OrderWeight {
 		errs = append(errs, fmt.Errorf("order %q: want %q or %q", cfg.Order, OrderAddress, OrderWeight))
 	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 3 * time.Second
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("haproxy backend %q: %w", cfg.Backend, err)
-	}
-	h := &HAProxy{
-		cfg: cfg,
-		c:   newClient(cfg.Socket, cfg.Timeout),
-		opt: planOptions{Backend: cfg.Backend, Slots: cfg.Slots, ByWeight: cfg.Order == OrderWeight,
-			AddServers: cfg.AddServers, MaxConn: cfg.MaxConn},
-	}
-	h.log = logger.Named("haproxy").With("backend", cfg.Backend)
-	return h, nil
+	return errors.Join(errs...)
 }
 
 // Name implements target.Target.

@@ -58,6 +58,18 @@ type File struct {
 	commandPending bool
 }
 
+// Validate returns every problem with cfg that needs no look at the disk.
+func (cfg Config) Validate() error {
+	var errs []error
+	if cfg.Model == "" || cfg.File == "" {
+		errs = append(errs, errors.New("model and file are required"))
+	}
+	if cfg.File != "" && !filepath.IsAbs(cfg.File) {
+		errs = append(errs, fmt.Errorf("file %q is not an absolute path", cfg.File))
+	}
+	return errors.Join(errs...)
+}
+
 // NewFile returns the writer of one file.
 func NewFile(path string, command []string, timeout time.Duration, logger hclog.Logger) (*File, error) {
 	if !filepath.IsAbs(path) {

@@ -58,22 +58,12 @@ type Nginx struct {
 
 // New checks cfg.
 func New(cfg Config, logger hclog.Logger) (*Nginx, error) {
-	var errs []error
-	if cfg.Model == "" {
-		errs = append(errs, errors.New("model is empty"))
+	err := cfg.Validate()
+	if st, serr := os.Stat(filepath.Dir(cfg.File)); filepath.IsAbs(cfg.File) && (serr != nil || !st.IsDir()) {
+		err = errors.Join(err, fmt.Errorf("file %q: its folder does not exist", cfg.File))
 	}
-	if !filepath.IsAbs(cfg.File) {
-		errs = append(errs, fmt.Errorf("file %q is not an absolute path", cfg.File))
-	} else if st, err := os.Stat(filepath.Dir(cfg.File)); err != nil || !st.IsDir() {
-		errs = append(errs, fmt.Errorf("file %q: its folder does not exist", cfg.File))
-	}
-	if !render.IsUpstreamName(cfg.Upstream) {
-		errs = append(errs, fmt.Errorf("upstream %q is not an nginx upstream name", cfg.Upstream))
-	}
-	for _, d := range cfg.Directives {
-		if !render.IsDirective(d) {
-			errs = append(errs, fmt.Errorf("directive %q: one directive without ';', braces, quotes or comments", d))
-		}
+	if err != nil {
+		return nil, fmt.Errorf("nginx upstream %q: %w", cfg.Upstream, err)
 	}
 	if cfg.Check == nil {
 		cfg.Check = []string{"nginx", "-t"}
@@ -84,11 +74,32 @@ func New(cfg Config, logger hclog.Logger) (*Nginx, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("nginx upstream %q: %w", cfg.Upstream, err)
-	}
 	return &Nginx{cfg: cfg, log: logger.Named("nginx").With("upstream", cfg.Upstream),
 		refused: map[string]refusal{}, now: time.Now}, nil
+}
+
+// Validate returns every problem with cfg that needs no look at the disk;
+// heft-sync's configuration reports them at load, New refuses them.
+func (cfg Config) Validate() error {
+	var errs []error
+	if cfg.Model == "" {
+		errs = append(errs, errors.New("model is empty"))
+	}
+	if !filepath.IsAbs(cfg.File) {
+		errs = append(errs, fmt.Errorf("file %q is not an absolute path", cfg.File))
+	}
+	if !render.IsUpstreamName(cfg.Upstream) {
+		errs = append(errs, fmt.Errorf("upstream %q is not an nginx upstream name", cfg.Upstream))
+	}
+	for _, d := range cfg.Directives {
+		if !render.IsDirective(d) {
+			errs = append(errs, fmt.Errorf("directive %q: one directive without ';', braces, quotes or comments", d))
+		}
+	}
+	if len(cfg.Check) == 0 && cfg.Check != nil || len(cfg.Reload) == 0 && cfg.Reload != nil {
+		errs = append(errs, errors.New("check and reload must name a command (leave them out for nginx -t and nginx -s reload)"))
+	}
+	return errors.Join(errs...)
 }
 
 // Name implements target.Target.

@@ -35,6 +35,19 @@ type Selection struct {
 	MinContextTokens int64
 }
 
+// Validate returns every problem with a gateway table's kind and
+// min_context_tokens.
+func (s Selection) Validate() error {
+	var errs []error
+	if s.Kind != "" && s.Kind != view.WeightDecode && s.Kind != view.WeightPrefill {
+		errs = append(errs, fmt.Errorf("kind %q: want %q (the default) or %q", s.Kind, view.WeightDecode, view.WeightPrefill))
+	}
+	if s.MinContextTokens < 0 {
+		errs = append(errs, fmt.Errorf("min_context_tokens %d is negative", s.MinContextTokens))
+	}
+	return errors.Join(errs...)
+}
+
 // Selected is a Target with a Selection; a Target that is not applies the
 // decode weight to every worker.
 type Selected interface {

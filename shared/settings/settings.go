@@ -139,17 +139,17 @@ func Bool(key string, p *bool, usage string) Setting {
 		format: strconv.FormatBool}}
 }
 
-// Int is a whole number.
-func Int(key string, p *int, usage string) Setting {
-	return Setting{Key: key, Usage: usage, meta: "N", v: &scalar[int]{p: p,
-		read: func(s string) (int, error) {
-			n, err := strconv.Atoi(strings.TrimSpace(s))
-			if err != nil {
+// Int is a whole number, into an int or an int64 field.
+func Int[T int | int64](key string, p *T, usage string) Setting {
+	return Setting{Key: key, Usage: usage, meta: "N", v: &scalar[T]{p: p,
+		read: func(s string) (T, error) {
+			n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+			if err != nil || int64(T(n)) != n {
 				return 0, fmt.Errorf("%q is not a whole number", s)
 			}
-			return n, nil
+			return T(n), nil
 		},
-		format: strconv.Itoa}}
+		format: func(n T) string { return strconv.FormatInt(int64(n), 10) }}}
 }
 
 // Uint64 is a whole number that cannot be negative, such as a byte count.

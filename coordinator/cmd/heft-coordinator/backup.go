@@ -153,13 +153,13 @@ func backupClient(cfg config.Config) (*http.Client, string, error) {
 	scheme := "http"
 	if cfg.TLS() {
 		scheme = "https"
-		pemBytes, err := os.ReadFile(cfg.TLSCertFile)
+		pemBytes, err := os.ReadFile(cfg.Server.TLSCertFile)
 		if err != nil {
 			return nil, "", err
 		}
 		block, _ := pem.Decode(pemBytes)
 		if block == nil {
-			return nil, "", fmt.Errorf("tls_cert_file %s holds no PEM certificate", cfg.TLSCertFile)
+			return nil, "", fmt.Errorf("tls_cert_file %s holds no PEM certificate", cfg.Server.TLSCertFile)
 		}
 		want := block.Bytes
 		tr.TLSClientConfig = &tls.Config{
