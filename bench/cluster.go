@@ -60,7 +60,7 @@ func (e *env) startCoordinator(ctx context.Context, name string, extra ...string
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	// The swarm's agents stand for nodes elsewhere (10.x.y.z engines) while
 	// they connect over loopback: advertise_allow lets them offer those.
-	cfg := fmt.Sprintf("listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nadvertise_allow = [\"0.0.0.0/0\", \"::/0\"]\napprove_new_nodes = false\n",
+	cfg := fmt.Sprintf("listen = %q\nstate_dir = %q\nagent_token = %q\nadmin_token = %q\nadvertise_allow = [\"0.0.0.0/0\", \"::/0\"]\napprove_new_nodes = false\nnew_nodes_per_minute_per_token = 0\nnew_nodes_per_minute_per_address = 0\n",
 		addr, filepath.Join(dir, "state"), agentToken, adminToken) + strings.Join(extra, "\n")
 	cfgPath := filepath.Join(dir, "coordinator.toml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {

@@ -139,6 +139,8 @@ func (c *Config) command() settings.Command {
 			settings.Int("max_nodes", &c.Nodes.MaxNodes, "node names remembered at most (every state)"),
 			settings.Int("max_pending_nodes", &c.Nodes.MaxPending, "node names awaiting approval at most; the oldest goes first"),
 			settings.Duration("forget_nodes_after", &c.Nodes.ForgetAfter, "a node name unseen this long is forgotten, credential and all"),
+			settings.Int("new_nodes_per_minute_per_token", &c.Nodes.NewPerToken, "new node names enrolled a minute with one agent token, at most; known names reconnecting are never limited (0: no bound)"),
+			settings.Int("new_nodes_per_minute_per_address", &c.Nodes.NewPerAddress, "new node names enrolled a minute from one source address, at most (0: no bound)"),
 			settings.Int("max_keys_per_node", &c.Fleet.MaxKeysPerNode, "capacity keys remembered per node; past it the least recently listed is forgotten"),
 			settings.Float("plausibility.factor", &c.Fleet.ImplausibleFactor, "a throughput above this × its model's median is held as implausible (0: off)"),
 			settings.Float("plausibility.max_tps_per_gpu", &c.Fleet.MaxTPSPerGPU, "a throughput above this per GPU is held as implausible (0: off)"),

@@ -44,10 +44,10 @@ func TestUndeliveredCredentialIsTakenBack(t *testing.T) {
 	}
 
 	// Binding an unbound name: unbound again, as it was.
-	if got := r.Admit(Hello{Node: "gpu-old"}); got.Outcome != Accept || got.Credential != "" {
+	if got := r.Admit(Hello{Node: "gpu-old", Address: "10.0.0.7"}); got.Outcome != Accept || got.Credential != "" {
 		t.Fatalf("an old agent: %+v", got)
 	}
-	d = r.Admit(Hello{Node: "gpu-old", KeepsCredential: true})
+	d = r.Admit(Hello{Node: "gpu-old", KeepsCredential: true, Address: "10.0.0.7"}) // from where it enrolled
 	if d.Credential == "" || st.recs["gpu-old"].State != StateEnrolled {
 		t.Fatalf("binding: %+v, stored %+v", d, st.recs["gpu-old"])
 	}

@@ -69,6 +69,11 @@ type Record struct {
 	Hostname     string `json:"hostname,omitempty"`
 	AgentVersion string `json:"agent_version,omitempty"`
 	Address      string `json:"address,omitempty"`
+	// An unbound name is bound to a credential only from BindFrom, the
+	// address it enrolled from, or once an admin approved the bind
+	// (bind.go): never by whoever asks first.
+	BindFrom     string `json:"bind_from,omitempty"`
+	BindApproved bool   `json:"bind_approved,omitempty"`
 }
 
 // Store keeps the records; package store implements it.
@@ -87,6 +92,11 @@ type Config struct {
 	MaxNodes          int           // records of every state
 	MaxPending        int           // pending records among them
 	ForgetAfter       time.Duration // a node unseen this long is forgotten
+	// NewPerToken and NewPerAddress bound the new names a minute enrolled
+	// with one agent token and from one source address (ratelimit.go); 0
+	// is no bound. Known names reconnecting are never limited.
+	NewPerToken   int
+	NewPerAddress int
 }
 
 // Defaults.
@@ -94,11 +104,16 @@ const (
 	DefaultMaxNodes    = 50000
 	DefaultMaxPending  = 1000
 	DefaultForgetAfter = 30 * 24 * time.Hour
+	// Twenty and more hosts starting at once enrol within the minute; a
+	// loop inventing names does not grow the state by more.
+	DefaultNewPerToken   = 200
+	DefaultNewPerAddress = 30
 )
 
 // DefaultConfig returns the documented defaults.
 func DefaultConfig() Config {
-	return Config{MaxNodes: DefaultMaxNodes, MaxPending: DefaultMaxPending, ForgetAfter: DefaultForgetAfter}
+	return Config{MaxNodes: DefaultMaxNodes, MaxPending: DefaultMaxPending, ForgetAfter: DefaultForgetAfter,
+		NewPerToken: DefaultNewPerToken, NewPerAddress: DefaultNewPerAddress}
 }
 
 // Validate checks the bounds.
@@ -112,6 +127,10 @@ func (c Config) Validate() error {
 	}
 	if c.ForgetAfter <= 0 {
 		errs = append(errs, fmt.Errorf("forget_nodes_after must be above zero, is %s", c.ForgetAfter))
+	}
+	if c.NewPerToken < 0 || c.NewPerAddress < 0 {
+		errs = append(errs, fmt.Errorf("new_nodes_per_minute_per_token and new_nodes_per_minute_per_address must be 0 (no bound) or above, are %d and %d",
+			c.NewPerToken, c.NewPerAddress))
 	}
 	return errors.Join(errs...)
 }
@@ -148,10 +167,11 @@ const (
 	LabelBusy       = "busy"
 	LabelStore      = "store"
 	LabelDamaged    = "damaged"
+	LabelRate       = "rate"
 )
 
 // Labels lists every refusal label.
-var Labels = []string{LabelCredential, LabelRejected, LabelPending, LabelOldAgent, LabelLimit, LabelBusy, LabelStore, LabelDamaged}
+var Labels = []string{LabelCredential, LabelRejected, LabelPending, LabelOldAgent, LabelLimit, LabelBusy, LabelStore, LabelDamaged, LabelRate}
 
 // Errors of the admin actions.
 var (
@@ -174,6 +194,7 @@ type Registry struct {
 	enrollingPending int
 	savedSeen        map[string]time.Time // the last-seen time each stored record holds
 	lastTick         time.Time
+	rates            rates // new names a minute (ratelimit.go)
 }
 
 // New builds a registry over the records a store loaded.
@@ -232,6 +253,9 @@ type Hello struct {
 	// is handed; older agents do not.
 	KeepsCredential bool
 	Address         string
+	// Token names the agent token the connection came with (never the
+	// token itself); "" when it came with a node credential.
+	Token string
 }
 
 // NewCredential returns 32 random bytes, URL-safe base64.
@@ -264,74 +288,99 @@ func (r *Registry) Admit(h Hello) Decision {
 	rec, known := r.nodes[h.Node]
 	var next Record
 	var d Decision
+	var final bool
+	if known {
+		next, d, final = r.decideKnown(rec, h, now)
+	} else {
+		next, d, final = r.decideNew(h, now)
+	}
+	if final {
+		r.mu.Unlock()
+		return d
+	}
+	return r.write(h, next, d, rec, now) // unlocks
+}
+
+// decideKnown decides for a name the registry holds. Final decisions
+// need no write; otherwise next is the record to store. The caller holds
+// mu.
+func (r *Registry) decideKnown(rec *Record, h Hello, now time.Time) (next Record, d Decision, final bool) {
 	switch {
-	case known && rec.State == StateDamaged:
-		r.mu.Unlock()
-		return Decision{Outcome: Refuse, Label: LabelDamaged, Close: "the coordinator's record of this node is damaged; an admin can release the name",
+	case rec.State == StateDamaged:
+		return next, Decision{Outcome: Refuse, Label: LabelDamaged, Close: "the coordinator's record of this node is damaged; an admin can release the name",
 			Reason: fmt.Sprintf("the coordinator's stored record of node %q is damaged, so it cannot check this connection's credential; "+
-				"an admin releases the name (DELETE /api/v1/nodes/%s) and its agent enrols again", h.Node, h.Node)}
-	case known && rec.State == StateRejected:
-		r.mu.Unlock()
-		return Decision{Outcome: Refuse, Label: LabelRejected, Close: "node rejected by an admin",
-			Reason: fmt.Sprintf("node name %q was rejected by an admin; an admin can release it (DELETE /api/v1/nodes/%s)", h.Node, h.Node)}
-	case known && rec.CredentialSHA256 != "":
+				"an admin releases the name (DELETE /api/v1/nodes/%s) and its agent enrols again", h.Node, h.Node)}, true
+	case rec.State == StateRejected:
+		return next, Decision{Outcome: Refuse, Label: LabelRejected, Close: "node rejected by an admin",
+			Reason: fmt.Sprintf("node name %q was rejected by an admin; an admin can release it (DELETE /api/v1/nodes/%s)", h.Node, h.Node)}, true
+	case rec.CredentialSHA256 != "":
 		if !matches(h.Credential, rec.CredentialSHA256) {
-			r.mu.Unlock()
 			what := "without its credential"
 			if h.Credential != "" {
 				what = "with a credential that is not its own"
 			}
-			return Decision{Outcome: Refuse, Label: LabelCredential, Close: "node credential missing or wrong; an admin can release the name",
+			return next, Decision{Outcome: Refuse, Label: LabelCredential, Close: "node credential missing or wrong; an admin can release the name",
 				Reason: fmt.Sprintf("node name %q is enrolled and this connection came %s; "+
-					"if the host was reinstalled, an admin releases the name (DELETE /api/v1/nodes/%s)", h.Node, what, h.Node)}
+					"if the host was reinstalled, an admin releases the name (DELETE /api/v1/nodes/%s)", h.Node, what, h.Node)}, true
 		}
 		r.seen(rec, h, now)
 		delete(r.handed, h.Node) // presented, so it was delivered
 		if rec.State == StatePending {
-			r.mu.Unlock()
-			return pending(h.Node, "")
+			return next, pending(h.Node, ""), true
 		}
-		r.mu.Unlock()
-		return Decision{Outcome: Accept}
-	case known && rec.State == StatePending: // unbound and pending
+		return next, Decision{Outcome: Accept}, true
+	case rec.State == StatePending: // unbound and pending
 		r.seen(rec, h, now)
 		if !h.KeepsCredential {
-			r.mu.Unlock()
-			return pending(h.Node, "")
+			return next, pending(h.Node, ""), true
 		}
-		next, d = *rec, pending(h.Node, NewCredential())
-	case known: // unbound, admitted
-		if !h.KeepsCredential {
-			if r.cfg.RequireCredential {
-				r.mu.Unlock()
-				return oldAgent(h.Node)
-			}
-			r.seen(rec, h, now)
-			r.mu.Unlock()
-			return Decision{Outcome: Accept}
-		}
-		next, d = *rec, Decision{Outcome: Accept, Credential: NewCredential()}
-		next.State, next.Since = StateEnrolled, now
-		r.log.Info("binding a known node name to a credential on first use", "node", h.Node, "address", h.Address)
-	default: // a new name
-		if !h.KeepsCredential && r.cfg.RequireCredential {
-			r.mu.Unlock()
-			return oldAgent(h.Node)
-		}
-		if len(r.nodes)+len(r.enrolling) >= r.cfg.MaxNodes {
-			r.mu.Unlock()
-			return Decision{Outcome: Limit, Label: LabelLimit, Close: "the coordinator holds max_nodes node records",
-				Reason: fmt.Sprintf("the coordinator holds its limit of %d node records (max_nodes); an admin can release unused names", r.cfg.MaxNodes)}
-		}
-		next = Record{Name: h.Node, State: StateUnbound, Since: now}
-		d = Decision{Outcome: Accept}
-		if h.KeepsCredential {
-			next.State, d.Credential = StateEnrolled, NewCredential()
-		}
-		if r.cfg.ApproveNew {
-			next.State, d = StatePending, pending(h.Node, d.Credential)
-		}
+		return *rec, pending(h.Node, NewCredential()), false
 	}
+	// Unbound and admitted: known by name alone.
+	if !h.KeepsCredential && r.cfg.RequireCredential {
+		return next, oldAgent(h.Node), true
+	}
+	if !h.KeepsCredential || !r.mayBind(rec, h) {
+		r.seen(rec, h, now)
+		return next, Decision{Outcome: Accept}, true
+	}
+	next = *rec
+	next.State, next.Since, next.BindFrom, next.BindApproved = StateEnrolled, now, "", false
+	r.log.Info("binding an unbound node name to a credential", "node", h.Node, "address", h.Address)
+	return next, Decision{Outcome: Accept, Credential: NewCredential()}, false
+}
+
+// decideNew decides for a name the registry does not hold. The caller
+// holds mu.
+func (r *Registry) decideNew(h Hello, now time.Time) (next Record, d Decision, final bool) {
+	if !h.KeepsCredential && r.cfg.RequireCredential {
+		return next, oldAgent(h.Node), true
+	}
+	if len(r.nodes)+len(r.enrolling) >= r.cfg.MaxNodes {
+		return next, Decision{Outcome: Limit, Label: LabelLimit, Close: "the coordinator holds max_nodes node records",
+			Reason: fmt.Sprintf("the coordinator holds its limit of %d node records (max_nodes); an admin can release unused names", r.cfg.MaxNodes)}, true
+	}
+	if d, limited := r.rateLimited(h, now); limited {
+		return next, d, true
+	}
+	next = Record{Name: h.Node, State: StateUnbound, Since: now}
+	d = Decision{Outcome: Accept}
+	if h.KeepsCredential {
+		next.State, d.Credential = StateEnrolled, NewCredential()
+	} else {
+		next.BindFrom = clip(h.Address) // where it may later bind from without an admin
+	}
+	if r.cfg.ApproveNew {
+		next.State, d = StatePending, pending(h.Node, d.Credential)
+	}
+	return next, d, false
+}
+
+// write stores next, the record a decision d needs, and returns d, or a
+// refusal when it cannot. rec is the record it replaces (nil for a new
+// name). The caller holds mu; write releases it while the store writes.
+func (r *Registry) write(h Hello, next Record, d Decision, rec *Record, now time.Time) Decision {
+	known := rec != nil
 	if r.enrolling[h.Node] {
 		r.mu.Unlock()
 		return Decision{Outcome: Refuse, Label: LabelBusy, Close: "another connection of this node is enrolling; retry",
@@ -427,9 +476,15 @@ func (r *Registry) forget(name, why string) {
 	r.log.Info("node record forgotten", "node", name, "why", why)
 }
 
-// Approve admits a pending node.
+// Approve admits a pending node. For an unbound node it approves the
+// bind: the next connection of it whose agent keeps a credential binds
+// the name, wherever it comes from (bind.go).
 func (r *Registry) Approve(name string) (Record, error) {
 	return r.change(name, func(rec *Record) error {
+		if rec.State == StateUnbound {
+			rec.BindApproved = true
+			return nil
+		}
 		if rec.State != StatePending {
 			return fmt.Errorf("%w: node %q is %s, not pending", ErrState, name, rec.State)
 		}

@@ -228,3 +228,91 @@ func TestDamagedRecordKeepsItsName(t *testing.T) {
 		t.Errorf("after an admin's release: %+v", d)
 	}
 }
+
+// Binding an unbound name is not first come, first served: after an
+// upgrade (a name with no address it enrolled from) an agent that keeps a
+// credential is served unbound, and handed none, until an admin approves
+// the bind; a name an old agent enrolled unbound binds from the address
+// it enrolled from, and from nowhere else. Before issue 25 the first
+// caller bound it and the real agent was refused.
+func TestBindingAnUnboundNameIsNotFirstCome(t *testing.T) {
+	st, clk := &memStore{recs: map[string]Record{}}, &clock{t: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
+	upgraded := map[string]Record{"gpu-a": {Name: "gpu-a", State: StateUnbound, Since: clk.t, LastSeen: clk.t}}
+	r, err := New(DefaultConfig(), st, upgraded, clk.now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := r.Admit(Hello{Node: "gpu-a", KeepsCredential: true, Address: "10.0.0.66"}); d.Outcome != Accept || d.Credential != "" {
+		t.Errorf("the first caller of an upgraded name: %+v, want served unbound without a credential", d)
+	}
+	if rec, _ := r.Get("gpu-a"); rec.State != StateUnbound || rec.CredentialSHA256 != "" {
+		t.Errorf("the first caller bound the upgraded name: %+v", rec)
+	}
+	if _, err := r.Approve("gpu-a"); err != nil {
+		t.Fatal(err)
+	}
+	if d := r.Admit(Hello{Node: "gpu-a", KeepsCredential: true, Address: "10.0.0.1"}); d.Outcome != Accept || d.Credential == "" {
+		t.Errorf("after an admin approved the bind: %+v, want a credential", d)
+	}
+	if rec, _ := r.Get("gpu-a"); rec.State != StateEnrolled || rec.BindApproved {
+		t.Errorf("after the bind: %+v", rec)
+	}
+
+	// An old agent enrols a name unbound from 10.0.0.7; it binds from there only.
+	if d := r.Admit(Hello{Node: "gpu-b", Address: "10.0.0.7"}); d.Outcome != Accept || d.Credential != "" {
+		t.Fatalf("an old agent's new name: %+v", d)
+	}
+	if d := r.Admit(Hello{Node: "gpu-b", KeepsCredential: true, Address: "10.0.0.66"}); d.Credential != "" {
+		t.Errorf("bound from another address than it enrolled from: %+v", d)
+	}
+	if d := r.Admit(Hello{Node: "gpu-b", KeepsCredential: true, Address: "10.0.0.7"}); d.Outcome != Accept || d.Credential == "" {
+		t.Errorf("from the address it enrolled from: %+v, want a credential", d)
+	}
+}
+
+// New names are rate-limited per agent token and per source address; a
+// reconnect storm of known names is not. Twenty-five hosts starting at
+// once all enrol.
+func TestNewNamesAreRateLimited(t *testing.T) {
+	r, _, clk := newRegistry(t, DefaultConfig())
+	for i := range 25 {
+		h := Hello{Node: fmt.Sprintf("host-%02d", i), KeepsCredential: true, Address: fmt.Sprintf("10.0.1.%d", i), Token: "t1"}
+		if d := r.Admit(h); d.Outcome != Accept {
+			t.Fatalf("host %d of 25 starting at once: %+v", i, d)
+		}
+	}
+	accepted := 0
+	for i := range 100 {
+		if d := r.Admit(Hello{Node: fmt.Sprintf("fake-%03d", i), KeepsCredential: true, Address: "10.6.6.6", Token: "t1"}); d.Outcome == Accept {
+			accepted++
+		} else if d.Label != LabelRate {
+			t.Fatalf("refused for another reason: %+v", d)
+		}
+	}
+	t.Logf("100 new names from one address in a minute: %d enrolled (new_nodes_per_minute_per_address %d)", accepted, DefaultNewPerAddress)
+	if accepted != DefaultNewPerAddress {
+		t.Errorf("%d of 100 new names from one address enrolled, want %d", accepted, DefaultNewPerAddress)
+	}
+	spread := 0
+	for i := range 400 {
+		if d := r.Admit(Hello{Node: fmt.Sprintf("spread-%03d", i), KeepsCredential: true, Address: fmt.Sprintf("10.7.%d.%d", i/200, i%200), Token: "t1"}); d.Outcome == Accept {
+			spread++
+		}
+	}
+	t.Logf("400 new names from 400 addresses with one token in the same minute: %d enrolled (new_nodes_per_minute_per_token %d)", spread, DefaultNewPerToken)
+	if 25+accepted+spread != DefaultNewPerToken {
+		t.Errorf("one token enrolled %d names in a minute, want %d", 25+accepted+spread, DefaultNewPerToken)
+	}
+	// The 25 hosts reconnect, ten times each, within the same minute.
+	for range 10 {
+		for i := range 25 {
+			if d := r.Admit(Hello{Node: fmt.Sprintf("host-%02d", i), Address: fmt.Sprintf("10.0.1.%d", i), Token: "t1"}); d.Label == LabelRate {
+				t.Fatalf("a known name reconnecting was rate-limited: %+v", d)
+			}
+		}
+	}
+	clk.t = clk.t.Add(time.Minute)
+	if d := r.Admit(Hello{Node: "next-minute", KeepsCredential: true, Address: "10.6.6.6", Token: "t1"}); d.Outcome != Accept {
+		t.Errorf("a new name in the next minute: %+v", d)
+	}
+}

@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"net"
@@ -83,18 +84,27 @@ func (s *Server) checkToken(w http.ResponseWriter, r *http.Request, kind string,
 // needed only to enrol, so a rotation that has not reached every agent
 // yet, or a coordinator restarted with the new token only, shuts out no
 // enrolled node.
-func (s *Server) agentAuth(w http.ResponseWriter, r *http.Request) (agentNode string, ok bool) {
+// The token it returns names the agent token that matched (a hash's
+// first bytes, never the token), for the new names' rate limit.
+func (s *Server) agentAuth(w http.ResponseWriter, r *http.Request) (agentNode, token string, ok bool) {
 	agents := settings.SplitTokens(s.tokens().Agent)
 	got := bearer(r)
 	for _, t := range agents {
 		if tokenEqual(got, t) {
-			return "", true
+			return "", tokenName(t), true
 		}
 	}
 	if node, cred := r.Header.Get(wire.HeaderNode), r.Header.Get(wire.HeaderNodeCredential); node != "" && cred != "" && s.opts.Nodes.Verify(node, cred) {
-		return node, true
+		return node, "", true
 	}
-	return "", s.checkToken(w, r, authAgent, false, agents...)
+	ok = s.checkToken(w, r, authAgent, false, agents...)
+	return "", tokenName(got), ok
+}
+
+// tokenName names a token without revealing it.
+func tokenName(t string) string {
+	h := sha256.Sum256([]byte(t))
+	return hex.EncodeToString(h[:6])
 }
 
 func (s *Server) adminAuth(w http.ResponseWriter, r *http.Request) bool {

@@ -98,6 +98,9 @@ type agentConn struct {
 	// byCredential is the node whose credential, not an agent token,
 	// let this connection in; its hello must name that node.
 	byCredential string
+	// token names the agent token it came with (tokenName), "" with a
+	// node credential.
+	token string
 
 	qmu      sync.Mutex
 	queue    [][]byte // messages waiting for the flusher, oldest first
@@ -300,7 +303,7 @@ func (h *hub) shutdown(timeout time.Duration) {
 // handleAgent is GET /api/v1/agent: authenticate, upgrade, serve.
 func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 	s := h.s
-	byCredential, ok := s.agentAuth(w, r)
+	byCredential, token, ok := s.agentAuth(w, r)
 	if !ok {
 		return
 	}
@@ -333,7 +336,7 @@ func (h *hub) handleAgent(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(s.base)
 	c := &agentConn{
 		h: h, id: h.nextID.Add(1), source: s.clientIP(r), ws: ws,
-		ctx: ctx, cancel: cancel, closed: make(chan struct{}), byCredential: byCredential,
+		ctx: ctx, cancel: cancel, closed: make(chan struct{}), byCredential: byCredential, token: token,
 	}
 	c.from, _ = netip.ParseAddr(c.source)
 	if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
@@ -493,7 +496,7 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 		return false
 	}
 	d := s.opts.Nodes.Admit(nodes.Hello{Node: hello.Node, Credential: hello.NodeCredential, AgentVersion: hello.AgentVersion,
-		Hostname: hello.Host.Hostname, KeepsCredential: hello.KeepsCredential, Address: c.source})
+		Hostname: hello.Host.Hostname, KeepsCredential: hello.KeepsCredential, Address: c.source, Token: c.token})
 	welcome, err := wire.Encode(&wire.Welcome{CoordinatorVersion: version.Version, SnapshotSeconds: s.lim.snapshotSeconds,
 		NodeCredential: d.Credential})
 	if err != nil {
