@@ -91,6 +91,7 @@ type env struct {
 	// Area 11's changes to the routing fleet: the fast worker's mid-run
 	// throttle and the agents' passive window (0: the default).
 	slowFast      sim.Slow
+	fastListen    string // the fast sim's fixed address, so a restart keeps it ("" = any)
 	passiveWindow time.Duration
 
 	fidelityOnce sync.Once

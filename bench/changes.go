@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -11,29 +13,44 @@ import (
 	"heft/sim"
 )
 
-// Area 11: a worker's capacity changes while the fleet serves. The fast
-// worker of area 9's fleet halves its speed mid-run (heft-sim --slow-at,
-// same arguments, no restart) under Poisson load of 60 % of the fleet's
-// full-load capacity, half through HAProxy and half through nginx, both
-// routing by heft's weights (leastconn). The bench reads the fast
+// Area 11: a worker's capacity changes while the fleet serves area 9's
+// fleet under Poisson load of 60 % of its full-load capacity, half through
+// HAProxy and half through nginx, both routing by heft's weights
+// (leastconn). Three cases: the fast worker halves its speed mid-run
+// (heft-sim --slow-at, same arguments, no restart); it is restarted at half
+// speed with the same arguments and port (HEFT_SIM_SLOW_FACTOR, which its
+// command line does not show); a new worker joins. The bench reads the
 // worker's weight share at each gateway every half second and times how
-// long after the slowdown it first comes within 5 % of its true share.
+// long after the change it first comes within 5 % of its true share.
+
+// Cases of area 11.
+const (
+	caseSlows   = "halves its speed mid-run"
+	caseRestart = "restarted at half speed, same arguments"
+	caseJoins   = "a new worker joins"
+)
+
+var changeCases = []string{caseSlows, caseRestart, caseJoins}
+
+// joiner is the worker that joins in caseJoins: a second mid.
+var joiner = Calibration{Name: "joiner", Flavor: sim.FlavorSGLang, SingleTPS: 80, Batch16TPS: 900, MaxRunning: 16}
 
 // changesPlan is what one run of the area does.
 type changesPlan struct {
-	SlowAt  time.Duration // after the sims start; the fleet must be up by then
+	SlowAt  time.Duration // when the change happens, after the sims start; the fleet must be up by then
 	Factor  float64
-	After   time.Duration // load and polling after the slowdown
-	Window  time.Duration // the agents' passive window
+	After   time.Duration // load and polling after the change
+	Window  time.Duration // the agents' passive (and pace) window
 	Seeds   int
 	Load    float64
 	Tokens  int
 	Tolered float64 // relative distance from the true share that counts as converged
+	Cases   []string
 }
 
 func (e *env) changesPlanFor() changesPlan {
 	p := changesPlan{SlowAt: 4 * time.Minute, Factor: 2, After: 2 * time.Minute, Window: 30 * time.Second,
-		Seeds: 3, Load: 0.6, Tokens: 128, Tolered: 0.05}
+		Seeds: 3, Load: 0.6, Tokens: 128, Tolered: 0.05, Cases: changeCases}
 	if e.opts.Quick {
 		p.SlowAt, p.After, p.Window, p.Seeds, p.Tokens = 60*time.Second, 40*time.Second, 5*time.Second, 1, e.tokens
 	}
@@ -41,7 +58,7 @@ func (e *env) changesPlanFor() changesPlan {
 }
 
 func (p changesPlan) estimate() time.Duration {
-	return time.Duration(p.Seeds) * (p.SlowAt + p.After + 20*time.Second)
+	return time.Duration(p.Seeds*len(p.Cases)) * (p.SlowAt + p.After + 20*time.Second)
 }
 
 // changesPolicies route by heft's weights, one per gateway.
@@ -55,13 +72,15 @@ func changesPolicies() []policy {
 	return out
 }
 
-// changeRow is one gateway's outcome in one seed.
+// changeRow is one gateway's outcome in one case and seed.
 type changeRow struct {
+	Case      string
 	Gateway   string
 	Seed      int
-	Before    float64 // the fast worker's share at the slowdown
-	Converged float64 // seconds after the slowdown; NaN: never within the run
+	Before    float64 // the worker's share at the change
+	Converged float64 // seconds after the change; NaN: never within the run
 	Final     float64 // its share at the end
+	True      float64 // its true share after the change
 	Res       loadgen.Result
 	Err       error
 }
@@ -74,101 +93,219 @@ func trueShares(factor float64) (before, after float64) {
 	return fast / total, (fast / factor) / (total - fast + fast/factor)
 }
 
+// trueShare is the share the changing worker should end at in case c.
+func (p changesPlan) trueShare(c string) float64 {
+	if c == caseJoins {
+		j := joiner.FullCapacity(16)
+		return j / (routingCapacity() + j)
+	}
+	_, after := trueShares(p.Factor)
+	return after
+}
+
 func (e *env) areaChanges(ctx context.Context) *Section {
 	plan := e.changesPlanFor()
 	before, after := trueShares(plan.Factor)
 	s := &Section{Title: "Capacity changes under load",
-		Intro: fmt.Sprintf("Area 9's fleet (%s) behind real HAProxy and nginx, heft-sync applying heft's weights (leastconn). "+
-			"The fast worker's heft-sim halves its speed %s after it starts (--slow-at, --slow-factor %s: same arguments, no restart); "+
-			"its true share of the fleet's full-load capacity goes from %s to %s. Poisson load of %s of the fleet's full-load capacity, "+
-			"half through each gateway, %d output tokens, from when the fleet is up until %s after the slowdown; agents' passive window %s "+
-			"(probe.passive_window). \"converged\": seconds from the slowdown until the worker's weight share at the gateway "+
-			"(HAProxy `show stat` weights, nginx's upstream file) is first within %s %% of its true share.",
-			describeFleet(), plan.SlowAt, ftoa(plan.Factor), shareText(before), shareText(after), shareText(plan.Load), plan.Tokens, plan.After,
-			plan.Window, num(100*plan.Tolered, 0)),
-		Table: Table{Columns: []string{"case", "gateway", "seed", "share at slowdown", "converged", "share at end", "true share",
+		Intro: fmt.Sprintf("Area 9's fleet (%s) behind real HAProxy and nginx, heft-sync applying heft's weights (leastconn), "+
+			"the coordinator's probation off. Poisson load of %s of the fleet's full-load capacity, half through each gateway, "+
+			"%d output tokens, from when the fleet is up until %s after the change at %s after the sims start; agents' passive "+
+			"and pace window %s (probe.passive_window), probe.busy = wait. Cases: the fast worker's heft-sim halves its speed "+
+			"(--slow-at, --slow-factor %s: same arguments, no restart), its true share of the fleet's full-load capacity going "+
+			"from %s to %s; the fast worker is stopped and started again on the same port with the same arguments at half speed "+
+			"(HEFT_SIM_SLOW_FACTOR, not on its command line), the same true shares; a new worker (%s) and its agent join, true "+
+			"share %s. \"converged\": seconds from the change until the worker's weight share at the gateway (HAProxy `show stat` "+
+			"weights, nginx's upstream file) is first within %s %% of its true share. The oracle is each worker's full-load "+
+			"capacity (Calibration.FullCapacity), not what a probe sees.",
+			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, ftoa(plan.Factor),
+			shareText(before), shareText(after), joiner.Name + " " + joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
+		Table: Table{Columns: []string{"case", "gateway", "seed", "share at change", "converged", "share at end", "true share",
 			"requests", "failed", "p95"}},
 	}
-	for seed := range plan.Seeds {
-		rows, err := e.changesRun(ctx, plan, seed)
-		for _, r := range rows {
-			conv := "not within the run"
-			if !math.IsNaN(r.Converged) {
-				conv = num(r.Converged, 1) + " s"
+	for _, c := range plan.Cases {
+		for seed := range plan.Seeds {
+			rows, notes, err := e.changesRun(ctx, plan, c, seed)
+			for _, r := range rows {
+				conv := "not within the run"
+				if !math.IsNaN(r.Converged) {
+					conv = num(r.Converged, 1) + " s"
+				}
+				s.Table.Add(r.Case, r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
+					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished), num(r.Res.Latency.P95.Seconds(), 2)+" s")
+				if r.Err != nil {
+					s.Notes = append(s.Notes, fmt.Sprintf("%s, %s seed %d: %v", r.Case, r.Gateway, r.Seed+1, r.Err))
+				}
 			}
-			s.Table.Add("halves its speed mid-run", r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(after),
-				fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished), num(r.Res.Latency.P95.Seconds(), 2)+" s")
-			if r.Err != nil {
-				s.Notes = append(s.Notes, fmt.Sprintf("%s seed %d: %v", r.Gateway, r.Seed+1, r.Err))
+			s.Notes = append(s.Notes, notes...)
+			if err != nil {
+				s.Err = err
+				return s
 			}
-		}
-		if err != nil {
-			s.Err = err
-			break
 		}
 	}
-	s.Notes = append(s.Notes, "Not built: a worker restarted at half speed with the same arguments and port, a worker joining, "+
-		"GPU clock throttling (needs a stand-in NVML), p95 against the same run routed by true capacities, and the count of "+
-		"requests that met a probe.")
+	s.Notes = append(s.Notes, "Not built: GPU clock throttling through a stand-in NVML, and p95 against the same run routed by true capacities.")
 	return s
 }
 
 func shareText(x float64) string { return num(100*x, 1) + " %" }
 
-// changesRun starts the fleet with the fast worker set to slow down, loads
-// it, and follows the fast worker's share at both gateways.
-func (e *env) changesRun(ctx context.Context, plan changesPlan, seed int) ([]changeRow, error) {
-	e.slowFast, e.passiveWindow = sim.Slow{At: plan.SlowAt, Factor: plan.Factor}, plan.Window
-	defer func() { e.slowFast, e.passiveWindow = sim.Slow{}, 0 }()
+// changesRun starts the fleet set up for case c, loads it, makes the
+// change at SlowAt and follows the changing worker's share at both
+// gateways. Its notes list the measurements stored while the load ran.
+func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed int) ([]changeRow, []string, error) {
+	e.passiveWindow = plan.Window
+	switch c {
+	case caseSlows:
+		e.slowFast = sim.Slow{At: plan.SlowAt, Factor: plan.Factor}
+	case caseRestart:
+		port, err := freePort()
+		if err != nil {
+			return nil, nil, err
+		}
+		e.fastListen = "127.0.0.1:" + strconv.Itoa(port)
+	}
+	defer func() { e.slowFast, e.passiveWindow, e.fastListen = sim.Slow{}, 0, "" }()
 	pols := changesPolicies()
 	started := time.Now() // the sims start within a second of this
 	f, err := e.startRoutingFleet(ctx, routingPlan{Policies: pols})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.stop()
 	slowAt := started.Add(plan.SlowAt)
 	if time.Now().After(slowAt) {
-		return nil, fmt.Errorf("the fleet took %s to come up, past the slowdown at %s: raise SlowAt", time.Since(started).Round(time.Second), plan.SlowAt)
+		return nil, nil, fmt.Errorf("the fleet took %s to come up, past the change at %s: raise SlowAt", time.Since(started).Round(time.Second), plan.SlowAt)
 	}
-	end := slowAt.Add(plan.After)
-	_, trueAfter := trueShares(plan.Factor)
+	loadStart, end := time.Now(), slowAt.Add(plan.After)
 	rows := make([]changeRow, len(pols))
 	var wg sync.WaitGroup
 	for i, p := range pols {
-		rows[i] = changeRow{Gateway: p.Gateway, Seed: seed, Converged: math.NaN()}
+		rows[i] = changeRow{Case: c, Gateway: p.Gateway, Seed: seed, Converged: math.NaN(), True: plan.trueShare(c)}
 		cfg := loadgen.Config{URL: f.frontURL(p), Model: benchModel, Tokens: plan.Tokens, Drain: 20 * time.Second,
 			MaxInFlight: 1024, Seed: uint64(seed) + 1, Client: f.client,
 			Rate: plan.Load / float64(len(pols)) * routingCapacity() / float64(plan.Tokens), Duration: time.Until(end)}
 		wg.Go(func() { rows[i].Res, rows[i].Err = loadgen.Run(ctx, cfg) })
 	}
-	e.logf("changes: seed %d: load on, slowdown in %s", seed+1, time.Until(slowAt).Round(time.Second))
+	e.logf("changes: %s, seed %d: load on, change in %s", c, seed+1, time.Until(slowAt).Round(time.Second))
+	// The worker followed: the fast one, or the joiner once it has started.
+	var mu sync.Mutex
+	addr := ""
+	if c != caseJoins {
+		addr = f.simAddr(routeFast)
+	}
+	changed := make(chan error, 1)
+	go func() {
+		select {
+		case <-ctx.Done():
+			changed <- ctx.Err()
+			return
+		case <-time.After(time.Until(slowAt)):
+		}
+		switch c {
+		case caseRestart:
+			changed <- f.restartFast(plan.Factor)
+		case caseJoins:
+			sp, err := f.join(joiner)
+			if err == nil {
+				mu.Lock()
+				addr = strings.TrimPrefix(sp.url, "http://")
+				mu.Unlock()
+			}
+			changed <- err
+		default:
+			changed <- nil
+		}
+	}()
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	var lastPace time.Time
 	for now := time.Now(); now.Before(end) && ctx.Err() == nil; now = <-tick.C {
-		lastPace = f.logPace(ctx, lastPace)
+		mu.Lock()
+		a := addr
+		mu.Unlock()
+		lastPace = f.logPace(ctx, a, lastPace)
 		for i, p := range pols {
-			share, err := f.fastShare(ctx, p)
+			share, err := f.shareOf(ctx, p, a)
 			if err != nil {
 				continue // a reload in progress; the next tick reads it
 			}
 			rows[i].Final = share
 			if now.Before(slowAt) {
 				rows[i].Before = share
-			} else if math.IsNaN(rows[i].Converged) && math.Abs(share-trueAfter) <= plan.Tolered*trueAfter {
+			} else if math.IsNaN(rows[i].Converged) && math.Abs(share-rows[i].True) <= plan.Tolered*rows[i].True {
 				rows[i].Converged = now.Sub(slowAt).Seconds()
 			}
 		}
 	}
+	changeErr := <-changed
 	wg.Wait()
-	return rows, ctx.Err()
+	notes := []string{fmt.Sprintf("%s, seed %d: %s", c, seed+1, f.measuredDuring(ctx, loadStart))}
+	if changeErr != nil {
+		return rows, notes, changeErr
+	}
+	return rows, notes, ctx.Err()
 }
 
-// fastShare is the fast worker's weight over the serving workers' sum at
-// one gateway.
-func (f *routingFleet) fastShare(ctx context.Context, p policy) (float64, error) {
-	fast := f.simAddr(routeFast)
+// restartFast stops the fast worker's sim and starts it again with the
+// same arguments and port, factor times slower by its environment. The
+// agent keeps running and sees the engine go and come back.
+func (f *routingFleet) restartFast(factor float64) error {
+	old := f.sims[routeFast]
+	old.child.Stop(10 * time.Second)
+	c := routingWorkers[routeFast]
+	sp, err := f.e.startSimProcAt(f.dir, c.Name, c, 0, f.e.fastListen, []string{"HEFT_SIM_SLOW_FACTOR=" + ftoa(factor)})
+	if err != nil {
+		return fmt.Errorf("restart the fast worker: %w", err)
+	}
+	f.e.logf("changes: fast worker restarted at 1/%s speed, same arguments, %s", ftoa(factor), sp.url)
+	f.late = append(f.late, sp.child)
+	return nil
+}
+
+// join starts a new sim and its agent beside the running fleet.
+func (f *routingFleet) join(c Calibration) (*simProc, error) {
+	sp, err := f.e.startSimProc(f.dir, c.Name, c, 0)
+	if err != nil {
+		return nil, err
+	}
+	f.late = append(f.late, sp.child)
+	ag, err := f.e.startAgent(f.dir, "route-"+c.Name, f.co, c.Flavor, sp, false)
+	if err != nil {
+		return nil, err
+	}
+	f.late = append(f.late, ag)
+	f.e.logf("changes: %s joined at %s", c.Name, sp.url)
+	return sp, nil
+}
+
+// measuredDuring lists the measurements the coordinator stored since
+// from: each would have met requests had its worker been serving.
+func (f *routingFleet) measuredDuring(ctx context.Context, from time.Time) string {
+	list, err := f.co.workers(ctx)
+	if err != nil {
+		return "measurements during the load: unknown (" + err.Error() + ")"
+	}
+	var parts []string
+	for _, w := range list {
+		for _, h := range w.History {
+			if h.At.After(from) {
+				why := h.Trigger
+				if h.Cause != "" {
+					why += " (" + h.Cause + ")"
+				}
+				parts = append(parts, fmt.Sprintf("%s %s, %.0f tok/s, valid %v", w.URL, why, h.ThroughputTPS, h.Valid))
+			}
+		}
+	}
+	if len(parts) == 0 {
+		return "no measurement stored while the load ran"
+	}
+	return "measurements stored while the load ran: " + strings.Join(parts, "; ")
+}
+
+// shareOf is the weight of the server at addr (host:port; "" or absent:
+// 0) over the serving workers' sum at one gateway.
+func (f *routingFleet) shareOf(ctx context.Context, p policy, fast string) (float64, error) {
 	var w, total float64
 	switch p.Gateway {
 	case gwHAProxy:
@@ -206,15 +343,18 @@ func (f *routingFleet) fastShare(ctx context.Context, p policy) (float64, error)
 	return w / total, nil
 }
 
-// logPace logs the fast worker's newest pace reading and weight source
-// once per reading, so a run shows what moved its weight.
-func (f *routingFleet) logPace(ctx context.Context, last time.Time) time.Time {
+// logPace logs the followed worker's newest pace reading and weight
+// source once per reading, so a run shows what moved its weight.
+func (f *routingFleet) logPace(ctx context.Context, addr string, last time.Time) time.Time {
+	if addr == "" {
+		return last
+	}
 	list, err := f.co.workers(ctx)
 	if err != nil {
 		return last
 	}
 	for _, w := range list {
-		if !samePort(w.URL, f.sims[routeFast].url) || w.Pace == nil || !w.Pace.At.After(last) {
+		if !samePort(w.URL, "http://"+addr) || w.Pace == nil || !w.Pace.At.After(last) {
 			continue
 		}
 		p := w.Pace
@@ -224,7 +364,7 @@ func (f *routingFleet) logPace(ctx context.Context, last time.Time) time.Time {
 				weights += fmt.Sprintf(" %s=%.3f", x.URL, x.Weight)
 			}
 		}
-		f.e.logf("changes: fast worker pace %.2f ms per token at %.1f running per rank, %.0f tok/s; weight source %s, factor %.2f; weights%s",
+		f.e.logf("changes: worker pace %.2f ms per token at %.1f running per rank, %.0f tok/s; weight source %s, factor %.2f; weights%s",
 			1000*p.SecondsPerToken, p.Batch, p.ThroughputTPS, w.WeightSource, w.PaceFactor, weights)
 		return p.At
 	}

@@ -30,7 +30,7 @@ func TestChangesShort(t *testing.T) {
 	defer cancel()
 	e := &env{opts: Options{Bin: bin, Progress: testLog{t}, Quick: true}, bin: bin, work: t.TempDir(), runs: 1, tokens: 32, conc: 16}
 	plan := e.changesPlanFor()
-	rows, err := e.changesRun(ctx, plan, 0)
+	rows, _, err := e.changesRun(ctx, plan, caseSlows, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

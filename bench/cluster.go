@@ -137,12 +137,18 @@ type simProc struct {
 
 // startSimProc starts heft-sim for c; notReady keeps /health at 503 that long.
 func (e *env) startSimProc(dir, name string, c Calibration, notReady time.Duration) (*simProc, error) {
+	return e.startSimProcAt(dir, name, c, notReady, "127.0.0.1:0", nil)
+}
+
+// startSimProcAt starts a heft-sim on listen with env added to its
+// environment (HEFT_SIM_SLOW_FACTOR: slower with the same command line).
+func (e *env) startSimProcAt(dir, name string, c Calibration, notReady time.Duration, listen string, env []string) (*simProc, error) {
 	bin, err := binPath(e.bin, "heft-sim")
 	if err != nil {
 		return nil, err
 	}
 	logPath := filepath.Join(dir, name+"-engine.log")
-	args := []string{"--flavor", c.Flavor, "--listen", "127.0.0.1:0", "--model", benchModel,
+	args := []string{"--flavor", c.Flavor, "--listen", listen, "--model", benchModel,
 		"--single-tps", ftoa(c.SingleTPS), "--batch16-tps", ftoa(c.Batch16TPS), "--dp", strconv.Itoa(c.ranks()),
 		"--log", logPath, "--seed", "1"}
 	if c.MaxRunning > 0 {
@@ -157,7 +163,7 @@ func (e *env) startSimProc(dir, name string, c Calibration, notReady time.Durati
 	if c.Slow.Factor > 1 {
 		args = append(args, "--slow-at", c.Slow.At.String(), "--slow-factor", ftoa(c.Slow.Factor))
 	}
-	ch, err := startChild(dir, name+"-sim", bin, args, childIO{Lines: true})
+	ch, err := startChild(dir, name+"-sim", bin, args, childIO{Lines: true, Env: env})
 	if err != nil {
 		return nil, err
 	}

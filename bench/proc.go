@@ -174,8 +174,9 @@ type child struct {
 
 // childIO says which of a child's standard streams the bench uses.
 type childIO struct {
-	Stdin bool // Send writes to it
-	Lines bool // stdout lines are kept for Line; otherwise stdout joins the log
+	Stdin bool     // Send writes to it
+	Lines bool     // stdout lines are kept for Line; otherwise stdout joins the log
+	Env   []string // added to the bench's environment
 }
 
 // startChild starts bin with args; stderr (and stdout unless io.Lines)
@@ -189,6 +190,9 @@ func startChild(dir, name, bin string, args []string, cio childIO) (*child, erro
 	defer ef.Close() // the child holds its own descriptor once started
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = ef
+	if len(cio.Env) > 0 {
+		cmd.Env = append(os.Environ(), cio.Env...)
+	}
 	// Its own process group, so a Ctrl-C reaches only the bench, which then
 	// stops its children in order; on Linux they also die with the bench.
 	cmd.SysProcAttr = childAttr()

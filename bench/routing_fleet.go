@@ -55,6 +55,7 @@ type routingFleet struct {
 	fronts   map[string]string // gateway + "/" + key → frontend base URL
 	syncURL  string            // heft-sync's /metrics and /healthz
 	procs    []*child          // everything, in start order
+	late     []*child          // started while the fleet runs (area 11), stopped first
 	client   *http.Client
 
 	heftWeights []float64 // the coordinator's weights, in routingWorkers order
@@ -67,6 +68,7 @@ func frontKey(p policy) string { return p.Gateway + "/" + p.Key }
 func (f *routingFleet) frontURL(p policy) string { return f.fronts[frontKey(p)] }
 
 func (f *routingFleet) stop() {
+	stopAll(f.late)
 	stopAll(f.procs)
 	f.client.CloseIdleConnections()
 	httpClient.CloseIdleConnections()
@@ -108,10 +110,14 @@ func (e *env) startRoutingFleet(ctx context.Context, plan routingPlan) (_ *routi
 	}
 	f.procs = append(f.procs, f.co.child)
 	for i, c := range routingWorkers {
+		listen := "127.0.0.1:0"
 		if i == routeFast {
 			c.Slow = e.slowFast
+			if e.fastListen != "" {
+				listen = e.fastListen
+			}
 		}
-		sp, err := e.startSimProc(f.dir, c.Name, c, 0)
+		sp, err := e.startSimProcAt(f.dir, c.Name, c, 0, listen, nil)
 		if err != nil {
 			return nil, err
 		}

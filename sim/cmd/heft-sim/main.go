@@ -96,7 +96,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (cfg sim.Config, listen
 	fs.Float64Var(&cfg.ColdFactor, "cold-factor", 1, "steps are this many times slower while cold")
 	fs.Float64Var(&cfg.ColdSeconds, "cold-seconds", 0, "how long the engine stays cold after start")
 	fs.DurationVar(&cfg.Slow.At, "slow-at", 0, "from this long after start, steps are --slow-factor times slower (a mid-run throttle; 0 with a factor: slow from the start)")
-	fs.Float64Var(&cfg.Slow.Factor, "slow-factor", 1, "how many times slower steps are from --slow-at on (2: half speed)")
+	fs.Float64Var(&cfg.Slow.Factor, "slow-factor", 1, "how many times slower steps are from --slow-at on (2: half speed); without it, HEFT_SIM_SLOW_FACTOR in the environment slows every step from the start with the same command line")
 	fs.StringVar(&cfg.LogPath, "log", "", "write the engine's start-up log to this file")
 	fs.StringVar(&cfg.LogNaming, "log-naming", "", "how the log names ranks: \"\" (newest), enginecore-n (vllm 0.8.3-0.10.1), dp-attention (sglang: only DP0 prints its pool), router (sglang_router workers: TP0 tags only)")
 	fs.IntVar(&cfg.MultiNode.Size, "data-parallel-size", 0, "vllm multi-node: the deployment's DP size; --dp is this node's local ranks (0: one node)")
@@ -137,6 +137,17 @@ func parseFlags(args []string, stdout, stderr io.Writer) (cfg sim.Config, listen
 			}
 			*list.into = append(*list.into, n)
 		}
+	}
+	// An engine restarted slower with the same launch arguments (another
+	// GPU clock state, a neighbour on the card): the throttle comes from
+	// the environment, so the command line the agent reads stays the same.
+	if v := os.Getenv("HEFT_SIM_SLOW_FACTOR"); v != "" && cfg.Slow.Factor == 1 {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			fmt.Fprintf(stderr, "heft-sim: HEFT_SIM_SLOW_FACTOR=%q is not a number\n", v)
+			return cfg, "", settings.ExitUsage, false
+		}
+		cfg.Slow = sim.Slow{Factor: f} // from the start; Start checks it
 	}
 	return cfg, listen, 0, true
 }

@@ -118,3 +118,20 @@ func TestPrefillFlags(t *testing.T) {
 		t.Errorf("-h: exit %d, help %q", c, stdout.String())
 	}
 }
+
+// HEFT_SIM_SLOW_FACTOR slows the sim from the start with the same command
+// line; --slow-factor wins over it, and a non-number is a usage error.
+func TestSlowFactorFromEnvironment(t *testing.T) {
+	args := []string{"--single-tps", "60", "--batch16-tps", "600"}
+	t.Setenv("HEFT_SIM_SLOW_FACTOR", "2")
+	if cfg, _, _, ok := parseFlags(args, io.Discard, io.Discard); !ok || cfg.Slow.Factor != 2 || cfg.Slow.At != 0 {
+		t.Errorf("from the environment: %+v ok=%v", cfg.Slow, ok)
+	}
+	if cfg, _, _, ok := parseFlags(append(args, "--slow-factor", "3", "--slow-at", "1m"), io.Discard, io.Discard); !ok || cfg.Slow.Factor != 3 {
+		t.Errorf("the flag should win: %+v", cfg.Slow)
+	}
+	t.Setenv("HEFT_SIM_SLOW_FACTOR", "half")
+	if _, _, code, ok := parseFlags(args, io.Discard, io.Discard); ok || code != 2 {
+		t.Errorf("a non-number: ok=%v code %d", ok, code)
+	}
+}
