@@ -118,7 +118,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"weights, nginx's upstream file) is first within %s %% of its true share. The oracle is each worker's full-load "+
 			"capacity (Calibration.FullCapacity), not what a probe sees.",
 			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, ftoa(plan.Factor),
-			shareText(before), shareText(after), joiner.Name + " " + joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
+			shareText(before), shareText(after), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
 		Table: Table{Columns: []string{"case", "gateway", "seed", "share at change", "converged", "share at end", "true share",
 			"requests", "failed", "p95"}},
 	}

@@ -22,17 +22,7 @@ import (
 // gives the slow worker a third of the load, three times what it can
 // serve, so its cells last about twice as long). No timing is asserted.
 func TestRoutingShort(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a fleet, haproxy and nginx, and offers 10 s of load four times (about 90 s)")
-	}
-	if _, err := os.Stat("/proc/self/status"); err != nil {
-		t.Skip("the bench reads /proc: Linux only")
-	}
-	gwproc.Require(t, "haproxy")
-	gwproc.Require(t, "nginx")
-	bin := testBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx, bin := fleetTest(t, "starts a fleet, haproxy and nginx, and offers 10 s of load four times (about 90 s)")
 
 	var policies []policy
 	for _, p := range routingPolicies {
@@ -101,6 +91,25 @@ func TestRoutingShort(t *testing.T) {
 }
 
 // testLog sends the bench's progress lines to the test log.
+// fleetTest skips a test that starts area 9's fleet where it cannot run
+// (-short, not Linux, no haproxy or nginx), and returns a context that
+// ends with the test (10 min at most) and the built binaries.
+func fleetTest(t *testing.T, what string) (context.Context, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(what)
+	}
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("the bench reads /proc: Linux only")
+	}
+	gwproc.Require(t, "haproxy")
+	gwproc.Require(t, "nginx")
+	bin := testBinaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	return ctx, bin
+}
+
 type testLog struct{ t *testing.T }
 
 func (l testLog) Write(p []byte) (int, error) {
