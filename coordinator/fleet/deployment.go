@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"heft/shared/health"
+	"heft/shared/view"
 	"heft/shared/wire"
 )
 
@@ -25,6 +26,7 @@ import (
 // span is the part of a multi-node deployment one worker runs.
 type span struct {
 	key   string // model and data-parallel address
+	addr  string // the data-parallel address
 	size  int    // data_parallel_size, 0 when the args do not say
 	start int    // first DP rank on this node
 	local int    // DP ranks on this node, 0 when the args do not say
@@ -70,7 +72,7 @@ func spanOf(e wire.Engine) (span, bool) {
 	if addr == "" || !multi {
 		return span{}, false
 	}
-	s.key = e.Model + "\x00" + addr
+	s.key, s.addr = e.Model+"\x00"+addr, addr
 	return s, true
 }
 
@@ -207,4 +209,21 @@ func (w *worker) pools() wire.Engine {
 		return *w.judged
 	}
 	return w.eng
+}
+
+// deploymentView describes w's part of its multi-node deployment for the
+// API and the dashboard; nil for a worker on one node.
+func (f *Fleet) deploymentView(w *worker) *view.Deployment {
+	members := f.deployment(w)
+	s, ok := spanOf(w.eng)
+	if len(members) == 0 || !ok {
+		return nil
+	}
+	d := &view.Deployment{Address: s.addr, Size: s.size, StartRank: s.start, LocalRanks: s.local}
+	for _, m := range members {
+		if !slices.Contains(d.Nodes, m.node) {
+			d.Nodes = append(d.Nodes, m.node)
+		}
+	}
+	return d
 }

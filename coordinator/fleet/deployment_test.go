@@ -83,6 +83,13 @@ func TestDeploymentJoinedAcrossNodes(t *testing.T) {
 		if _, ok := warning(w, wire.CodeDeploymentMismatch); ok {
 			t.Fatalf("%s: mismatch with both nodes in: %+v", id, w.Warnings)
 		}
+		// The view says which deployment, and this node's part of it, so
+		// the dashboard can show one group spanning the nodes.
+		start := map[string]int{"head": 0, "tail": 2}[id]
+		if d := w.Deployment; d == nil || d.Address != "10.0.0.1:13345" || d.Size != 4 || d.StartRank != start || d.LocalRanks != 2 ||
+			!slices.Equal(d.Nodes, []string{"gpu-a", "gpu-b"}) {
+			t.Fatalf("%s: deployment %+v", id, w.Deployment)
+		}
 	}
 }
 
@@ -108,6 +115,12 @@ func TestDeploymentNodesDisagree(t *testing.T) {
 func TestSingleNodeIsNoDeployment(t *testing.T) {
 	if _, ok := spanOf(engine("x", "http://1:8000", "m", 9000, 9000)); ok {
 		t.Fatal("a plain engine read as a deployment")
+	}
+	h := newHarness(t)
+	h.connect("gpu-a")
+	h.put("gpu-a", engine("x", "http://1:8000", "m", 9000, 9000))
+	if d := h.worker("x").Deployment; d != nil {
+		t.Fatalf("deployment %+v", d)
 	}
 	e := engine("x", "http://1:8000", "m", 9000)
 	e.LaunchArgs = []string{"dist_init_addr=10.0.0.1:5000", "nnodes=2", "node_rank=1", "data_parallel_size=4"}

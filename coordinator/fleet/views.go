@@ -429,6 +429,7 @@ func (f *Fleet) view(w *worker) view.Worker {
 		lc := *l
 		v.LogSource = &lc
 	}
+	v.Deployment = f.deploymentView(w)
 	if !w.lastSeen.IsZero() {
 		t := w.lastSeen
 		v.LastSeen = &t

@@ -57,6 +57,23 @@ type MeasurementPoint struct {
 	Cause   string `json:"cause,omitempty"`
 }
 
+// Deployment is one node's part of a multi-node data-parallel deployment
+// (fleet/deployment.go): the workers of one model whose launch args name
+// the same data-parallel address.
+type Deployment struct {
+	// Address is the data-parallel address the nodes share (vLLM
+	// data_parallel_address:rpc_port, SGLang dist_init_addr).
+	Address string `json:"address"`
+	// Size is the deployment's data_parallel_size, 0 when unknown.
+	Size int `json:"size"`
+	// StartRank and LocalRanks are this node's DP ranks: LocalRanks from
+	// StartRank on (LocalRanks 0 when the args do not say).
+	StartRank  int `json:"start_rank"`
+	LocalRanks int `json:"local_ranks"`
+	// Nodes are the deployment's nodes that have reported, by first rank.
+	Nodes []string `json:"nodes"`
+}
+
 // Worker is one engine endpoint as GET /api/v1/workers shows it. The first
 // block of fields is the public contract; the rest are extensions.
 type Worker struct {
@@ -122,6 +139,10 @@ type Worker struct {
 	Complete      *bool           `json:"complete"`
 	MissingRanks  []int           `json:"missing_ranks,omitempty"`
 	LogSource     *wire.LogSource `json:"log_source,omitempty"` // where the agent reads the engine's log
+	// Deployment is the multi-node data-parallel deployment this worker is
+	// one node's part of (its ranks above are the whole deployment's); nil
+	// for an engine on one node.
+	Deployment *Deployment `json:"deployment,omitempty"`
 
 	// MaxRunning is what the engine runs at once (its agent's report);
 	// MaxConcurrency the most requests a gateway should have open on the

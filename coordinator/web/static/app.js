@@ -298,7 +298,7 @@ function renderModels() {
       sec.id = 'model-' + slug(model);
       sec.className = 'panel model';
       sec.dataset.model = model;
-      sec.innerHTML = `<h2 role="button" tabindex="0"><span class="name clip" title="${esc(model)}">${esc(model)}</span><span class="count"></span></h2><div class="body"><div class="workers"></div></div>`;
+      sec.innerHTML = `<h2 role="button" tabindex="0"><span class="name clip" title="${esc(model)}">${esc(model)}</span><span class="count"></span></h2><div class="body"><div class="deployments"></div><div class="workers"></div></div>`;
       clickable(sec.querySelector('h2'), () => toggle(model, sec));
     }
     if (root.children[wanted.size - 1] !== sec) root.insertBefore(sec, root.children[wanted.size - 1] || null); // model order
@@ -307,7 +307,9 @@ function renderModels() {
     const admitted = list.filter(w => w.state === 'admitted').length;
     const stale = list.filter(w => w.state === 'stale').length; // agent gone, still routed at its last weight
     sec.querySelector('.count').textContent = `${plural(list.length, 'worker')}, ${admitted} admitted` + (stale ? `, ${stale} stale` : '');
-    renderWorkers(sec.querySelector('.workers'), list);
+    const maxWeight = Math.max(1, ...list.map(w => w.weight ?? 0));
+    renderDeployments(sec.querySelector(':scope > .body > .deployments'), list.filter(w => w.deployment), maxWeight);
+    renderWorkers(sec.querySelector(':scope > .body > .workers'), list.filter(w => !w.deployment), maxWeight);
   }
   for (const sec of [...root.children]) if (!wanted.has(sec.dataset.model)) sec.remove();
   $('#no-workers').classList.toggle('hidden', ui.workers.length !== 0);
@@ -332,10 +334,50 @@ function clickable(el, fn) {
   });
 }
 
+// renderDeployments shows each multi-node data-parallel deployment as one
+// group: a heading for the whole deployment (its address, ranks and
+// nodes), then each node's worker by first rank, its card saying which
+// ranks run there.
+function renderDeployments(container, list, maxWeight) {
+  const byAddr = new Map();
+  for (const w of list) {
+    if (!byAddr.has(w.deployment.address)) byAddr.set(w.deployment.address, []);
+    byAddr.get(w.deployment.address).push(w);
+  }
+  const groups = new Map([...container.children].map(g => [g.dataset.deployment, g]));
+  const addrs = [...byAddr.keys()].sort();
+  addrs.forEach((addr, i) => {
+    const members = byAddr.get(addr).sort((a, b) => a.deployment.start_rank - b.deployment.start_rank || cmp(a.node, b.node));
+    let group = groups.get(addr);
+    if (!group) {
+      group = document.createElement('div');
+      group.className = 'deployment';
+      group.dataset.deployment = addr;
+      group.innerHTML = '<h3 class="clip"></h3><div class="workers"></div>';
+    }
+    if (container.children[i] !== group) container.insertBefore(group, container.children[i] || null);
+    const d = members[0].deployment;
+    const nodes = [...new Set(members.flatMap(w => w.deployment.nodes))];
+    const h = group.querySelector('h3');
+    h.textContent = `data-parallel deployment${d.size ? ` of ${plural(d.size, 'rank')}` : ''} across ${plural(nodes.length, 'node')}: ${nodes.join(', ')} · ${addr}`;
+    h.title = 'one engine whose data-parallel ranks run on several nodes; heft judges its ranks as one set (imbalance, hold, completeness)';
+    group.dataset.nodes = nodes.join(',');
+    renderWorkers(group.querySelector('.workers'), members, maxWeight);
+  });
+  for (const g of [...container.children]) if (!byAddr.has(g.dataset.deployment)) g.remove();
+}
+
+// span says which of a deployment's ranks run on the worker's node.
+function span(w) {
+  const d = w.deployment;
+  if (!d) return '';
+  const ranks = d.local_ranks > 1 ? `DP ${d.start_rank}–${d.start_rank + d.local_ranks - 1}` : d.local_ranks === 1 ? `DP ${d.start_rank}` : `from DP ${d.start_rank}`;
+  return `<div class="row"><span class="label">Deployment</span><span class="val" data-deployment-span="${d.start_rank}:${d.local_ranks}">${ranks}${d.size ? ` of ${d.size}` : ''} on this node</span></div>`;
+}
+
 // renderWorkers replaces only the cards whose content changed. A replaced
 // card keeps the weight an admin was typing and the focus.
-function renderWorkers(container, list) {
-  const maxWeight = Math.max(1, ...list.map(w => w.weight ?? 0));
+function renderWorkers(container, list, maxWeight) {
   const keep = new Set();
   const cards = new Map([...container.children].map(c => [c.dataset.workerId, c]));
   list.forEach((w, i) => {
@@ -401,6 +443,7 @@ function workerCard(w, maxWeight) {
   <div class="row"><span class="label">Weight</span><div class="val">
     <div class="weightbar${pinned ? ' pinned' : ''}" title="${pinned ? 'pinned by an admin' : 'throughput / model median'}"><span data-w="${weight != null ? Math.min(100, 100 * weight / maxWeight).toFixed(1) : 0}"></span></div></div>
     <span class="num weight" data-weight="${weight ?? ''}" data-pinned="${pinned}">${weight != null ? num(weight, 2) : `<span class="meta">${esc(noWeight(w))}</span>`}${pinned ? ` <span class="chip pin" title="pinned by an admin; computed ${num(w.computed_weight, 2)}">pinned</span>` : ''}${w.weight_source === 'rescaled' ? ` <span class="chip" data-source="rescaled" title="its pace is ${num(w.pace_factor, 2)}× slower than when measured: the measurement over ${num(w.pace_factor, 2)} counts until it is measured again">rescaled</span>` : ''}</span></div>
+  ${span(w)}
   ${prefill(w)}
   ${context(w)}
   ${history(w.history)}
