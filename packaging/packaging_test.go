@@ -339,8 +339,8 @@ func TestKubernetesManifests(t *testing.T) {
 	if len(hostPaths) == 0 {
 		t.Error("no engine log path mounted from the host")
 	}
-	// The example engine logs to its pod, read through the node's pod logs,
-	// mounted read-only where the agent looks for them.
+	// Engines log to their pods, read through the node's pod logs, mounted
+	// read-only where the agent looks for them.
 	podLogs := false
 	agentCtr := pod["containers"].([]any)[0].(map[string]any)
 	for _, m := range agentCtr["volumeMounts"].([]any) {
@@ -362,8 +362,10 @@ func TestKubernetesManifests(t *testing.T) {
 	if err := agentCfg.Parse(kinds["ConfigMap/heft-agent"]["data"].(map[string]any)["agent.toml"].(string)); err != nil {
 		t.Fatalf("the agent's ConfigMap: %v", err)
 	}
-	if len(agentCfg.Engines) == 0 {
-		t.Fatal("the agent's ConfigMap has no [[engine]]")
+	// One ConfigMap for every node's engines: they are discovered, each
+	// with its pod's log.
+	if !agentCfg.Discover {
+		t.Error("the agent's ConfigMap does not set discover = true")
 	}
 	for _, e := range agentCfg.Engines {
 		if spec, err := logsource.Parse(e.Log); err != nil || spec.Kind != logsource.KindK8s {

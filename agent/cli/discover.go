@@ -65,6 +65,9 @@ func runDiscovering(ctx context.Context, cfg config.Config, logger hclog.Logger,
 // it adds; first is the search at start, which also says when nothing is
 // found.
 func rediscover(ctx context.Context, cfg config.Config, found *[]config.Engine, dopts discover.Options, log hclog.Logger, first bool) ([]config.Engine, bool) {
+	if dopts.PodsRoot == "" {
+		dopts.PodsRoot = cfg.EngineLogs.PodsRoot
+	}
 	got, notes, err := discover.Find(ctx, dopts)
 	if err != nil {
 		log.Warn("cannot look for engines on this host", "error", err)

@@ -4,8 +4,8 @@
 // heft knows, and anything listening on an engine's default port, asked
 // over HTTP which kind it is (engine.Detect). For each engine it also
 // finds the log the process writes: a file its stdout or stderr is
-// redirected to, else the journal of the systemd service or the Docker
-// container it runs in.
+// redirected to, else the log of the Kubernetes pod or Docker container
+// it runs in, or the journal of its systemd service.
 package discover
 
 import (
@@ -47,6 +47,9 @@ type Options struct {
 	// Timeout bounds each request to a candidate port; DefaultTimeout
 	// when zero.
 	Timeout time.Duration
+	// PodsRoot holds the kubelet's pod logs (engine_logs.pods_root), where
+	// an engine running in a pod has its log.
+	PodsRoot string
 	// Keep, when set, limits the search to the engine processes it
 	// accepts (by root pid; 0 for a listener whose process cannot be
 	// seen). Tests use it to see only the engines they started on a host
@@ -91,7 +94,7 @@ func Find(ctx context.Context, opts Options) ([]Engine, []string, error) {
 		e := Engine{Kind: kind, URL: url, PID: c.pid, Argv: c.argv}
 		if c.pid > 0 {
 			seenRoot[c.pid] = true
-			e.Log = LogOf(c.pid, kind)
+			e.Log = LogOf(c.pid, kind, opts.PodsRoot)
 		}
 		found = append(found, e)
 	}

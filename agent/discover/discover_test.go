@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -66,5 +67,38 @@ func TestFindKeepsOnlyWhatKeepAccepts(t *testing.T) {
 	}
 	if len(found) != 0 {
 		t.Errorf("found %+v", found)
+	}
+}
+
+func TestPodLog(t *testing.T) {
+	uid := "0b6c7f4e-1d2a-4c3b-9e8f-112233445566"
+	for line, want := range map[string]string{
+		"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + strings.ReplaceAll(uid, "-", "_") + ".slice/cri-containerd-ab12.scope": uid,
+		"0::/kubepods/besteffort/pod" + uid + "/ab12cd": uid,
+		"0::/system.slice/vllm.service":                 "",
+		"0::/kubepods.slice/kubepods-besteffort.slice":  "",
+	} {
+		if got := podUID(line); got != want {
+			t.Errorf("podUID(%q) = %q, want %q", line, got, want)
+		}
+	}
+
+	root := t.TempDir()
+	one := filepath.Join(root, "inference_vllm-7d9f-x2k4_"+uid, "vllm")
+	if err := os.MkdirAll(one, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := podLog(root, uid); got != "k8s:inference/vllm-7d9f-x2k4/vllm" {
+		t.Errorf("podLog = %q", got)
+	}
+	if got := podLog(root, "ffffffff-1d2a-4c3b-9e8f-112233445566"); got != "" {
+		t.Errorf("another pod: %q", got)
+	}
+	// Two containers: which one is the engine is not known.
+	if err := os.MkdirAll(filepath.Join(filepath.Dir(one), "sidecar"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := podLog(root, uid); got != "" {
+		t.Errorf("a pod of two containers: %q, want none", got)
 	}
 }

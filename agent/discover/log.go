@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"strings"
 )
@@ -12,9 +13,11 @@ import (
 // LogOf returns the log source of the engine whose root process is pid,
 // "" when none is found: the file its standard output or error is
 // redirected to (vLLM logs to stdout, the others to stderr: that one is
-// tried first), else, when that output goes to a socket, the journal of
-// the systemd service or the Docker container the process runs in.
-func LogOf(pid int, kind string) string {
+// tried first), else the log of the Kubernetes pod's container (its pod's
+// folder under podsRoot, when the pod has one container), the Docker
+// container, or (output to a socket) the journal of the systemd service
+// the process runs in.
+func LogOf(pid int, kind, podsRoot string) string {
 	fds := []int{2, 1}
 	if kind == "vllm" {
 		fds = []int{1, 2}
@@ -39,11 +42,46 @@ func LogOf(pid int, kind string) string {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
+		if uid := podUID(sc.Text()); uid != "" {
+			return podLog(podsRoot, uid)
+		}
 		if src := fromCgroup(sc.Text(), socket); src != "" {
 			return src
 		}
 	}
 	return ""
+}
+
+// podUIDRE is a pod's UID in a cgroup path: kubepods-...-pod<UID>.slice
+// (systemd's cgroup driver, "_" for "-") or /kubepods/.../pod<UID>/
+// (cgroupfs).
+var podUIDRE = regexp.MustCompile(`kubepods.*[-/]pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice|/)`)
+
+// podUID returns the UID of the pod a cgroup line places the process in,
+// "" for none.
+func podUID(line string) string {
+	m := podUIDRE.FindStringSubmatch(line)
+	if m == nil {
+		return ""
+	}
+	return strings.ReplaceAll(m[1], "_", "-")
+}
+
+// podLog is k8s:NAMESPACE/POD/CONTAINER for the pod whose folder under
+// podsRoot (NAMESPACE_POD_UID/CONTAINER/) ends in uid, when it holds one
+// container: with several, which one the engine is cannot be told from
+// the process, and "" says so.
+func podLog(podsRoot, uid string) string {
+	dirs, err := filepath.Glob(filepath.Join(podsRoot, "*_*_"+uid))
+	if err != nil || len(dirs) != 1 {
+		return ""
+	}
+	parts := strings.SplitN(filepath.Base(dirs[0]), "_", 3)
+	containers, err := os.ReadDir(dirs[0])
+	if err != nil || len(parts) != 3 || len(containers) != 1 || !containers[0].IsDir() {
+		return ""
+	}
+	return "k8s:" + parts[0] + "/" + parts[1] + "/" + containers[0].Name()
 }
 
 // isLogFile reports whether an output descriptor's target is a regular
