@@ -105,6 +105,7 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 		}
 		f.setEngine(w, e)
 		w.gpus = engineGPUs(e, s.GPUs, len(s.Engines))
+		f.noteThrottle(w, now)
 		w.lastSeen = now
 		seen[w.id] = true
 		f.saveWorker(w, now, false)

@@ -330,6 +330,11 @@ type worker struct {
 	passiveLow int
 	// pace is its pace reference and rescale (pace.go).
 	pace paceState
+	// throttledSince is when its GPUs began to report a slowdown reason
+	// (zero: they do not); throttleAsked, that this spell asked for a
+	// re-measurement (throttle.go).
+	throttledSince time.Time
+	throttleAsked  bool
 
 	// Derived by evaluate, weigh and publish.
 	state       string
