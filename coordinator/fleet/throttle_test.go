@@ -36,7 +36,7 @@ func TestGPUThrottleRemeasures(t *testing.T) {
 		t.Fatalf("at once: %+v", r)
 	}
 	step(40*time.Second, "hw_thermal_slowdown")
-	if r := step(40*time.Second); len(r) != 0 {
+	if r := step(40 * time.Second); len(r) != 0 {
 		t.Fatalf("a 40 s spell re-measured: %+v", r)
 	}
 	// Sustained past a minute: one request, named.
