@@ -224,11 +224,7 @@ func TestNewRefuses(t *testing.T) {
 func TestAgentToWeightAndRestart(t *testing.T) {
 	cfg := testConfig(t)
 	r := start(t, cfg)
-	key := "gpu-a|vllm|" + testModel + "|--port=8000"
-
-	a := connectAgent(t, r, "gpu-a")
-	s := snapshot("gpu-a", time.Now(), engine(key, 8000))
-	a.send(&s)
+	a, key := oneEngine(t, r)
 	var req *wire.ProbeRequest
 	for req == nil {
 		if env := a.read(); env.Type == wire.TypeProbeRequest {

@@ -205,6 +205,17 @@ func (a *agent) next() (*wire.Envelope, error) {
 	return wire.Decode(data)
 }
 
+// oneEngine connects node gpu-a's agent reporting one engine of
+// testModel on port 8000, and returns the agent and the engine's key.
+func oneEngine(t *testing.T, r *running) (*agent, string) {
+	t.Helper()
+	key := "gpu-a|vllm|" + testModel + "|--port=8000"
+	a := connectAgent(t, r, "gpu-a")
+	s := snapshot("gpu-a", time.Now(), engine(key, 8000))
+	a.send(&s)
+	return a, key
+}
+
 // engine is one ready vLLM engine of testModel.
 func engine(key string, port int) wire.Engine {
 	return wire.Engine{Kind: wire.EngineVLLM, URL: "http://127.0.0.1:" + strconv.Itoa(port), Model: testModel, Ready: true,

@@ -18,10 +18,7 @@ import (
 func TestHoldBelowFloorSurvivesRestart(t *testing.T) {
 	cfg := testConfig(t)
 	r := start(t, cfg)
-	key := "gpu-a|vllm|" + testModel + "|--port=8000"
-	a := connectAgent(t, r, "gpu-a")
-	s := snapshot("gpu-a", time.Now(), engine(key, 8000))
-	a.send(&s)
+	a, key := oneEngine(t, r)
 	testutil.Eventually(t, "the worker", 10*time.Second, func() bool {
 		status, _ := r.do(t, "GET", "/api/v1/workers/"+key, "", "")
 		return status == http.StatusOK

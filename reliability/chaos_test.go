@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"heft/agent"
 	agentconfig "heft/agent/config"
@@ -295,6 +297,10 @@ type chaosFault struct {
 type chaosResult struct {
 	fault, gateway, note string
 	res                  loadgen.Result
+	// probeTokens is what the engines generated during the phase beyond
+	// the routed load through both gateways: the agents' probe bursts,
+	// which land on engines serving the load.
+	probeTokens float64
 }
 
 func TestChaos(t *testing.T) {
@@ -338,6 +344,9 @@ func TestChaos(t *testing.T) {
 				time.Sleep(cut) // the length of the cut is the fault
 				r.proxy.restore()
 			}},
+		// The same undisturbed load again, last: how far p95 moves with
+		// nothing done, on this machine at this hour.
+		{name: "undisturbed, again", note: "nothing done: the spread of p95 without a fault"},
 	}
 	var results []chaosResult
 	for _, f := range faults {
@@ -373,6 +382,7 @@ func (r *chaosRig) underLoad(f chaosFault, d time.Duration) []chaosResult {
 	var mu sync.Mutex
 	var out []chaosResult
 	var wg sync.WaitGroup
+	tokensBefore := r.engineTokens()
 	for _, gw := range []string{"haproxy", "nginx"} {
 		wg.Go(func() {
 			// A client of the phase's own, its idle connections dropped
@@ -395,7 +405,38 @@ func (r *chaosRig) underLoad(f chaosFault, d time.Duration) []chaosResult {
 		f.do(r, d)
 	}
 	wg.Wait()
+	beyond := r.engineTokens() - tokensBefore
+	for _, c := range out {
+		beyond -= float64(c.res.OutputTokens)
+	}
+	for i := range out {
+		out[i].probeTokens = beyond
+	}
 	return out
+}
+
+// engineTokens sums the tokens every sim has generated
+// (vllm:generation_tokens_total, read with the Prometheus text parser).
+func (r *chaosRig) engineTokens() float64 {
+	var sum float64
+	for _, s := range r.sims {
+		resp, err := http.Get(s.URL() + "/metrics")
+		if err != nil {
+			r.t.Errorf("the tokens of %s: %v", s.URL(), err)
+			continue
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation) // one per scrape: it keeps state
+		fams, err := parser.TextToMetricFamilies(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			r.t.Errorf("the metrics of %s: %v", s.URL(), err)
+			continue
+		}
+		for _, m := range fams["vllm:generation_tokens_total"].GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
 }
 
 // chaosTSV is chaosTable's rows, tab-separated, without the header.
@@ -435,7 +476,7 @@ func chaosRows(results []chaosResult, sep string) string {
 		}
 		b.WriteString("\n")
 	}
-	row("fault", "gateway", "requests", "failed", "unfinished", "p50", "p95", "p95 vs undisturbed", "note")
+	row("fault", "gateway", "requests", "failed", "unfinished", "p50", "p95", "p95 vs undisturbed", "probe tokens", "note")
 	for _, gw := range []string{"haproxy", "nginx"} {
 		for _, c := range results {
 			if c.gateway != gw {
@@ -446,7 +487,7 @@ func chaosRows(results []chaosResult, sep string) string {
 				vs = fmt.Sprintf("%+.1f %%", 100*(float64(c.res.Latency.P95)/float64(bp)-1))
 			}
 			row(c.fault, gw, c.res.Sent, c.res.Failed, c.res.Unfinished,
-				c.res.Latency.P50.Round(time.Millisecond), c.res.Latency.P95.Round(time.Millisecond), vs, c.note)
+				c.res.Latency.P50.Round(time.Millisecond), c.res.Latency.P95.Round(time.Millisecond), vs, fmt.Sprintf("%.0f", c.probeTokens), c.note)
 		}
 	}
 	return b.String()
