@@ -21,6 +21,11 @@ import (
 //	time=... msg="Listening on 127.0.0.1:11434 (version 0.6.2)"
 //	build: 5123 (5f1d2e3a) with cc ...
 const (
+	// FormatLlamaISWABase is the full-attention cache of a model with
+	// sliding-window layers (gemma 3, gpt-oss): llama.cpp prints one
+	// "llama_kv_cache: size = ... (N cells" line for it and another, far
+	// smaller, for the sliding-window cache, so this line names the pool.
+	FormatLlamaISWABase = "llamacpp-iswa-base-cells"
 	// FormatLlamaKVCells is llama.cpp's KV cache line: its cells are the
 	// pool's tokens, over all slots.
 	FormatLlamaKVCells = "llamacpp-kv-cells"
@@ -32,11 +37,14 @@ const (
 )
 
 var (
-	llamaCellsRE = regexp.MustCompile(`\(\s*(\d+) cells,`)
-	llamaNCtxRE  = regexp.MustCompile(`^(?:llama_context|llama_new_context_with_model): n_ctx\s+=\s+(\d+)\s*$`)
-	llamaBuildRE = regexp.MustCompile(`^build: (\d+) \(`)
-	ollamaCtxRE  = regexp.MustCompile(`(?:^|\s)--ctx-size\s+(\d+)(?:\s|"|$)`)
-	ollamaVerRE  = regexp.MustCompile(`msg="Listening on \S+ \(version ([^)\s]+)\)"`)
+	// Newer llama-server prefixes each line with the time since start and
+	// a level ("0.19.914.972 I llama_kv_cache_iswa: ...").
+	llamaPrefixRE = regexp.MustCompile(`^\d+\.\d\d\.\d{3}\.\d{3} [IWEDT] `)
+	llamaCellsRE  = regexp.MustCompile(`\(\s*(\d+) cells,`)
+	llamaNCtxRE   = regexp.MustCompile(`^(?:llama_context|llama_new_context_with_model): n_ctx\s+=\s+(\d+)\s*$`)
+	llamaBuildRE  = regexp.MustCompile(`^build: (\d+) \(`)
+	ollamaCtxRE   = regexp.MustCompile(`(?:^|\s)--ctx-size\s+(\d+)(?:\s|"|$)`)
+	ollamaVerRE   = regexp.MustCompile(`msg="Listening on \S+ \(version ([^)\s]+)\)"`)
 	// Ollama's runner is loaded ("llama runner started in 2.51 seconds";
 	// 2024: "Starting llama main loop"); 2024 llama-server's JSON log says
 	// "model loaded".
@@ -46,10 +54,10 @@ var (
 // llamaCppLog is llama.cpp's log grammar, ollamaLog Ollama's: one pool,
 // rank 0.
 var (
-	llamaCppLog = llamaGrammar(wire.EngineLlamaCpp, FormatLlamaKVCells, FormatLlamaNCtx)
+	llamaCppLog = llamaGrammar(wire.EngineLlamaCpp, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx)
 	// The cells are what the cache holds; n_ctx is asked for; --ctx-size
 	// is what Ollama asked its runner for.
-	ollamaLog = llamaGrammar(wire.EngineOllama, FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize)
+	ollamaLog = llamaGrammar(wire.EngineOllama, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize)
 )
 
 func llamaGrammar(kind string, formats ...string) enginelog.Grammar {
@@ -59,16 +67,26 @@ func llamaGrammar(kind string, formats ...string) enginelog.Grammar {
 			ev, ok := parseLlama(seg)
 			return ev, enginelog.NoProc(), ok
 		},
-		Formats:   formats,
-		PoolLines: `llama.cpp and Ollama "llama_kv_cache: size = ... (N cells, ..." and "n_ctx = N"`,
-		DPKey:     "data_parallel_size", // never printed: one rank
+		Formats: formats,
+		PoolLines: `llama.cpp and Ollama "llama_kv_cache_iswa: creating non-SWA KV cache, size = N cells", ` +
+			`"llama_kv_cache: size = ... (N cells, ..." and "n_ctx = N"`,
+		DPKey: "data_parallel_size", // never printed: one rank
 	}
 }
 
 // parseLlama reads a llama.cpp or Ollama line.
 func parseLlama(seg string) (enginelog.Event, bool) {
+	if m := llamaPrefixRE.FindStringIndex(seg); m != nil {
+		seg = seg[m[1]:]
+	}
 	ev := enginelog.Event{TPRank: -1}
 	switch {
+	case strings.HasPrefix(seg, "llama_kv_cache_iswa: creating non-SWA KV cache, size = "):
+		n, rest, ok := enginelog.CutDigits(seg[len("llama_kv_cache_iswa: creating non-SWA KV cache, size = "):])
+		if ok && strings.HasPrefix(rest, " cells") {
+			ev.Kind, ev.Format, ev.KVTokens = enginelog.EventPool, FormatLlamaISWABase, n
+			return ev, true
+		}
 	case strings.HasPrefix(seg, "llama_kv_cache") && strings.Contains(seg, " cells,"):
 		if m := llamaCellsRE.FindStringSubmatch(seg); m != nil {
 			if n, err := strconv.ParseInt(m[1], 10, 64); err == nil {
