@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -75,13 +76,18 @@ func TestPrefixCache(t *testing.T) {
 	}
 	t.Run("a cache hit is served fast", func(t *testing.T) {
 		t.Parallel()
-		// 2000 tokens at P = 5000 take 0.4 s; the repeat computes 1 token.
-		s := startSim(t, Config{Flavor: FlavorSGLang, SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: 5000})
-		_, cold := timedChat(t, s.URL(), longChat(2000, "fast", 1))
-		_, hit := timedChat(t, s.URL(), longChat(2000, "fast", 1))
-		if hit > cold/4 {
-			t.Errorf("repeated prompt took %v, the first %v: want the hit far faster", hit, cold)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			// 2000 tokens at P = 5000 take 0.4 s and the one output token
+			// 1 ms (S1 = 1000); the repeat computes 1 token (0.2 ms). In the
+			// bubble these are the times, to the sim's 1 ns wake.
+			s := bubbleSim(t, Config{Flavor: FlavorSGLang, SingleTPS: 1000, Batch16TPS: 8000, PrefillTPS: 5000})
+			_, cold := timedChat(t, s.URL(), longChat(2000, "fast", 1))
+			_, hit := timedChat(t, s.URL(), longChat(2000, "fast", 1))
+			near := func(got, want time.Duration) bool { return (got - want).Abs() <= time.Microsecond }
+			if !near(cold, 401*time.Millisecond) || !near(hit, 1200*time.Microsecond) {
+				t.Errorf("first prompt took %v, the repeat %v: want 401ms and 1.2ms", cold, hit)
+			}
+		})
 	})
 	t.Run("off", func(t *testing.T) {
 		t.Parallel()

@@ -8,13 +8,16 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"heft/shared/memnet"
 )
 
 // fakeEngine is a small OpenAI-style engine on 127.0.0.1 whose every
 // answer can be bent, for the bad-input cases a well-behaved sim never
 // shows. By default it streams exactly max_tokens chunks and true usage.
 type fakeEngine struct {
-	srv *httptest.Server
+	srv *httptest.Server // nil for one on an in-memory listener (bubbleFake)
+	url string
 
 	// health answers GET /health; default 200.
 	health func() int
@@ -33,6 +36,34 @@ func newFake(t *testing.T, configure func(*fakeEngine)) *fakeEngine {
 	if configure != nil {
 		configure(f)
 	}
+	f.srv = httptest.NewServer(f.handler())
+	f.url = f.srv.URL
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// bubbleFake is newFake on an in-memory listener, for a test inside a
+// testing/synctest bubble (see bubbleSim): the fake's sleeps and the
+// probe's clock are the bubble's. The client dials the fake.
+func bubbleFake(t *testing.T, configure func(*fakeEngine)) (*fakeEngine, *http.Client) {
+	t.Helper()
+	f := &fakeEngine{}
+	if configure != nil {
+		configure(f)
+	}
+	ln := memnet.Listen(8000)
+	srv := &http.Server{Handler: f.handler()}
+	go func() { _ = srv.Serve(ln) }()
+	f.url = "http://" + ln.Addr().String()
+	client := ln.Client()
+	t.Cleanup(func() {
+		client.CloseIdleConnections()
+		_ = srv.Close()
+	})
+	return f, client
+}
+
+func (f *fakeEngine) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		code := http.StatusOK
@@ -61,12 +92,10 @@ func newFake(t *testing.T, configure func(*fakeEngine)) *fakeEngine {
 		}
 		writeStream(w, intField(req, "max_tokens"), -1)
 	})
-	f.srv = httptest.NewServer(mux)
-	t.Cleanup(f.srv.Close)
-	return f
+	return mux
 }
 
-func (f *fakeEngine) URL() string { return f.srv.URL }
+func (f *fakeEngine) URL() string { return f.url }
 
 func intField(req map[string]any, key string) int {
 	v, _ := req[key].(float64)
