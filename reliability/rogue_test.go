@@ -27,6 +27,13 @@ type rogue struct {
 	onProbe func(req wire.ProbeRequest) *wire.ProbeResult
 
 	sending sync.WaitGroup
+	// writeMu lets one message out at a time, so that each write's
+	// deadline covers its own message and not a queue of others: 32 probe
+	// results of ~700 kB, written at once under a 10 s deadline each, ran
+	// out of time on a loaded machine and the cut write ended the
+	// connection (TestAgentInputStaysBounded, "use of closed network
+	// connection").
+	writeMu sync.Mutex
 
 	mu       sync.Mutex
 	welcome  *wire.Welcome
@@ -95,7 +102,11 @@ func (r *rogue) send(payload any) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	r.writeMu.Lock()
+	defer r.writeMu.Unlock()
+	// A generous bound: a message up to wire.MaxMessageBytes read and
+	// checked by a coordinator under -race on a busy machine.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	return r.ws.Write(ctx, websocket.MessageText, data)
 }
