@@ -29,7 +29,7 @@ func TestImplausibleStreamsAndRedirects(t *testing.T) {
 				}
 				fmt.Fprintf(&b, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", n)
 				w.Header().Set("Content-Type", "text/event-stream")
-				time.Sleep(10 * time.Millisecond) // the bubble's clock: a prompt's worth of work before the answer
+				time.Sleep(10 * time.Millisecond)  // the bubble's clock: a prompt's worth of work before the answer
 				_, _ = w.Write([]byte(b.String())) // one write: every token in the same instant
 			}
 		})
