@@ -21,20 +21,7 @@ func TestDecommissionForgetsWorkersAndAlerts(t *testing.T) {
 	clk := newClock()
 	r := start(t, testConfig(t), WithClock(clk.now))
 	key := "gpu-a|vllm|" + testModel + "|--port=8000"
-	a := connectAgent(t, r, "gpu-a")
-	s := snapshot("gpu-a", clk.now(), engine(key, 8000))
-	a.send(&s)
-	var req *wire.ProbeRequest
-	for req == nil {
-		if env := a.read(); env.Type == wire.TypeProbeRequest {
-			req = env.ProbeRequest
-		}
-	}
-	a.send(&wire.ProbeResult{RequestID: req.RequestID, Measurement: measured(key, "gpu-a", 900, clk.now())})
-	testutil.Eventually(t, "the worker admitted", 10*time.Second, func() bool {
-		ws, _ := r.Fleet().Find(fleet.Query{State: view.StateAdmitted})
-		return len(ws) == 1
-	})
+	a := admitted(t, r, clk, "gpu-a", key)
 	if status, body := r.do(t, "POST", "/api/v1/workers/"+key+"/pin", adminToken, `{"weight":1.5}`); status != http.StatusOK {
 		t.Fatalf("pin: %d %s", status, body)
 	}
@@ -79,6 +66,27 @@ func TestDecommissionForgetsWorkersAndAlerts(t *testing.T) {
 	}
 }
 
+// admitted connects node's agent, lists one engine under key and answers
+// its probe, and returns once the worker is admitted.
+func admitted(t *testing.T, r *running, clk *clock, node, key string) *agent {
+	t.Helper()
+	a := connectAgent(t, r, node)
+	s := snapshot(node, clk.now(), engine(key, 8000))
+	a.send(&s)
+	var req *wire.ProbeRequest
+	for req == nil {
+		if env := a.read(); env.Type == wire.TypeProbeRequest {
+			req = env.ProbeRequest
+		}
+	}
+	a.send(&wire.ProbeResult{RequestID: req.RequestID, Measurement: measured(key, node, 900, clk.now())})
+	testutil.Eventually(t, "the worker admitted", 10*time.Second, func() bool {
+		ws, _ := r.Fleet().Find(fleet.Query{State: view.StateAdmitted})
+		return len(ws) == 1
+	})
+	return a
+}
+
 // metricLines is /metrics without comments, for messages and searches.
 func metricLines(t *testing.T, r *running) string {
 	t.Helper()
@@ -103,20 +111,7 @@ func TestForgottenNameLeavesNothingToInherit(t *testing.T) {
 	cfg.Nodes.ForgetAfter = 48 * time.Hour
 	r := start(t, cfg, WithClock(clk.now))
 	key := "gpu-a|vllm|" + testModel + "|--port=8000"
-	a := connectAgent(t, r, "gpu-a")
-	s := snapshot("gpu-a", clk.now(), engine(key, 8000))
-	a.send(&s)
-	var req *wire.ProbeRequest
-	for req == nil {
-		if env := a.read(); env.Type == wire.TypeProbeRequest {
-			req = env.ProbeRequest
-		}
-	}
-	a.send(&wire.ProbeResult{RequestID: req.RequestID, Measurement: measured(key, "gpu-a", 900, clk.now())})
-	testutil.Eventually(t, "the worker admitted", 10*time.Second, func() bool {
-		ws, _ := r.Fleet().Find(fleet.Query{State: view.StateAdmitted})
-		return len(ws) == 1
-	})
+	a := admitted(t, r, clk, "gpu-a", key)
 	for _, act := range []struct{ path, body string }{{"/pin", `{"weight":1.5}`}, {"/admit", ""}} {
 		if status, body := r.do(t, "POST", "/api/v1/workers/"+key+act.path, adminToken, act.body); status != http.StatusOK {
 			t.Fatalf("%s: %d %s", act.path, status, body)
@@ -142,7 +137,7 @@ func TestForgottenNameLeavesNothingToInherit(t *testing.T) {
 	}
 	// The next holder of the name is probed, and neither pinned nor admitted.
 	b := connectAgent(t, r, "gpu-a")
-	s = snapshot("gpu-a", clk.now(), engine(key, 8000))
+	s := snapshot("gpu-a", clk.now(), engine(key, 8000))
 	b.send(&s)
 	for {
 		env := b.read()

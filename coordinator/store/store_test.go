@@ -534,23 +534,9 @@ func TestChangedBytesAreNotServed(t *testing.T) {
 		}
 	}
 	b.Close()
-	path := filepath.Join(dir, FileName)
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Copy-on-write leaves older copies of a page behind: change every one.
-	for old, repl := range map[string]string{"5.131": "7.131", "1234.5": "9234.5", "10.0.0.1": "10.6.6.6", strings.Repeat("ab", 32): strings.Repeat("cd", 32)} {
-		if !bytes.Contains(data, []byte(old)) {
-			t.Fatalf("%q is not in the file", old)
-		}
-		data = bytes.ReplaceAll(data, []byte(old), []byte(repl))
-	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	changeBytes(t, dir, map[string]string{"5.131": "7.131", "1234.5": "9234.5", "10.0.0.1": "10.6.6.6", strings.Repeat("ab", 32): strings.Repeat("cd", 32)})
 	var logs testutil.SyncBuffer
-	b, err = Open(dir, hclog.New(&hclog.LoggerOptions{Output: &logs}))
+	b, err := Open(dir, hclog.New(&hclog.LoggerOptions{Output: &logs}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -775,20 +761,7 @@ func TestDamagedRecordsFailClosed(t *testing.T) {
 		}
 	}
 	b.Close()
-	path := filepath.Join(dir, FileName)
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for old, repl := range map[string]string{`"hold"`: `"hald"`, strings.Repeat("ab", 32): strings.Repeat("cd", 32)} {
-		if !bytes.Contains(data, []byte(old)) {
-			t.Fatalf("%q is not in the file", old)
-		}
-		data = bytes.ReplaceAll(data, []byte(old), []byte(repl))
-	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	changeBytes(t, dir, map[string]string{`"hold"`: `"hald"`, strings.Repeat("ab", 32): strings.Repeat("cd", 32)})
 	b = open(t, dir)
 	defer b.Close()
 	st, err := b.Load()
@@ -805,5 +778,26 @@ func TestDamagedRecordsFailClosed(t *testing.T) {
 	}
 	if r, ok := ns["gpu-a"]; !ok || r.State != nodes.StateDamaged || r.CredentialSHA256 != "" {
 		t.Errorf("the damaged node record loads as %+v (present %v), want gpu-a damaged", r, ok)
+	}
+}
+
+// changeBytes replaces, in the closed state file under dir, every copy of
+// each key by its value: copy-on-write leaves older copies of a page
+// behind, so each one is changed.
+func changeBytes(t *testing.T, dir string, repl map[string]string) {
+	t.Helper()
+	path := filepath.Join(dir, FileName)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for old, new := range repl {
+		if !bytes.Contains(data, []byte(old)) {
+			t.Fatalf("%q is not in the file", old)
+		}
+		data = bytes.ReplaceAll(data, []byte(old), []byte(new))
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
