@@ -136,15 +136,7 @@ func TestRunDiscoversEngines(t *testing.T) {
 	if n := strings.Count(errOut.String(), `"@message":"found an engine"`); n != 2 {
 		t.Errorf("the log says %d times that it found an engine, want 2", n)
 	}
-	cancel()
-	select {
-	case code := <-exit:
-		if code != 0 {
-			t.Errorf("exit %d after cancel, want 0", code)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("agent did not stop")
-	}
+	stopAgent(t, cancel, exit)
 }
 
 // checkReported waits for the agent's next connection and a snapshot in
@@ -152,14 +144,7 @@ func TestRunDiscoversEngines(t *testing.T) {
 // engines only, each as want says.
 func checkReported(t *testing.T, coord *fakecoord.Coordinator, exit <-chan int, want map[string]struct{ kind, log, model string }) {
 	t.Helper()
-	var fc *fakecoord.Conn
-	select {
-	case fc = <-coord.Conns:
-	case code := <-exit:
-		t.Fatalf("agent exited %d before connecting", code)
-	case <-time.After(30 * time.Second):
-		t.Fatal("agent did not connect")
-	}
+	fc := awaitConn(t, coord, exit)
 	// Snapshots come every 50ms; wait for one where the engines are read.
 	var engines []wire.Engine
 	deadline := time.Now().Add(60 * time.Second)
@@ -188,5 +173,37 @@ func checkReported(t *testing.T, coord *fakecoord.Coordinator, exit <-chan int, 
 		if e.LaunchArgsSource != "cmdline" || !slices.Contains(e.LaunchArgs, "flavor="+w.kind) {
 			t.Errorf("%s: launch args %v from %q, want the sim's command line", e.URL, e.LaunchArgs, e.LaunchArgsSource)
 		}
+	}
+}
+
+// An agent with no engine says so at warn, and one with discover = true
+// that finds none says that too. The agent starts already stopped, so
+// nothing is dialled.
+func TestRunWarnsWithoutEngines(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		want  []string
+	}{
+		{"none configured", nil, []string{`"@level":"warn","@message":"no engines configured`}},
+		{"none found", []string{"--discover"}, []string{`"@level":"warn","@message":"discover = true found no engine on this host`,
+			`"@level":"warn","@message":"no engines configured`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			errOut := &testutil.SyncBuffer{}
+			args := append([]string{"--coordinator", "ws://127.0.0.1:1/api/v1/agent", "--state-dir", t.TempDir(),
+				"--token-file", runTokenFile(t, 0o600), "--node", "gpu-test"}, tc.extra...)
+			d := discovery{every: time.Hour, opts: discover.Options{Keep: func(int) bool { return false }}}
+			if code := runAgentDiscovering(ctx, args, runNoEnv, IO{Out: &bytes.Buffer{}, Err: errOut}, d); code != 0 {
+				t.Fatalf("exit %d:\n%s", code, errOut.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut.String(), w) {
+					t.Errorf("the log lacks %s:\n%s", w, errOut.String())
+				}
+			}
+		})
 	}
 }

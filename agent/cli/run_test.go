@@ -119,14 +119,7 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 		}
 	}()
 
-	var fc *fakecoord.Conn
-	select {
-	case fc = <-coord.Conns:
-	case code := <-exit:
-		t.Fatalf("agent exited %d before connecting", code)
-	case <-time.After(30 * time.Second):
-		t.Fatal("agent did not connect")
-	}
+	fc := awaitConn(t, coord, exit)
 	hello := fc.Next(t, wire.TypeHello).Hello
 	if hello.Node != "gpu-test" || hello.Host.OS == "" {
 		t.Errorf("hello = %+v", hello)
@@ -166,15 +159,7 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 		}
 	}
 
-	cancel()
-	select {
-	case code := <-exit:
-		if code != 0 {
-			t.Errorf("exit %d after cancel, want 0", code)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("agent did not stop")
-	}
+	stopAgent(t, cancel, exit)
 	if code := fc.CloseStatus(t); code != websocket.StatusGoingAway {
 		t.Errorf("close code %v, want going away", code)
 	}
@@ -194,5 +179,34 @@ func TestRunPlainTextWarning(t *testing.T) {
 	}
 	if !strings.Contains(errOut.String(), "WARNING: the agent token is sent in plain text to 192.0.2.1:7070") {
 		t.Errorf("no plain-text warning:\n%s", errOut.String())
+	}
+}
+
+// awaitConn waits for the agent's next connection to the fake
+// coordinator, failing if the agent exits first.
+func awaitConn(t *testing.T, coord *fakecoord.Coordinator, exit <-chan int) *fakecoord.Conn {
+	t.Helper()
+	select {
+	case fc := <-coord.Conns:
+		return fc
+	case code := <-exit:
+		t.Fatalf("agent exited %d before connecting", code)
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent did not connect")
+	}
+	return nil
+}
+
+// stopAgent cancels the agent's context and wants it to exit 0.
+func stopAgent(t *testing.T, cancel context.CancelFunc, exit <-chan int) {
+	t.Helper()
+	cancel()
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Errorf("exit %d after cancel, want 0", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent did not stop")
 	}
 }
