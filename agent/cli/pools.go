@@ -151,6 +151,17 @@ func readKind(kind string, each func(yield func(string)) error) (enginelog.Facts
 	return enginelog.ReadEach(g, each)
 }
 
+// otherPoolLines says what the pool lines of every kind but kind look like.
+func otherPoolLines(kind string) string {
+	var out []string
+	for _, k := range poolKinds {
+		if g, err := engine.LogGrammar(k); err == nil && k != kind && !slices.Contains(out, g.PoolLines) {
+			out = append(out, g.PoolLines)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
 // errNoPoolEngine is mlx-lm's answer: its server allocates KV cache per
 // request and has no pool to read.
 var errNoPoolEngine = errors.New("mlx-lm's server exposes no KV pool: it allocates each request's cache as it goes, " +
@@ -210,6 +221,11 @@ func (a poolsArgs) read() (poolsReport, enginelog.Facts, int, error) {
 	})
 	if readErr != nil {
 		return poolsReport{}, facts, 1, fmt.Errorf("cannot read the log: %w", readErr)
+	}
+	if err != nil && a.kind == "" && errors.Is(err, enginelog.ErrNoPools) {
+		// No kind's pool lines: say what every kind's look like, not only
+		// those of the kind the log was read as.
+		err = fmt.Errorf("%w; nor any other kind's: %s", err, otherPoolLines(kind))
 	}
 	if err != nil {
 		return poolsReport{}, facts, 1, fmt.Errorf("%s: %w", a.log, err)

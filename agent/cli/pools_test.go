@@ -105,6 +105,8 @@ func TestPoolsErrors(t *testing.T) {
 		{"no pool line", []string{"--engine", "vllm", "--log", noPool}, 1,
 			[]string{"no KV pool line found", `"GPU KV cache size: N tokens"`, `"# cuda blocks: N`, "version 0.28.0"}},
 		{"no pool line, json", []string{"--engine", "vllm", "--log", noPool, "--json"}, 1, []string{"no KV pool line found"}},
+		{"no pool line of any kind", []string{"--log", noPool}, 1,
+			[]string{"no KV pool line found", `"GPU KV cache size: N tokens"`, `"KV Cache is allocated. #tokens: N"`, `"max_total_num_tokens=N"`, "N cells"}},
 		{"wrong engine", []string{"--engine", "vllm", "--log", testutil.Testdata(t, "engines/sglang-dp2-even.log")}, 1, []string{`try engine "sglang"`}},
 		{"unknown engine", []string{"--engine", "tgi", "--log", noPool}, 2, []string{`unknown engine "tgi"`}},
 		{"an engine without a pool", []string{"--engine", "mlx", "--log", noPool}, 1, []string{"exposes no KV pool"}},
