@@ -51,7 +51,8 @@ func (s *Server) nodeRead(h http.HandlerFunc) http.HandlerFunc {
 
 func (s *Server) nodeView(r nodes.Record) view.Node {
 	return view.Node{Name: r.Name, State: r.State, Credential: r.CredentialSHA256 != "", Connected: s.hub.connected(r.Name),
-		Since: r.Since, LastSeen: r.LastSeen, Hostname: r.Hostname, AgentVersion: r.AgentVersion, Address: r.Address}
+		Since: r.Since, LastSeen: r.LastSeen, Hostname: r.Hostname, AgentVersion: r.AgentVersion, Address: r.Address,
+		BindApproved: r.BindApproved}
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {

@@ -225,6 +225,9 @@ type Node struct {
 	Hostname     string    `json:"hostname,omitempty"`
 	AgentVersion string    `json:"agent_version,omitempty"`
 	Address      string    `json:"address,omitempty"`
+	// BindApproved: an admin approved binding this unbound name; its next
+	// agent that keeps a credential binds it, from any address.
+	BindApproved bool `json:"bind_approved,omitempty"`
 }
 
 // Nodes is the body of GET /api/v1/nodes.
