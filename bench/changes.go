@@ -3,13 +3,20 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"heft/bench/loadgen"
+	"heft/gateway/gwproc"
 	"heft/sim"
 )
 
@@ -61,11 +68,12 @@ func (p changesPlan) estimate() time.Duration {
 	return time.Duration(p.Seeds*len(p.Cases)) * (p.SlowAt + p.After + 20*time.Second)
 }
 
-// changesPolicies route by heft's weights, one per gateway.
-func changesPolicies() []policy {
+// changesPolicies are leastconn with heft's weights and with the true
+// capacities, on each gateway; a run loads one kind.
+func changesPolicies(key string) []policy {
 	var out []policy
 	for _, p := range routingPolicies {
-		if p.Key == "lc_heft" {
+		if p.Key == key {
 			out = append(out, p)
 		}
 	}
@@ -75,6 +83,7 @@ func changesPolicies() []policy {
 // changeRow is one gateway's outcome in one case and seed.
 type changeRow struct {
 	Case      string
+	Oracle    bool // routed by the true capacities, set anew at the change
 	Gateway   string
 	Seed      int
 	Before    float64 // the worker's share at the change
@@ -119,19 +128,35 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"capacity (Calibration.FullCapacity), not what a probe sees.",
 			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, ftoa(plan.Factor),
 			shareText(before), shareText(after), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
-		Table: Table{Columns: []string{"case", "gateway", "seed", "share at change", "converged", "share at end", "true share",
-			"requests", "failed", "p95"}},
+		Table: Table{Columns: []string{"case", "routing", "gateway", "seed", "share at change", "converged", "share at end", "true share",
+			"requests", "failed", "p95", "p95 vs true capacities"}},
 	}
 	for _, c := range plan.Cases {
 		for seed := range plan.Seeds {
-			rows, notes, err := e.changesRun(ctx, plan, c, seed)
+			rows, notes, err := e.changesRun(ctx, plan, c, seed, false)
+			if err == nil && c != caseJoins {
+				var orows []changeRow
+				orows, _, err = e.changesRun(ctx, plan, c, seed, true)
+				rows = append(rows, orows...)
+			}
+			p95 := map[string]float64{}
 			for _, r := range rows {
-				conv := "not within the run"
+				if r.Oracle {
+					p95[r.Gateway] = r.Res.Latency.P95.Seconds()
+				}
+			}
+			for _, r := range rows {
+				conv, routing, vs := "not within the run", "heft", "—"
 				if !math.IsNaN(r.Converged) {
 					conv = num(r.Converged, 1) + " s"
 				}
-				s.Table.Add(r.Case, r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
-					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished), num(r.Res.Latency.P95.Seconds(), 2)+" s")
+				if r.Oracle {
+					conv, routing = "—", "true capacities"
+				} else if o := p95[r.Gateway]; o > 0 {
+					vs = fmt.Sprintf("%+.0f %%", 100*(r.Res.Latency.P95.Seconds()/o-1))
+				}
+				s.Table.Add(r.Case, routing, r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
+					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished), num(r.Res.Latency.P95.Seconds(), 2)+" s", vs)
 				if r.Err != nil {
 					s.Notes = append(s.Notes, fmt.Sprintf("%s, %s seed %d: %v", r.Case, r.Gateway, r.Seed+1, r.Err))
 				}
@@ -143,7 +168,10 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			}
 		}
 	}
-	s.Notes = append(s.Notes, "Not built: GPU clock throttling through a stand-in NVML, and p95 against the same run routed by true capacities.")
+	s.Notes = append(s.Notes, "\"true capacities\" rows: the same case and seed loaded through leastconn with the workers' true "+
+		"capacities as weights, set anew at the change (HAProxy `set weight`, nginx reloaded); their share columns are heft's, "+
+		"which still runs beside them. Not built: GPU clock throttling through a stand-in NVML, and a true-capacity run of the "+
+		"joining case.")
 	return s
 }
 
@@ -152,7 +180,7 @@ func shareText(x float64) string { return num(100*x, 1) + " %" }
 // changesRun starts the fleet set up for case c, loads it, makes the
 // change at SlowAt and follows the changing worker's share at both
 // gateways. Its notes list the measurements stored while the load ran.
-func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed int) ([]changeRow, []string, error) {
+func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed int, oracle bool) ([]changeRow, []string, error) {
 	e.passiveWindow = plan.Window
 	switch c {
 	case caseSlows:
@@ -165,9 +193,12 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 		e.fastListen = "127.0.0.1:" + strconv.Itoa(port)
 	}
 	defer func() { e.slowFast, e.passiveWindow, e.fastListen = sim.Slow{}, 0, "" }()
-	pols := changesPolicies()
+	pols, load := changesPolicies("lc_heft"), changesPolicies("lc_heft")
+	if oracle {
+		load = changesPolicies("lc_oracle")
+	}
 	started := time.Now() // the sims start within a second of this
-	f, err := e.startRoutingFleet(ctx, routingPlan{Policies: pols})
+	f, err := e.startRoutingFleet(ctx, routingPlan{Policies: append(slices.Clone(pols), changesPolicies("lc_oracle")...)})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -180,8 +211,8 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	rows := make([]changeRow, len(pols))
 	var wg sync.WaitGroup
 	for i, p := range pols {
-		rows[i] = changeRow{Case: c, Gateway: p.Gateway, Seed: seed, Converged: math.NaN(), True: plan.trueShare(c)}
-		cfg := loadgen.Config{URL: f.frontURL(p), Model: benchModel, Tokens: plan.Tokens, Drain: 20 * time.Second,
+		rows[i] = changeRow{Case: c, Oracle: oracle, Gateway: p.Gateway, Seed: seed, Converged: math.NaN(), True: plan.trueShare(c)}
+		cfg := loadgen.Config{URL: f.frontURL(load[i]), Model: benchModel, Tokens: plan.Tokens, Drain: 20 * time.Second,
 			MaxInFlight: 1024, Seed: uint64(seed) + 1, Client: f.client,
 			Rate: plan.Load / float64(len(pols)) * routingCapacity() / float64(plan.Tokens), Duration: time.Until(end)}
 		wg.Go(func() { rows[i].Res, rows[i].Err = loadgen.Run(ctx, cfg) })
@@ -200,6 +231,9 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 			changed <- ctx.Err()
 			return
 		case <-time.After(time.Until(slowAt)):
+		}
+		if oracle && c != caseJoins {
+			defer func() { f.setTrueCaps(ctx, plan.Factor) }()
 		}
 		switch c {
 		case caseRestart:
@@ -244,6 +278,55 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 		return rows, notes, changeErr
 	}
 	return rows, notes, ctx.Err()
+}
+
+// setTrueCaps sets the oracle's weights at both gateways to the serving
+// workers' true capacities with the fast one factor times slower.
+func (f *routingFleet) setTrueCaps(ctx context.Context, factor float64) {
+	caps := make([]float64, len(routeServing))
+	for i, c := range routeServing {
+		caps[i] = c.FullCapacity(16)
+	}
+	caps[routeFast] /= factor
+	f.trueCaps = caps
+	for i, w := range f.oracleWeights(haproxyWeights) {
+		if err := haproxyCommand(ctx, f.socket, fmt.Sprintf("set weight lc_oracle/%s %d", routeServing[i].Name, w)); err != nil {
+			f.e.logf("changes: HAProxy set weight: %v", err)
+		}
+	}
+	conf := filepath.Join(f.nginxDir, "nginx.conf")
+	if err := os.WriteFile(conf, []byte(gwproc.NginxConf(f.nginxDir, f.nginxHTTP(f.nginxPolicies, f.nginxPorts))), 0o600); err != nil {
+		f.e.logf("changes: nginx.conf: %v", err)
+		return
+	}
+	reload := gwproc.NginxReload(f.nginxBin, f.nginxDir, conf)
+	if out, err := exec.CommandContext(ctx, reload[0], reload[1:]...).CombinedOutput(); err != nil {
+		f.e.logf("changes: nginx reload: %v: %s", err, out)
+	}
+	f.e.logf("changes: true-capacity weights set for the fast worker at 1/%s speed", ftoa(factor))
+}
+
+// haproxyCommand sends one command to HAProxy's admin socket; an answer
+// other than empty is an error.
+func haproxyCommand(ctx context.Context, socket, cmd string) error {
+	d := net.Dialer{Timeout: 2 * time.Second}
+	c, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintln(c, cmd); err != nil {
+		return err
+	}
+	out, err := io.ReadAll(c)
+	if err != nil {
+		return err
+	}
+	if msg := strings.TrimSpace(string(out)); msg != "" {
+		return fmt.Errorf("%s: %s", cmd, msg)
+	}
+	return nil
 }
 
 // restartFast stops the fast worker's sim and starts it again with the

@@ -19,7 +19,7 @@ func TestChangesShort(t *testing.T) {
 	ctx, bin := fleetTest(t, "starts a fleet, haproxy and nginx, and offers load for about 100 s")
 	e := &env{opts: Options{Bin: bin, Progress: testLog{t}, Quick: true}, bin: bin, work: t.TempDir(), runs: 1, tokens: 32, conc: 16}
 	plan := e.changesPlanFor()
-	rows, _, err := e.changesRun(ctx, plan, caseSlows, 0)
+	rows, _, err := e.changesRun(ctx, plan, caseSlows, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,14 @@ type routingFleet struct {
 	agents   []*child
 	socket   string // HAProxy's admin socket
 	nginxDir string
+	nginxBin string
+	// nginxPolicies and nginxPorts are what nginx.conf was written from,
+	// so it can be written again with other true capacities.
+	nginxPolicies []policy
+	nginxPorts    map[string]int
+	// trueCaps replaces the serving workers' true capacities in the
+	// oracle's weights (area 11 changes them mid-run); nil: FullCapacity.
+	trueCaps []float64
 	heftFile string            // the nginx upstream file heft-sync writes
 	fronts   map[string]string // gateway + "/" + key → frontend base URL
 	syncURL  string            // heft-sync's /metrics and /healthz
@@ -239,6 +247,15 @@ func oracleWeights(hi int) []int {
 	return ints
 }
 
+// oracleWeights are oracleWeights, or the fleet's trueCaps scaled.
+func (f *routingFleet) oracleWeights(hi int) []int {
+	if f.trueCaps == nil {
+		return oracleWeights(hi)
+	}
+	ints, _ := scale.Ints(f.trueCaps, hi)
+	return ints
+}
+
 // maxConnOf is what a worker's engine runs at once: its running sequences
 // per rank times its ranks.
 func maxConnOf(c Calibration) int { return c.MaxRunning * c.ranks() }
@@ -261,7 +278,7 @@ defaults
     timeout queue 300s
     maxconn 8192
 `, f.socket)
-	oracle := oracleWeights(haproxyWeights)
+	oracle := f.oracleWeights(haproxyWeights)
 	for _, p := range policies {
 		if p.Gateway != gwHAProxy {
 			continue
@@ -328,7 +345,7 @@ func (f *routingFleet) nginxHTTP(policies []policy, ports map[string]int) string
     proxy_buffering off;
     proxy_read_timeout 300s;
 `)
-	oracle := oracleWeights(nginxWeights)
+	oracle := f.oracleWeights(nginxWeights)
 	for _, p := range policies {
 		if p.Gateway != gwNginx {
 			continue
@@ -373,6 +390,7 @@ func (f *routingFleet) startNginx(ctx context.Context, bin string, policies []po
 			}
 		}
 	}
+	f.nginxBin, f.nginxPolicies, f.nginxPorts = bin, policies, ports
 	conf := filepath.Join(f.nginxDir, "nginx.conf")
 	if err := os.WriteFile(conf, []byte(gwproc.NginxConf(f.nginxDir, f.nginxHTTP(policies, ports))), 0o600); err != nil {
 		return err
