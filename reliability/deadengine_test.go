@@ -47,7 +47,14 @@ func (r *chaosRig) engineDies(t *testing.T, i int, agentToo bool) {
 	var wg sync.WaitGroup
 	for gw, front := range fronts {
 		wg.Go(func() {
-			client := &http.Client{Transport: &http.Transport{IdleConnTimeout: 30 * time.Second}}
+			// A connection per request: a kept-alive one can be closed by
+			// an nginx reload (heft-sync's, when a worker's state changes)
+			// just as a request is written on it, which is the client's
+			// connection reuse and not the engine's death. With kept-alive
+			// connections one run under -race had one "transport" error
+			// through nginx after the death; that cause is the likely one,
+			// not confirmed.
+			client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 			defer client.CloseIdleConnections()
 			res, err := loadgen.Run(context.Background(), loadgen.Config{URL: "http://" + front, Model: testModel,
 				Rate: 6, Duration: load, Tokens: 32, Drain: 30 * time.Second, Seed: uint64(21 + i), Client: client, KeepRequests: true})
@@ -91,6 +98,9 @@ func (r *chaosRig) engineDies(t *testing.T, i int, agentToo bool) {
 				inFlight++
 			case failed:
 				after++
+			}
+			if failed {
+				t.Logf("%s: a request sent %+.2f s from the death failed after %.2f s: %s", gw, q.Start.Sub(death).Seconds(), q.End.Sub(q.Start).Seconds(), q.Outcome)
 			}
 			if q.Start.Before(death) {
 				if q.Backend == dead {
