@@ -151,6 +151,10 @@ type agent struct {
 	earlier map[string][]wire.Measurement // answered first, one request each, as they are
 }
 
+// replies is how many probe results may wait for the writer: more than
+// one agent's engines (wire.MaxEngines), each asked once or twice.
+const replies = 4 * wire.MaxEngines
+
 func dialAgent(t *testing.T, c *coordinator, node string) *agent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -222,6 +226,23 @@ func (a *agent) before(key string, ms []wire.Measurement) {
 // with a fresh measurement. It ends when the connection does.
 func (a *agent) readLoop() {
 	defer close(a.done)
+	// Results go out from a writer of their own, in order, so that this
+	// loop keeps reading: a real agent answers the coordinator's pings
+	// while it sends, and one that stops reading for the 5 s ping timeout
+	// (32 results, each waiting on a coordinator busy with 500 workers at
+	// a load of 25) is dropped.
+	out := make(chan *wire.ProbeResult, replies)
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		for r := range out {
+			if err := a.write(r); err != nil {
+				_ = a.conn.CloseNow()
+				return
+			}
+		}
+	}()
+	defer func() { close(out); <-wrote }()
 	for {
 		_, data, err := a.conn.Read(context.Background())
 		if err != nil {
@@ -239,19 +260,13 @@ func (a *agent) readLoop() {
 			old, a.earlier[req.CapacityKey] = &q[0], q[1:]
 		}
 		a.mu.Unlock()
-		if old != nil {
-			if err := a.write(&wire.ProbeResult{RequestID: req.RequestID, Measurement: *old}); err != nil {
-				return
-			}
-			continue
-		}
-		if !ok {
-			continue
-		}
-		now := time.Now()
-		m.Trigger, m.StartedAt, m.FinishedAt = req.Reason, now.Add(-time.Duration(m.WallSeconds*float64(time.Second))), now
-		if err := a.write(&wire.ProbeResult{RequestID: req.RequestID, Measurement: m}); err != nil {
-			return
+		switch {
+		case old != nil:
+			out <- &wire.ProbeResult{RequestID: req.RequestID, Measurement: *old}
+		case ok:
+			now := time.Now()
+			m.Trigger, m.StartedAt, m.FinishedAt = req.Reason, now.Add(-time.Duration(m.WallSeconds*float64(time.Second))), now
+			out <- &wire.ProbeResult{RequestID: req.RequestID, Measurement: m}
 		}
 	}
 }
