@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -15,7 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"heft/agent/discover"
+	"heft/agent/gpu"
 	"heft/agent/internal/fakecoord"
 	"heft/shared/testutil"
 	"heft/shared/wire"
@@ -205,5 +209,32 @@ func TestRunWarnsWithoutEngines(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// inspect --discover shows what run's discover = true would find: the
+// sim's kind, URL, log and the pools its log printed.
+func TestInspectDiscovers(t *testing.T) {
+	pid, url, logPath := startSim(t, "sglang", "disc/inspect")
+	deps := inspectDeps{
+		targets:  func() []inspectTarget { return nil },
+		openGPUs: func(hclog.Logger) (gpu.Source, error) { return inspectFakeGPUs{}, nil },
+		keep:     func(p int) bool { return p == pid },
+	}
+	var out, errb bytes.Buffer
+	code := inspect([]string{"--discover", "--json"}, IO{In: strings.NewReader(""), Out: &out, Err: &errb}, deps)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s\n%s", code, errb.String(), out.String())
+	}
+	var rep inspectReport
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Engines) != 1 {
+		t.Fatalf("engines %+v, want the sim alone", rep.Engines)
+	}
+	e := rep.Engines[0]
+	if e.Kind != "sglang" || e.URL != url || e.Model != "disc/inspect" || e.LogSource == nil || e.LogSource.Spec != logPath || len(e.Ranks) == 0 {
+		t.Errorf("engine %+v (log %+v), want sglang at %s logging to %s with its pools", e, e.LogSource, url, logPath)
 	}
 }

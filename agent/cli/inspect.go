@@ -18,6 +18,7 @@ import (
 	"heft/agent"
 	"heft/agent/collect"
 	"heft/agent/config"
+	"heft/agent/discover"
 	"heft/agent/engine"
 	"heft/agent/gpu"
 	"heft/agent/logsource"
@@ -40,6 +41,9 @@ type inspectDeps struct {
 	targets func() []inspectTarget
 	// openGPUs opens the GPU source (gpu.Open).
 	openGPUs func(hclog.Logger) (gpu.Source, error)
+	// keep limits --discover to the processes it accepts (tests); nil
+	// keeps every one.
+	keep func(pid int) bool
 }
 
 // hostInspectDeps are the real ones: the engines' default ports on this
@@ -89,6 +93,8 @@ type inspectArgs struct {
 	engines    []engine.Config
 	// log is the one engine's log source (--log), "" when not given.
 	log string
+	// discover finds the engines as run's discover = true does.
+	discover bool
 }
 
 // inspectReport is inspect's JSON output.
@@ -177,11 +183,13 @@ func parseInspect(args []string, stdio IO) (a inspectArgs, code int, ok bool) {
 	}
 	usage := func(w io.Writer) {
 		fmt.Fprintln(w, "usage: heft-agent inspect [--json] [--config FILE] [--engine "+config.EngineSyntax+"]... [--log SOURCE]")
-		fmt.Fprintln(w, "                          [--node NAME] [--timeout 5s]")
+		fmt.Fprintln(w, "                          [--discover] [--node NAME] [--timeout 5s]")
 		fmt.Fprintln(w, "\nShows this host's GPUs and engines: models, load, KV pools per data-parallel rank, launch")
 		fmt.Fprintln(w, "arguments, capacity keys, foreign GPU processes and warnings. Without --engine or --config it")
 		fmt.Fprintln(w, "looks for engines on their default ports on 127.0.0.1 ("+strings.Join(ports[:min(2, len(ports))], ", ")+",")
 		fmt.Fprintln(w, strings.Join(ports[min(2, len(ports)):], ", ")+"). KIND is one of "+strings.Join(wire.EngineKinds, ", ")+".")
+		fmt.Fprintln(w, "--discover finds them as run's discover = true does: the processes that launch one, the default")
+		fmt.Fprintln(w, "ports, and the log each one's output goes to.")
 		fmt.Fprintln(w, "SOURCE, the engine's start-up log, is "+logsource.Usage+".")
 		fmt.Fprintln(w, "\nExit 0: no CRITICAL warning shown; 2: a CRITICAL warning shown (or bad flags); 1: could not run.")
 		fmt.Fprintln(w)
@@ -194,6 +202,7 @@ func parseInspect(args []string, stdio IO) (a inspectArgs, code int, ok bool) {
 	var engines inspectEngineFlags
 	fs.Var(&engines, "engine", "an engine to read, `"+config.EngineSyntax+"`; repeatable")
 	fs.StringVar(&a.log, "log", "", "the start-up log (`SOURCE`) of the one engine inspected, as on pools")
+	fs.BoolVar(&a.discover, "discover", false, "find the engines as run's discover = true does (processes, default ports, their logs), besides any named")
 	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
 		return a, code, false
 	}
@@ -232,7 +241,22 @@ func (a inspectArgs) run(ctx context.Context, stdio IO, deps inspectDeps) (inspe
 		logOpts = agent.LogOptions(cfg)
 	}
 	var notes []string
-	if len(engines) == 0 {
+	if a.discover {
+		found, more, err := discover.Find(ctx, discover.Options{Timeout: a.timeout, PodsRoot: logOpts.PodsRoot, Keep: deps.keep})
+		if err != nil {
+			return inspectReport{}, 1, err
+		}
+		var fromDiscovery []engine.Config
+		for _, f := range found {
+			fromDiscovery = append(fromDiscovery, engine.Config{Kind: f.Kind, URL: f.URL, Log: f.Log})
+		}
+		engines = inspectMerge(engines, fromDiscovery)
+		notes = append(notes, more...)
+		if len(found) == 0 {
+			notes = append(notes, "--discover found no engine: no process launches one and nothing answers on an engine's default port")
+		}
+	}
+	if len(engines) == 0 && !a.discover {
 		engines, notes = inspectDiscover(ctx, deps.targets(), a.timeout)
 	}
 	if a.log != "" {
