@@ -70,8 +70,9 @@ func (c Command) lookup(md *toml.MetaData, tables map[string]map[string]toml.Pri
 				return toml.Primitive{}, false, nil
 			}
 			// The decoder turns a value that is not a table into an empty
-			// table without a word, so ask first.
-			if t := md.Type(parts[:i+1]...); t != "Hash" {
+			// table without a word, so ask first. A table made by dotted
+			// keys (thresholds.pool_hold = 0.4) has no type of its own.
+			if t := md.Type(parts[:i+1]...); t != "Hash" && t != "" {
 				return toml.Primitive{}, false, fmt.Errorf("%s must be a table ([%s]), not a %s", name, name, strings.ToLower(t))
 			}
 			sub = map[string]toml.Primitive{}

@@ -288,6 +288,11 @@ b = 2
 			t.Errorf("%q: err = %v, want one mentioning %q", tc.text, err, tc.want)
 		}
 	}
+	// Dotted keys make the same table as a [table] header does.
+	c = syncDefault()
+	if err := c.command().Parse("coordinator.url = \"http://x:1\"\n"); err != nil || c.Coordinator.URL != "http://x:1" {
+		t.Errorf("a dotted key: %v, url %q", err, c.Coordinator.URL)
+	}
 	// A flag-only setting is no key of the file, and has no variable.
 	c = syncDefault()
 	if err := c.command().Parse("check = true\n"); err == nil || !strings.Contains(err.Error(), "unknown keys: check") {
