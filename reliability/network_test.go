@@ -269,9 +269,12 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 			if pa, pb := a.probes.Load(), b.probes.Load(); pa != 1 || pb != 1 {
 				t.Errorf("probes: cut-off agent %d, other agent %d; want 1 each (a reconnect costs no burst)", pa, pb)
 			}
-			if a.cached.Load() < 1 {
-				t.Error("the reconnected agent was not handed its cached measurement")
-			}
+			// The coordinator hands the cached measurement after it has taken
+			// the agent back: on a loaded machine the API can show the worker
+			// admitted a moment before the message reaches the agent.
+			testutil.Eventually(t, "the reconnected agent handed its cached measurement", 10*time.Second, func() bool {
+				return a.cached.Load() >= 1
+			})
 			t.Logf("%s: worker stale (still routed) %s after the fault (grace %s); agent back %s after the network; "+
 				"cut-off agent had %d sessions; other agent 1 session, unchanged; 0 bursts re-run",
 				tc.name, offline.Round(time.Millisecond), grace, back.Round(time.Millisecond), len(a.sessionsSince(time.Time{})))
