@@ -124,7 +124,7 @@ func (c *Config) command() settings.Command {
 			settings.Duration("offline_grace", &c.Fleet.OfflineGrace, "how long an agent may be gone before its workers show stale (still routed) or offline"),
 			settings.Duration("stale_weight_ttl", &c.Fleet.StaleWeightTTL, "how long a worker whose agent is gone keeps its last weight, from the disconnect (0: cache_ttl)"),
 			settings.Duration("agent_ping_interval", &c.Server.PingInterval, "how often each agent connection is pinged"),
-			settings.Duration("agent_ping_timeout", &c.Server.PingTimeout, "how long a ping may go unanswered before the agent is dropped"),
+			settings.Duration("agent_ping_timeout", &c.Server.PingTimeout, "how long a ping may go unanswered, with no other message from the agent, before the agent is dropped"),
 			settings.Duration("cache_ttl", &c.Fleet.CacheTTL, "how long a measurement is reused across reconnects"),
 			settings.Duration("remeasure_every", &c.Fleet.RemeasureEvery, "how often an idle worker is measured again"),
 			settings.Float("weight_min", &c.Fleet.WeightMin, "smallest weight"),

@@ -114,6 +114,13 @@ type agentConn struct {
 	// delivered.
 	credential string
 	wrote      bool
+	// heard counts messages read and handled; busy says the reader is
+	// handling one. A ping waits on the reader, which sees the pong only
+	// after what came before it: neither an agent whose pong queued
+	// behind its own large messages nor a coordinator slow to handle them
+	// is a silent peer.
+	heard atomic.Uint64
+	busy  atomic.Bool
 
 	endOnce sync.Once
 	label   string        // why it ended, for the metric; written in endOnce
@@ -435,11 +442,15 @@ func (h *hub) read(c *agentConn) {
 		// the message, the deep stack is not kept once per agent.
 		keep := true
 		done := make(chan struct{})
+		c.heard.Add(1)
+		c.busy.Store(true)
 		go func() {
 			defer close(done)
 			keep = h.handle(c, data, helloTimer)
 		}()
 		<-done
+		c.busy.Store(false)
+		c.heard.Add(1)
 		if !keep {
 			return
 		}
@@ -603,11 +614,34 @@ func (h *hub) dispatch(c *agentConn, env *wire.Envelope) string {
 // the connection.
 func (c *agentConn) ping() bool {
 	lim := c.h.s.lim
-	late := time.AfterFunc(lim.pingTimeout, func() {
+	// The pong is late only if nothing else came either: while messages
+	// still arrive or one is being handled, the wait goes on.
+	var (
+		mu    sync.Mutex // guards late and over against the timer's callback
+		late  *time.Timer
+		over  bool // the ping has returned: the callback must do nothing
+		heard = c.heard.Load()
+	)
+	mu.Lock()
+	late = time.AfterFunc(lim.pingTimeout, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if over {
+			return
+		}
+		if now := c.heard.Load(); now != heard || c.busy.Load() {
+			heard = now
+			late.Reset(lim.pingTimeout)
+			return
+		}
 		c.end(websocket.StatusGoingAway, "ping timeout", dropPingTimeout, false)
 	})
+	mu.Unlock()
 	err := c.ws.Ping(c.ctx)
+	mu.Lock()
+	over = true
 	late.Stop()
+	mu.Unlock()
 	if err != nil {
 		c.end(websocket.StatusGoingAway, "ping failed", dropPingTimeout, false)
 		return false

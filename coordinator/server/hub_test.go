@@ -378,3 +378,34 @@ func TestPingDropsSilentPeer(t *testing.T) {
 	default:
 	}
 }
+
+// An agent that keeps sending is alive even while its pong waits behind
+// what it sends (coder/websocket answers a ping only from the reader, and
+// the coordinator sees the pong only after the messages before it): it is
+// not dropped for a late pong. Once it falls silent, it is.
+func TestPingSparesASendingPeer(t *testing.T) {
+	ts := startServer(t, testOptions(), func(s *Server) {
+		s.lim.pingEvery = 30 * time.Millisecond
+		s.lim.pingTimeout = 300 * time.Millisecond
+		s.lim.msgRate, s.lim.msgBurst = 1000, 1000
+	})
+	talker := connectAgent(t, ts, "talker") // reads its welcome, then never again: no pong
+	data, err := wire.Encode(&wire.Snapshot{Node: "talker"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Send for six ping timeouts, a message every 50 ms.
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(6 * 300 * time.Millisecond); time.Now().Before(end); <-tick.C {
+		if err := talker.c.Write(testCtx(t), websocket.MessageText, data); err != nil {
+			t.Fatalf("the sending agent's connection ended: %v", err)
+		}
+	}
+	if !ts.hub.connected("talker") {
+		t.Fatal("the sending agent was dropped")
+	}
+	testutil.Eventually(t, "the agent, silent now, to be dropped", 10*time.Second, func() bool {
+		return ts.counter(t, "heft_agent_disconnects_total", map[string]string{"reason": dropPingTimeout}) == 1
+	})
+}
