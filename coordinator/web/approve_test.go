@@ -46,13 +46,7 @@ func TestDashboardApprovesInBulk(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The node list takes a token (the admin's here: no viewer token is set).
-	if err := chromedp.Do(ctx,
-		chromedp.SendKeys(chromedp.CSS("#admin-token"), adminToken),
-		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
-	); err != nil {
-		t.Fatal(err)
-	}
-	waitJS(t, ctx, "admin unlocked", `document.body.classList.contains('admin')`)
+	unlockAdmin(t, ctx)
 	waitJS(t, ctx, "four pending nodes listed", `document.querySelectorAll('#pending li[data-pending-node]').length === 4`)
 	if err := chromedp.Do(ctx,
 		chromedp.SendKeys(chromedp.CSS("#bulk-name"), "gpu-*"),

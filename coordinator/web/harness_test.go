@@ -307,6 +307,19 @@ func gpu(index int, name, uuid string, totalGiB, freeGiB float64, sm, smMax uint
 // chromium the test is skipped, except in CI (CI set), where it fails.
 // Every uncaught exception and console.error of the page is collected in
 // the returned slice, read under its mutex.
+// unlockAdmin enters the admin token in the page and waits for the admin
+// actions to show.
+func unlockAdmin(t *testing.T, ctx context.Context) {
+	t.Helper()
+	if err := chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS("#admin-token"), adminToken),
+		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
+	); err != nil {
+		t.Fatalf("enter the admin token: %v", err)
+	}
+	waitJS(t, ctx, "admin unlocked", `document.body.classList.contains('admin')`)
+}
+
 func browser(t *testing.T, width, height int) (context.Context, *pageErrors) {
 	t.Helper()
 	path, err := exec.LookPath("chromium")

@@ -129,13 +129,7 @@ func TestDashboardApprovesPendingNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The node list needs a token (issue 25): it shows once the admin's is entered.
-	if err := chromedp.Do(ctx,
-		chromedp.SendKeys(chromedp.CSS("#admin-token"), adminToken),
-		chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`)),
-	); err != nil {
-		t.Fatal(err)
-	}
-	waitJS(t, ctx, "admin unlocked", `document.body.classList.contains('admin')`)
+	unlockAdmin(t, ctx)
 	waitJS(t, ctx, "the pending node listed", `document.querySelector('#pending li[data-pending-node="gpu-new"]') !== null`)
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#pending button[data-node-action="approve"]`))); err != nil {
 		t.Fatal(err)
