@@ -29,6 +29,7 @@ var hostileStrings = []string{
 	"k # comment", `k"quoted'`, "k{}", "k;", "k\\", "k\x00nul", "k\x1b[31mred", "k\tc",
 	"k\u2028listen x", "k\u2029listen x", "k\u0085listen x", "k\u202etxt.exe", "k\ufeff", "\xff\xfe",
 	"", strings.Repeat("k", 5000), "$(reboot)", "os.environ/LITELLM_MASTER_KEY",
+	"\n", "\n\n", "\r", // yaml.v3 alone writes "\n" as a block that reads back as ""
 }
 
 // hostileAddresses are advertised addresses no gateway may be given.

@@ -321,9 +321,12 @@ type LiteLLM struct {
 	APIKey string
 }
 
-// Deployment is one entry of LiteLLM's model_list.
+// Deployment is one entry of LiteLLM's model_list. Its strings are tagged
+// "flow" so yaml.v3 writes one holding a line break double-quoted: its
+// literal block for a string that starts with one ("\n") reads back as ""
+// (FuzzModelList found it), a model name LiteLLM would not match.
 type Deployment struct {
-	ModelName     string     `yaml:"model_name"`
+	ModelName     string     `yaml:"model_name,flow"`
 	LiteLLMParams Params     `yaml:"litellm_params"`
 	ModelInfo     *ModelInfo `yaml:"model_info,omitempty"`
 }
@@ -340,9 +343,9 @@ type ModelInfo struct {
 
 // Params are a deployment's litellm_params.
 type Params struct {
-	Model               string  `yaml:"model"`
-	APIBase             string  `yaml:"api_base"`
-	APIKey              string  `yaml:"api_key,omitempty"`
+	Model               string  `yaml:"model,flow"`
+	APIBase             string  `yaml:"api_base,flow"`
+	APIKey              string  `yaml:"api_key,omitempty,flow"`
 	Weight              float64 `yaml:"weight"`
 	MaxParallelRequests int     `yaml:"max_parallel_requests,omitempty"`
 }
