@@ -175,7 +175,11 @@ func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error
 	}
 	if !bytes.Equal(old, data) {
 		res.Changes = append(res.Changes, "wrote "+n.cfg.File)
-	} else if !n.reloadPending {
+	}
+	if !n.reloadPending && bytes.Equal(withoutComments(old), withoutComments(data)) {
+		// Only a comment changed (a worker's state or ID): nginx would
+		// run as before, and a reload closes every kept-alive client
+		// connection, some just as a client sends on it.
 		return res, nil
 	}
 	if err := filewrite.Run(ctx, n.cfg.Reload, n.cfg.Timeout); err != nil {
@@ -197,4 +201,18 @@ func (n *Nginx) restore(old []byte) error {
 		return nil
 	}
 	return filewrite.Atomic(n.cfg.File, old, 0o644)
+}
+
+// withoutComments is data without its comments, which is what nginx reads
+// of it: heft writes '#' only to start a comment (render.IsDirective
+// refuses it in a directive, target.Clean in an address).
+func withoutComments(data []byte) []byte {
+	var out []byte
+	for line := range bytes.Lines(data) {
+		if i := bytes.IndexByte(line, '#'); i >= 0 {
+			line = append(bytes.TrimRight(line[:i], " \t"), '\n')
+		}
+		out = append(out, line...)
+	}
+	return out
 }

@@ -63,7 +63,8 @@ func start(t *testing.T, first string) rig {
 
 func (r rig) target(t *testing.T, directives ...string) *nginx.Nginx {
 	t.Helper()
-	reload := "echo reload >> " + r.reloads + " && " + strings.Join(r.nx.Reload(), " ")
+	// Each reload notes when it began, a line each.
+	reload := "date +%s.%N >> " + r.reloads + " && " + strings.Join(r.nx.Reload(), " ")
 	n, err := nginx.New(nginx.Config{Model: model, File: r.nx.Upstream, Upstream: "qwen", Directives: directives,
 		Check: r.nx.Check(), Reload: []string{"sh", "-c", reload}}, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
 	if err != nil {
