@@ -13,7 +13,7 @@ LDFLAGS := -s -w -X heft/shared/version.Version=$(BUILD_VERSION)
 # functions heft never calls as deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: help build build-cross test test-under-load vet lint demo bench fuzz version package package-security clean
+.PHONY: help build build-cross test test-under-load vet lint demo bench bench-check fuzz version package package-security clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ demo: build ## start a simulated fleet on loopback and print the dashboard's add
 
 bench: ## measure probe fidelity, cold-start immunity, probe cost, weight accuracy, coordinator scale, agent footprint, prefill fidelity and cost, routing through HAProxy and nginx, heft's own failures under load (about 75 min)
 	./scripts/bench.sh
+
+bench-check: ## the wall-clock checks make test leaves out: area 11 in miniature through HAProxy and nginx (about 2 min)
+	HEFT_WALLCLOCK=1 $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '^TestChangesShort$$' -v ./bench/
 
 fuzz: ## run every fuzz target for FUZZTIME seconds each (default 30)
 	./scripts/fuzz.sh $(or $(FUZZTIME),30)

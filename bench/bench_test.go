@@ -120,6 +120,7 @@ func TestQuickRun(t *testing.T) {
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("the bench reads /proc: Linux only")
 	}
+	t.Parallel() // judges no speed, so it overlaps TestRoutingShort
 	bin := testBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

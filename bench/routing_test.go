@@ -23,6 +23,9 @@ import (
 // serve, so its cells last about twice as long). No timing is asserted.
 func TestRoutingShort(t *testing.T) {
 	ctx, bin := fleetTest(t, "starts a fleet, haproxy and nginx, and offers 10 s of load four times (about 90 s)")
+	// Mostly waiting on the load's arrivals, and judged only on what load
+	// cannot break (above), so it overlaps TestQuickRun.
+	t.Parallel()
 
 	var policies []policy
 	for _, p := range routingPolicies {
