@@ -38,6 +38,7 @@ type Handler struct {
 	last   wire.Snapshot
 	lastAt time.Time                   // when last was taken; zero before the first
 	counts map[string]map[string]int64 // probes by engine URL and outcome
+	held   map[string]held             // measurements to offer a coordinator, by capacity key (held.go)
 
 	passiveMu     sync.Mutex
 	passive       map[string]*passive // passive capacity per capacity key (passive.go)
@@ -184,11 +185,4 @@ func (h *Handler) probeCounts(url string) map[string]int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return maps.Clone(h.counts[url])
-}
-
-// Cached notes the coordinator's fresh measurement; the coordinator keeps
-// the cache and decides when to measure again.
-func (h *Handler) Cached(m wire.CachedMeasurement) {
-	h.log.Info("coordinator holds a fresh measurement", "capacity_key", m.Measurement.CapacityKey,
-		"throughput_tps", m.Measurement.ThroughputTPS, "expires_at", m.ExpiresAt)
 }

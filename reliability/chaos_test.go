@@ -301,6 +301,10 @@ type chaosResult struct {
 	// the routed load through both gateways: the agents' probe bursts,
 	// which land on engines serving the load.
 	probeTokens float64
+	// probes is how many probe requests the coordinator sent from the
+	// phase's start until every worker was admitted again (a coordinator
+	// started in the phase: since its start).
+	probes float64
 }
 
 func TestChaos(t *testing.T) {
@@ -354,12 +358,21 @@ func TestChaos(t *testing.T) {
 		if f.name == "agent-coordinator network cut" && cut > load/2 {
 			d = cut * 2
 		}
-		results = append(results, r.underLoad(f, d)...)
+		co, before := r.co, r.probeRequests()
+		res := r.underLoad(f, d)
 		if f.undo != nil {
 			f.undo(r, d)
 		}
 		r.waitAdmitted("every sim admitted after " + f.name)
 		r.waitRouted()
+		n := r.probeRequests()
+		if r.co == co {
+			n -= before
+		}
+		for i := range res {
+			res[i].probes = n
+		}
+		results = append(results, res...)
 	}
 	table := chaosTable(results)
 	t.Log("\n" + table)
@@ -439,6 +452,28 @@ func (r *chaosRig) engineTokens() float64 {
 	return sum
 }
 
+// probeRequests is how many probe requests the coordinator has sent
+// since it started (heft_probe_requests_total, every reason).
+func (r *chaosRig) probeRequests() float64 {
+	resp, err := http.Get("http://" + r.co.addr + "/metrics")
+	if err != nil {
+		r.t.Errorf("the coordinator's metrics: %v", err)
+		return 0
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		r.t.Errorf("the coordinator's metrics: %v", err)
+		return 0
+	}
+	var sum float64
+	for _, m := range fams["heft_probe_requests_total"].GetMetric() {
+		sum += m.GetCounter().GetValue()
+	}
+	return sum
+}
+
 // chaosTSV is chaosTable's rows, tab-separated, without the header.
 func chaosTSV(results []chaosResult) string {
 	var b strings.Builder
@@ -476,7 +511,7 @@ func chaosRows(results []chaosResult, sep string) string {
 		}
 		b.WriteString("\n")
 	}
-	row("fault", "gateway", "requests", "failed", "unfinished", "p50", "p95", "p95 vs undisturbed", "probe tokens", "note")
+	row("fault", "gateway", "requests", "failed", "unfinished", "p50", "p95", "p95 vs undisturbed", "probes", "probe tokens", "note")
 	for _, gw := range []string{"haproxy", "nginx"} {
 		for _, c := range results {
 			if c.gateway != gw {
@@ -487,7 +522,7 @@ func chaosRows(results []chaosResult, sep string) string {
 				vs = fmt.Sprintf("%+.1f %%", 100*(float64(c.res.Latency.P95)/float64(bp)-1))
 			}
 			row(c.fault, gw, c.res.Sent, c.res.Failed, c.res.Unfinished,
-				c.res.Latency.P50.Round(time.Millisecond), c.res.Latency.P95.Round(time.Millisecond), vs, fmt.Sprintf("%.0f", c.probeTokens), c.note)
+				c.res.Latency.P50.Round(time.Millisecond), c.res.Latency.P95.Round(time.Millisecond), vs, fmt.Sprintf("%.0f", c.probes), fmt.Sprintf("%.0f", c.probeTokens), c.note)
 		}
 	}
 	return b.String()

@@ -242,6 +242,8 @@ func (a *fixedAgent) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Mea
 
 func (a *fixedAgent) Cached(m wire.CachedMeasurement) { a.cached.Add(1) }
 
+func (a *fixedAgent) Held() []wire.CachedMeasurement { return nil }
+
 // sessionsSince returns the session starts at or after t0.
 func (a *fixedAgent) sessionsSince(t0 time.Time) []time.Time {
 	a.mu.Lock()

@@ -356,6 +356,8 @@ func (h *fakeHandler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Me
 
 func (h *fakeHandler) Cached(m wire.CachedMeasurement) { h.cached <- m }
 
+func (h *fakeHandler) Held() []wire.CachedMeasurement { return nil }
+
 func measurement(key string) wire.Measurement {
 	return wire.Measurement{CapacityKey: key, EngineKind: "vllm", EngineURL: "http://127.0.0.1:8000", Model: "m",
 		ThroughputTPS: 992, OutputTokens: 2048, Requests: 16, Complete: true}

@@ -60,6 +60,9 @@ type Handler interface {
 	// Cached receives the coordinator's fresh measurement for a capacity
 	// key. It is called from the read loop and must not block.
 	Cached(m wire.CachedMeasurement)
+	// Held returns the measurements to offer in the next hello
+	// (wire.Hello.Measurements): those Cached kept that still hold.
+	Held() []wire.CachedMeasurement
 }
 
 // Config says where and how to connect. Zero durations take the defaults.

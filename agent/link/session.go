@@ -167,8 +167,15 @@ func waitFor(wg *sync.WaitGroup, d time.Duration) bool {
 func (s *session) start() error {
 	cfg := s.l.cfg
 	hello := &wire.Hello{Node: cfg.Node, AgentVersion: cfg.AgentVersion, Host: cfg.Host,
-		NodeCredential: s.l.credential(), KeepsCredential: true}
-	if err := s.write(hello); err != nil {
+		NodeCredential: s.l.credential(), KeepsCredential: true, Measurements: s.l.h.Held()}
+	err := s.write(hello)
+	if errors.Is(err, errUnsendable) && len(hello.Measurements) > 0 {
+		// The offers cost the hello: the coordinator measures instead.
+		s.l.log.Warn("the measurements held for the coordinator do not fit the hello; sent without them", "error", err)
+		hello.Measurements = nil
+		err = s.write(hello)
+	}
+	if err != nil {
 		return fmt.Errorf("send hello: %w", err)
 	}
 	snap := s.l.h.Snapshot(s.ctx)

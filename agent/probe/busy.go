@@ -134,20 +134,26 @@ func (p *prober) readGenerated(ctx context.Context, m *wire.Measurement) (float6
 	return v, true
 }
 
-// shared judges the engine's own count of generated tokens over the
-// measured burst against what the burst received: more means other
-// requests shared the engine, and the burst measured a share. A little
-// slack covers a counter that records the warm-up's last step late.
-func (p *prober) shared(m *wire.Measurement, meas burstSummary, before, after float64) error {
+// shared judges the engine's own count of generated tokens over a burst
+// (the warm-up or the measured one) against what the burst received: more
+// means other requests shared the engine, and the burst measured a share.
+// A little slack covers a counter that records a step late.
+func (p *prober) shared(m *wire.Measurement, phase string, meas burstSummary, before, after float64) error {
 	grew := after - before
 	if grew < 0 {
 		m.Problems = append(m.Problems, fmt.Sprintf("the engine's generated-tokens counter went back from %.0f to %.0f during the burst (restarted?)", before, after))
 		return nil
 	}
-	m.EngineGeneratedTokens = int64(grew)
+	if phase == "measured burst" {
+		m.EngineGeneratedTokens = int64(grew)
+	}
 	slack := max(2*p.cfg.Concurrency, m.ExpectedTokens/50)
 	if int(grew) <= meas.Tokens+slack {
 		return nil
+	}
+	if phase != "measured burst" {
+		return busyError{fmt.Sprintf("the engine generated %.0f tokens during the %s, which received %d: other traffic shared the engine; "+
+			"the measured burst was not sent", grew, phase, meas.Tokens)}
 	}
 	return busyError{fmt.Sprintf("the engine generated %.0f tokens during the measured burst, which received %d: other traffic shared the engine; "+
 		"the burst's %.1f tok/s measured a share and was discarded", grew, meas.Tokens, meas.TPS)}

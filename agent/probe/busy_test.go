@@ -85,32 +85,50 @@ func TestRunBusyModes(t *testing.T) {
 // A burst that saw other traffic (the engine's own counter grew by more
 // than the burst received) measured a share: it is never a measurement.
 func TestRunSharedBurstDiscarded(t *testing.T) {
-	counter := func(extra float64) (func(context.Context) (float64, error), *atomic.Int32) {
+	// The engine's counter before the warm-up, after it (its 32 tokens,
+	// and warmExtra of someone else's), and after the measured burst.
+	counter := func(warmExtra, extra float64) (func(context.Context) (float64, error), *atomic.Int32) {
 		var reads atomic.Int32
 		return func(context.Context) (float64, error) {
-			if reads.Add(1) == 1 {
+			switch reads.Add(1) {
+			case 1:
 				return 1000, nil
+			case 2:
+				return 1000 + 4*8 + warmExtra, nil
 			}
-			return 1000 + 4*8 + extra, nil // the burst's 32 tokens, and someone else's
+			return 1000 + 2*4*8 + warmExtra + extra, nil
 		}, &reads
 	}
 	t.Run("other traffic: discarded", func(t *testing.T) {
 		f := newFake(t, nil)
 		cfg := quick(f.URL())
 		var reads *atomic.Int32
-		cfg.Counters, reads = counter(900)
+		cfg.Counters, reads = counter(0, 900)
 		m, err := Run(t.Context(), cfg)
 		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "generated 932 tokens during the measured burst, which received 32") {
 			t.Fatalf("err = %v (valid %v, %.1f tok/s)", err, m.Valid(), m.ThroughputTPS)
 		}
-		if reads.Load() != 2 || m.ThroughputTPS != 0 {
+		if reads.Load() != 3 || m.ThroughputTPS != 0 {
 			t.Errorf("%d counter reads, throughput %v", reads.Load(), m.ThroughputTPS)
+		}
+	})
+	t.Run("other traffic in the warm-up: the measured burst is not sent", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		var reads *atomic.Int32
+		cfg.Counters, reads = counter(900, 0)
+		m, err := Run(t.Context(), cfg)
+		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "generated 932 tokens during the warm-up, which received 32") {
+			t.Fatalf("err = %v (valid %v, %.1f tok/s)", err, m.Valid(), m.ThroughputTPS)
+		}
+		if reads.Load() != 2 || f.chats.Load() != 4 {
+			t.Errorf("%d counter reads, %d requests; want 2 and the warm-up's 4", reads.Load(), f.chats.Load())
 		}
 	})
 	t.Run("only the burst: measured, with the engine's count", func(t *testing.T) {
 		f := newFake(t, nil)
 		cfg := quick(f.URL())
-		cfg.Counters, _ = counter(3) // within the slack for a late-recorded warm-up step
+		cfg.Counters, _ = counter(0, 3) // within the slack for a late-recorded warm-up step
 		m := mustRun(t, cfg)
 		if !m.Valid() || m.EngineGeneratedTokens != 35 {
 			t.Fatalf("valid %v engine tokens %d problems %q", m.Valid(), m.EngineGeneratedTokens, m.Problems)

@@ -335,9 +335,18 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	}
 	chatURL := p.cfg.URL + "/v1/chat/completions"
 
+	start, startCounted := p.readGenerated(ctx, m)
 	warm, err := p.burst(ctx, PhaseWarmup, chatURL, body)
 	if err != nil {
 		return burstSummary{}, false, err
+	}
+	before, counted := p.readGenerated(ctx, m)
+	if startCounted && counted {
+		// Traffic that shared the warm-up would share the measured burst
+		// too: stop here, and spare the engine's users half the burst.
+		if err := p.shared(m, "warm-up", warm, start, before); err != nil {
+			return burstSummary{}, false, err
+		}
 	}
 	m.WarmupTPS = warm.TPS
 	for _, line := range append(warm.Errors, warm.Shortfalls...) {
@@ -352,7 +361,6 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	if p.cfg.GPUs != nil {
 		sampler = startGPUSampler(ctx, p.cfg.GPUs, p.cfg.GPUUUIDs)
 	}
-	before, counted := p.readGenerated(ctx, m)
 	meas, err = p.burst(ctx, PhaseMeasure, chatURL, body)
 	if sampler != nil {
 		p.recordClocks(m, sampler.stop())
@@ -362,7 +370,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	}
 	if counted {
 		if after, ok := p.readGenerated(ctx, m); ok {
-			if err := p.shared(m, meas, before, after); err != nil {
+			if err := p.shared(m, "measured burst", meas, before, after); err != nil {
 				return meas, false, err
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,5 +74,54 @@ func TestSimSharedBurstDiscarded(t *testing.T) {
 	m = mustRun(t, cfg)
 	if !m.Valid() || m.EngineGeneratedTokens < int64(m.OutputTokens) || m.EngineGeneratedTokens > int64(m.OutputTokens)+32 {
 		t.Fatalf("quiet engine: valid %v, engine counted %d for a burst of %d; problems %q", m.Valid(), m.EngineGeneratedTokens, m.OutputTokens, m.Problems)
+	}
+}
+
+// Users who arrive with the warm-up would share the measured burst too:
+// the probe stops after the warm-up, and the measured burst is never
+// sent onto them.
+func TestSimSharedWarmupStopsEarly(t *testing.T) {
+	t.Parallel()
+	s := startSim(t, sim.Config{SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 64})
+	client, err := engine.New(engine.Config{Kind: wire.EngineVLLM, URL: s.URL()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters := func(ctx context.Context) (float64, error) {
+		c, err := client.Counters(ctx)
+		return c.Generated, err
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	var users sync.WaitGroup
+	t.Cleanup(func() { cancel(); users.Wait() })
+	body := []byte(`{"model":"` + sim.DefaultModel + `","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
+	var once sync.Once
+	var measured atomic.Bool
+	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", Trigger: wire.ReasonRegistration,
+		Load: client.Load, Counters: counters, ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second,
+		Progress: func(p Progress) {
+			switch p.Phase {
+			case PhaseWarmup:
+				once.Do(func() { // users arrive as the warm-up starts
+					for range 11 {
+						users.Go(func() {
+							req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", bytes.NewReader(body))
+							if resp, err := http.DefaultClient.Do(req); err == nil {
+								io.Copy(io.Discard, resp.Body) // until cancel
+								resp.Body.Close()
+							}
+						})
+					}
+				})
+			case PhaseMeasure:
+				measured.Store(true)
+			}
+		}}
+	m, err := Run(t.Context(), cfg)
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "during the warm-up") || !strings.Contains(err.Error(), "measured burst was not sent") {
+		t.Fatalf("err = %v; valid %v", err, m.Valid())
+	}
+	if measured.Load() {
+		t.Error("the measured burst was sent onto the users")
 	}
 }

@@ -199,14 +199,21 @@
 // The newest measurement of each capacity key, decode and prefill parts
 // together, is cached with a bounded history. When an agent (re)connects, a worker whose newest measurement
 // is valid and younger than CacheTTL is sent a CachedMeasurement and not
-// probed, so a reconnect or a coordinator restart costs no burst. Otherwise
+// probed, so a reconnect or a coordinator restart costs no burst; so is
+// the agent after each valid result. The agent keeps them and offers them
+// in its next hello: a coordinator that restarted on an empty state takes
+// the offer for a worker it has no valid fresh measurement of, after the
+// checks a fresh result gets and with its own time, and asks no burst
+// (offer.go); one it refuses is logged with the reason. Otherwise
 // it is sent a ProbeRequest: "registration" when it has no valid
 // measurement (a bad reading is replaced by a fresh measurement, never kept
 // because of a restart), "scheduled" when its valid one is too old. While
 // connected, a worker is re-measured ("scheduled") RemeasureEvery after its
 // measurement; the agent runs scheduled probes only on an idle engine and
 // answers deferred_busy otherwise, and the fleet asks again BusyRetry
-// later. Meanwhile the worker keeps its last valid measurement and weight.
+// later, twice as long after each deferral in a row up to 16 × BusyRetry,
+// with probe_deferred on the worker until a valid measurement (busy.go).
+// Meanwhile the worker keeps its last valid measurement and weight.
 // Probes go only to workers the agent has listed on its current
 // connection, never from facts remembered across a restart. A probe
 // result is taken only as the answer to one of the last two requests the

@@ -156,6 +156,9 @@ func (f *Fleet) evaluate(w *worker, now time.Time) verdict {
 		fs = append(fs, health.Finding{Code: wire.CodeProbeFailed, Severity: wire.SeverityWarning, Message: fmt.Sprintf(
 			"the last probe request could not run: %s. heft asks again every %s until a probe succeeds.", w.probe.failure, f.cfg.FailRetry)})
 	}
+	if x := f.deferredFinding(w, m); x != nil {
+		fs = append(fs, *x)
+	}
 	decision := f.decisions[w.id]
 	implausible := m != nil && m.Valid() && m.Implausible != ""
 	if implausible {

@@ -21,6 +21,7 @@ func (f *Fleet) Connect(node string, conn uint64, hello wire.Hello) []Action {
 	n := f.nodeFor(node)
 	f.connSeq++
 	n.conn, n.connected, n.order, n.since = conn, true, f.connSeq, now
+	f.noteOffers(n, hello.Measurements)
 	for _, w := range n.workers {
 		w.probe.outstanding, w.probe.status = false, ""
 	}
@@ -120,9 +121,11 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 	var acts []Action
 	if n.connected {
 		for _, w := range sortedWorkers(n.workers) {
+			f.takeOffer(w, n, now)
 			acts = append(acts, f.greet(w, n, now)...)
 			acts = append(acts, f.probeIfDue(w, now)...)
 		}
+		f.refuseOffers(n)
 	}
 	f.refreshNode(n, now)
 	f.notify()
@@ -249,7 +252,7 @@ func (f *Fleet) greet(w *worker, n *node, now time.Time) []Action {
 	if m == nil || !m.Valid() || now.Sub(m.FinishedAt) >= f.cfg.CacheTTL {
 		return nil
 	}
-	return []Action{{Node: n.name, Message: &wire.CachedMeasurement{Measurement: cloneMeasurement(*m), ExpiresAt: m.FinishedAt.Add(f.cfg.CacheTTL)}}}
+	return []Action{f.cachedFor(n.name, *m)}
 }
 
 // probeDue says when the worker should next be sent a probe request, and
@@ -393,6 +396,7 @@ func (f *Fleet) ProbeResult(nodeName string, r wire.ProbeResult) ([]Action, erro
 	c := f.entry(m.CapacityKey)
 	c.latest = &m
 	c.appendHistory(HistoryEntry(m), f.cfg.HistoryLen)
+	var acts []Action
 	if r.RequestID == w.probe.reqID {
 		w.probe.outstanding, w.probe.status = false, ""
 	}
@@ -403,14 +407,17 @@ func (f *Fleet) ProbeResult(nodeName string, r wire.ProbeResult) ([]Action, erro
 			"throughput_tps", m.ThroughputTPS, "why", m.Implausible)
 	case m.Valid():
 		w.probe.retryAt, w.probe.failure, w.remeasure = time.Time{}, "", ""
+		w.probe.busy, w.probe.busyMsg = 0, ""
 		f.log.Info("measured", "worker", w.id, "throughput_tps", m.ThroughputTPS, "prefill_tps", prefillTPS(m), "trigger", m.Trigger)
+		// The agent keeps it, and offers it to a coordinator that lost it.
+		acts = append(acts, f.cachedFor(nodeName, m))
 	default:
 		w.probe.retryAt = now.Add(f.cfg.FailRetry)
 		f.log.Warn("measurement not valid", "worker", w.id, "failure", m.Failure, "problems", m.Problems)
 	}
 	f.refresh(now, w)
 	f.notify()
-	return nil, nil
+	return acts, nil
 }
 
 // request finds a request this fleet issued by its ID; nil for an ID it
@@ -464,8 +471,10 @@ func (f *Fleet) ProbeStatus(nodeName string, s wire.ProbeStatus) []Action {
 		}
 		f.log.Info("engine busy; drained at the gateways while its agent measures it", "worker", w.id, "drained", f.drained(w))
 	case wire.ProbeDeferredBusy:
-		p.outstanding, p.retryAt = false, now.Add(f.cfg.BusyRetry)
-		f.log.Debug("probe deferred, engine busy", "worker", w.id, "retry_at", p.retryAt)
+		p.busy++
+		p.busyMsg = s.Message
+		p.outstanding, p.retryAt = false, now.Add(f.busyRetry(p.busy))
+		f.log.Info("probe deferred, engine busy; asking again later", "worker", w.id, "in_a_row", p.busy, "retry_at", p.retryAt, "message", s.Message)
 	case wire.ProbeFailed:
 		p.outstanding, p.retryAt = false, now.Add(f.cfg.FailRetry)
 		p.failure = s.Message
@@ -586,9 +595,16 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 // written again on a later snapshot.
 func (f *Fleet) writeRecords() {
 	f.mu.Lock()
-	rs, fs := f.records, f.forgets
-	f.records, f.forgets = nil, nil
+	rs, fs, ms := f.records, f.forgets, f.adopted
+	f.records, f.forgets, f.adopted = nil, nil, nil
 	f.mu.Unlock()
+	for _, m := range ms {
+		// Shown before it is stored: one lost here is offered again by
+		// the agent after the next restart.
+		if err := f.st.SaveMeasurement(m, f.cfg.HistoryLen); err != nil {
+			f.log.Warn("could not store the measurement an agent handed over; it serves from memory", "capacity_key", m.CapacityKey, "error", err)
+		}
+	}
 	for _, x := range fs {
 		var err error
 		if x.worker {

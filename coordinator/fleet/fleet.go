@@ -223,6 +223,9 @@ type Fleet struct {
 	// forgets are capacity keys whose stored worker record, or stored
 	// measurements, are to be deleted once the lock is released.
 	forgets []forget
+	// adopted are measurements taken from agents' offers (offer.go), to
+	// be stored once the lock is released.
+	adopted []wire.Measurement
 	// owner is the node each remembered capacity key belongs to: the node
 	// that first listed it. Another node's claim is refused until the key
 	// is forgotten. keys is the same, by node, with when each was listed.
@@ -236,6 +239,7 @@ type Fleet struct {
 	keysEvicted     int
 	resultsRefused  int
 	measurementsCut int
+	handedOver      map[string]int // offered measurements, by outcome (offer.go)
 
 	// seq numbers changes: each worker carries the seq of its last
 	// change, and removed workers leave a tombstone, so that a subscriber
@@ -264,6 +268,9 @@ type node struct {
 	// once one came since the coordinator started (nodebound.go).
 	gpus      int
 	gpusKnown bool
+	// offers are the measurements its agent's hello offered, by capacity
+	// key, until the connection's first snapshot judges them (offer.go).
+	offers map[string]wire.CachedMeasurement
 }
 
 // forget is a stored record to delete: a worker record, or all of a
@@ -297,6 +304,11 @@ type probeState struct {
 	status      string // the agent's last word on the current attempt
 	retryAt     time.Time
 	failure     string // the last failed status's message, until a valid result
+	// busy counts the deferred_busy answers in a row since the last valid
+	// measurement; each doubles the wait before the next request
+	// (busyRetry), and the worker says so (probe_deferred).
+	busy    int
+	busyMsg string // the last deferred_busy message
 	// issued are the last requests sent, newest first: a result is taken
 	// only for one of them, once, within ProbeTimeout of its sending.
 	issued [2]issued
@@ -401,8 +413,8 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 		workers: map[string]*worker{}, byModel: map[string]map[string]*worker{}, nodes: map[string]*node{},
 		cache: map[string]*cached{}, pins: map[string]float64{}, prefillPins: map[string]float64{},
 		decisions: map[string]string{}, dirty: map[string]bool{},
-		probeRequests: map[string]int{},
-		owner:         map[string]string{}, keys: map[string]map[string]time.Time{},
+		probeRequests: map[string]int{}, handedOver: map[string]int{},
+		owner: map[string]string{}, keys: map[string]map[string]time.Time{},
 		seq:       1, // 0 is a subscriber that has seen nothing
 		reqPrefix: strconv.FormatInt(start.UnixNano(), 36),
 		subs:      map[uint64]chan struct{}{},

@@ -242,8 +242,11 @@ type Stats struct {
 	KeysEvicted     int // capacity keys forgotten because their node had too many
 	ResultsRefused  int // probe results that answered no request of this fleet, or came too late
 	MeasurementsCut int // measurements whose texts or lists were cut to size
-	Nodes           int // nodes remembered (connected, or with workers)
-	CapacityKeys    int // capacity keys remembered (workers and cached measurements)
+	// HandedOver counts the measurements agents offered in their hellos,
+	// by outcome (OfferOutcomes, every one included).
+	HandedOver   map[string]int
+	Nodes        int // nodes remembered (connected, or with workers)
+	CapacityKeys int // capacity keys remembered (workers and cached measurements)
 }
 
 // WorkerStats is one worker's numbers.
@@ -277,7 +280,7 @@ var WarningCodes = []string{wire.CodeDPPoolImbalance, wire.CodeGPUClockLow, wire
 	wire.CodeEngineUnreachable, wire.CodeAgentOffline, wire.CodeWeightClamped,
 	wire.CodePoolsIncomplete, wire.CodePoolsUnknown, wire.CodePoolsDisagree, wire.CodeNotRoutable, wire.CodeImplausibleMeasurement,
 	wire.CodeContextExceedsPool, wire.CodePrefillFailed, wire.CodeDeployment, wire.CodeDeploymentMismatch, wire.CodeAddressNotAllowed,
-	wire.CodeProbation, wire.CodeNodeShareCapped, wire.CodeNodeCapacityCapped}
+	wire.CodeProbation, wire.CodeNodeShareCapped, wire.CodeNodeCapacityCapped, wire.CodeProbeDeferred}
 
 // ProbeReasons lists every reason a probe is requested for.
 var ProbeReasons = []string{wire.ReasonRegistration, wire.ReasonScheduled, wire.ReasonOnDemand}
@@ -291,9 +294,12 @@ func (f *Fleet) Stats() Stats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := Stats{WorkersByState: map[string]int{}, WarningsByCode: map[string]int{}, Workers: make([]WorkerStats, 0, len(f.workers)),
-		ProbeRequests: map[string]int{}}
+		ProbeRequests: map[string]int{}, HandedOver: map[string]int{}}
 	for _, r := range ProbeReasons {
 		s.ProbeRequests[r] = f.probeRequests[r]
+	}
+	for _, o := range OfferOutcomes {
+		s.HandedOver[o] = f.handedOver[o]
 	}
 	for _, st := range States {
 		s.WorkersByState[st] = 0

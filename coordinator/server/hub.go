@@ -550,6 +550,7 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 	c.qmu.Unlock()
 	// Registration and Connect happen in one order for racing connections
 	// of a node, so the hub and the fleet agree on which one is current.
+	hello.Measurements = offerable(hello.Measurements, log)
 	h.helloMu.Lock()
 	old := h.register(c)
 	actions := s.fleet.Connect(c.node, c.id, *hello)

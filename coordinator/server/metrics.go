@@ -99,6 +99,7 @@ type fleetCollector struct {
 	workers     *prometheus.Desc
 	warnings    *prometheus.Desc
 	probes      *prometheus.Desc
+	handedOver  *prometheus.Desc
 	capacity    capacityDescs // metrics_capacity.go
 }
 
@@ -136,12 +137,16 @@ func newFleetCollector(f fleetAPI) *fleetCollector {
 		warnings: prometheus.NewDesc("heft_warnings", "Workers carrying each warning, by code.", []string{"code"}, nil),
 		probes: prometheus.NewDesc("heft_probe_requests_total",
 			"Probe requests the fleet made since the coordinator started, by reason; each asks an agent for a burst.", []string{"reason"}, nil),
+		handedOver: prometheus.NewDesc("heft_measurements_handed_over_total",
+			"Measurements agents offered in their hellos (held from a coordinator), by outcome: taken (no burst asked) or refused "+
+				"(the log says why; the worker is measured instead). Offers for a worker the coordinator holds a fresh measurement of are not counted.",
+			[]string{"outcome"}, nil),
 	}
 }
 
 func (c *fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.weight, c.state, c.throughput, c.measuredAt, c.pool, c.poolBalance, c.warning,
-		c.workers, c.warnings, c.probes} {
+		c.workers, c.warnings, c.probes, c.handedOver} {
 		ch <- d
 	}
 	c.capacity.describe(ch)
@@ -190,6 +195,9 @@ func (c *fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for reason, n := range st.ProbeRequests {
 		ch <- prometheus.MustNewConstMetric(c.probes, prometheus.CounterValue, float64(n), reason)
+	}
+	for outcome, n := range st.HandedOver {
+		ch <- prometheus.MustNewConstMetric(c.handedOver, prometheus.CounterValue, float64(n), outcome)
 	}
 }
 

@@ -3,6 +3,8 @@ package server
 import (
 	"fmt"
 
+	"github.com/hashicorp/go-hclog"
+
 	"heft/shared/grammar"
 	"heft/shared/wire"
 )
@@ -62,4 +64,19 @@ func checkMeasurement(m *wire.Measurement) error {
 		}
 	}
 	return nil
+}
+
+// offerable returns the measurements a hello offers that keep the grammar
+// of what the coordinator stores; the others are logged and dropped (the
+// fleet judges the rest, and a bad offer never refuses a connection).
+func offerable(ms []wire.CachedMeasurement, log hclog.Logger) []wire.CachedMeasurement {
+	var ok []wire.CachedMeasurement
+	for _, o := range ms {
+		if err := checkMeasurement(&o.Measurement); err != nil {
+			log.Warn("refusing a measurement the agent offered; the worker is measured instead", "capacity_key", wire.Clip(o.Measurement.CapacityKey, 80), "why", err)
+			continue
+		}
+		ok = append(ok, o)
+	}
+	return ok
 }

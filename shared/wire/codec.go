@@ -153,6 +153,12 @@ func (h *Hello) Validate() error {
 	if len(h.NodeCredential) > MaxCredentialBytes {
 		return invalid("hello.node_credential is %d bytes, at most %d", len(h.NodeCredential), MaxCredentialBytes)
 	}
+	// Only the count: the coordinator judges each offered measurement
+	// alone, so a bad one is refused by itself and never refuses the
+	// node's connection.
+	if len(h.Measurements) > MaxEngines {
+		return invalid("hello offers %d measurements, at most %d", len(h.Measurements), MaxEngines)
+	}
 	return h.Host.Validate()
 }
 

@@ -41,6 +41,12 @@ const (
 	// its distinct GPUs deliver at plausibility.max_tps_per_gpu each; each
 	// is weighed at its share of that bound (warning).
 	CodeNodeCapacityCapped = "node_capacity_capped"
+	// CodeProbeDeferred: the worker's last probe requests found its engine
+	// busy (deferred_busy: it never went idle, or the burst was shared
+	// with other traffic and discarded); the coordinator waits longer
+	// before each next request. A warning while the worker has no valid
+	// measurement, info for a measured one.
+	CodeProbeDeferred = "probe_deferred"
 )
 
 // Why a probe's prefill part failed (Prefill.Failure), besides

@@ -36,7 +36,8 @@ func fullMessages() map[string]any {
 			CachedTokens: 12, TokenSource: "usage", Complete: true, Failure: PrefillTruncated,
 			Problems: []string{"request 2: usage says 4096 prompt tokens, 8192 were sent"}}}
 	return map[string]any{
-		TypeHello: &Hello{Node: "gpu-a", AgentVersion: "0.2.0", Host: host, NodeCredential: "hn1-credential", KeepsCredential: true},
+		TypeHello: &Hello{Node: "gpu-a", AgentVersion: "0.2.0", Host: host, NodeCredential: "hn1-credential", KeepsCredential: true,
+			Measurements: []CachedMeasurement{{Measurement: measurement, ExpiresAt: at.Add(6 * time.Hour)}}},
 		TypeSnapshot: &Snapshot{Node: "gpu-a", At: at, Host: host, GPUError: "GPU 1 could not be read",
 			GPUs: []GPU{{Index: 1, UUID: "GPU-5f1c", Name: "NVIDIA L4", MemoryTotal: 24 << 30, MemoryFree: 2 << 30,
 				MemoryUsed: 22 << 30, SMClockMHz: 1980, SMClockMaxMHz: 2040, MemClockMHz: 6251, MemClockMaxMHz: 6251,

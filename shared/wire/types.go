@@ -67,6 +67,14 @@ type Hello struct {
 	// KeepsCredential says the agent stores a credential it is handed.
 	// Agents from before node credentials leave it false and stay unbound.
 	KeepsCredential bool `json:"keeps_credential,omitempty"`
+	// Measurements are the fresh measurements this agent holds from a
+	// coordinator (CachedMeasurement), at most one per capacity key and
+	// MaxEngines in all. A coordinator that has no valid fresh measurement
+	// of its own for a key the agent lists (it restarted on an empty
+	// state) takes the agent's instead of asking for a registration burst,
+	// after the checks a fresh result gets. Each is judged alone: a bad
+	// one is refused with a reason and costs the hello nothing.
+	Measurements []CachedMeasurement `json:"measurements,omitempty"`
 }
 
 // Host describes the machine the agent runs on.
@@ -483,7 +491,10 @@ type Welcome struct {
 }
 
 // CachedMeasurement hands the agent the coordinator's fresh measurement
-// for a capacity key, so a reconnect costs no burst.
+// for a capacity key, so a reconnect costs no burst: on each connection,
+// and after each valid result the coordinator stores. The agent keeps it
+// and offers it in its next Hello (Hello.Measurements), so a coordinator
+// that lost its state costs no burst either.
 type CachedMeasurement struct {
 	Measurement Measurement `json:"measurement"`
 	ExpiresAt   time.Time   `json:"expires_at"`
