@@ -215,6 +215,10 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 				return before[a.key].State == view.StateAdmitted && before[b.key].State == view.StateAdmitted
 			})
 			wantB := before[b.key]
+			// The coordinator hands the agent each valid result to keep; the
+			// reconnect below must bring one more.
+			testutil.Eventually(t, "the measurement handed to the agent", 10*time.Second, func() bool { return a.cached.Load() >= 1 })
+			cachedBefore := a.cached.Load()
 
 			// Watch the other agent's worker for the whole fault.
 			var watchErr atomic.Pointer[error]
@@ -273,7 +277,7 @@ func TestNetworkDropToOneAgent(t *testing.T) {
 			// the agent back: on a loaded machine the API can show the worker
 			// admitted a moment before the message reaches the agent.
 			testutil.Eventually(t, "the reconnected agent handed its cached measurement", 10*time.Second, func() bool {
-				return a.cached.Load() >= 1
+				return a.cached.Load() > cachedBefore
 			})
 			t.Logf("%s: worker stale (still routed) %s after the fault (grace %s); agent back %s after the network; "+
 				"cut-off agent had %d sessions; other agent 1 session, unchanged; 0 bursts re-run",

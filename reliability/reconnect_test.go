@@ -67,6 +67,15 @@ func TestThousandAgentsReconnectAfterRestart(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // the count walks every worker; no need to spin
 		return admitted() == n
 	})
+	// The coordinator hands each agent its valid result to keep.
+	testutil.Eventually(t, "every measurement handed to its agent", time.Minute, func() bool {
+		for _, a := range agents {
+			if a.cached.Load() < 1 {
+				return false
+			}
+		}
+		return true
+	})
 	// On a loaded machine a session can end before the restart (a ping
 	// not answered in time); its agent reconnects and, when its result had
 	// not landed yet, is rightly asked again. An agent with one session
