@@ -328,7 +328,7 @@ func TestChaos(t *testing.T) {
 					a.start()
 				}
 			}},
-		{name: "coordinator killed, restarted empty", note: "a new state dir; the agents enrol and are measured again",
+		{name: "coordinator killed, restarted empty", note: "a new state dir; the agents enrol and hand over the measurements they hold",
 			do:   func(r *chaosRig, _ time.Duration) { r.restartCoord(r.t.TempDir()) },
 			undo: func(r *chaosRig, _ time.Duration) { r.waitAdmitted("the agents measured again by the new coordinator") }},
 		{name: "agent token rotated", note: "the documented steps, a coordinator restart in the middle",
