@@ -1,39 +1,16 @@
 package coordinator
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/coder/websocket"
-
 	"heft/shared/testutil"
 	"heft/shared/view"
 	"heft/shared/wire"
 )
-
-// helloWith connects node's agent with a hello that offers ms.
-func helloWith(t *testing.T, r *running, node string, ms ...wire.CachedMeasurement) *agent {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(r.base, "http")+"/api/v1/agent",
-		&websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer " + agentToken}}})
-	if err != nil {
-		t.Fatalf("dial: %v", err)
-	}
-	c.SetReadLimit(4 * wire.MaxMessageBytes)
-	t.Cleanup(func() { _ = c.CloseNow() })
-	a := &agent{t: t, c: c, node: node}
-	a.send(&wire.Hello{Node: node, AgentVersion: "test", Host: wire.Host{Hostname: node, OS: "linux", Arch: "amd64"}, Measurements: ms})
-	if env := a.read(); env.Type != wire.TypeWelcome {
-		t.Fatalf("first message is %s, want welcome", env.Type)
-	}
-	return a
-}
 
 // until reads messages until one of type typ comes, and returns it.
 func (a *agent) until(typ string) *wire.Envelope {
@@ -64,7 +41,7 @@ func TestEmptyCoordinatorTakesAgentsMeasurement(t *testing.T) {
 
 	cfg := testConfig(t) // a new, empty state dir
 	r2 := start(t, cfg)
-	a2 := helloWith(t, r2, "gpu-a", kept)
+	a2 := connectAgent(t, r2, "gpu-a", kept)
 	s := snapshot("gpu-a", time.Now(), engine(key, 8000))
 	a2.send(&s)
 	if env := a2.read(); env.Type != wire.TypeCached || env.Cached.Measurement.ThroughputTPS != 992 {
@@ -99,7 +76,7 @@ func TestEmptyCoordinatorTakesAgentsMeasurement(t *testing.T) {
 		m    wire.Measurement
 		port int
 	}{{"gpu-b", old, 8001}, {"gpu-c", other, 8002}} {
-		b := helloWith(t, r2, o.node, wire.CachedMeasurement{Measurement: o.m, ExpiresAt: time.Now().Add(time.Hour)})
+		b := connectAgent(t, r2, o.node, wire.CachedMeasurement{Measurement: o.m, ExpiresAt: time.Now().Add(time.Hour)})
 		s := snapshot(o.node, time.Now(), engine(o.m.CapacityKey, o.port))
 		b.send(&s)
 		if req := b.until(wire.TypeProbeRequest).ProbeRequest; req.CapacityKey != o.m.CapacityKey || req.Reason != wire.ReasonRegistration {

@@ -152,7 +152,9 @@ type agent struct {
 	node string
 }
 
-func connectAgent(t *testing.T, r *running, node string) *agent {
+// connectAgent dials as node's agent and says hello, offering ms
+// (wire.Hello.Measurements).
+func connectAgent(t *testing.T, r *running, node string, ms ...wire.CachedMeasurement) *agent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -164,7 +166,7 @@ func connectAgent(t *testing.T, r *running, node string) *agent {
 	c.SetReadLimit(4 * wire.MaxMessageBytes)
 	t.Cleanup(func() { _ = c.CloseNow() })
 	a := &agent{t: t, c: c, node: node}
-	a.send(&wire.Hello{Node: node, AgentVersion: "test", Host: wire.Host{Hostname: node, OS: "linux", Arch: "amd64"}})
+	a.send(&wire.Hello{Node: node, AgentVersion: "test", Host: wire.Host{Hostname: node, OS: "linux", Arch: "amd64"}, Measurements: ms})
 	if env := a.read(); env.Type != wire.TypeWelcome {
 		t.Fatalf("first message is %s, want welcome", env.Type)
 	}

@@ -25,32 +25,7 @@ import (
 // the same probe measures, and the counters agree with the burst.
 func TestSimSharedBurstDiscarded(t *testing.T) {
 	t.Parallel()
-	// Room for the users beside the burst, as vLLM's default of 256.
-	s := startSim(t, sim.Config{SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 64})
-	client, err := engine.New(engine.Config{Kind: wire.EngineVLLM, URL: s.URL()}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	counters := func(ctx context.Context) (float64, error) {
-		c, err := client.Counters(ctx)
-		return c.Generated, err
-	}
-
-	ctx, cancel := context.WithCancel(t.Context())
-	var users sync.WaitGroup
-	t.Cleanup(func() { cancel(); users.Wait() })
-	traffic := func() {
-		body := []byte(`{"model":"` + sim.DefaultModel + `","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
-		for range 11 {
-			users.Go(func() {
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", bytes.NewReader(body))
-				if resp, err := http.DefaultClient.Do(req); err == nil {
-					io.Copy(io.Discard, resp.Body) // until cancel
-					resp.Body.Close()
-				}
-			})
-		}
-	}
+	s, client, counters, traffic, stopUsers := sharedSim(t)
 	var once sync.Once
 	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", Trigger: wire.ReasonOnDemand,
 		Load: client.Load, Counters: counters, ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second,
@@ -67,8 +42,7 @@ func TestSimSharedBurstDiscarded(t *testing.T) {
 		t.Fatalf("a shared burst came back as %.0f tok/s", m.ThroughputTPS)
 	}
 
-	cancel()
-	users.Wait()
+	stopUsers()
 	testutil.Eventually(t, "the users to leave", 10*time.Second, func() bool { r, w := s.InFlight(); return r+w == 0 })
 	cfg.Progress = nil
 	m = mustRun(t, cfg)
@@ -82,19 +56,7 @@ func TestSimSharedBurstDiscarded(t *testing.T) {
 // sent onto them.
 func TestSimSharedWarmupStopsEarly(t *testing.T) {
 	t.Parallel()
-	s := startSim(t, sim.Config{SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 64})
-	client, err := engine.New(engine.Config{Kind: wire.EngineVLLM, URL: s.URL()}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	counters := func(ctx context.Context) (float64, error) {
-		c, err := client.Counters(ctx)
-		return c.Generated, err
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	var users sync.WaitGroup
-	t.Cleanup(func() { cancel(); users.Wait() })
-	body := []byte(`{"model":"` + sim.DefaultModel + `","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
+	s, client, counters, traffic, _ := sharedSim(t)
 	var once sync.Once
 	var measured atomic.Bool
 	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", Trigger: wire.ReasonRegistration,
@@ -102,17 +64,7 @@ func TestSimSharedWarmupStopsEarly(t *testing.T) {
 		Progress: func(p Progress) {
 			switch p.Phase {
 			case PhaseWarmup:
-				once.Do(func() { // users arrive as the warm-up starts
-					for range 11 {
-						users.Go(func() {
-							req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", bytes.NewReader(body))
-							if resp, err := http.DefaultClient.Do(req); err == nil {
-								io.Copy(io.Discard, resp.Body) // until cancel
-								resp.Body.Close()
-							}
-						})
-					}
-				})
+				once.Do(traffic) // users arrive as the warm-up starts
 			case PhaseMeasure:
 				measured.Store(true)
 			}
@@ -124,4 +76,37 @@ func TestSimSharedWarmupStopsEarly(t *testing.T) {
 	if measured.Load() {
 		t.Error("the measured burst was sent onto the users")
 	}
+}
+
+// sharedSim is a vLLM heft-sim with room for users beside a burst (as
+// vLLM's default of 256), its engine client, the agent's counter reader,
+// traffic that sends it 11 long-running users, and stopUsers, which ends
+// them (the test's cleanup does too).
+func sharedSim(t *testing.T) (s *sim.Server, client *engine.Client, counters func(context.Context) (float64, error), traffic, stopUsers func()) {
+	s = startSim(t, sim.Config{SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 64})
+	client, err := engine.New(engine.Config{Kind: wire.EngineVLLM, URL: s.URL()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counters = func(ctx context.Context) (float64, error) {
+		c, err := client.Counters(ctx)
+		return c.Generated, err
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	var users sync.WaitGroup
+	stopUsers = func() { cancel(); users.Wait() }
+	t.Cleanup(stopUsers)
+	traffic = func() {
+		body := []byte(`{"model":"` + sim.DefaultModel + `","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
+		for range 11 {
+			users.Go(func() {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", bytes.NewReader(body))
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body) // until cancel
+					resp.Body.Close()
+				}
+			})
+		}
+	}
+	return s, client, counters, traffic, stopUsers
 }
