@@ -14,6 +14,7 @@ import (
 // binaries, start the simulated fleet, and wait until every worker settled
 // (three admitted, the uneven one held).
 func TestDemo(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the whole demo fleet")
 	}

@@ -18,6 +18,7 @@ import (
 // all four ranks as one complete set, and the dp_deployment finding names
 // both nodes.
 func TestMultiNodeDeploymentHeld(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	c := startCoordinator(t, filepath.Join(dir, "state"), "127.0.0.1:0")
 	node := func(start int, headless bool, pools []int64, logPath string) sim.Config {

@@ -385,6 +385,7 @@ func hasWarning(w view.Worker, code string) (view.Warning, bool) {
 // TestFleet runs the loop end to end: real sims, real agents, a real
 // coordinator, all on loopback.
 func TestFleet(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	c := startCoordinator(t, filepath.Join(dir, "state"), "127.0.0.1:0")
 

@@ -230,6 +230,7 @@ func wantSplit(ws []view.Worker, hi int) (map[string]int, int) {
 // requests while stale and stops after stale_weight_ttl, and a coordinator
 // that dies changes no gateway.
 func TestGatewaysFollowTheFleet(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	c := startCoordinatorWith(t, filepath.Join(dir, "state"), "127.0.0.1:0", func(cfg *config.Config) {
 		cfg.Fleet.OfflineGrace, cfg.Fleet.StaleWeightTTL = offlineGrace, staleTTL

@@ -54,6 +54,7 @@ func (r podsRoot) wrap(t *testing.T, rawPath, ns, pod, container string, split i
 // "even"), and a log whose pools the engine's metrics contradict says so
 // with both figures.
 func TestPoolsFromPodLogs(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	c := startCoordinator(t, filepath.Join(dir, "state"), "127.0.0.1:0")
 	pods := podsRoot(filepath.Join(dir, "pods"))

@@ -15,6 +15,7 @@ import (
 // higher decode weight and the fast prefiller the higher prefill weight,
 // serves both tables, and knows what each worker can hold.
 func TestPrefillWeight(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	c := startCoordinator(t, filepath.Join(dir, "state"), "127.0.0.1:0")
 	h20Cal, dp2Cal := bench.PrefillCalibrations[0], bench.PrefillCalibrations[3]

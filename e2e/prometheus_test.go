@@ -30,6 +30,7 @@ import (
 // the model's two equal workers going offline (half its capacity) fires
 // HeftModelCapacityLow.
 func TestPrometheusAlerts(t *testing.T) {
+	t.Parallel()
 	prom := need(t, "prometheus")
 	root := testutil.RepoRoot(t)
 	dir := t.TempDir()

@@ -61,6 +61,7 @@ func writeCA(t *testing.T, dir, name string) (caFile, certFile, keyFile string, 
 // certificate a private CA signed: an agent that trusts the CA is admitted,
 // one that trusts another CA never gets in.
 func TestTLS(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	caFile, certFile, keyFile, pool := writeCA(t, dir, "heft")
 	otherCA, _, _, _ := writeCA(t, dir, "other")
