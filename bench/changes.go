@@ -165,7 +165,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 					vs = fmt.Sprintf("%+.0f %%", 100*(r.Res.Latency.P95.Seconds()/o-1))
 				}
 				s.Table.Add(r.Case, routing, r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
-					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished), num(r.Res.Latency.P95.Seconds(), 2)+" s", vs)
+					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished)+errSuffix(r.Res.Errors), num(r.Res.Latency.P95.Seconds(), 2)+" s", vs)
 				if r.Err != nil {
 					s.Notes = append(s.Notes, fmt.Sprintf("%s, %s seed %d: %v", r.Case, r.Gateway, r.Seed+1, r.Err))
 				}

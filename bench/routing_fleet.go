@@ -344,6 +344,9 @@ func (f *routingFleet) nginxHTTP(policies []policy, ports map[string]int) string
     proxy_set_header Connection "";
     proxy_buffering off;
     proxy_read_timeout 300s;
+    proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+    proxy_next_upstream_tries 3;
+    proxy_next_upstream_timeout 10s;
 `)
 	oracle := f.oracleWeights(nginxWeights)
 	for _, p := range policies {

@@ -63,8 +63,9 @@ backend qwen
     server-template heft 1-4 127.0.0.1:9 disabled
 `
 
-// chaosNginx is the location of heft's examples: a connection that fails
-// goes to the next server; a started generation is never sent again.
+// chaosNginx is the location of docs/gateways.md's example: a request
+// whose connection failed before any answer goes to the next server; a
+// started answer is never sent again.
 const chaosNginx = `    include {{upstream_file}};
     server {
         listen {{front}};
@@ -73,9 +74,10 @@ const chaosNginx = `    include {{upstream_file}};
             proxy_buffering off;
             add_header X-Heft-Backend $upstream_addr always;
             proxy_read_timeout 60s;
-            proxy_next_upstream error timeout;
-            proxy_next_upstream_tries 3;
             proxy_connect_timeout 2s;
+            proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+            proxy_next_upstream_tries 3;
+            proxy_next_upstream_timeout 10s;
         }
     }`
 

@@ -19,6 +19,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptrace"
 	"slices"
 	"strings"
 	"sync"
@@ -60,6 +61,13 @@ type Config struct {
 	// KeepRequests keeps a record of every request in Result.Requests,
 	// for questions about when a backend got its requests.
 	KeepRequests bool
+	// ResendClosed sends a request again, on another connection, when the
+	// kept-alive connection it went out on closed before any byte of an
+	// answer (a gateway's old process leaving after a reload): the client
+	// remedy of docs/gateways.md, by Go's own retry for a request with an
+	// Idempotency-Key header. Off, such a request fails as
+	// "closed_kept_alive".
+	ResendClosed bool
 }
 
 // Request is one request's record (Result.Requests, with KeepRequests).
@@ -110,7 +118,10 @@ type Result struct {
 	TTFT            Summary             `json:"ttft"`    // of completed requests
 	Backends        map[string]*Backend `json:"backends"`
 	Errors          map[string]int      `json:"errors"` // failure class → count
-	Requests        []Request           `json:"requests,omitempty"`
+	// Resent counts the requests sent again after their kept-alive
+	// connection closed before an answer (ResendClosed).
+	Resent   int       `json:"resent,omitempty"`
+	Requests []Request `json:"requests,omitempty"`
 }
 
 // outcome is one request's.
@@ -121,6 +132,7 @@ type outcome struct {
 	err        error
 	unfinished bool
 	start, end time.Time
+	resent     bool // sent again after its kept-alive connection closed
 }
 
 // Run runs the load and returns what happened. It returns early, with
@@ -210,6 +222,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		b.Requests++
 		b.Tokens += o.tokens
+		if o.resent {
+			res.Resent++
+		}
 		outcome := "completed"
 		switch {
 		case o.unfinished:
@@ -348,9 +363,24 @@ func do(ctx context.Context, cfg Config, body []byte) (o outcome) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	if cfg.ResendClosed {
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("%x", rand.Uint64()))
+	}
+	// The trace tells a kept-alive connection that closed under the
+	// request before any answer from a failure of the request itself.
+	var conns int
+	var reused, answered bool
+	req = req.WithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn:              func(i httptrace.GotConnInfo) { conns++; reused = i.Reused },
+		GotFirstResponseByte: func() { answered = true },
+	}))
 	resp, err := cfg.Client.Do(req)
+	o.resent = conns > 1
 	if err != nil {
 		o.err = err
+		if reused && !answered {
+			o.err = fmt.Errorf("%w: %w", errClosedKeptAlive, err)
+		}
 		return o
 	}
 	defer resp.Body.Close()
@@ -402,7 +432,10 @@ func do(ctx context.Context, cfg Config, body []byte) (o outcome) {
 	return o
 }
 
-var errCut = errors.New("stream ended before [DONE]")
+var (
+	errCut             = errors.New("stream ended before [DONE]")
+	errClosedKeptAlive = errors.New("kept-alive connection closed before any answer")
+)
 
 type statusError struct{ code int }
 
@@ -415,6 +448,8 @@ func errorClass(err error) string {
 		return fmt.Sprintf("http_%d", se.code)
 	case errors.Is(err, errCut):
 		return "cut"
+	case errors.Is(err, errClosedKeptAlive):
+		return "closed_kept_alive"
 	case strings.Contains(err.Error(), "bad chunk"):
 		return "bad_chunk"
 	default:
