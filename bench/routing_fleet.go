@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -501,13 +502,47 @@ func (f *routingFleet) startSync(ctx context.Context, bin, nginxBin string, poli
 	for {
 		st, err := f.syncHealth(ctx)
 		if err == nil && st.Status == "ok" && !slices.ContainsFunc(st.Targets, func(t syncTarget) bool { return !t.Applied }) {
-			return nil
+			return f.waitNginxServes(ctx, policies)
 		}
 		if !ch.Alive() || time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("heft-sync did not apply heft's weights to every gateway (%+v, %v)%s", st, err, ch.stderrTail())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// waitNginxServes waits until nginx answers through heft's upstream: the
+// reload heft-sync ran returns when nginx has the signal, before its new
+// workers replace the ones serving the placeholder (every server down: a
+// request sent then was answered 502, "no live upstreams", in the area 11
+// runs before this wait).
+func (f *routingFleet) waitNginxServes(ctx context.Context, policies []policy) error {
+	for _, p := range policies {
+		if p.Gateway != gwNginx || p.Weights != weightsHeft {
+			continue
+		}
+		url := f.fronts[frontKey(p)] + "/health"
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := httpClient.Do(req)
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("nginx did not serve heft's upstream %s within 30 s (%v)", p.Key, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 func tomlList(xs []string) string {

@@ -54,6 +54,9 @@ type Nginx struct {
 	// with when; they are left out until refuseFor has passed.
 	refused map[string]refusal
 	now     func() time.Time
+	// applied is the desired state the file was last rendered from, the
+	// base of WeightDeadband.
+	applied *target.Model
 }
 
 // New checks cfg.
@@ -122,6 +125,7 @@ func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error
 	var res target.Result
 	m, res.Dropped = target.Clean(m)
 	m, res.Dropped = n.leaveOutRefused(m, res.Dropped)
+	m = steady(n.applied, m)
 	old, err := filewrite.Read(n.cfg.File)
 	if err != nil {
 		return res, target.Fail(target.ReasonWrite, err)
@@ -144,6 +148,7 @@ func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error
 		}
 		res.RoundingError, res.Serving = rounding, len(m.Serving())
 		if bytes.Equal(old, data) {
+			n.applied = &m
 			break
 		}
 		if err := filewrite.Atomic(n.cfg.File, data, 0o644); err != nil {
@@ -152,6 +157,7 @@ func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error
 		written = true
 		cerr := filewrite.Run(ctx, n.cfg.Check, n.cfg.Timeout)
 		if cerr == nil {
+			n.applied = &m
 			break
 		}
 		// A worker's own line refused (a host name that does not resolve):

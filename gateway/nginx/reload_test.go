@@ -335,3 +335,32 @@ func TestCommentOnlyChangeSkipsReload(t *testing.T) {
 		t.Errorf("%d reloads after a weight change, want 2", got)
 	}
 }
+
+// A weight that wobbles within nginx.WeightDeadband of what nginx has is
+// not reloaded for; one that moves further, or any other change, is.
+func TestWeightDeadband(t *testing.T) {
+	a, b := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b")
+	r := start(t, "upstream qwen { server 127.0.0.1:9; }\n")
+	n := r.target(t)
+	steps := []struct {
+		wa      float64
+		state   string
+		reloads int
+	}{
+		{0.500, view.StateAdmitted, 1}, // weight=50 (b, at 1, is 100)
+		{0.505, view.StateAdmitted, 1}, // +1 %, weight=51 if written: held
+		{0.509, view.StateAdmitted, 1}, // +1.8 % from what nginx has: held
+		{0.520, view.StateAdmitted, 2}, // +4 %: applied
+		{0.521, view.StateHeld, 3},     // drained: applied at once
+	}
+	for i, s := range steps {
+		wa := gwtest.Worker(model, a.Addr, s.state, s.wa)
+		if _, err := n.Apply(context.Background(), desired(wa, gwtest.Worker(model, b.Addr, view.StateAdmitted, 1))); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.reloadCount(t); got != s.reloads {
+			data, _ := os.ReadFile(r.nx.Upstream)
+			t.Fatalf("step %d (weight %g, %s): %d reloads, want %d\n%s", i, s.wa, s.state, got, s.reloads, data)
+		}
+	}
+}
