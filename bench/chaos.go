@@ -20,7 +20,7 @@ func (e *env) areaChaos(ctx context.Context) *Section {
 		Intro: "`go test ./reliability -run TestChaos -chaos.long`: three heft-sims (1,500, 1,000 and 600 tok/s alone), their heft-agents " +
 			"(reaching the coordinator through a loopback proxy that can hold every byte), one heft-coordinator (offline_grace 2 s), " +
 			"heft-sync, and real HAProxy (health checks, retries, redispatch, server-state-file, master-worker reloads) and nginx " +
-			"(proxy_next_upstream error timeout). Poisson load of 6 requests/s through each gateway, 32 output tokens, " +
+			"(proxy_next_upstream error timeout http_502 http_503 non_idempotent, as docs/gateways.md). Poisson load of 6 requests/s through each gateway, 32 output tokens, " +
 			"for a minute per fault (the network cut: held 2 minutes, load 4 minutes); the fault starts a quarter into the load.",
 		Table: Table{Columns: []string{"fault", "gateway", "requests", "failed", "unfinished", "p50", "p95", "p95 vs undisturbed", "probes", "probe tokens", "note"}},
 	}

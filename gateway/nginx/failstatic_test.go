@@ -10,19 +10,21 @@ import (
 	"heft/shared/view"
 )
 
-// The location of heft's examples: a request whose connection to an
-// engine fails (refused, or a timeout before anything was sent) goes to
-// the next server, never a generation that started (non_idempotent is
-// off), and a server that failed is left alone for fail_timeout.
+// The location of heft's examples (docs/gateways.md): a request whose
+// connection to an engine fails before any answer (refused, reset, a
+// timeout) goes to the next server, never one whose answer started (nginx
+// passes nothing on once it sent a byte to the client), and a server that
+// failed is left alone for fail_timeout.
 const confRetry = `    include {{upstream_file}};
     server {
         listen {{front}};
         location / {
             proxy_pass http://qwen;
             proxy_buffering off;
-            proxy_next_upstream error timeout;
-            proxy_next_upstream_tries 3;
             proxy_connect_timeout 2s;
+            proxy_next_upstream error timeout http_502 http_503 non_idempotent;
+            proxy_next_upstream_tries 3;
+            proxy_next_upstream_timeout 10s;
         }
     }`
 
