@@ -41,6 +41,11 @@ func (h *Handler) Cached(m wire.CachedMeasurement) {
 	if h.held == nil {
 		h.held = map[string]held{}
 	}
+	for k := range h.held {
+		if _, listed := engineByKey(h.last, k); !listed {
+			delete(h.held, k) // bounded by the engines listed now
+		}
+	}
 	h.held[key] = held{m: m, pid: e.PID, gpus: slices.Clone(e.GPUUUIDs)}
 }
 
