@@ -319,6 +319,7 @@ type fakeHandler struct {
 	probeCalls atomic.Int64
 	probe      func(ctx context.Context, req wire.ProbeRequest) (wire.Measurement, error)
 	cached     chan wire.CachedMeasurement
+	held       []wire.CachedMeasurement // what Held offers
 }
 
 func newFakeHandler() *fakeHandler {
@@ -356,7 +357,11 @@ func (h *fakeHandler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Me
 
 func (h *fakeHandler) Cached(m wire.CachedMeasurement) { h.cached <- m }
 
-func (h *fakeHandler) Held() []wire.CachedMeasurement { return nil }
+func (h *fakeHandler) Held() []wire.CachedMeasurement {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held
+}
 
 func measurement(key string) wire.Measurement {
 	return wire.Measurement{CapacityKey: key, EngineKind: "vllm", EngineURL: "http://127.0.0.1:8000", Model: "m",

@@ -39,6 +39,20 @@ func TestHelloThenSnapshotWithToken(t *testing.T) {
 	}
 }
 
+// Each hello offers what the handler holds, so a coordinator that lost
+// its state can take it instead of measuring again.
+func TestHelloOffersHeldMeasurements(t *testing.T) {
+	f := newFakeCoord(t)
+	h := newFakeHandler()
+	m := wire.Measurement{CapacityKey: "k", ThroughputTPS: 900, OutputTokens: 128, FinishedAt: time.Now()}
+	h.held = []wire.CachedMeasurement{{Measurement: m, ExpiresAt: time.Now().Add(time.Hour)}}
+	start(t, testConfig(f), h)
+	hello := f.accept(t).next(t)
+	if hello.Type != wire.TypeHello || len(hello.Hello.Measurements) != 1 || hello.Hello.Measurements[0].Measurement.ThroughputTPS != 900 {
+		t.Fatalf("hello = %+v, want it to offer the held measurement", hello)
+	}
+}
+
 func TestSnapshotOnSignificantChange(t *testing.T) {
 	f := newFakeCoord(t)
 	h := newFakeHandler()
