@@ -22,7 +22,7 @@ func (e *env) areaChaos(ctx context.Context) *Section {
 			"heft-sync, and real HAProxy (health checks, retries, redispatch, server-state-file, master-worker reloads) and nginx " +
 			"(proxy_next_upstream error timeout http_502 http_503 non_idempotent, as docs/gateways.md). Poisson load of 6 requests/s through each gateway, 32 output tokens, " +
 			"for a minute per fault (the network cut: held 2 minutes, load 4 minutes); the fault starts a quarter into the load.",
-		Table: Table{Columns: []string{"fault", "gateway", "requests", "failed", "unfinished", "p50", "p95", "p95 vs undisturbed", "probes", "probe tokens", "note"}},
+		Table: Table{Columns: []string{"fault", "gateway", "requests", "failed", "resent", "unfinished", "p50", "p95", "p95 vs undisturbed", "probes", "probe tokens", "note"}},
 	}
 	out := filepath.Join(e.work, "chaos.tsv")
 	args := []string{"test", "-count=1", "-timeout", "60m", "-run", "^TestChaos$", "./reliability", "-args", "-chaos.out", out}
@@ -49,7 +49,8 @@ func (e *env) areaChaos(ctx context.Context) *Section {
 	for line := range strings.Lines(strings.TrimSpace(string(data))) {
 		s.Table.Add(strings.Split(strings.TrimRight(line, "\n"), "\t")...)
 	}
-	s.Notes = append(s.Notes, "failed: an error or a status other than 200; unfinished: still open when the drain ended. "+
+	s.Notes = append(s.Notes, "failed: an error or a status other than 200; resent: sent on a kept-alive connection the gateway closed before any answer "+
+		"(nginx's old workers after a reload) and sent again on a new one, as docs/gateways.md advises clients; unfinished: still open when the drain ended. "+
 		"p95 is of completed requests' latency, against the same gateway's undisturbed run; the last row runs the undisturbed load again, "+
 		"the spread of p95 with no fault. probes: the probe requests the coordinator sent from the phase's start until every worker was "+
 		"admitted again (one started in the phase: since its start). probe tokens: what the engines generated during the phase beyond the routed load "+

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -427,7 +428,8 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 
 	t.Run("a coordinator that dies changes no gateway", func(t *testing.T) {
 		ws = c.workers(t)
-		before, _ := splitsAs("the gateways on the fleet without the fast worker", ws)
+		splitsAs("the gateways on the fleet without the fast worker", ws)
+		before := haproxyServers(t, hx)
 		file, err := os.ReadFile(nx.Upstream)
 		if err != nil {
 			t.Fatal(err)
@@ -440,9 +442,20 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 		testutil.Eventually(t, "three more resyncs of each target", 20*time.Second, func() bool {
 			return hs.metric(t, "heft_sync_applies_total", nil) >= applied+6
 		})
+		// HAProxy's own account of its servers, not a split of requests:
+		// roundrobin's counts over one cycle of the weights are exact only
+		// from the cycle's start, and a request redispatched on a loaded
+		// machine moves one more.
+		if got := haproxyServers(t, hx); got != before {
+			t.Errorf("HAProxy with the coordinator gone:\n%s\nwas\n%s", got, before)
+		}
 		hxWant, hxN := wantSplit(ws, render.HAProxyMaxWeight)
-		if got := gwtest.SplitBy(t, haproxyURL, hxN, gwHeader); fmt.Sprint(got) != fmt.Sprint(hxWant) || fmt.Sprint(got) != fmt.Sprint(before) {
-			t.Errorf("HAProxy with the coordinator gone: %v, was %v", got, before)
+		got := gwtest.SplitBy(t, haproxyURL, hxN, gwHeader)
+		for addr, w := range hxWant {
+			if d := got[addr] - w; d < -1 || d > 1 {
+				t.Errorf("HAProxy with the coordinator gone split %v, want %v within one request each", got, hxWant)
+				break
+			}
 		}
 		if again, _ := os.ReadFile(nx.Upstream); string(again) != string(file) {
 			t.Errorf("nginx's upstream file changed with the coordinator gone:\n%s\nwas\n%s", again, file)
@@ -451,4 +464,38 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 			t.Errorf("%v apply failures while the coordinator was gone", fails)
 		}
 	})
+}
+
+// haproxyServers is each server of backend qwen as HAProxy's runtime API
+// lists it (address, port, admin state, weight), sorted: what heft-sync
+// sets, without what health checks and timers change on their own.
+func haproxyServers(t *testing.T, hx *gwtest.HAProxy) string {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(hx.Run("show servers state qwen")), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("show servers state qwen: %q", lines)
+	}
+	col := map[string]int{}
+	for i, name := range strings.Fields(strings.TrimPrefix(lines[1], "#")) {
+		col[name] = i
+	}
+	keep := []string{"srv_name", "srv_addr", "srv_port", "srv_admin_state", "srv_uweight"}
+	var out []string
+	for _, line := range lines[2:] {
+		f := strings.Fields(line)
+		var row []string
+		for _, k := range keep {
+			i, ok := col[k]
+			if !ok || i >= len(f) {
+				t.Fatalf("show servers state qwen has no %s in %q", k, line)
+			}
+			row = append(row, k+"="+f[i])
+		}
+		out = append(out, strings.Join(row, " "))
+	}
+	if len(out) == 0 {
+		t.Fatalf("show servers state qwen lists no server: %q", lines)
+	}
+	slices.Sort(out)
+	return strings.Join(out, "\n")
 }

@@ -27,6 +27,7 @@ import (
 func TestEngineDeathUnderLoad(t *testing.T) {
 	gwtest.RequireBinary(t, "haproxy")
 	gwtest.RequireBinary(t, "nginx")
+	t.Parallel() // mostly waiting on its load: it overlaps the other waiting tests; it judges failed requests, not speed
 	r := newChaosRig(t)
 	for i, agentToo := range []bool{false, true} {
 		name := map[bool]string{false: "agent alive", true: "agent gone first"}[agentToo]
