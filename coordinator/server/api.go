@@ -36,6 +36,7 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("/api/v1/workers/{rest...}", s.workerRoute)
 		mux.Handle("/api/v1/nodes", get(s.nodeRead(s.listNodes)))
 		mux.HandleFunc("/api/v1/nodes/{rest...}", s.nodeRoute)
+		mux.Handle("/api/v1/pending-nodes", get(s.read(s.listPendingNodes))) // names only: heft-sync's fail-static
 		mux.Handle("/api/v1/models", get(s.read(s.listModels)))
 		mux.Handle("/api/v1/models/{rest...}", get(s.read(s.modelWeights)))
 		mux.Handle("/api/v1/events", get(s.read(s.events)))

@@ -170,6 +170,11 @@ func TestApproveRejectRelease(t *testing.T) {
 	if strings.Contains(string(body), cred) {
 		t.Error("the credential is shown")
 	}
+	// The names alone are read as the workers are (open without a viewer
+	// token): heft-sync keeps a pending node's routed workers by them.
+	if status, body, _ := ts.do(t, "GET", "/api/v1/pending-nodes", "", nil); status != http.StatusOK || string(body) != `{"nodes":["gpu-new"]}`+"\n" {
+		t.Errorf("pending names: %d %q", status, body)
+	}
 	if status, _, _ := ts.do(t, "POST", "/api/v1/nodes/gpu-new/approve", "", nil); status != http.StatusUnauthorized {
 		t.Errorf("approve without the admin token: %d", status)
 	}
@@ -189,6 +194,9 @@ func TestApproveRejectRelease(t *testing.T) {
 		t.Fatalf("reject: %d %s", status, body)
 	}
 	testutil.Eventually(t, "the rejected node's connection closed", 10*time.Second, func() bool { return !ts.hub.connected("gpu-new") })
+	if _, body, _ := ts.do(t, "GET", "/api/v1/pending-nodes", "", nil); string(body) != `{"nodes":[]}`+"\n" {
+		t.Errorf("pending names after the reject: %q", body)
+	}
 	if _, w := hello(t, ts, "gpu-new", cred, true); w != nil {
 		t.Error("a rejected node was welcomed")
 	}

@@ -234,3 +234,9 @@ type Node struct {
 type Nodes struct {
 	Nodes []Node `json:"nodes"`
 }
+
+// PendingNodes is the body of GET /api/v1/pending-nodes: the names of the
+// nodes waiting for an admin's approval, in name order, and nothing else.
+type PendingNodes struct {
+	Nodes []string `json:"nodes"`
+}
