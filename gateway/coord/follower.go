@@ -53,6 +53,9 @@ type Config struct {
 	// RequestTimeout bounds GET /api/v1/workers and the wait for the
 	// event stream's headers (default 10 s).
 	RequestTimeout time.Duration
+	// PendingEvery is how often a session reads the nodes waiting for
+	// approval, for Hooks.Pending (default PendingEvery).
+	PendingEvery time.Duration
 }
 
 // Snapshot is one complete state of the fleet.
@@ -62,11 +65,16 @@ type Snapshot struct {
 }
 
 // Hooks receive what the follower sees. Every field may be nil. They are
-// called from the follower's goroutine, one at a time.
+// called from the follower's goroutine, one at a time, except Pending.
 type Hooks struct {
 	Snapshot  func(Snapshot)
 	Connected func(bool)
 	Error     func(reason string, err error)
+	// Pending gets the names of the nodes waiting for an admin's approval
+	// (GET /api/v1/pending-nodes), read every PendingEvery while connected,
+	// from a goroutine of its own: after Connected(true), never after
+	// Connected(false).
+	Pending func(nodes []string)
 }
 
 // Follower follows one coordinator.
@@ -146,6 +154,13 @@ func (f *Follower) session(ctx context.Context) (delivered bool, err error) {
 	}
 	f.emit(ws)
 	f.log.Info("following the coordinator", "url", f.base.Redacted(), "workers", len(ws))
+	if f.hooks.Pending != nil {
+		pctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { f.watchPending(pctx) })
+		defer wg.Wait()
+		defer stop()
+	}
 	return true, f.follow(ctx, ws)
 }
 

@@ -59,16 +59,18 @@ func Worker(model, addr, state string, weight float64) coord.Worker {
 	return w
 }
 
-// Coordinator is a fake heft coordinator on loopback: GET /api/v1/workers
-// and GET /api/v1/events in the real coordinator's formats.
+// Coordinator is a fake heft coordinator on loopback: GET /api/v1/workers,
+// GET /api/v1/events and GET /api/v1/pending-nodes in the real
+// coordinator's formats.
 type Coordinator struct {
 	t    testing.TB
 	addr string
 
 	mu      sync.Mutex
 	workers []coord.Worker
-	raw     string // when set, served instead of the workers (garbage)
-	status  int    // when set, every answer has this status
+	pending []string // node names GET /api/v1/pending-nodes answers
+	raw     string   // when set, served instead of the workers (garbage)
+	status  int      // when set, every answer has this status
 	token   string
 	subs    map[chan struct{}]bool
 	hs      *http.Server
@@ -130,6 +132,14 @@ func (c *Coordinator) SetWorkers(ws ...coord.Worker) {
 	c.raw = ""
 	c.mu.Unlock()
 	c.notify()
+}
+
+// SetPending sets the node names waiting for approval, as GET
+// /api/v1/pending-nodes answers them.
+func (c *Coordinator) SetPending(nodes ...string) {
+	c.mu.Lock()
+	c.pending = nodes
+	c.mu.Unlock()
 }
 
 // SetGarbage makes every answer and the next event body the given text.
@@ -208,6 +218,16 @@ func (c *Coordinator) handler() http.Handler {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, c.body()+"\n")
+	})
+	mux.HandleFunc("GET /api/v1/pending-nodes", func(w http.ResponseWriter, r *http.Request) {
+		if c.refuse(w, r) {
+			return
+		}
+		c.mu.Lock()
+		body := view.PendingNodes{Nodes: append([]string{}, c.pending...)}
+		c.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(body)
 	})
 	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) {
 		if c.refuse(w, r) {

@@ -45,15 +45,19 @@ func DefaultFloor() Floor {
 
 // Why a worker is kept, the label of heft_sync_kept_workers.
 const (
-	KeptUnlisted = "unlisted" // the coordinator lists it no more, or as unmeasured
-	KeptFloor    = "floor"    // dropping it would take the model below its floor
+	KeptUnlisted = "unlisted"     // the coordinator lists it no more, or as unmeasured
+	KeptFloor    = "floor"        // dropping it would take the model below its floor
+	KeptPending  = "node_pending" // its node waits for an admin's approval
 )
+
+// keptReasons are every reason, for the metric's series.
+var keptReasons = []string{KeptUnlisted, KeptFloor, KeptPending}
 
 // Kept is one worker heft-sync keeps serving against the coordinator's
 // state.
 type Kept struct {
-	Address, WorkerID, State, Reason string
-	Weight                           float64
+	Address, WorkerID, Node, State, Reason string
+	Weight                                 float64
 }
 
 func (k Kept) String() string {
@@ -61,6 +65,10 @@ func (k Kept) String() string {
 }
 
 func (k Kept) explain() string {
+	if k.Reason == KeptPending {
+		return "its node " + k.Node + " waits for an admin's approval (a coordinator restarted on an empty state?): " +
+			"kept until it is approved, or for keep_unlisted once it is rejected or released"
+	}
 	if k.Reason == KeptUnlisted {
 		if k.State == "" {
 			return "the coordinator no longer lists it"
@@ -81,8 +89,9 @@ type floorState struct {
 }
 
 // apply returns m with the workers the floor keeps, and which they are.
-// mayDrop says a worker an admin explicitly let go below the floor.
-func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func(workerID string) bool) (target.Model, []Kept) {
+// mayDrop says a worker an admin explicitly let go below the floor;
+// pending holds the nodes the coordinator says wait for approval.
+func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func(workerID string) bool, pending map[string]bool) (target.Model, []Kept) {
 	if st.unlisted == nil {
 		st.unlisted = map[string]time.Time{}
 	}
@@ -96,7 +105,7 @@ func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func
 	}
 	var kept []Kept
 	keep := func(prev target.Backend, state, reason string) {
-		kept = append(kept, Kept{Address: prev.Address, WorkerID: prev.WorkerID, State: state, Reason: reason, Weight: prev.Weight})
+		kept = append(kept, Kept{Address: prev.Address, WorkerID: prev.WorkerID, Node: prev.Node, State: state, Reason: reason, Weight: prev.Weight})
 		if i, ok := byAddr[prev.Address]; ok {
 			out.Backends[i] = prev
 			return
@@ -115,12 +124,23 @@ func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func
 	seen := map[string]bool{}
 	for _, prev := range st.last.Serving() {
 		i, listed := byAddr[prev.Address]
-		state := ""
+		state, node := "", prev.Node
 		if listed {
-			state = out.Backends[i].State
+			state, node = out.Backends[i].State, out.Backends[i].Node
 			if out.Backends[i].Serving || mayDrop(out.Backends[i].WorkerID) {
 				continue
 			}
+		}
+		if pending[node] && state != view.StateHeld {
+			// A coordinator on an empty state holds every node for
+			// approval, and lists none of their workers: a control-plane
+			// fault, not the engine's. Kept at its last weight while its
+			// node waits (only a worker that was serving: the node gains
+			// nothing); keep_unlisted counts from when it stops waiting.
+			seen[prev.Address] = true
+			st.unlisted[prev.Address] = now
+			keep(prev, state, KeptPending)
+			continue
 		}
 		if !listed || state == view.StateMeasuring {
 			seen[prev.Address] = true
@@ -168,8 +188,8 @@ func capacity(m target.Model) float64 {
 
 // keep applies the floor to m (r.mu held), and logs and counts a change
 // of what it keeps.
-func (r *runner) keep(m target.Model, now time.Time, mayDrop func(string) bool) target.Model {
-	out, kept := r.s.floor.apply(&r.floor, m, now, mayDrop)
+func (r *runner) keep(m target.Model, now time.Time, mayDrop func(string) bool, pending map[string]bool) target.Model {
+	out, kept := r.s.floor.apply(&r.floor, m, now, mayDrop, pending)
 	r.floor.last = &out
 	if !slices.Equal(kept, r.kept) {
 		was := map[string]Kept{}
@@ -188,7 +208,7 @@ func (r *runner) keep(m target.Model, now time.Time, mayDrop func(string) bool) 
 		for _, k := range was {
 			r.log.Info("no longer kept: the coordinator's state applies again", "worker", k.WorkerID, "address", k.Address)
 		}
-		for _, reason := range []string{KeptUnlisted, KeptFloor} {
+		for _, reason := range keptReasons {
 			r.s.m.kept.WithLabelValues(r.t.Name(), reason).Set(float64(counts[reason]))
 		}
 		r.kept = kept

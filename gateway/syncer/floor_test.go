@@ -46,14 +46,14 @@ func TestFloorKeepsUnlistedWorkers(t *testing.T) {
 	f := Floor{MinServing: 1, KeepUnlisted: time.Minute}
 	var st floorState
 	t0 := time.Unix(1000, 0)
-	out, kept := f.apply(&st, fleet3(), t0, never)
+	out, kept := f.apply(&st, fleet3(), t0, never, nil)
 	st.last = &out
 	if len(kept) != 0 || len(serving(out)) != 3 {
 		t.Fatalf("first state: kept %v, serving %v", kept, serving(out))
 	}
 	// Back with a and b unmeasured, c not listed.
 	partial := model(gwtest.Worker("m", a, view.StateMeasuring, 0), gwtest.Worker("m", b, view.StateAdmitted, 0.8))
-	out, kept = f.apply(&st, partial, t0.Add(time.Second), never)
+	out, kept = f.apply(&st, partial, t0.Add(time.Second), never, nil)
 	st.last = &out
 	if got := serving(out); len(got) != 3 || got[a] != 1.5 || got[b] != 0.8 || got[c] != 0.5 {
 		t.Fatalf("serving %v, want a and c at their last weights and b at its new one", got)
@@ -63,13 +63,13 @@ func TestFloorKeepsUnlistedWorkers(t *testing.T) {
 	}
 	// a is measured again: it serves by the coordinator's weight.
 	again := model(gwtest.Worker("m", a, view.StateAdmitted, 1.2), gwtest.Worker("m", b, view.StateAdmitted, 0.8))
-	out, kept = f.apply(&st, again, t0.Add(30*time.Second), never)
+	out, kept = f.apply(&st, again, t0.Add(30*time.Second), never, nil)
 	st.last = &out
 	if got := serving(out); got[a] != 1.2 || got[c] != 0.5 || len(kept) != 1 {
 		t.Fatalf("serving %v kept %v", got, kept)
 	}
 	// c is still unlisted a minute after it was first missed: let go.
-	out, kept = f.apply(&st, again, t0.Add(62*time.Second), never)
+	out, kept = f.apply(&st, again, t0.Add(62*time.Second), never, nil)
 	if got := serving(out); len(got) != 2 || len(kept) != 0 {
 		t.Fatalf("after keep_unlisted: serving %v kept %v", got, kept)
 	}
@@ -98,9 +98,9 @@ func TestFloorStopsADrain(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var st floorState
-			first, _ := tc.floor.apply(&st, fleet3(), time.Unix(0, 0), never)
+			first, _ := tc.floor.apply(&st, fleet3(), time.Unix(0, 0), never, nil)
 			st.last = &first
-			out, kept := tc.floor.apply(&st, tc.next, time.Unix(1, 0), never)
+			out, kept := tc.floor.apply(&st, tc.next, time.Unix(1, 0), never, nil)
 			got := serving(out)
 			if len(got) != len(tc.want) {
 				t.Fatalf("serving %v, want %v (kept %v)", got, tc.want, kept)

@@ -81,7 +81,7 @@ func NewMetrics(targets []string) *Metrics {
 		}, []string{"target"}),
 		kept: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "heft_sync_kept_workers",
-			Help: "Workers heft-sync keeps serving at their last weights against the coordinator's state, by target and reason (unlisted: the coordinator lists them no more, or as unmeasured; floor: dropping them would take the model below min_serving or min_serving_capacity).",
+			Help: "Workers heft-sync keeps serving at their last weights against the coordinator's state, by target and reason (unlisted: the coordinator lists them no more, or as unmeasured; floor: dropping them would take the model below min_serving or min_serving_capacity; node_pending: their node waits for an admin's approval).",
 		}, []string{"target", "reason"}),
 		coordConnected: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "heft_sync_coordinator_connected", Help: "1 while heft-sync follows the coordinator's event stream.",
@@ -105,8 +105,9 @@ func NewMetrics(targets []string) *Metrics {
 		}
 		m.drift.WithLabelValues(t)
 		m.setAside.WithLabelValues(t)
-		m.kept.WithLabelValues(t, KeptUnlisted)
-		m.kept.WithLabelValues(t, KeptFloor)
+		for _, reason := range keptReasons {
+			m.kept.WithLabelValues(t, reason)
+		}
 		m.dropped.WithLabelValues(t)
 		m.drops.WithLabelValues(t)
 	}
@@ -161,6 +162,7 @@ func (m *Metrics) CoordinatorHooks(next coord.Hooks) coord.Hooks {
 				next.Error(reason, err)
 			}
 		},
+		Pending: next.Pending,
 	}
 }
 

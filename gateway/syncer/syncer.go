@@ -9,6 +9,7 @@ package syncer
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,6 +54,12 @@ type Syncer struct {
 	mu        sync.Mutex
 	connected bool
 	lastSnap  time.Time
+
+	// evalMu orders the weighings of a state: a new state and a new list
+	// of pending nodes come from different goroutines.
+	evalMu  sync.Mutex
+	workers []coord.Worker  // the last state, nil before the first
+	pending map[string]bool // the nodes the coordinator holds for approval
 }
 
 // New returns a Syncer of targets. resync is how often each target is
@@ -78,6 +85,7 @@ func (s *Syncer) Hooks() coord.Hooks {
 	return s.m.CoordinatorHooks(coord.Hooks{
 		Snapshot:  s.Update,
 		Connected: func(c bool) { s.mu.Lock(); s.connected = c; s.mu.Unlock() },
+		Pending:   s.SetPending,
 	})
 }
 
@@ -87,19 +95,54 @@ func (s *Syncer) Update(snap coord.Snapshot) {
 	s.mu.Lock()
 	s.lastSnap = snap.At
 	s.mu.Unlock()
+	s.evalMu.Lock()
+	defer s.evalMu.Unlock()
+	s.workers = snap.Workers
+	if s.workers == nil {
+		s.workers = []coord.Worker{}
+	}
+	s.weigh()
+}
+
+// SetPending sets the nodes the coordinator holds for an admin's
+// approval (the follower reads them every few seconds), and weighs the
+// last state again with them: a worker heft-sync routed whose node waits
+// is kept, and keep_unlisted's countdowns end on time in a quiet fleet.
+func (s *Syncer) SetPending(nodes []string) {
+	s.evalMu.Lock()
+	defer s.evalMu.Unlock()
+	next := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		next[n] = true
+	}
+	if !maps.Equal(next, s.pending) && (len(next) > 0 || len(s.pending) > 0) {
+		s.log.Info("nodes waiting for an admin's approval", "nodes", strings.Join(nodes, ", "))
+	}
+	s.pending = next
+	s.mu.Lock()
+	connected := s.connected
+	s.mu.Unlock()
+	// Only while connected: a coordinator that is away changes nothing.
+	if connected && s.workers != nil {
+		s.weigh()
+	}
+}
+
+// weigh offers the last state to every target (s.evalMu held).
+func (s *Syncer) weigh() {
 	var models []string
-	for _, w := range snap.Workers {
+	for _, w := range s.workers {
 		if !slices.Contains(models, w.Model) {
 			models = append(models, w.Model)
 		}
 	}
-	mayDrop := belowFloor(snap.Workers)
+	mayDrop := belowFloor(s.workers)
 	now := s.now()
 	for _, r := range s.runners {
-		m, problems := target.ForSelection(r.t.Model(), target.SelectionOf(r.t), snap.Workers)
+		m, problems := target.ForSelection(r.t.Model(), target.SelectionOf(r.t), s.workers)
 		s.m.workers.WithLabelValues(r.t.Name()).Set(float64(len(m.Backends)))
 		s.m.setAside.WithLabelValues(r.t.Name()).Set(float64(len(problems)))
-		r.offer(m, problems, models, now, mayDrop)
+		r.offer(m, problems, models, now, mayDrop, s.pending)
 	}
 }
 
@@ -177,7 +220,7 @@ type runner struct {
 	lastSuccess time.Time
 }
 
-func (r *runner) offer(m target.Model, problems []string, models []string, now time.Time, mayDrop func(string) bool) {
+func (r *runner) offer(m target.Model, problems []string, models []string, now time.Time, mayDrop func(string) bool, pending map[string]bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p := strings.Join(problems, "; "); p != r.problems {
@@ -197,7 +240,7 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 		return
 	}
 	r.emptyLogged = false
-	m = r.keep(m, now, mayDrop)
+	m = r.keep(m, now, mayDrop, pending)
 	if r.offered != nil && r.offered.Equal(m) {
 		return
 	}
