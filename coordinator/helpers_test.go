@@ -81,14 +81,27 @@ type running struct {
 // (or stop is called, which returns Run's error).
 func start(t *testing.T, cfg config.Config, opts ...Option) *running {
 	t.Helper()
+	return startOn(t, "127.0.0.1:0", cfg, opts...)
+}
+
+// startOn is start on addr: a restarted coordinator on the address its
+// followers know (a port just closed may take a moment to free).
+func startOn(t *testing.T, addr string, cfg config.Config, opts ...Option) *running {
+	t.Helper()
 	c, err := New(cfg, append([]Option{WithLogger(testLogger(t))}, opts...)...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		_ = c.Close()
-		t.Fatal(err)
+	var ln net.Listener
+	deadline := time.Now().Add(10 * time.Second)
+	for ln == nil {
+		if ln, err = net.Listen("tcp", addr); err != nil && time.Now().After(deadline) {
+			_ = c.Close()
+			t.Fatal(err)
+		}
+		if err != nil {
+			time.Sleep(50 * time.Millisecond) // the port is still being freed
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -156,6 +169,15 @@ type agent struct {
 // (wire.Hello.Measurements).
 func connectAgent(t *testing.T, r *running, node string, ms ...wire.CachedMeasurement) *agent {
 	t.Helper()
+	a, _ := dialAgent(t, r, wire.Hello{Node: node, Measurements: ms})
+	return a
+}
+
+// dialAgent dials as hello's agent, says hello (its version and host
+// filled in), and returns the agent and the welcome.
+func dialAgent(t *testing.T, r *running, hello wire.Hello) (*agent, *wire.Welcome) {
+	t.Helper()
+	node := hello.Node
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(r.base, "http")+"/api/v1/agent",
@@ -166,11 +188,13 @@ func connectAgent(t *testing.T, r *running, node string, ms ...wire.CachedMeasur
 	c.SetReadLimit(4 * wire.MaxMessageBytes)
 	t.Cleanup(func() { _ = c.CloseNow() })
 	a := &agent{t: t, c: c, node: node}
-	a.send(&wire.Hello{Node: node, AgentVersion: "test", Host: wire.Host{Hostname: node, OS: "linux", Arch: "amd64"}, Measurements: ms})
-	if env := a.read(); env.Type != wire.TypeWelcome {
+	hello.AgentVersion, hello.Host = "test", wire.Host{Hostname: node, OS: "linux", Arch: "amd64"}
+	a.send(&hello)
+	env := a.read()
+	if env.Type != wire.TypeWelcome {
 		t.Fatalf("first message is %s, want welcome", env.Type)
 	}
-	return a
+	return a, env.Welcome
 }
 
 func (a *agent) send(payload any) {

@@ -71,9 +71,9 @@ type Hooks struct {
 	Connected func(bool)
 	Error     func(reason string, err error)
 	// Pending gets the names of the nodes waiting for an admin's approval
-	// (GET /api/v1/pending-nodes), read every PendingEvery while connected,
-	// from a goroutine of its own: after Connected(true), never after
-	// Connected(false).
+	// (GET /api/v1/pending-nodes), read once before each session's first
+	// Snapshot, then every PendingEvery from a goroutine of its own: after
+	// Connected(true), never after Connected(false).
 	Pending func(nodes []string)
 }
 
@@ -152,15 +152,21 @@ func (f *Follower) session(ctx context.Context) (delivered bool, err error) {
 	if f.hooks.Connected != nil {
 		f.hooks.Connected(true)
 	}
-	f.emit(ws)
-	f.log.Info("following the coordinator", "url", f.base.Redacted(), "workers", len(ws))
 	if f.hooks.Pending != nil {
+		// Read once before the first state, so that it is weighed knowing
+		// which nodes wait, then every PendingEvery.
+		p := &pendingReader{f: f}
+		more := p.read(ctx)
 		pctx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		wg.Go(func() { f.watchPending(pctx) })
+		if more {
+			wg.Go(func() { p.watch(pctx) })
+		}
 		defer wg.Wait()
 		defer stop()
 	}
+	f.emit(ws)
+	f.log.Info("following the coordinator", "url", f.base.Redacted(), "workers", len(ws))
 	return true, f.follow(ctx, ws)
 }
 

@@ -57,43 +57,56 @@ func (f *Follower) PendingNodes(ctx context.Context) ([]string, error) {
 	return slices.Compact(doc.Nodes), nil
 }
 
-// watchPending hands Hooks.Pending the pending nodes every PendingEvery
-// until ctx ends (the session's end). A read that fails hands out
-// nothing, so the syncer keeps the last set it was given; each new
-// failure is logged once.
-func (f *Follower) watchPending(ctx context.Context) {
-	every := f.cfg.PendingEvery
+// pendingReader hands Hooks.Pending the pending nodes, for one session.
+// A read that fails hands out nothing, so the syncer keeps the last list
+// it was given; each new failure is logged once.
+type pendingReader struct {
+	f       *Follower
+	lastErr string
+}
+
+// read reads once; it returns false when there is no point reading again
+// (a coordinator without the route, or ctx ended).
+func (p *pendingReader) read(ctx context.Context) bool {
+	names, err := p.f.PendingNodes(ctx)
+	if ctx.Err() != nil {
+		return false
+	}
+	switch {
+	case errors.Is(err, errNoPendingRoute):
+		p.f.log.Info("the coordinator does not say which nodes wait for approval; a node it holds for approval is drained after keep_unlisted")
+		return false
+	case err != nil:
+		if msg := err.Error(); msg != p.lastErr {
+			p.lastErr = msg
+			p.f.log.Warn("could not read the nodes waiting for approval; the last list read holds", "error", err)
+		}
+	default:
+		if p.lastErr != "" {
+			p.f.log.Info("reading the nodes waiting for approval again")
+		}
+		p.lastErr = ""
+		p.f.hooks.Pending(names)
+	}
+	return true
+}
+
+// watch reads every PendingEvery until ctx ends (the session's end).
+func (p *pendingReader) watch(ctx context.Context) {
+	every := p.f.cfg.PendingEvery
 	if every <= 0 {
 		every = PendingEvery
 	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
-	lastErr := ""
 	for {
-		names, err := f.PendingNodes(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		switch {
-		case errors.Is(err, errNoPendingRoute):
-			f.log.Info("the coordinator does not say which nodes wait for approval; a node it holds for approval is drained after keep_unlisted")
-			return
-		case err != nil:
-			if msg := err.Error(); msg != lastErr {
-				lastErr = msg
-				f.log.Warn("could not read the nodes waiting for approval; the last list read holds", "error", err)
-			}
-		default:
-			if lastErr != "" {
-				f.log.Info("reading the nodes waiting for approval again")
-			}
-			lastErr = ""
-			f.hooks.Pending(names)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+			if !p.read(ctx) {
+				return
+			}
 		}
 	}
 }

@@ -116,7 +116,11 @@ func (s *Syncer) SetPending(nodes []string) {
 		next[n] = true
 	}
 	if !maps.Equal(next, s.pending) && (len(next) > 0 || len(s.pending) > 0) {
-		s.log.Info("nodes waiting for an admin's approval", "nodes", strings.Join(nodes, ", "))
+		list := strings.Join(nodes, ", ")
+		if list == "" {
+			list = "none"
+		}
+		s.log.Info("nodes waiting for an admin's approval changed", "nodes", list)
 	}
 	s.pending = next
 	s.mu.Lock()
