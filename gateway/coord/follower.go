@@ -188,10 +188,12 @@ func (f *Follower) request(ctx context.Context, path, accept string) (*http.Requ
 	return req, nil
 }
 
-func (f *Follower) readWorkers(ctx context.Context) ([]Worker, error) {
+// get reads the body of GET path, a JSON document of at most maxBody
+// bytes, within RequestTimeout.
+func (f *Follower) get(ctx context.Context, path string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
 	defer cancel()
-	req, err := f.request(ctx, "/api/v1/workers", "application/json")
+	req, err := f.request(ctx, path, "application/json")
 	if err != nil {
 		return nil, err
 	}
@@ -200,15 +202,23 @@ func (f *Follower) readWorkers(ctx context.Context) ([]Worker, error) {
 		return nil, &connError{err}
 	}
 	defer resp.Body.Close()
-	if err := checkStatus(resp, "GET /api/v1/workers"); err != nil {
+	if err := checkStatus(resp, "GET "+path); err != nil {
 		return nil, err
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	if err != nil {
-		return nil, &connError{fmt.Errorf("read GET /api/v1/workers: %w", err)}
+		return nil, &connError{fmt.Errorf("read GET %s: %w", path, err)}
 	}
 	if len(data) > maxBody {
-		return nil, fmt.Errorf("%w: GET /api/v1/workers answered over %d bytes", ErrGarbage, maxBody)
+		return nil, fmt.Errorf("%w: GET %s answered over %d bytes", ErrGarbage, path, maxBody)
+	}
+	return data, nil
+}
+
+func (f *Follower) readWorkers(ctx context.Context) ([]Worker, error) {
+	data, err := f.get(ctx, "/api/v1/workers")
+	if err != nil {
+		return nil, err
 	}
 	ws, err := decodeWorkers(data)
 	if err != nil {

@@ -24,6 +24,8 @@ type recorder struct {
 	snaps     []coord.Snapshot
 	errs      []string
 	connected bool
+	pending   [][]string // each list Hooks.Pending was handed
+	late      bool       // a list was handed while disconnected
 }
 
 func (r *recorder) hooks() coord.Hooks {
@@ -31,6 +33,12 @@ func (r *recorder) hooks() coord.Hooks {
 		Snapshot:  func(s coord.Snapshot) { r.mu.Lock(); r.snaps = append(r.snaps, s); r.mu.Unlock() },
 		Connected: func(c bool) { r.mu.Lock(); r.connected = c; r.mu.Unlock() },
 		Error:     func(reason string, _ error) { r.mu.Lock(); r.errs = append(r.errs, reason); r.mu.Unlock() },
+		Pending: func(nodes []string) {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.late = r.late || !r.connected
+			r.pending = append(r.pending, nodes)
+		},
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"time"
@@ -22,31 +21,15 @@ var errNoPendingRoute = errors.New("the coordinator has no GET /api/v1/pending-n
 // PendingNodes reads GET /api/v1/pending-nodes once: the names of the
 // nodes waiting for an admin's approval, in name order.
 func (f *Follower) PendingNodes(ctx context.Context) ([]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, f.cfg.RequestTimeout)
-	defer cancel()
-	req, err := f.request(ctx, "/api/v1/pending-nodes", "application/json")
-	if err != nil {
-		return nil, err
-	}
-	resp, err := f.client.Do(req)
-	if err != nil {
-		return nil, &connError{err}
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound {
+	data, err := f.get(ctx, "/api/v1/pending-nodes")
+	var se *statusError
+	if errors.As(err, &se) && se.code == http.StatusNotFound {
 		return nil, errNoPendingRoute
 	}
-	if err := checkStatus(resp, "GET /api/v1/pending-nodes"); err != nil {
+	if err != nil {
 		return nil, err
 	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
-	if err != nil {
-		return nil, &connError{fmt.Errorf("read GET /api/v1/pending-nodes: %w", err)}
-	}
 	var doc view.PendingNodes
-	if len(data) > maxBody {
-		return nil, fmt.Errorf("%w: GET /api/v1/pending-nodes answered over %d bytes", ErrGarbage, maxBody)
-	}
 	if err := decodeOne(data, &doc); err != nil {
 		return nil, fmt.Errorf("GET /api/v1/pending-nodes: %w", err)
 	}

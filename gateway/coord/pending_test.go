@@ -3,8 +3,9 @@ package coord_test
 import (
 	"context"
 	"net/http"
+	"net/http/httptest"
 	"slices"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,39 +25,14 @@ func TestPendingNodesAreFollowed(t *testing.T) {
 	c.SetToken("v1ewer")
 	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1))
 	c.SetPending("gpu-b", "gpu-a")
-	var (
-		mu        sync.Mutex
-		lists     [][]string
-		connected bool
-		late      bool
-	)
-	hooks := coord.Hooks{
-		Connected: func(c bool) { mu.Lock(); connected = c; mu.Unlock() },
-		Pending: func(nodes []string) {
-			mu.Lock()
-			defer mu.Unlock()
-			late = late || !connected
-			lists = append(lists, nodes)
-		},
-	}
-	client := &http.Client{}
-	f, err := coord.New(coord.Config{URL: c.URL(), Token: "v1ewer", Client: client, PendingEvery: 20 * time.Millisecond,
-		MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond},
-		hooks, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { f.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done; client.CloseIdleConnections() })
+	rec := start(t, coord.Config{URL: c.URL(), Token: "v1ewer", PendingEvery: 20 * time.Millisecond})
 	last := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(lists) == 0 {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		if len(rec.pending) == 0 {
 			return nil
 		}
-		return lists[len(lists)-1]
+		return rec.pending[len(rec.pending)-1]
 	}
 	testutil.Eventually(t, "the pending nodes, in name order", 5*time.Second, func() bool {
 		return slices.Equal(last(), []string{"gpu-a", "gpu-b"})
@@ -69,14 +45,49 @@ func TestPendingNodesAreFollowed(t *testing.T) {
 	// A coordinator that is away hands out no list, and the last one is
 	// not handed out again as if it were new.
 	c.Stop()
-	testutil.Eventually(t, "disconnected", 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return !connected })
-	mu.Lock()
-	n := len(lists)
-	mu.Unlock()
+	testutil.Eventually(t, "disconnected", 5*time.Second, func() bool { return !rec.isConnected() })
+	rec.mu.Lock()
+	n := len(rec.pending)
+	rec.mu.Unlock()
 	time.Sleep(100 * time.Millisecond) // five read periods: none may hand out a list while disconnected
-	mu.Lock()
-	defer mu.Unlock()
-	if len(lists) != n || late {
-		t.Errorf("lists handed out while disconnected: %d then %d (late %v)", n, len(lists), late)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.pending) != n || rec.late {
+		t.Errorf("lists handed out while disconnected: %d then %d (late %v)", n, len(rec.pending), rec.late)
+	}
+}
+
+// An answer that is not a list of names is refused whole, and a
+// coordinator without the route says so.
+func TestPendingNodesRefusesGarbage(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		body   string
+		want   string // in the error; "" for none
+		names  []string
+	}{
+		{http.StatusOK, `{"nodes":["b","a","b"]}`, "", []string{"a", "b"}},
+		{http.StatusOK, `{"nodes":null}`, "not a workers document", nil},
+		{http.StatusOK, `{"nodes":["a",""]}`, "list of names", nil},
+		{http.StatusOK, `{"nodes":[]} {}`, "trailing data", nil},
+		{http.StatusNotFound, `{"error":"no API route"}`, "older than heft-sync", nil},
+		{http.StatusUnauthorized, `{"error":"token"}`, "token_file", nil},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(tc.status)
+			_, _ = w.Write([]byte(tc.body))
+		}))
+		f, err := coord.New(coord.Config{URL: srv.URL}, coord.Hooks{}, hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := f.PendingNodes(context.Background())
+		srv.Close()
+		if tc.want == "" && (err != nil || !slices.Equal(names, tc.names)) {
+			t.Errorf("%s: %v %v, want %v", tc.body, names, err, tc.names)
+		}
+		if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%d %s: %v %v, want an error saying %q", tc.status, tc.body, names, err, tc.want)
+		}
 	}
 }
