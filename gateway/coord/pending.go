@@ -57,6 +57,7 @@ func (p *pendingReader) read(ctx context.Context) bool {
 	}
 	switch {
 	case errors.Is(err, errNoPendingRoute):
+		p.f.hooks.Pending(nil) // a list from another coordinator does not hold for this one
 		p.f.log.Info("the coordinator does not say which nodes wait for approval; a node it holds for approval is drained after keep_unlisted")
 		return false
 	case err != nil:
