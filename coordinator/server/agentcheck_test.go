@@ -36,6 +36,7 @@ func startAgentCheckRig(t *testing.T, viewerToken string) *agentCheckRig {
 	r := &agentCheckRig{a: gwtest.NewUpstream(t, "a"), b: gwtest.NewUpstream(t, "b")}
 	r.ts = startServer(t, opts, nil)
 	ag := connectAgent(t, r.ts, "gpu-a")
+	ag.keepReading()
 	ag.snapshot("Qwen/Qwen3-8B", "a", "b")
 	testutil.Eventually(t, "two workers", 10*time.Second, func() bool { return len(r.ts.fleet.Workers()) == 2 })
 	r.set("a", r.a.Addr, view.StateAdmitted, 3, 16)

@@ -158,6 +158,26 @@ func (a *agent) read() *wire.Envelope {
 	return env
 }
 
+// keepReading reads and drops whatever the coordinator sends from now on,
+// so the agent answers its pings as a real one does: a test agent that
+// stops reading after its welcome is dropped for ping_timeout once the
+// test outlasts it, which a loaded machine makes happen. Call read no more.
+func (a *agent) keepReading() {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, _, err := a.c.Read(context.Background()); err != nil {
+				return
+			}
+		}
+	}()
+	a.t.Cleanup(func() {
+		_ = a.c.CloseNow()
+		<-done
+	})
+}
+
 // snapshot reports engines whose capacity keys are node/<name>.
 func (a *agent) snapshot(model string, names ...string) {
 	a.t.Helper()
