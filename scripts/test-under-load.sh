@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the test suite (make test's commands) with six CPU-bound hogs beside
+# Runs the test suite (make test) with six CPU-bound hogs beside
 # it, a load of about 8 on a 2-core machine, as a busy CI host gives: the
 # suite must pass there too. With package arguments it runs only
 # `go test -race -count=1 PACKAGES` under the same load (no fuzz).
@@ -35,7 +35,7 @@ if [ "$#" -gt 0 ]; then
 	$GO test -race -count=1 -timeout 30m "$@"
 	rc=$?
 else
-	./scripts/fuzz.sh 3 && $GO test -race -count=1 -timeout 30m ./...
+	make test GO="$GO"
 	rc=$?
 fi
 end=$(date +%s)
