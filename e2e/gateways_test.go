@@ -41,6 +41,7 @@ defaults
     timeout client 60s
     timeout server 60s
     retries 3
+    retry-on conn-failure empty-response
     option redispatch 1
 frontend llm
     bind {{front}}

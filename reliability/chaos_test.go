@@ -50,6 +50,7 @@ defaults
     timeout client 60s
     timeout server 60s
     retries 3
+    retry-on conn-failure empty-response
     option redispatch 1
     load-server-state-from-file global
 frontend fe

@@ -29,6 +29,7 @@ defaults
     timeout client 30s
     timeout server 30s
     retries 3
+    retry-on conn-failure empty-response
     option redispatch 1
 frontend fe
     bind {{front}}
