@@ -47,6 +47,13 @@ type testServer struct {
 // it starts. The server stops when the test ends.
 func startServer(t *testing.T, opts Options, tweak func(*Server)) *testServer {
 	t.Helper()
+	if opts.PingInterval == 0 {
+		// Test agents read only when a test asks them to, so they answer
+		// no ping in between; at the default 10 s a test that a loaded
+		// machine stretches past 15 s loses its agents to ping_timeout.
+		// The tests of pings set their own interval.
+		opts.PingInterval = time.Hour
+	}
 	ff := newFakeFleet()
 	s, err := newServer(opts, ff, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
 	if err != nil {
