@@ -1,11 +1,16 @@
 package agent
 
 import (
+	"fmt"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"heft/agent/engine"
+	"heft/shared/wire"
 )
 
 // A pace reading is the mean inter-token time over a window and the batch
@@ -38,8 +43,61 @@ func TestPaceReadings(t *testing.T) {
 	if r := p.add(at(40), c(10, 0.1, 10), 2); r != nil {
 		t.Fatalf("counters that went back gave %+v", r)
 	}
-	// No histogram (llama.cpp, an old engine): nothing.
+	// No histogram and no decode seconds (an old engine): nothing.
 	if r := p.add(at(60), engine.Counters{Generated: 1e6}, 1); r != nil || !p.start.at.IsZero() {
 		t.Fatalf("no histogram gave %+v", r)
+	}
+}
+
+// llama.cpp has no inter-token histogram: its finished requests' decode
+// seconds over their tokens, scraped from a real llama-server page over
+// loopback, give the same reading.
+func TestPaceFromLlamaCppCounters(t *testing.T) {
+	var secs, toks atomic.Value
+	secs.Store(0.0)
+	toks.Store(0.0)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, `# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total %v
+# HELP llamacpp:tokens_predicted_seconds_total Predict process time
+# TYPE llamacpp:tokens_predicted_seconds_total counter
+llamacpp:tokens_predicted_seconds_total %v
+# HELP llamacpp:requests_processing Number of requests processing.
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 4
+`, toks.Load(), secs.Load())
+	}))
+	t.Cleanup(srv.Close)
+	c, err := engine.New(engine.Config{Kind: "llamacpp", URL: srv.URL}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pace{window: 10 * time.Second}
+	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	read := func(at time.Time) *wire.Pace {
+		t.Helper()
+		cs, err := c.Counters(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.add(at, cs, 1)
+	}
+	secs.Store(1.5)
+	toks.Store(100.0)
+	if r := read(t0); r != nil {
+		t.Fatalf("first sample gave %+v", r)
+	}
+	// 800 tokens finished in 10 s, 20 ms apart in their requests: 80 tok/s
+	// at 20 ms a token is 1.6 requests decoding on average.
+	secs.Store(17.5)
+	toks.Store(900.0)
+	r := read(t0.Add(10 * time.Second))
+	if r == nil || math.Abs(r.SecondsPerToken-0.02) > 1e-12 || math.Abs(r.Batch-1.6) > 1e-9 || r.ThroughputTPS != 80 {
+		t.Fatalf("reading %+v, want 20 ms per token, batch 1.6, 80 tok/s", r)
 	}
 }

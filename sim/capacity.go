@@ -92,7 +92,7 @@ func (c Config) IdealBurstSeconds(n, promptTokens, outputTokens int) (float64, e
 			}
 			decode, prefill := r.model.seconds(len(st.sample), st.prefill)
 			t += decode + prefill
-			r.apply(&st, decode, prefill)
+			r.apply(&st, prefill)
 		}
 		worst = max(worst, t)
 	}

@@ -61,3 +61,36 @@ func itlOf(t *testing.T, s *Server, name string) (sum, n float64) {
 	}
 	return sum, n
 }
+
+// llama-server has no inter-token histogram: when a request finishes it
+// adds its tokens and the time from its first token to its last. Their
+// ratio is the step time short by one interval per request, and a
+// throttle doubles it; a request still running adds nothing yet.
+func TestLlamaDecodeSeconds(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := bubbleSim(t, Config{Flavor: FlavorLlamaCpp, SingleTPS: 100, Batch16TPS: 800, Slow: Slow{At: time.Minute, Factor: 2}})
+		t0, k, err := calibrate(100, 800)
+		if err != nil {
+			t.Fatal(err)
+		}
+		step := t0 + 4*k // four sequences decode together
+		read := func() (secs, toks float64) {
+			mfs := scrape(t, s.URL())
+			return value(t, mfs, "llamacpp:tokens_predicted_seconds_total", nil), value(t, mfs, "llamacpp:tokens_predicted_total", nil)
+		}
+		burst(t, s.URL(), 4, 32)
+		secs1, toks1 := read()
+		if toks1 != 4*32 {
+			t.Fatalf("tokens_predicted_total = %v, want %d", toks1, 4*32)
+		}
+		if want := 4 * 31 * step; math.Abs(secs1-want) > 1e-9 {
+			t.Errorf("tokens_predicted_seconds_total = %.6f s, want 4 × 31 steps of %.6f s = %.6f s", secs1, step, want)
+		}
+		time.Sleep(time.Minute) // past --slow-at, on the bubble's clock
+		burst(t, s.URL(), 4, 32)
+		secs2, toks2 := read()
+		if want := 4 * 31 * 2 * step; math.Abs(secs2-secs1-want) > 1e-9 || toks2-toks1 != 4*32 {
+			t.Errorf("throttled burst added %.6f s and %v tokens, want %.6f s and %d", secs2-secs1, toks2-toks1, want, 4*32)
+		}
+	})
+}

@@ -167,8 +167,9 @@ func (s *Server) handleLlamaMetrics(w http.ResponseWriter, _ *http.Request) {
 	}
 	one("prompt_tokens_total", "Number of prompt tokens processed.", "counter", float64(v.stats.promptComputed))
 	one("prompt_seconds_total", "Prompt process time", "counter", v.stats.prefillSeconds)
-	one("tokens_predicted_total", "Number of generation tokens processed.", "counter", float64(v.stats.genTokens))
-	one("tokens_predicted_seconds_total", "Predict process time", "counter", v.stats.stepSeconds)
+	// llama-server adds a request's tokens and decode time when it finishes.
+	one("tokens_predicted_total", "Number of generation tokens processed.", "counter", float64(v.stats.predicted))
+	one("tokens_predicted_seconds_total", "Predict process time", "counter", v.stats.predictedSeconds)
 	one("n_decode_total", "Total number of llama_decode() calls", "counter", float64(v.stats.steps))
 	one("n_tokens_max", "Largest observed n_tokens.", "counter", float64(v.stats.maxBatchTok))
 	one("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", "counter", busyPerDecode)

@@ -80,13 +80,17 @@ type rankStats struct {
 	finished                       map[string]int64 // by finish reason: stop, length, abort
 	steps                          int64
 	busySlots                      int64   // sum of sampled sequences over steps
-	stepSeconds                    float64 // time spent decoding
 	prefillSeconds                 float64 // time spent on prompts
 	maxBatchTok                    int64   // most tokens in one step
 	throughput                     float64 // generated tok/s over the last window; 0 when idle
 	itl                            itlHist // time between a sequence's tokens
-	winStart                       time.Time
-	winGen                         int64
+	// predicted and predictedSeconds add a request's tokens and the time
+	// from its first token to its last when it finishes (llama.cpp's
+	// on_prediction; an aborted request adds nothing).
+	predicted        int64
+	predictedSeconds float64
+	winStart         time.Time
+	winGen           int64
 }
 
 // rankSetup is what every rank of a server shares.
@@ -312,14 +316,14 @@ func (r *rank) loop(ctx context.Context) {
 		case <-timer.C:
 		}
 		r.mu.Lock()
-		r.apply(&st, decode, prefill)
+		r.apply(&st, prefill)
 		r.mu.Unlock()
 	}
 }
 
 // apply ends a step: chunks are computed, and each sampled sequence gains a
 // token. Sequences aborted meanwhile are skipped. Callers hold mu.
-func (r *rank) apply(st *step, decode, prefill float64) {
+func (r *rank) apply(st *step, prefill float64) {
 	now := time.Now()
 	for _, c := range st.chunks {
 		if c.s.state != stateRunning {
@@ -350,6 +354,8 @@ func (r *rank) apply(st *step, decode, prefill float64) {
 			r.stats.finished[s.finish]++
 			r.stats.promptFinished += s.prompt
 			r.stats.cachedFinished += s.cached
+			r.stats.predicted += int64(s.gen)
+			r.stats.predictedSeconds += s.last.Sub(s.first).Seconds()
 			r.release(s)
 			close(s.done)
 			continue
@@ -367,7 +373,6 @@ func (r *rank) apply(st *step, decode, prefill float64) {
 	sts.steps++
 	sts.busySlots += int64(len(st.sample))
 	sts.maxBatchTok = max(sts.maxBatchTok, n+st.prefill)
-	sts.stepSeconds += decode
 	sts.prefillSeconds += prefill
 	switch {
 	case sts.winStart.IsZero():

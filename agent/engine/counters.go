@@ -21,8 +21,9 @@ type Counters struct {
 	// Load is the running and waiting requests, per rank where labelled.
 	Load wire.Load
 	// InterTokenSeconds and InterTokens are the engine's inter-token
-	// latency histogram's sum and count over every rank, where
-	// InterTokenKnown (vLLM, SGLang).
+	// latency histogram's sum and count over every rank (vLLM, SGLang), or
+	// its finished requests' decode seconds and tokens (llama.cpp), where
+	// InterTokenKnown.
 	InterTokenSeconds, InterTokens float64
 	InterTokenKnown                bool
 }

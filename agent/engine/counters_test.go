@@ -37,8 +37,9 @@ func TestParseMetricsGenerated(t *testing.T) {
 }
 
 // The inter-token latency histogram's sum and count are summed over the
-// ranks (vLLM labels them by engine, SGLang's tokenizer keeps one); a
-// kind or page without it says so.
+// ranks (vLLM labels them by engine, SGLang's tokenizer keeps one), or
+// llama.cpp's decode seconds over its generated tokens; a kind or page
+// without them says so.
 func TestParseMetricsInterToken(t *testing.T) {
 	const vllmPage = `# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.
 # TYPE vllm:inter_token_latency_seconds histogram
@@ -58,6 +59,15 @@ sglang:time_per_output_token_seconds_bucket{le="+Inf",model_name="m"} 4.0
 sglang:time_per_output_token_seconds_sum{model_name="m"} 0.08
 sglang:time_per_output_token_seconds_count{model_name="m"} 4.0
 `
+	// llama.cpp has no histogram; its finished requests' decode seconds
+	// over their tokens are the same mean.
+	llamaPage := string(testutil.ReadTestdata(t, "metrics/llamacpp.txt"))
+	llamaNoSeconds := `# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 2048
+`
+	llamaNoTokens := `# TYPE llamacpp:tokens_predicted_seconds_total counter
+llamacpp:tokens_predicted_seconds_total 31.77
+`
 	for _, tt := range []struct {
 		kind, page string
 		known      bool
@@ -66,6 +76,10 @@ sglang:time_per_output_token_seconds_count{model_name="m"} 4.0
 		{"vllm", vllmPage, true, 0.5, 30},
 		{"sglang", sglangOld, true, 0.08, 4},
 		{"sglang", vllmPage, false, 0, 0},
+		{"llamacpp", llamaPage, true, 31.77, 2048},
+		{"llamacpp", llamaNoSeconds, false, 0, 0},
+		{"llamacpp", llamaNoTokens, false, 0, 0},
+		{"vllm", llamaPage, false, 0, 0},
 	} {
 		mf, err := ParseMetrics(tt.kind, bytes.NewReader([]byte(tt.page)))
 		if err != nil {

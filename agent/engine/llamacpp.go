@@ -21,6 +21,8 @@ var llamaCpp = descriptor{
 		waiting:   []string{"llamacpp:requests_deferred"},
 		kvUsage:   []string{"llamacpp:kv_cache_usage_ratio"},
 		generated: []string{"llamacpp:tokens_predicted_total"},
+		// Both counters grow when a request finishes (on_prediction).
+		decodeSeconds: []string{"llamacpp:tokens_predicted_seconds_total"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"n_predict": n, "ignore_eos": true}

@@ -49,7 +49,9 @@ type MetricsFacts struct {
 	// by rank (vLLM engine="k"); one entry, rank 0, otherwise.
 	GeneratedRanks map[int]float64
 	// InterTokenSeconds and InterTokens are the inter-token latency
-	// histogram's sum and count over every rank, where InterTokenKnown.
+	// histogram's sum and count over every rank, or the decode seconds and
+	// generated tokens of finished requests (llama.cpp), where
+	// InterTokenKnown.
 	InterTokenSeconds, InterTokens float64
 	InterTokenKnown                bool
 }
@@ -66,6 +68,13 @@ type metricNames struct {
 	// interToken is a histogram of the time between two tokens of one
 	// request; its sum over its count is the step time running requests see.
 	interToken []string
+	// decodeSeconds, for an engine without that histogram, is a counter of
+	// the seconds finished requests spent decoding, from their first token
+	// to their last, whose tokens the generated counter holds (llama.cpp
+	// adds both when a request finishes): its rise over the generated
+	// counter's is the same mean time between two tokens of one request,
+	// short by one interval in each request's tokens.
+	decodeSeconds []string
 }
 
 // ErrNoMetrics is returned for an engine kind that has no /metrics
@@ -142,6 +151,12 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 		facts.InterTokenSeconds += sum
 		facts.InterTokens += count
 	})
+	if !facts.InterTokenKnown && facts.GeneratedKnown {
+		var secs float64
+		if page.each(names.decodeSeconds, func(_ int, v float64) { secs += v }) {
+			facts.InterTokenSeconds, facts.InterTokens, facts.InterTokenKnown = secs, facts.Generated, true
+		}
+	}
 	if known || len(ranks) > 0 {
 		facts.Load.Known = known
 		for _, k := range sortedKeys(ranks) {
