@@ -573,7 +573,7 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 	r := WorkerRecord{ID: w.id, Node: w.node, Model: w.eng.Model, Engine: w.eng.Kind, URL: w.eng.URL,
 		EngineVersion: w.eng.Version, LaunchArgs: w.eng.LaunchArgs, Ranks: w.eng.Ranks, FirstSeen: w.firstSeen, LastSeen: w.lastSeen,
 		ExpectedRanks: w.eng.ExpectedRanks, Complete: w.eng.Complete, MissingRanks: w.eng.MissingRanks, MaxModelLen: w.eng.MaxModelLen,
-		EngineDown: !w.eng.Ready || w.eng.Error != ""}
+		EngineDown: !w.eng.Ready || w.eng.Error != "", Pace: w.pace.record()}
 	if n := f.nodes[w.node]; n != nil && !n.connected {
 		gone := n.since
 		r.AgentGone = &gone
@@ -635,7 +635,8 @@ func sameRecord(a, b WorkerRecord) bool {
 		a.EngineVersion == b.EngineVersion && slices.Equal(a.LaunchArgs, b.LaunchArgs) && slices.Equal(a.Ranks, b.Ranks) &&
 		a.ExpectedRanks == b.ExpectedRanks && (a.Complete == nil) == (b.Complete == nil) && (a.Complete == nil || *a.Complete == *b.Complete) &&
 		slices.Equal(a.MissingRanks, b.MissingRanks) && a.MaxModelLen == b.MaxModelLen && a.FirstSeen.Equal(b.FirstSeen) &&
-		a.EngineDown == b.EngineDown && (a.AgentGone == nil) == (b.AgentGone == nil) && (a.AgentGone == nil || a.AgentGone.Equal(*b.AgentGone))
+		a.EngineDown == b.EngineDown && (a.AgentGone == nil) == (b.AgentGone == nil) && (a.AgentGone == nil || a.AgentGone.Equal(*b.AgentGone)) &&
+		samePace(a.Pace, b.Pace)
 }
 
 func cloneMeasurement(m wire.Measurement) wire.Measurement {

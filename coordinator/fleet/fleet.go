@@ -536,7 +536,16 @@ func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time)
 			// Say nothing of completeness rather than something wrong.
 			eng.ExpectedRanks, eng.Complete, eng.MissingRanks = 0, nil, nil
 		}
-		f.add(&worker{id: id, node: r.Node, firstSeen: r.FirstSeen, lastSeen: r.LastSeen, saved: r, savedAt: start, eng: eng})
+		w := &worker{id: id, node: r.Node, firstSeen: r.FirstSeen, lastSeen: r.LastSeen, saved: r, savedAt: start, eng: eng}
+		if r.Pace != nil {
+			if err := r.Pace.check(); err != nil {
+				// The reference is learned again from the measurement.
+				f.log.Warn("ignoring stored pace reference", "worker", id, "error", err)
+			} else {
+				w.pace = r.Pace.state()
+			}
+		}
+		f.add(w)
 	}
 	// A record written while its agent was connected now says when the
 	// agent was last known gone: at this start.

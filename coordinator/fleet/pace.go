@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -168,4 +169,71 @@ func (w *worker) capacity(m *wire.Measurement) (float64, string) {
 		return m.ThroughputTPS / w.pace.factor, SourceRescaled
 	}
 	return m.ThroughputTPS, SourceMeasured
+}
+
+// PaceRecord is a worker's pace reference and rescale as its worker record
+// keeps them: a restarted coordinator that forgot a rescale would route by
+// the stale measurement until two more slow readings, and learn the
+// reference again.
+type PaceRecord struct {
+	Measured time.Time    `json:"measured"`         // FinishedAt of the measurement it belongs to
+	Points   [][2]float64 `json:"points,omitempty"` // running requests per rank, seconds per token; by batch
+	Learned  int          `json:"learned,omitempty"`
+	Last     time.Time    `json:"last"` // At of the newest reading counted
+	Slow     int          `json:"slow,omitempty"`
+	Fine     int          `json:"fine,omitempty"`
+	Factor   float64      `json:"factor,omitempty"` // capacity divisor while rescaled
+}
+
+// record is s as a worker record keeps it; nil before any measurement.
+func (s *paceState) record() *PaceRecord {
+	if s.measured.IsZero() {
+		return nil
+	}
+	r := &PaceRecord{Measured: s.measured, Learned: s.learned, Last: s.last, Slow: s.slow, Fine: s.fine, Factor: s.factor}
+	for _, p := range s.points {
+		r.Points = append(r.Points, [2]float64{p.batch, p.spt})
+	}
+	return r
+}
+
+// check says what makes r no pace state: numbers that are not finite or
+// not positive, points out of batch order, counts out of range, a factor
+// that is not a slowdown.
+func (r *PaceRecord) check() error {
+	fine := func(v float64) bool { return v > 0 && !math.IsInf(v, 0) }
+	for i, p := range r.Points {
+		if !fine(p[0]) || !fine(p[1]) {
+			return fmt.Errorf("point %d is %v", i, p)
+		}
+		if i > 0 && p[0] <= r.Points[i-1][0] {
+			return fmt.Errorf("point %d is not above point %d in batch", i, i-1)
+		}
+	}
+	if len(r.Points) > PaceLearn+1 || r.Learned < 0 || r.Learned > PaceLearn || r.Slow < 0 || r.Fine < 0 {
+		return fmt.Errorf("%d points, %d learned, %d slow, %d fine", len(r.Points), r.Learned, r.Slow, r.Fine)
+	}
+	if r.Factor != 0 && (r.Factor <= 1 || math.IsInf(r.Factor, 0) || math.IsNaN(r.Factor)) {
+		return fmt.Errorf("factor %v", r.Factor)
+	}
+	return nil
+}
+
+// state is the pace state r keeps, once check passed.
+func (r *PaceRecord) state() paceState {
+	s := paceState{measured: r.Measured, learned: r.Learned, last: r.Last, slow: r.Slow, fine: r.Fine, factor: r.Factor}
+	for _, p := range r.Points {
+		s.points = append(s.points, pacePoint{batch: p[0], spt: p[1]})
+	}
+	return s
+}
+
+// samePace says whether two records keep the same reference and rescale;
+// the newest reading's time alone changes nothing worth a write.
+func samePace(a, b *PaceRecord) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Measured.Equal(b.Measured) && slices.Equal(a.Points, b.Points) && a.Learned == b.Learned &&
+		a.Slow == b.Slow && a.Fine == b.Fine && a.Factor == b.Factor
 }

@@ -1,7 +1,9 @@
 package fleet
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +79,76 @@ func TestPaceRescales(t *testing.T) {
 	}
 	if w := h2.worker("c"); w.WeightSource != SourceRescaled || math.Abs(w.PaceFactor-2*step(10)/0.008) > 1e-9 {
 		t.Fatalf("burst point only: source %q factor %v, want %v", w.WeightSource, w.PaceFactor, 2*step(10)/0.008)
+	}
+}
+
+// A rescale survives a coordinator restart: the worker record keeps the
+// pace reference, so the restarted fleet routes by the slower capacity at
+// once and does not count the agent's last reading a second time. A
+// damaged stored reference is ignored and learned again; the worker
+// itself is restored.
+func TestPaceSurvivesRestart(t *testing.T) {
+	h := newHarness(t)
+	a, b := engine("a", "http://1:8000", "m"), engine("b", "http://2:8000", "m")
+	h.connectOnce("n")
+	h.put("n", a)
+	h.put("n", b)
+	for _, e := range []wire.Engine{a, b} {
+		m := measured(e.CapacityKey, 2000, h.clk.now())
+		m.DecodeTPSP50 = 125 // 8 ms per token with 16 running
+		h.result("n", m)
+	}
+	for i := range 2 { // twice as slow as measured, at the burst's batch
+		a.Pace = &wire.Pace{At: h.clk.now().Add(time.Duration(i+1) * 5 * time.Second), WindowSeconds: 5, SecondsPerToken: 0.016, Batch: 16}
+		h.put("n", a)
+	}
+	h.put("n", b) // a later snapshot: every record is written by now
+	ratio := func(h *harness) float64 { w := h.weights("m"); return w["a"] / w["b"] }
+	if got := h.worker("a"); got.WeightSource != SourceRescaled || math.Abs(ratio(h)-0.5) > 1e-9 {
+		t.Fatalf("before the restart: source %q, weight ratio %v", got.WeightSource, ratio(h))
+	}
+	rec := h.st.st.Workers["a"].Pace
+	if rec == nil || rec.Factor != 2 || len(rec.Points) != 1 {
+		t.Fatalf("stored pace %+v, want the burst's point and factor 2", rec)
+	}
+
+	h2 := h.restart()
+	h2.connectOnce("n")
+	h2.put("n", a) // the agent's last reading again
+	h2.put("n", b)
+	if got := h2.worker("a"); got.WeightSource != SourceRescaled || math.Abs(got.PaceFactor-2) > 1e-9 || math.Abs(ratio(h2)-0.5) > 1e-9 {
+		t.Fatalf("after the restart: source %q factor %v, weight ratio %v; want rescaled by 2, ratio 0.5", got.WeightSource, got.PaceFactor, ratio(h2))
+	}
+	// Two readings that agree again end the rescale, as before the restart.
+	for i := range 2 {
+		a.Pace = &wire.Pace{At: h2.clk.now().Add(time.Duration(20+i*5) * time.Second), WindowSeconds: 5, SecondsPerToken: 0.008, Batch: 16}
+		h2.put("n", a)
+	}
+	if got := h2.worker("a"); got.WeightSource != SourceMeasured || ratio(h2) != 1 {
+		t.Fatalf("after agreeing readings: source %q, ratio %v", got.WeightSource, ratio(h2))
+	}
+
+	for name, damage := range map[string]func(*PaceRecord){
+		"negative point":   func(r *PaceRecord) { r.Points = [][2]float64{{16, -0.008}} },
+		"points unordered": func(r *PaceRecord) { r.Points = [][2]float64{{16, 0.008}, {8, 0.007}} },
+		"factor below 1":   func(r *PaceRecord) { r.Factor = 0.5 },
+		"learned too many": func(r *PaceRecord) { r.Learned = PaceLearn + 1 },
+	} {
+		rec := *h.st.st.Workers["a"].Pace
+		rec.Points = slices.Clone(rec.Points)
+		damage(&rec)
+		st := newMemStore()
+		st.st = h.st.st
+		st.st.Workers = maps.Clone(h.st.st.Workers)
+		r := st.st.Workers["a"]
+		r.Pace = &rec
+		st.st.Workers["a"] = r
+		h3 := newHarnessWith(t, h.f.cfg, st, h.clk)
+		h3.connectOnce("n")
+		h3.engines = h.engines
+		h3.put("n", b)
+		if got := h3.worker("a"); got.ID != "a" || got.WeightSource != SourceMeasured || got.PaceFactor != 0 {
+			t.Errorf("%s: worker %q source %q factor %v, want the worker restored with its measured weight", name, got.ID, got.WeightSource, got.PaceFactor)
+		}
 	}
 }

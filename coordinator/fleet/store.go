@@ -86,4 +86,7 @@ type WorkerRecord struct {
 	// connected. A restart keeps counting the grace and the stale weight's
 	// TTL from it, so a worker that was offline stays offline.
 	AgentGone *time.Time `json:"agent_gone,omitempty"`
+	// Pace is the worker's pace reference and rescale (pace.go), so a
+	// restart keeps a slowdown found while the engine served.
+	Pace *PaceRecord `json:"pace,omitempty"`
 }

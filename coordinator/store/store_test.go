@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,7 +66,8 @@ func TestRoundTrip(t *testing.T) {
 	at := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	rec := fleet.WorkerRecord{ID: "k1", Node: "gpu-a", Model: "m", Engine: "sglang", URL: "http://127.0.0.1:30000",
 		EngineVersion: "0.4.1", LaunchArgs: []string{"--dp-size=2"}, Ranks: []wire.Rank{{DPRank: 0, KVTokens: 24094}, {DPRank: 1, KVTokens: 2925}},
-		MaxModelLen: 40960, FirstSeen: at, LastSeen: at.Add(time.Hour)}
+		MaxModelLen: 40960, FirstSeen: at, LastSeen: at.Add(time.Hour),
+		Pace: &fleet.PaceRecord{Measured: at, Points: [][2]float64{{8, 0.0072}, {16, 0.008}}, Learned: 1, Last: at.Add(time.Minute), Slow: 2, Factor: 2.1}}
 	m1 := measurement("k1", 992, at)
 	m1.Prefill = &wire.Prefill{ThroughputTPS: 17580, PromptTokens: 32768, WallSeconds: 1.86, PromptLength: 8192, Requests: 4, Concurrency: 4, Complete: true}
 	m2 := measurement("k2", 453, at)
@@ -105,6 +107,9 @@ func TestRoundTrip(t *testing.T) {
 	if got.URL != rec.URL || len(got.Ranks) != 2 || got.Ranks[1].KVTokens != 2925 || !got.LastSeen.Equal(rec.LastSeen) || got.LaunchArgs[0] != "--dp-size=2" ||
 		got.MaxModelLen != 40960 {
 		t.Errorf("worker = %+v", got)
+	}
+	if p := got.Pace; p == nil || !p.Measured.Equal(at) || !slices.Equal(p.Points, rec.Pace.Points) || p.Factor != 2.1 || p.Slow != 2 || !p.Last.Equal(rec.Pace.Last) {
+		t.Errorf("worker pace = %+v, want %+v", p, rec.Pace)
 	}
 	if fi, err := os.Stat(filepath.Join(dir, FileName)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("state file mode = %v, %v; want 0600", fi.Mode().Perm(), err)
