@@ -281,22 +281,31 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 	haproxyURL, nginxURL := "http://"+hx.Front+"/v1/models", "http://"+nx.Front+"/v1/models"
 
 	// splitsAs waits until a round of requests through each gateway goes to
-	// the serving workers exactly as their weights in ws say.
-	splitsAs := func(what string, ws []view.Worker) (map[string]int, map[string]int) {
+	// the serving workers as their weights in ws say, within one request
+	// each, on some round within a minute. Exact counts held on an idle
+	// machine, but under test-under-load this timed out at 20 s: a health
+	// check that times out on a starved machine takes a server out for a
+	// moment (HAProxy's doing, not heft's), and a round of roundrobin is
+	// exact only from the cycle's start.
+	splitsAs := func(t *testing.T, what string, ws []view.Worker) (map[string]int, map[string]int) {
 		t.Helper()
 		var hxGot, nxGot map[string]int
 		hxWant, hxN := wantSplit(ws, render.HAProxyMaxWeight)
 		nxWant, nxN := wantSplit(ws, render.NginxMaxWeight)
-		testutil.Eventually(t, what, 20*time.Second, func() bool {
+		testutil.Eventually(t, what, time.Minute, func() bool {
 			hxGot = gwtest.SplitBy(t, haproxyURL, hxN, gwHeader)
 			nxGot = gwtest.SplitBy(t, nginxURL, nxN, gwHeader)
-			return fmt.Sprint(hxGot) == fmt.Sprint(hxWant) && fmt.Sprint(nxGot) == fmt.Sprint(nxWant)
+			if withinOne(hxGot, hxWant) && withinOne(nxGot, nxWant) {
+				return true
+			}
+			t.Logf("HAProxy split %v, want %v; nginx split %v, want %v", hxGot, hxWant, nxGot, nxWant)
+			return false
 		})
 		return hxGot, nxGot
 	}
 
 	t.Run("real requests split by heft's weights", func(t *testing.T) {
-		hxGot, nxGot := splitsAs("both gateways to route by heft's weights", ws)
+		hxGot, nxGot := splitsAs(t, "both gateways to route by heft's weights", ws)
 		t.Logf("HAProxy: %v; nginx: %v", hxGot, nxGot)
 		// The split is judged against heft's own weights (splitsAs), not the
 		// sims' calibrations: on a loaded machine the fast sim, which costs the
@@ -338,7 +347,7 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 		if len(want) != 3 {
 			t.Fatalf("max_concurrency of the admitted workers: %v, want three", want)
 		}
-		testutil.Eventually(t, "maxconn = max_concurrency", 10*time.Second, func() bool {
+		testutil.Eventually(t, "maxconn = max_concurrency", 30*time.Second, func() bool {
 			got := map[string]string{}
 			for _, row := range hx.Stat(t) {
 				if row["pxname"] == "qwen" && row["status"] != "MAINT" && row["svname"] != "BACKEND" && row["svname"] != "FRONTEND" {
@@ -403,7 +412,7 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 			return false
 		})
 		// Wait until neither gateway sends it anything, then a moment more.
-		testutil.Eventually(t, "no request to the offline worker", 20*time.Second, func() bool {
+		testutil.Eventually(t, "no request to the offline worker", time.Minute, func() bool {
 			a := gwtest.SplitBy(t, haproxyURL, 20, gwHeader)
 			b := gwtest.SplitBy(t, nginxURL, 20, gwHeader)
 			return a[fw.Address] == 0 && b[fw.Address] == 0
@@ -429,7 +438,7 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 
 	t.Run("a coordinator that dies changes no gateway", func(t *testing.T) {
 		ws = c.workers(t)
-		splitsAs("the gateways on the fleet without the fast worker", ws)
+		splitsAs(t, "the gateways on the fleet without the fast worker", ws)
 		before := haproxyServers(t, hx)
 		file, err := os.ReadFile(nx.Upstream)
 		if err != nil {
@@ -455,14 +464,11 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 		// skewed split) takes a server out for a moment: HAProxy's doing,
 		// not heft's, so a later cycle may show it.
 		hxWant, hxN := wantSplit(ws, render.HAProxyMaxWeight)
-		var got map[string]int
 		testutil.Eventually(t, "HAProxy with the coordinator gone to split by the weights it had, within one request each", time.Minute, func() bool {
-			got = gwtest.SplitBy(t, haproxyURL, hxN, gwHeader)
-			for addr, w := range hxWant {
-				if d := got[addr] - w; d < -1 || d > 1 || len(got) != len(hxWant) {
-					t.Logf("split %v, want %v", got, hxWant)
-					return false
-				}
+			got := gwtest.SplitBy(t, haproxyURL, hxN, gwHeader)
+			if !withinOne(got, hxWant) {
+				t.Logf("split %v, want %v", got, hxWant)
+				return false
 			}
 			return true
 		})
@@ -473,6 +479,20 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 			t.Errorf("%v apply failures while the coordinator was gone", fails)
 		}
 	})
+}
+
+// withinOne says whether a split of requests reached the same addresses
+// as want, each within one request of its count there.
+func withinOne(got, want map[string]int) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for addr, n := range want {
+		if d := got[addr] - n; d < -1 || d > 1 {
+			return false
+		}
+	}
+	return true
 }
 
 // haproxyServers is each server of backend qwen as HAProxy's runtime API
