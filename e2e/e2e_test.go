@@ -312,16 +312,24 @@ func runAgentConfig(t *testing.T, text string) *agent {
 	return a
 }
 
+// stop cancels the agent and waits for it to exit. The wait is a
+// deadline, not a speed: under test-under-load an agent once took past
+// 15 s (its link's close handshake and the server's shutdown each have
+// bounded waits that a starved machine stretches); a slow stop is logged.
 func (a *agent) stop(t *testing.T) {
 	a.cancel()
+	start := time.Now()
 	select {
 	case code := <-a.done:
 		if code != 0 {
 			t.Errorf("agent exited %d:\n%s", code, a.out.String())
 		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Logf("the agent took %s to stop", took.Round(time.Millisecond))
+		}
 		a.done <- code // stop may be called again
-	case <-time.After(15 * time.Second):
-		t.Errorf("agent did not stop:\n%s", a.out.String())
+	case <-time.After(time.Minute):
+		t.Errorf("agent did not stop within a minute:\n%s", a.out.String())
 	}
 }
 

@@ -99,7 +99,7 @@ func TestPrometheusAlerts(t *testing.T) {
 	})
 	p := promAPI{t: t, base: "http://" + promAddr}
 
-	testutil.Eventually(t, "Prometheus scraping all four targets", 30*time.Second, func() bool {
+	testutil.Eventually(t, "Prometheus scraping all four targets", time.Minute, func() bool {
 		return p.upTargets() == 4
 	})
 	if a := p.firing("HeftSyncDown", "HeftModelCapacityLow", "HeftModelNoServingWorker"); len(a) > 0 {
@@ -107,12 +107,12 @@ func TestPrometheusAlerts(t *testing.T) {
 	}
 
 	stopHeftSync()
-	testutil.Eventually(t, "HeftSyncDown firing", 30*time.Second, func() bool {
+	testutil.Eventually(t, "HeftSyncDown firing", time.Minute, func() bool {
 		return len(p.firing("HeftSyncDown")) == 1
 	})
 
 	agents[1].stop(t)
-	testutil.Eventually(t, "HeftModelCapacityLow firing for "+model, 30*time.Second, func() bool {
+	testutil.Eventually(t, "HeftModelCapacityLow firing for "+model, time.Minute, func() bool {
 		for _, a := range p.firing("HeftModelCapacityLow") {
 			if a["model"] == model {
 				return true
