@@ -11,13 +11,9 @@ import (
 	"heft/shared/wire"
 )
 
-// A worker that halves its speed while it serves at partial load keeps
-// delivering what it is offered, but its step time at the same batch size
-// doubles: after PaceReadings slow readings its weight counts half its
-// measurement (source "rescaled") and a re-measurement is asked for; when
-// its pace agrees again the measurement counts once more. A reference
-// learned at one batch size interpolates to another with the burst's point.
-func TestPaceRescales(t *testing.T) {
+// twoMeasuredWorkers is a fleet with workers a and b of model m on node
+// n, each measured at 2,000 tok/s and 8 ms per token with 16 running.
+func twoMeasuredWorkers(t *testing.T) (*harness, wire.Engine, wire.Engine) {
 	h := newHarness(t)
 	a, b := engine("a", "http://1:8000", "m"), engine("b", "http://2:8000", "m")
 	h.connectOnce("n")
@@ -25,9 +21,20 @@ func TestPaceRescales(t *testing.T) {
 	h.put("n", b)
 	for _, e := range []wire.Engine{a, b} {
 		m := measured(e.CapacityKey, 2000, h.clk.now())
-		m.DecodeTPSP50 = 125 // 8 ms per token with 16 running
+		m.DecodeTPSP50 = 125
 		h.result("n", m)
 	}
+	return h, a, b
+}
+
+// A worker that halves its speed while it serves at partial load keeps
+// delivering what it is offered, but its step time at the same batch size
+// doubles: after PaceReadings slow readings its weight counts half its
+// measurement (source "rescaled") and a re-measurement is asked for; when
+// its pace agrees again the measurement counts once more. A reference
+// learned at one batch size interpolates to another with the burst's point.
+func TestPaceRescales(t *testing.T) {
+	h, a, _ := twoMeasuredWorkers(t)
 	// Step time 6.58 ms + 0.0889 ms per running request (heft-sim's fast
 	// worker: 150 tok/s alone, 2,000 with 16).
 	step := func(batch float64) float64 { return 0.00658 + 0.0000889*batch }
@@ -88,16 +95,7 @@ func TestPaceRescales(t *testing.T) {
 // damaged stored reference is ignored and learned again; the worker
 // itself is restored.
 func TestPaceSurvivesRestart(t *testing.T) {
-	h := newHarness(t)
-	a, b := engine("a", "http://1:8000", "m"), engine("b", "http://2:8000", "m")
-	h.connectOnce("n")
-	h.put("n", a)
-	h.put("n", b)
-	for _, e := range []wire.Engine{a, b} {
-		m := measured(e.CapacityKey, 2000, h.clk.now())
-		m.DecodeTPSP50 = 125 // 8 ms per token with 16 running
-		h.result("n", m)
-	}
+	h, a, b := twoMeasuredWorkers(t)
 	for i := range 2 { // twice as slow as measured, at the burst's batch
 		a.Pace = &wire.Pace{At: h.clk.now().Add(time.Duration(i+1) * 5 * time.Second), WindowSeconds: 5, SecondsPerToken: 0.016, Batch: 16}
 		h.put("n", a)
