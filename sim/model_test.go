@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -155,4 +156,41 @@ func TestRoundRobinDealing(t *testing.T) {
 			t.Errorf("engine %s generated %v tokens, want %v", engine, got, want*4)
 		}
 	}
+}
+
+// A rank whose loop first runs after some of a burst is already in (a busy
+// machine starts goroutines late) still starts the burst in one step: the
+// first step of a run always waits for arrivals at its instant.
+func TestRankStartsLateWithTheWholeBurst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg, err := Config{SingleTPS: 200, Batch16TPS: 1600}.normalize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := newRank(0, cfg.KVTokens[0], cfg.rankSetup(time.Now()))
+		const n, tokens = 8, 10
+		seqs := make([]*seq, n)
+		for i := range seqs {
+			seqs[i] = &seq{id: uint64(i), prompt: 10, reserve: 10 + tokens, target: tokens, finish: "length",
+				wake: make(chan struct{}, 1), done: make(chan struct{})}
+		}
+		for _, s := range seqs[:n/2] {
+			r.submit(s)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		stopped := make(chan struct{})
+		go func() { r.loop(ctx); close(stopped) }()
+		synctest.Wait() // the loop has seen the first half
+		for _, s := range seqs[n/2:] {
+			r.submit(s)
+		}
+		for _, s := range seqs {
+			<-s.done
+		}
+		cancel()
+		<-stopped
+		if v := r.view(); v.stats.steps != tokens || v.stats.busySlots != n*tokens {
+			t.Errorf("%d steps carrying %d sequence-steps; want %d steps of all %d", v.stats.steps, v.stats.busySlots, tokens, n)
+		}
+	})
 }

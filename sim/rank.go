@@ -273,6 +273,10 @@ func (r *rank) loop(ctx context.Context) {
 	defer timer.Stop()
 	var next time.Time
 	var st step
+	// starting: the rank has been idle (or has just started) and its next
+	// step is the first of a run. It holds even when requests came in
+	// before this goroutine first ran, which a busy machine makes likely.
+	starting := true
 	for {
 		r.mu.Lock()
 		if len(r.running) == 0 {
@@ -283,6 +287,12 @@ func (r *rank) loop(ctx context.Context) {
 				return
 			case <-r.kick:
 			}
+			starting = true
+			continue
+		}
+		if starting {
+			r.mu.Unlock()
+			starting = false
 			next = time.Now()
 			// Requests sent together arrive a moment apart: wait a
 			// nanosecond, which costs nothing (the step's deadline still
