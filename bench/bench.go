@@ -73,6 +73,9 @@ type Options struct {
 	// RoutingCell is how long arrivals last in each of area 9's cells;
 	// 0 = 30s (3s in quick mode).
 	RoutingCell time.Duration
+	// ChangeCases are area 11's cases to run, by short name (slows,
+	// restart, throttle, joins); empty = all.
+	ChangeCases []string
 	// Progress receives one line per step; nil = silent.
 	Progress io.Writer
 	// Out receives each area's section as soon as it is done; nil = none.
@@ -92,7 +95,9 @@ type env struct {
 	// throttle and the agents' passive window (0: the default).
 	slowFast      sim.Slow
 	fastListen    string // the fast sim's fixed address, so a restart keeps it ("" = any)
+	joinListen    string // the joiner's address, known to the oracle's config before it joins ("" = no joiner)
 	passiveWindow time.Duration
+	fastNVML      *standinNVML // the fast worker's agent reads its GPU here (nil: no GPU)
 
 	fidelityOnce sync.Once
 	fidelity     []workerRuns // area 1's probes, reused by area 3
@@ -119,6 +124,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 		if !slices.Contains(AllAreas, a) {
 			return nil, fmt.Errorf("bench: unknown area %d (areas are 1 to %d)", a, len(AllAreas))
 		}
+	}
+	if _, err := selectCases(opts.ChangeCases); err != nil {
+		return nil, err
 	}
 	if opts.Bin == "" {
 		return nil, errors.New("bench: no binaries folder (Options.Bin)")

@@ -23,21 +23,49 @@ import (
 // Area 11: a worker's capacity changes while the fleet serves area 9's
 // fleet under Poisson load of 60 % of its full-load capacity, half through
 // HAProxy and half through nginx, both routing by heft's weights
-// (leastconn). Three cases: the fast worker halves its speed mid-run
+// (leastconn). Four cases: the fast worker halves its speed mid-run
 // (heft-sim --slow-at, same arguments, no restart); it is restarted at half
 // speed with the same arguments and port (HEFT_SIM_SLOW_FACTOR, which its
-// command line does not show); a new worker joins. The bench reads the
+// command line does not show); it halves its speed as its GPU reports
+// thermal throttling (a stand-in libnvidia-ml that its agent loads,
+// standin.go); a new worker joins. The bench reads the
 // worker's weight share at each gateway every half second and times how
 // long after the change it first comes within 5 % of its true share.
 
 // Cases of area 11.
 const (
-	caseSlows   = "halves its speed mid-run"
-	caseRestart = "restarted at half speed, same arguments"
-	caseJoins   = "a new worker joins"
+	caseSlows    = "halves its speed mid-run"
+	caseRestart  = "restarted at half speed, same arguments"
+	caseThrottle = "its GPU throttles to half speed"
+	caseJoins    = "a new worker joins"
 )
 
-var changeCases = []string{caseSlows, caseRestart, caseJoins}
+var changeCases = []string{caseSlows, caseRestart, caseThrottle, caseJoins}
+
+// changeCaseNames are the cases' short names, for Options.ChangeCases.
+var changeCaseNames = map[string]string{"slows": caseSlows, "restart": caseRestart, "throttle": caseThrottle, "joins": caseJoins}
+
+// selectCases maps short names to cases, in changeCases' order; none =
+// all.
+func selectCases(names []string) ([]string, error) {
+	if len(names) == 0 {
+		return changeCases, nil
+	}
+	for _, n := range names {
+		if _, ok := changeCaseNames[n]; !ok {
+			return nil, fmt.Errorf("bench: unknown area 11 case %q (cases: slows, restart, throttle, joins)", n)
+		}
+	}
+	var out []string
+	for _, c := range changeCases {
+		for _, n := range names {
+			if changeCaseNames[n] == c && !slices.Contains(out, c) {
+				out = append(out, c)
+			}
+		}
+	}
+	return out, nil
+}
 
 // joiner is the worker that joins in caseJoins: a second mid.
 var joiner = Calibration{Name: "joiner", Flavor: sim.FlavorSGLang, SingleTPS: 80, Batch16TPS: 900, MaxRunning: 16}
@@ -61,20 +89,16 @@ func (e *env) changesPlanFor() changesPlan {
 	if e.opts.Quick {
 		p.SlowAt, p.After, p.Window, p.Seeds, p.Tokens = 60*time.Second, 40*time.Second, 5*time.Second, 1, e.tokens
 	}
+	if cases, err := selectCases(e.opts.ChangeCases); err == nil {
+		p.Cases = cases // Run has refused unknown names
+	}
 	return p
 }
 
-// estimate counts each speed case twice: with heft's weights and with
-// the true capacities.
+// estimate counts each case twice: with heft's weights and with the true
+// capacities.
 func (p changesPlan) estimate() time.Duration {
-	runs := 0
-	for _, c := range p.Cases {
-		runs += 2
-		if c == caseJoins {
-			runs--
-		}
-	}
-	return time.Duration(p.Seeds*runs) * (p.SlowAt + p.After + 20*time.Second)
+	return time.Duration(p.Seeds*2*len(p.Cases)) * (p.SlowAt + p.After + 20*time.Second)
 }
 
 // changesPolicies are leastconn with heft's weights and with the true
@@ -111,6 +135,21 @@ func trueShares(factor float64) (before, after float64) {
 	return fast / total, (fast / factor) / (total - fast + fast/factor)
 }
 
+// trueCaps are the full-load capacities the oracle routes by after the
+// change in case c: the serving workers', the fast one slower, or the
+// joiner's appended.
+func (p changesPlan) trueCaps(c string) []float64 {
+	caps := make([]float64, len(routeServing))
+	for i, w := range routeServing {
+		caps[i] = w.FullCapacity(16)
+	}
+	if c == caseJoins {
+		return append(caps, joiner.FullCapacity(16))
+	}
+	caps[routeFast] /= p.Factor
+	return caps
+}
+
 // trueShare is the share the changing worker should end at in case c.
 func (p changesPlan) trueShare(c string) float64 {
 	if c == caseJoins {
@@ -131,19 +170,21 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"and pace window %s (probe.passive_window), probe.busy = wait. Cases: the fast worker's heft-sim halves its speed "+
 			"(--slow-at, --slow-factor %s: same arguments, no restart), its true share of the fleet's full-load capacity going "+
 			"from %s to %s; the fast worker is stopped and started again on the same port with the same arguments at half speed "+
-			"(HEFT_SIM_SLOW_FACTOR, not on its command line), the same true shares; a new worker (%s) and its agent join, true "+
+			"(HEFT_SIM_SLOW_FACTOR, not on its command line), the same true shares; the fast worker halves its speed as its GPU, "+
+			"read by its agent through a stand-in libnvidia-ml (bench/nvml/standin.c, loaded by the agent's own NVML binding), "+
+			"reports hw_thermal_slowdown and its SM clock falls from 1980 to %d MHz, the same true shares; a new worker (%s) and its agent join, true "+
 			"share %s. \"converged\": seconds from the change until the worker's weight share at the gateway (HAProxy `show stat` "+
 			"weights, nginx's upstream file) is first within %s %% of its true share. The oracle is each worker's full-load "+
 			"capacity (Calibration.FullCapacity), not what a probe sees.",
 			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, ftoa(plan.Factor),
-			shareText(before), shareText(after), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
+			shareText(before), shareText(after), int(standinMaxSM/plan.Factor), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
 		Table: Table{Columns: []string{"case", "routing", "gateway", "seed", "share at change", "converged", "share at end", "true share",
 			"requests", "failed", "p95", "p95 vs true capacities"}},
 	}
 	for _, c := range plan.Cases {
 		for seed := range plan.Seeds {
 			rows, notes, err := e.changesRun(ctx, plan, c, seed, false)
-			if err == nil && c != caseJoins {
+			if err == nil {
 				var orows []changeRow
 				orows, _, err = e.changesRun(ctx, plan, c, seed, true)
 				rows = append(rows, orows...)
@@ -179,8 +220,8 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 	}
 	s.Notes = append(s.Notes, "\"true capacities\" rows: the same case and seed loaded through leastconn with the workers' true "+
 		"capacities as weights, set anew at the change (HAProxy `set weight`, nginx reloaded); their share columns are heft's, "+
-		"which still runs beside them. Not built: GPU clock throttling through a stand-in NVML, and a true-capacity run of the "+
-		"joining case.")
+		"which still runs beside them; in the joining case the joiner's server waits disabled in HAProxy's true-capacity backend "+
+		"and is enabled with its weight when it joins, and nginx's true-capacity upstream gains it by a reload.")
 	return s
 }
 
@@ -194,14 +235,29 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	switch c {
 	case caseSlows:
 		e.slowFast = sim.Slow{At: plan.SlowAt, Factor: plan.Factor}
+	case caseThrottle:
+		e.slowFast = sim.Slow{At: plan.SlowAt, Factor: plan.Factor}
+		nv, err := buildStandinNVML(ctx, filepath.Join(e.work, "nvml"), "GPU-b0a7d1e5-0000-4000-8000-00000000fa57")
+		if err != nil {
+			return nil, nil, err
+		}
+		e.fastNVML = nv
 	case caseRestart:
 		port, err := freePort()
 		if err != nil {
 			return nil, nil, err
 		}
 		e.fastListen = "127.0.0.1:" + strconv.Itoa(port)
+	case caseJoins:
+		port, err := freePort()
+		if err != nil {
+			return nil, nil, err
+		}
+		e.joinListen = "127.0.0.1:" + strconv.Itoa(port)
 	}
-	defer func() { e.slowFast, e.passiveWindow, e.fastListen = sim.Slow{}, 0, "" }()
+	defer func() {
+		e.slowFast, e.passiveWindow, e.fastListen, e.joinListen, e.fastNVML = sim.Slow{}, 0, "", "", nil
+	}()
 	pols, load := changesPolicies("lc_heft"), changesPolicies("lc_heft")
 	if oracle {
 		load = changesPolicies("lc_oracle")
@@ -241,12 +297,15 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 			return
 		case <-time.After(time.Until(slowAt)):
 		}
-		if oracle && c != caseJoins {
-			defer func() { f.setTrueCaps(ctx, plan.Factor) }()
+		if oracle {
+			defer func() { f.setTrueCaps(ctx, plan.trueCaps(c)) }()
 		}
 		switch c {
 		case caseRestart:
 			changed <- f.restartFast(plan.Factor)
+		case caseThrottle:
+			changed <- f.e.fastNVML.set(gpuState{pids: []int{f.sims[routeFast].Pid()}, reasons: nvmlReasonHWThermalSlowdown,
+				smMHz: int(standinMaxSM / plan.Factor), tempC: 91})
 		case caseJoins:
 			sp, err := f.join(joiner)
 			if err == nil {
@@ -289,18 +348,23 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	return rows, notes, ctx.Err()
 }
 
-// setTrueCaps sets the oracle's weights at both gateways to the serving
-// workers' true capacities with the fast one factor times slower.
-func (f *routingFleet) setTrueCaps(ctx context.Context, factor float64) {
-	caps := make([]float64, len(routeServing))
-	for i, c := range routeServing {
-		caps[i] = c.FullCapacity(16)
-	}
-	caps[routeFast] /= factor
+// setTrueCaps sets the oracle's weights at both gateways to caps: the
+// serving workers' true capacities, and the joiner's after them once it
+// has joined, whose HAProxy server is then enabled.
+func (f *routingFleet) setTrueCaps(ctx context.Context, caps []float64) {
 	f.trueCaps = caps
 	for i, w := range f.oracleWeights(haproxyWeights) {
-		if err := haproxyCommand(ctx, f.socket, fmt.Sprintf("set weight lc_oracle/%s %d", routeServing[i].Name, w)); err != nil {
+		name := joiner.Name
+		if i < len(routeServing) {
+			name = routeServing[i].Name
+		}
+		if err := haproxyCommand(ctx, f.socket, fmt.Sprintf("set weight lc_oracle/%s %d", name, w)); err != nil {
 			f.e.logf("changes: HAProxy set weight: %v", err)
+		}
+		if i >= len(routeServing) {
+			if err := haproxyCommand(ctx, f.socket, "enable server lc_oracle/"+name); err != nil {
+				f.e.logf("changes: HAProxy enable server: %v", err)
+			}
 		}
 	}
 	conf := filepath.Join(f.nginxDir, "nginx.conf")
@@ -312,7 +376,7 @@ func (f *routingFleet) setTrueCaps(ctx context.Context, factor float64) {
 	if out, err := exec.CommandContext(ctx, reload[0], reload[1:]...).CombinedOutput(); err != nil {
 		f.e.logf("changes: nginx reload: %v: %s", err, out)
 	}
-	f.e.logf("changes: true-capacity weights set for the fast worker at 1/%s speed", ftoa(factor))
+	f.e.logf("changes: true-capacity weights set: %v tok/s", caps)
 }
 
 // haproxyCommand sends one command to HAProxy's admin socket; an answer
@@ -356,7 +420,11 @@ func (f *routingFleet) restartFast(factor float64) error {
 
 // join starts a new sim and its agent beside the running fleet.
 func (f *routingFleet) join(c Calibration) (*simProc, error) {
-	sp, err := f.e.startSimProc(f.dir, c.Name, c, 0)
+	listen := f.e.joinListen
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	sp, err := f.e.startSimProcAt(f.dir, c.Name, c, 0, listen, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,8 @@ package bench
 import (
 	"math"
 	"os"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -45,6 +47,46 @@ func TestChangesShort(t *testing.T) {
 		if got := odds(r.Final) / odds(r.Before); r.Before <= 0 || math.Abs(got*plan.Factor-1) > 0.15 {
 			t.Errorf("%s: the fast worker's share went from %.3f to %.3f: its odds changed %.2f times, want 1/%v within 15 %%",
 				r.Gateway, r.Before, r.Final, got, plan.Factor)
+		}
+	}
+}
+
+func TestSelectCases(t *testing.T) {
+	all, err := selectCases(nil)
+	if err != nil || !slices.Equal(all, changeCases) {
+		t.Errorf("no names: %v, %v; want every case", all, err)
+	}
+	got, err := selectCases([]string{"joins", "throttle", "joins"})
+	if err != nil || !slices.Equal(got, []string{caseThrottle, caseJoins}) {
+		t.Errorf("joins, throttle, joins: %v, %v; want throttle then joins, once each", got, err)
+	}
+	if _, err := selectCases([]string{"slow"}); err == nil || !strings.Contains(err.Error(), `"slow"`) {
+		t.Errorf("an unknown name: %v, want it named", err)
+	}
+	if _, err := Run(t.Context(), Options{Areas: []int{AreaChanges}, ChangeCases: []string{"nope"}, Bin: t.TempDir()}); err == nil {
+		t.Error("Run took an unknown case")
+	}
+}
+
+// The oracle of each case routes by full-load capacities after the
+// change: the fast worker at 1/factor, or the joiner added at its own.
+func TestChangesTrueCaps(t *testing.T) {
+	p := changesPlan{Factor: 2}
+	for _, c := range changeCases {
+		caps := p.trueCaps(c)
+		total := 0.0
+		for _, x := range caps {
+			total += x
+		}
+		changed := caps[routeFast]
+		if c == caseJoins {
+			if len(caps) != len(routeServing)+1 {
+				t.Fatalf("%s: %d capacities, want the joiner's appended", c, len(caps))
+			}
+			changed = caps[len(caps)-1]
+		}
+		if share := changed / total; math.Abs(share-p.trueShare(c)) > 1e-12 {
+			t.Errorf("%s: the capacities give the changing worker %.4f of the fleet, its true share is %.4f", c, share, p.trueShare(c))
 		}
 	}
 }

@@ -183,7 +183,8 @@ func ftoa(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
 
 // startAgent starts heft-agent run for one engine; prefill false turns
 // the prefill burst off (area 4 times the decode probe alone).
-func (e *env) startAgent(dir, node string, co *coordinator, kind string, s *simProc, prefill bool) (*child, error) {
+// env is added to the agent's environment.
+func (e *env) startAgent(dir, node string, co *coordinator, kind string, s *simProc, prefill bool, env ...string) (*child, error) {
 	bin, err := binPath(e.bin, "heft-agent")
 	if err != nil {
 		return nil, err
@@ -202,7 +203,7 @@ func (e *env) startAgent(dir, node string, co *coordinator, kind string, s *simP
 	if err := os.WriteFile(cfgPath, []byte(b.String()), 0o600); err != nil {
 		return nil, err
 	}
-	return startChild(dir, node+"-agent", bin, []string{"run", "--config", cfgPath}, childIO{})
+	return startChild(dir, node+"-agent", bin, []string{"run", "--config", cfgPath}, childIO{Env: env})
 }
 
 // samePort reports whether two URLs name the same loopback port, however

@@ -58,7 +58,8 @@ type routingFleet struct {
 	nginxPolicies []policy
 	nginxPorts    map[string]int
 	// trueCaps replaces the serving workers' true capacities in the
-	// oracle's weights (area 11 changes them mid-run); nil: FullCapacity.
+	// oracle's weights (area 11 changes them mid-run, and appends the
+	// joiner's once it joins); nil: FullCapacity.
 	trueCaps []float64
 	heftFile string            // the nginx upstream file heft-sync writes
 	fronts   map[string]string // gateway + "/" + key → frontend base URL
@@ -134,7 +135,14 @@ func (e *env) startRoutingFleet(ctx context.Context, plan routingPlan) (_ *routi
 		f.procs = append(f.procs, sp.child)
 	}
 	for i, c := range routingWorkers {
-		ag, err := e.startAgent(f.dir, "route-"+c.Name, f.co, c.Flavor, f.sims[i], false) // the routing cells use the decode weight
+		var env []string
+		if i == routeFast && e.fastNVML != nil {
+			if err := e.fastNVML.set(gpuState{pids: []int{f.sims[i].Pid()}, smMHz: standinMaxSM, tempC: 61}); err != nil {
+				return nil, err
+			}
+			env = e.fastNVML.env()
+		}
+		ag, err := e.startAgent(f.dir, "route-"+c.Name, f.co, c.Flavor, f.sims[i], false, env...) // the routing cells use the decode weight
 		if err != nil {
 			return nil, err
 		}
@@ -308,6 +316,10 @@ defaults
 			}
 			b.WriteString("\n")
 		}
+		if p.Weights == weightsOracle && f.e.joinListen != "" {
+			// Area 11's joiner, enabled with its true capacity when it joins.
+			fmt.Fprintf(&b, "    server %s %s weight 1 disabled\n", joiner.Name, f.e.joinListen)
+		}
 	}
 	return b.String()
 }
@@ -367,6 +379,9 @@ func (f *routingFleet) nginxHTTP(policies []policy, ports map[string]int) string
 					fmt.Fprintf(&b, " weight=%d", oracle[i])
 				}
 				b.WriteString(";\n")
+			}
+			if p.Weights == weightsOracle && len(oracle) > len(routeServing) {
+				fmt.Fprintf(&b, "        server %s weight=%d;\n", f.e.joinListen, oracle[len(routeServing)])
 			}
 			b.WriteString("        keepalive 32;\n    }\n")
 		}

@@ -40,6 +40,12 @@ func nvmlHeaderDir(t *testing.T) string {
 // gcc compiles testdata/nvml/<src> against nvml.h with extra flags into out.
 func gcc(t *testing.T, out, src string, flags ...string) {
 	t.Helper()
+	gccFile(t, out, testutil.Testdata(t, "nvml", src), flags...)
+}
+
+// gccFile compiles the C file at src against nvml.h with extra flags into out.
+func gccFile(t *testing.T, out, src string, flags ...string) {
+	t.Helper()
 	cc, err := exec.LookPath("gcc")
 	if err != nil {
 		if os.Getenv("CI") != "" {
@@ -47,8 +53,7 @@ func gcc(t *testing.T, out, src string, flags ...string) {
 		}
 		t.Skip("gcc not installed")
 	}
-	args := append([]string{"-Wall", "-Werror", "-DNVML_NO_UNVERSIONED_FUNC_DEFS=1", "-I", nvmlHeaderDir(t), "-o", out,
-		testutil.Testdata(t, "nvml", src)}, flags...)
+	args := append([]string{"-Wall", "-Werror", "-DNVML_NO_UNVERSIONED_FUNC_DEFS=1", "-I", nvmlHeaderDir(t), "-o", out, src}, flags...)
 	if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
 		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, b)
 	}
@@ -297,5 +302,46 @@ func TestNVMLReturnErrors(t *testing.T) {
 	}
 	if got := nvmlReturn(4242).Error(); got != "nvml: error 4242" {
 		t.Errorf("unknown code = %q", got)
+	}
+}
+
+// The bench's stand-in libnvidia-ml (bench/nvml/standin.c) is read by this
+// binding as the bench's area 11 expects: its GPU's throttle, clock and
+// processes are what its state file says at each query. The library reads
+// the file's path from its environment, which only a new process sets for
+// C code, so the test runs itself again with it set.
+func TestBenchStandinNVML(t *testing.T) {
+	lib, state := os.Getenv("HEFT_TEST_STANDIN_LIB"), os.Getenv("HEFT_STANDIN_NVML_STATE")
+	if lib == "" {
+		dir := t.TempDir()
+		lib = filepath.Join(dir, libraryName)
+		gccFile(t, lib, filepath.Join(testutil.RepoRoot(t), "bench", "nvml", "standin.c"), "-shared", "-fPIC")
+		cmd := exec.Command(os.Args[0], "-test.run=^TestBenchStandinNVML$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "HEFT_TEST_STANDIN_LIB="+lib, "HEFT_STANDIN_NVML_STATE="+filepath.Join(dir, "state"))
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestBenchStandinNVML") {
+			t.Fatalf("the test with the stand-in loaded: %v\n%s", err, out)
+		}
+		return
+	}
+	s := openFake(t, lib)
+	if g := devices(t, s); len(g) != 1 || g[0].SMClockMHz != 1980 || g[0].ClockEventReasons != nil || g[0].Processes != nil {
+		t.Errorf("with no state file: %+v, want one GPU at 1980 MHz, no reasons, no processes", g)
+	}
+	write := func(text string) {
+		if err := os.WriteFile(state, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("uuid GPU-bench\npids 4242\nreasons 0x0\nsm_clock 1980\ntemp 61\n")
+	g := devices(t, s)[0]
+	if g.UUID != "GPU-bench" || g.SMClockMHz != 1980 || g.ClockEventReasons != nil || len(g.Processes) != 1 ||
+		g.Processes[0].PID != 4242 || g.Processes[0].UsedMemory != 10<<30 || g.MemoryUsed != 10<<30 {
+		t.Errorf("before the throttle: %+v", g)
+	}
+	write("uuid GPU-bench\npids 4242\nreasons 0x40\nsm_clock 990\ntemp 91\n")
+	g = devices(t, s)[0]
+	if g.SMClockMHz != 990 || g.TemperatureC != 91 || !reflect.DeepEqual(g.ClockEventReasons, []string{"hw_thermal_slowdown"}) {
+		t.Errorf("throttled: SM %d MHz, %v C, reasons %v; want 990, 91, hw_thermal_slowdown", g.SMClockMHz, g.TemperatureC, g.ClockEventReasons)
 	}
 }

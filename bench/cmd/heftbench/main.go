@@ -3,7 +3,7 @@
 // them all to a file. See bench/README.md.
 //
 //	heftbench [--quick] [--areas 1,2,5] [--bin DIR] [--out FILE] [--runs N] [--agents 1000,5000,10000]
-//	          [--routing-seeds N] [--routing-cell 30s]
+//	          [--routing-seeds N] [--routing-cell 30s] [--cases slows,restart,throttle,joins]
 //
 // Without --bin it builds the binaries it needs into a temporary folder.
 // `heftbench follow-log` is the child process of area 6's log benchmark.
@@ -51,6 +51,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	window := fs.Duration("agent-window", 0, "area 6: how long the agent is sampled (default 60s; quick 3s)")
 	routingSeeds := fs.Int("routing-seeds", 0, "area 9: arrival schedules per load (default 2; quick 1)")
 	routingCell := fs.Duration("routing-cell", 0, "area 9: how long arrivals last in each cell (default 30s; quick 3s)")
+	cases := fs.String("cases", "", "area 11: comma-separated cases to run: slows, restart, throttle, joins (default all)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -63,6 +64,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	opts := bench.Options{Quick: *quick, Runs: *runs, Bin: *bin, LogBytes: *logMB * 1_000_000, AgentWindow: *window,
 		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, Progress: stderr, Out: stdout}
+	if *cases != "" {
+		opts.ChangeCases = strings.Split(*cases, ",")
+	}
 	var err error
 	if opts.Areas, err = ints(*areas); err != nil {
 		fmt.Fprintf(stderr, "heftbench: --areas: %v\n", err)
