@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -50,7 +51,8 @@ backend qwen
     balance roundrobin
     http-response set-header X-Heft-Backend %si:%sp
     option httpchk GET /health
-    default-server check inter 1s fall 2 rise 2
+    timeout check 5s
+    default-server check inter 1s fall 3 rise 2
     server-template heft 1-6 127.0.0.1:9 disabled
 `
 	gwNginx = `    include {{upstream_file}};
@@ -280,22 +282,29 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 	hs := startHeftSync(t, c.url(), hx, nx)
 	haproxyURL, nginxURL := "http://"+hx.Front+"/v1/models", "http://"+nx.Front+"/v1/models"
 
-	// splitsAs waits until a round of requests through each gateway goes to
-	// the serving workers as their weights in ws say, within one request
-	// each, on some round within a minute. Exact counts held on an idle
-	// machine, but under test-under-load this timed out at 20 s: a health
-	// check that times out on a starved machine takes a server out for a
-	// moment (HAProxy's doing, not heft's), and a round of roundrobin is
-	// exact only from the cycle's start.
+	// splitsAs waits until HAProxy carries exactly the weights in ws and a
+	// round of requests through each gateway goes to the serving workers
+	// as those weights say, on some round within two minutes: through nginx
+	// within one request each, through HAProxy within two. Exact counts
+	// held on an idle machine. Under test-under-load a round of roundrobin
+	// is exact only from the cycle's start (one request), a request
+	// redispatched on a loaded machine moves one more, and a health check
+	// that times out takes a server out for a moment (HAProxy's doing, not
+	// heft's; the checks wait 5 s here). The weights themselves are judged
+	// exactly, from HAProxy's own account.
 	splitsAs := func(t *testing.T, what string, ws []view.Worker) (map[string]int, map[string]int) {
 		t.Helper()
 		var hxGot, nxGot map[string]int
 		hxWant, hxN := wantSplit(ws, render.HAProxyMaxWeight)
 		nxWant, nxN := wantSplit(ws, render.NginxMaxWeight)
-		testutil.Eventually(t, what, time.Minute, func() bool {
+		testutil.Eventually(t, what, 2*time.Minute, func() bool {
+			if w := haproxyWeights(t, hx); !maps.Equal(w, hxWant) {
+				t.Logf("HAProxy weights %v, want %v\n%s", w, hxWant, haproxyServers(t, hx))
+				return false
+			}
 			hxGot = gwtest.SplitBy(t, haproxyURL, hxN, gwHeader)
 			nxGot = gwtest.SplitBy(t, nginxURL, nxN, gwHeader)
-			if withinOne(hxGot, hxWant) && withinOne(nxGot, nxWant) {
+			if within(hxGot, hxWant, 2) && within(nxGot, nxWant, 1) {
 				return true
 			}
 			t.Logf("HAProxy split %v, want %v; nginx split %v, want %v", hxGot, hxWant, nxGot, nxWant)
@@ -464,9 +473,9 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 		// skewed split) takes a server out for a moment: HAProxy's doing,
 		// not heft's, so a later cycle may show it.
 		hxWant, hxN := wantSplit(ws, render.HAProxyMaxWeight)
-		testutil.Eventually(t, "HAProxy with the coordinator gone to split by the weights it had, within one request each", time.Minute, func() bool {
+		testutil.Eventually(t, "HAProxy with the coordinator gone to split by the weights it had, within two requests each", 2*time.Minute, func() bool {
 			got := gwtest.SplitBy(t, haproxyURL, hxN, gwHeader)
-			if !withinOne(got, hxWant) {
+			if !within(got, hxWant, 2) {
 				t.Logf("split %v, want %v", got, hxWant)
 				return false
 			}
@@ -481,18 +490,48 @@ func TestGatewaysFollowTheFleet(t *testing.T) {
 	})
 }
 
-// withinOne says whether a split of requests reached the same addresses
-// as want, each within one request of its count there.
-func withinOne(got, want map[string]int) bool {
+// within says whether a split of requests reached the same addresses as
+// want, each within slack requests of its count there.
+func within(got, want map[string]int, slack int) bool {
 	if len(got) != len(want) {
 		return false
 	}
 	for addr, n := range want {
-		if d := got[addr] - n; d < -1 || d > 1 {
+		if d := got[addr] - n; d < -slack || d > slack {
 			return false
 		}
 	}
 	return true
+}
+
+// haproxyWeights is the weight of each server of backend qwen in service,
+// by address, as HAProxy's runtime API lists it. In service: no admin
+// state flag but CMAINT (0x04, "disabled" in the config, which the
+// template's slots carry from the start and heft-sync's "state ready"
+// does not clear).
+func haproxyWeights(t *testing.T, hx *gwtest.HAProxy) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, row := range strings.Split(haproxyServers(t, hx), "\n") {
+		f := map[string]string{}
+		for _, kv := range strings.Fields(row) {
+			k, v, _ := strings.Cut(kv, "=")
+			f[k] = v
+		}
+		state, err := strconv.Atoi(f["srv_admin_state"])
+		if err != nil {
+			t.Fatalf("show servers state qwen: admin state %q: %v", f["srv_admin_state"], err)
+		}
+		if state&^0x04 != 0 {
+			continue
+		}
+		w, err := strconv.Atoi(f["srv_uweight"])
+		if err != nil {
+			t.Fatalf("show servers state qwen: weight %q: %v", f["srv_uweight"], err)
+		}
+		out[net.JoinHostPort(f["srv_addr"], f["srv_port"])] = w
+	}
+	return out
 }
 
 // haproxyServers is each server of backend qwen as HAProxy's runtime API
