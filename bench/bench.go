@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -76,6 +77,9 @@ type Options struct {
 	// ChangeCases are area 11's cases to run, by short name (slows,
 	// restart, throttle, joins); empty = all.
 	ChangeCases []string
+	// ProbeBusy is area 11's agents' probe.busy: what a probe does with a
+	// busy engine (wait, drain, passive-only); "" = wait, the default.
+	ProbeBusy string
 	// Progress receives one line per step; nil = silent.
 	Progress io.Writer
 	// Out receives each area's section as soon as it is done; nil = none.
@@ -97,6 +101,7 @@ type env struct {
 	fastListen    string // the fast sim's fixed address, so a restart keeps it ("" = any)
 	joinListen    string // the joiner's address, known to the oracle's config before it joins ("" = no joiner)
 	passiveWindow time.Duration
+	probeBusy     string       // the agents' probe.busy ("": their default)
 	fastNVML      *standinNVML // the fast worker's agent reads its GPU here (nil: no GPU)
 
 	fidelityOnce sync.Once
@@ -127,6 +132,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	if _, err := selectCases(opts.ChangeCases); err != nil {
 		return nil, err
+	}
+	if opts.ProbeBusy != "" && !slices.Contains(probe.BusyModes, opts.ProbeBusy) {
+		return nil, fmt.Errorf("bench: unknown probe busy mode %q (modes: %s)", opts.ProbeBusy, strings.Join(probe.BusyModes, ", "))
 	}
 	if opts.Bin == "" {
 		return nil, errors.New("bench: no binaries folder (Options.Bin)")

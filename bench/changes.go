@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"heft/agent/probe"
 	"heft/bench/loadgen"
 	"heft/gateway/gwproc"
 	"heft/sim"
@@ -81,11 +83,13 @@ type changesPlan struct {
 	Tokens  int
 	Tolered float64 // relative distance from the true share that counts as converged
 	Cases   []string
+	// ProbeBusy is the agents' probe.busy: wait, drain or passive-only.
+	ProbeBusy string
 }
 
 func (e *env) changesPlanFor() changesPlan {
 	p := changesPlan{SlowAt: 4 * time.Minute, Factor: 2, After: 2 * time.Minute, Window: 30 * time.Second,
-		Seeds: 3, Load: 0.6, Tokens: 128, Tolered: 0.05, Cases: changeCases}
+		Seeds: 3, Load: 0.6, Tokens: 128, Tolered: 0.05, Cases: changeCases, ProbeBusy: cmp.Or(e.opts.ProbeBusy, probe.BusyWait)}
 	if e.opts.Quick {
 		p.SlowAt, p.After, p.Window, p.Seeds, p.Tokens = 60*time.Second, 40*time.Second, 5*time.Second, 1, e.tokens
 	}
@@ -124,7 +128,11 @@ type changeRow struct {
 	Final     float64 // its share at the end
 	True      float64 // its true share after the change
 	Res       loadgen.Result
-	Err       error
+	// MetProbe counts this gateway's requests that an engine served while
+	// it also served a request of heft's probes, as the sims counted them
+	// (sim.MeetingsPath); −1: not read.
+	MetProbe int64
+	Err      error
 }
 
 // trueShares are the fast worker's share of the serving fleet's
@@ -167,7 +175,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 		Intro: fmt.Sprintf("Area 9's fleet (%s) behind real HAProxy and nginx, heft-sync applying heft's weights (leastconn), "+
 			"the coordinator's probation off. Poisson load of %s of the fleet's full-load capacity, half through each gateway, "+
 			"%d output tokens, from when the fleet is up until %s after the change at %s after the sims start; agents' passive "+
-			"and pace window %s (probe.passive_window), probe.busy = wait. Cases: the fast worker's heft-sim halves its speed "+
+			"and pace window %s (probe.passive_window), probe.busy = %s. Cases: the fast worker's heft-sim halves its speed "+
 			"(--slow-at, --slow-factor %s: same arguments, no restart), its true share of the fleet's full-load capacity going "+
 			"from %s to %s; the fast worker is stopped and started again on the same port with the same arguments at half speed "+
 			"(HEFT_SIM_SLOW_FACTOR, not on its command line), the same true shares; the fast worker halves its speed as its GPU, "+
@@ -175,11 +183,13 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"reports hw_thermal_slowdown and its SM clock falls from 1980 to %d MHz, the same true shares; a new worker (%s) and its agent join, true "+
 			"share %s. \"converged\": seconds from the change until the worker's weight share at the gateway (HAProxy `show stat` "+
 			"weights, nginx's upstream file) is first within %s %% of its true share. The oracle is each worker's full-load "+
-			"capacity (Calibration.FullCapacity), not what a probe sees.",
-			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, ftoa(plan.Factor),
+			"capacity (Calibration.FullCapacity), not what a probe sees. \"met a probe\": the gateway's requests that an engine "+
+			"served while it also served a request of heft's probes, counted by the sims themselves (each load request "+
+			"carries the X-Heft-Load header, a probe's does not).",
+			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, plan.ProbeBusy, ftoa(plan.Factor),
 			shareText(before), shareText(after), int(standinMaxSM/plan.Factor), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
 		Table: Table{Columns: []string{"case", "routing", "gateway", "seed", "share at change", "converged", "share at end", "true share",
-			"requests", "failed", "p95", "p95 vs true capacities"}},
+			"requests", "failed", "p95", "p95 vs true capacities", "met a probe"}},
 	}
 	for _, c := range plan.Cases {
 		for seed := range plan.Seeds {
@@ -206,7 +216,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 					vs = fmt.Sprintf("%+.0f %%", 100*(r.Res.Latency.P95.Seconds()/o-1))
 				}
 				s.Table.Add(r.Case, routing, r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
-					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished)+errSuffix(r.Res.Errors), num(r.Res.Latency.P95.Seconds(), 2)+" s", vs)
+					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished)+errSuffix(r.Res.Errors), num(r.Res.Latency.P95.Seconds(), 2)+" s", vs, metText(r.MetProbe))
 				if r.Err != nil {
 					s.Notes = append(s.Notes, fmt.Sprintf("%s, %s seed %d: %v", r.Case, r.Gateway, r.Seed+1, r.Err))
 				}
@@ -227,11 +237,20 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 
 func shareText(x float64) string { return num(100*x, 1) + " %" }
 
+// metText is the "met a probe" cell: a count, or "unknown" when the sims
+// could not be read.
+func metText(n int64) string {
+	if n < 0 {
+		return "unknown"
+	}
+	return fmt.Sprint(n)
+}
+
 // changesRun starts the fleet set up for case c, loads it, makes the
 // change at SlowAt and follows the changing worker's share at both
 // gateways. Its notes list the measurements stored while the load ran.
 func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed int, oracle bool) ([]changeRow, []string, error) {
-	e.passiveWindow = plan.Window
+	e.passiveWindow, e.probeBusy = plan.Window, plan.ProbeBusy
 	switch c {
 	case caseSlows:
 		e.slowFast = sim.Slow{At: plan.SlowAt, Factor: plan.Factor}
@@ -256,7 +275,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 		e.joinListen = "127.0.0.1:" + strconv.Itoa(port)
 	}
 	defer func() {
-		e.slowFast, e.passiveWindow, e.fastListen, e.joinListen, e.fastNVML = sim.Slow{}, 0, "", "", nil
+		e.slowFast, e.passiveWindow, e.fastListen, e.joinListen, e.fastNVML, e.probeBusy = sim.Slow{}, 0, "", "", nil, ""
 	}()
 	pols, load := changesPolicies("lc_heft"), changesPolicies("lc_heft")
 	if oracle {
@@ -278,7 +297,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	for i, p := range pols {
 		rows[i] = changeRow{Case: c, Oracle: oracle, Gateway: p.Gateway, Seed: seed, Converged: math.NaN(), True: plan.trueShare(c)}
 		cfg := loadgen.Config{URL: f.frontURL(load[i]), Model: benchModel, Tokens: plan.Tokens, Drain: 20 * time.Second,
-			MaxInFlight: 1024, Seed: uint64(seed) + 1, Client: f.client,
+			MaxInFlight: 1024, Seed: uint64(seed) + 1, Client: f.client, Label: p.Gateway,
 			Rate: plan.Load / float64(len(pols)) * routingCapacity() / float64(plan.Tokens), Duration: time.Until(end)}
 		wg.Go(func() { rows[i].Res, rows[i].Err = loadgen.Run(ctx, cfg) })
 	}
@@ -342,6 +361,18 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	changeErr := <-changed
 	wg.Wait()
 	notes := []string{fmt.Sprintf("%s, seed %d: %s", c, seed+1, f.measuredDuring(ctx, loadStart))}
+	if met, probeReqs, err := f.meetings(ctx); err != nil {
+		notes = append(notes, fmt.Sprintf("%s, seed %d: requests that met a probe: unknown (%v)", c, seed+1, err))
+		for i := range rows {
+			rows[i].MetProbe = -1
+		}
+	} else {
+		for i, p := range pols {
+			rows[i].MetProbe = met[p.Gateway]
+		}
+		notes = append(notes, fmt.Sprintf("%s, seed %d: the sims served %d requests of heft's probes (load requests carry %s; %s counts the rest)",
+			c, seed+1, probeReqs, sim.LoadHeader, sim.MeetingsPath))
+	}
 	if changeErr != nil {
 		return rows, notes, changeErr
 	}
@@ -407,6 +438,11 @@ func haproxyCommand(ctx context.Context, socket, cmd string) error {
 // agent keeps running and sees the engine go and come back.
 func (f *routingFleet) restartFast(factor float64) error {
 	old := f.sims[routeFast]
+	if m, err := simMeetings(context.Background(), old.url); err == nil {
+		f.stoppedMeetings = append(f.stoppedMeetings, m)
+	} else {
+		f.e.logf("changes: the fast worker's meetings before its restart: %v", err)
+	}
 	old.child.Stop(10 * time.Second)
 	c := routingWorkers[routeFast]
 	sp, err := f.e.startSimProcAt(f.dir, c.Name, c, 0, f.e.fastListen, []string{"HEFT_SIM_SLOW_FACTOR=" + ftoa(factor)})
@@ -415,6 +451,7 @@ func (f *routingFleet) restartFast(factor float64) error {
 	}
 	f.e.logf("changes: fast worker restarted at 1/%s speed, same arguments, %s", ftoa(factor), sp.url)
 	f.late = append(f.late, sp.child)
+	f.lateSims = append(f.lateSims, sp)
 	return nil
 }
 
@@ -429,6 +466,7 @@ func (f *routingFleet) join(c Calibration) (*simProc, error) {
 		return nil, err
 	}
 	f.late = append(f.late, sp.child)
+	f.lateSims = append(f.lateSims, sp)
 	ag, err := f.e.startAgent(f.dir, "route-"+c.Name, f.co, c.Flavor, sp, false)
 	if err != nil {
 		return nil, err

@@ -66,6 +66,16 @@ func TestSelectCases(t *testing.T) {
 	if _, err := Run(t.Context(), Options{Areas: []int{AreaChanges}, ChangeCases: []string{"nope"}, Bin: t.TempDir()}); err == nil {
 		t.Error("Run took an unknown case")
 	}
+	if _, err := Run(t.Context(), Options{Areas: []int{AreaChanges}, ProbeBusy: "sometimes", Bin: t.TempDir()}); err == nil || !strings.Contains(err.Error(), `"sometimes"`) {
+		t.Errorf("an unknown probe busy mode: %v, want it named", err)
+	}
+	e := &env{opts: Options{ProbeBusy: "drain"}}
+	if p := e.changesPlanFor(); p.ProbeBusy != "drain" {
+		t.Errorf("plan's probe busy %q, want the option's drain", p.ProbeBusy)
+	}
+	if p := (&env{}).changesPlanFor(); p.ProbeBusy != "wait" {
+		t.Errorf("plan's probe busy %q, want the agents' default, wait", p.ProbeBusy)
+	}
 }
 
 // The oracle of each case routes by full-load capacities after the

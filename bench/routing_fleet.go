@@ -22,6 +22,7 @@ import (
 	"heft/gateway/gwproc"
 	"heft/gateway/scale"
 	"heft/shared/view"
+	"heft/sim"
 )
 
 // The weight ranges heft-sync scales into (HAProxy's runtime API takes
@@ -66,7 +67,11 @@ type routingFleet struct {
 	syncURL  string            // heft-sync's /metrics and /healthz
 	procs    []*child          // everything, in start order
 	late     []*child          // started while the fleet runs (area 11), stopped first
-	client   *http.Client
+	// lateSims are the sims started while the fleet runs (area 11), and
+	// stoppedMeetings what the sims stopped mid-run had counted (sim.MeetingsPath).
+	lateSims        []*simProc
+	stoppedMeetings []sim.Meetings
+	client          *http.Client
 
 	heftWeights []float64 // the coordinator's weights, in routingWorkers order
 	caps        string    // what heft says each worker runs at once, for the notes
@@ -677,4 +682,34 @@ func (f *routingFleet) heldRequests(ctx context.Context) (float64, error) {
 		return 0, errors.New("the held sim's metrics lack sglang:num_requests_total")
 	}
 	return n, nil
+}
+
+// meetings sums, per load label, what every sim of the fleet counted of
+// load requests that shared the engine with a request of heft's (sim.MeetingsPath),
+// those stopped mid-run included; other is how many such requests of
+// heft's the sims served.
+func (f *routingFleet) meetings(ctx context.Context) (met map[string]int64, other int64, err error) {
+	all := slices.Clone(f.stoppedMeetings)
+	for _, sp := range append(slices.Clone(f.sims), f.lateSims...) {
+		m, err := simMeetings(ctx, sp.url)
+		if err != nil {
+			return nil, 0, err
+		}
+		all = append(all, m)
+	}
+	met = map[string]int64{}
+	for _, m := range all {
+		other += m.Other
+		for label, c := range m.Load {
+			met[label] += c.MetOther
+		}
+	}
+	return met, other, nil
+}
+
+// simMeetings reads one heft-sim's meetings count.
+func simMeetings(ctx context.Context, url string) (sim.Meetings, error) {
+	var m sim.Meetings
+	_, err := getJSON(ctx, url, sim.MeetingsPath, &m)
+	return m, err
 }

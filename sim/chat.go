@@ -255,6 +255,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		done:    make(chan struct{}),
 	}
 	defer rk.abort(sq) // no-op once finished; frees the sequence otherwise
+	defer s.meet.begin(r.Header.Get(LoadHeader))()
 	rk.submit(sq)
 
 	id := fmt.Sprintf("chatcmpl-%016x", sq.id)

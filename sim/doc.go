@@ -76,4 +76,10 @@
 // prompts silently, serve every prompt as if cached, reject prompts
 // above a length with the flavour's context error, or print other pools
 // in the start-up log than the metrics serve.
+//
+// Meetings. A benchmark marks its load with the X-Heft-Load header
+// (LoadHeader, its value a label such as the gateway); GET
+// /heft-sim/meetings counts, per label, the load requests served and
+// those in flight together with a request that carried no mark — on a
+// benchmark's fleet, a heft probe's (meetings.go).
 package sim

@@ -34,6 +34,7 @@ type Server struct {
 	rr    atomic.Uint64 // round-robin dealer
 	chats atomic.Int64  // chat requests seen, for FailEvery
 	ids   atomic.Uint64
+	meet  meetings // load requests that shared the engine with another's
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -180,6 +181,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /health", s.handleHealth)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	mux.HandleFunc("GET "+MeetingsPath, s.handleMeetings)
 	switch s.cfg.Flavor {
 	case FlavorVLLM:
 		mux.HandleFunc("GET /metrics", s.handleVLLMMetrics)

@@ -24,6 +24,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"heft/sim"
 )
 
 // Config describes one run.
@@ -68,6 +70,10 @@ type Config struct {
 	// Idempotency-Key header. Off, such a request fails as
 	// "closed_kept_alive".
 	ResendClosed bool
+	// Label marks every request as this load's (heft-sim's LoadHeader),
+	// so a heft-sim behind the gateway can count the load requests that
+	// shared it with a probe's; "" sends no mark.
+	Label string
 }
 
 // Request is one request's record (Result.Requests, with KeepRequests).
@@ -365,6 +371,9 @@ func do(ctx context.Context, cfg Config, body []byte) (o outcome) {
 	req.Header.Set("Accept", "text/event-stream")
 	if cfg.ResendClosed {
 		req.Header.Set("Idempotency-Key", fmt.Sprintf("%x", rand.Uint64()))
+	}
+	if cfg.Label != "" {
+		req.Header.Set(sim.LoadHeader, cfg.Label)
 	}
 	// The trace tells a kept-alive connection that closed under the
 	// request before any answer from a failure of the request itself.

@@ -2,6 +2,7 @@ package loadgen
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -52,6 +53,31 @@ func TestSequentialAgainstSim(t *testing.T) {
 	}
 	if res.TokensPerSecond <= 0 || res.Elapsed <= 0 {
 		t.Fatalf("%+v", res)
+	}
+}
+
+// A labelled load marks its requests for heft-sim's meetings count:
+// every request under its label, none meeting another's when alone.
+func TestLabelMarksTheLoad(t *testing.T) {
+	s := startSim(t, sim.Config{Model: "fast", SingleTPS: 2000, Batch16TPS: 8000})
+	c := client(t)
+	if _, err := Run(context.Background(), Config{URL: s.URL(), Sequential: true, Requests: 3, Tokens: 8, Client: c, Label: "haproxy"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(context.Background(), Config{URL: s.URL(), Sequential: true, Requests: 2, Tokens: 8, Client: c}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Get(s.URL() + sim.MeetingsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m sim.Meetings
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Load["haproxy"]; got != (sim.LoadCount{Requests: 3}) || len(m.Load) != 1 || m.Other != 2 {
+		t.Errorf("meetings %+v: want 3 labelled requests that met nothing, and the 2 unlabelled as another's", m)
 	}
 }
 
