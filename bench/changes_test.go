@@ -38,10 +38,13 @@ func TestChangesShort(t *testing.T) {
 	}
 	_, want := trueShares(plan.Factor)
 	for _, r := range rows {
-		t.Logf("%s: share %.3f at the slowdown, %.3f at the end (true %.3f), converged after %v s; %d requests, %d failed, p95 %.2f s",
-			r.Gateway, r.Before, r.Final, want, r.Converged, r.Res.Sent, r.Res.Failed+r.Res.Unfinished, r.Res.Latency.P95.Seconds())
+		t.Logf("%s: share %.3f at the slowdown, %.3f at the end (true %.3f), converged after %v s; %d requests, %d failed, p95 %.2f s, %d met a probe",
+			r.Gateway, r.Before, r.Final, want, r.Converged, r.Res.Sent, r.Res.Failed+r.Res.Unfinished, r.Res.Latency.P95.Seconds(), r.MetProbe)
 		if r.Err != nil {
 			t.Errorf("%s: %v", r.Gateway, r.Err)
+		}
+		if r.MetProbe < 0 {
+			t.Errorf("%s: the sims' count of requests that met a probe could not be read", r.Gateway)
 		}
 		odds := func(x float64) float64 { return x / (1 - x) }
 		if got := odds(r.Final) / odds(r.Before); r.Before <= 0 || math.Abs(got*plan.Factor-1) > 0.15 {
