@@ -170,8 +170,12 @@ type routingResult struct {
 	Caps     string    // heft's max_running and max_concurrency per worker
 	Applied  []string  // the integer weights each gateway carries, for the notes
 	HeldSeen float64   // requests the held sim counted over the cells
-	Checks   *routingChecks
-	Notes    []string
+	// LoadSeen is how many load requests the sims counted under each
+	// gateway's label (sim.LoadHeader) over the cells; MetProbe how
+	// many of them shared their engine with a probe's request.
+	LoadSeen, MetProbe map[string]int64
+	Checks             *routingChecks
+	Notes              []string
 }
 
 // routingRun starts the fleet, runs the plan's cells and checks, and
@@ -218,6 +222,9 @@ func (e *env) routingRun(ctx context.Context, plan routingPlan) (*routingResult,
 		return r, err
 	}
 	r.HeldSeen = heldAfter - heldBefore
+	if r.LoadSeen, r.MetProbe, err = f.loadSeen(ctx); err != nil {
+		return r, err
+	}
 	if plan.Checks {
 		e.logf("routing: offline and coordinator-kill checks")
 		r.Checks = f.runChecks(ctx, capacity, plan)
@@ -233,7 +240,7 @@ func (f *routingFleet) runCell(ctx context.Context, p policy, load float64, seed
 		return c
 	}
 	cfg := loadgen.Config{URL: f.frontURL(p), Model: benchModel, Tokens: plan.Tokens, Drain: plan.Drain,
-		MaxInFlight: 1024, Seed: uint64(seed) + 1, Client: f.client}
+		MaxInFlight: 1024, Seed: uint64(seed) + 1, Client: f.client, Label: p.Gateway}
 	if load == 0 {
 		cfg.Sequential, cfg.Requests = true, plan.Quiet
 	} else {

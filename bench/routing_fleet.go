@@ -707,6 +707,23 @@ func (f *routingFleet) meetings(ctx context.Context) (met map[string]int64, othe
 	return met, other, nil
 }
 
+// loadSeen sums, per load label, the load requests every running sim
+// counted and those of them that met a probe's request.
+func (f *routingFleet) loadSeen(ctx context.Context) (seen, met map[string]int64, err error) {
+	seen, met = map[string]int64{}, map[string]int64{}
+	for _, sp := range f.sims {
+		m, err := simMeetings(ctx, sp.url)
+		if err != nil {
+			return nil, nil, err
+		}
+		for label, c := range m.Load {
+			seen[label] += c.Requests
+			met[label] += c.MetOther
+		}
+	}
+	return seen, met, nil
+}
+
 // simMeetings reads one heft-sim's meetings count.
 func simMeetings(ctx context.Context, url string) (sim.Meetings, error) {
 	var m sim.Meetings

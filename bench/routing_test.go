@@ -43,6 +43,21 @@ func TestRoutingShort(t *testing.T) {
 	if len(r.Cells) != len(policies) {
 		t.Fatalf("%d cells, want %d", len(r.Cells), len(policies))
 	}
+	// Every request the load sent through a gateway reached a sim with
+	// its gateway's mark: the header passes HAProxy and nginx, so area
+	// 11's count of requests that met a probe sees every one. That count
+	// is a figure here: a re-measurement that a loaded machine's slow
+	// sims ask for may run while the cells wait for idle engines.
+	sent := map[string]int64{}
+	for _, c := range r.Cells {
+		sent[c.Policy.Gateway] += int64(c.Res.Sent)
+	}
+	for gw, n := range sent {
+		if r.LoadSeen[gw] != n {
+			t.Errorf("%s: the sims counted %d requests marked as its load, the load generator sent %d", gw, r.LoadSeen[gw], n)
+		}
+		t.Logf("%s: %d of %d load requests met a probe's request", gw, r.MetProbe[gw], n)
+	}
 	tps := map[string]float64{}
 	for _, c := range r.Cells {
 		res := c.Res
