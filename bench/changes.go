@@ -361,17 +361,17 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	changeErr := <-changed
 	wg.Wait()
 	notes := []string{fmt.Sprintf("%s, seed %d: %s", c, seed+1, f.measuredDuring(ctx, loadStart))}
-	if met, probeReqs, err := f.meetings(ctx); err != nil {
+	if counts, err := f.loadCounts(ctx); err != nil {
 		notes = append(notes, fmt.Sprintf("%s, seed %d: requests that met a probe: unknown (%v)", c, seed+1, err))
 		for i := range rows {
 			rows[i].MetProbe = -1
 		}
 	} else {
 		for i, p := range pols {
-			rows[i].MetProbe = met[p.Gateway]
+			rows[i].MetProbe = counts.Met[p.Gateway]
 		}
 		notes = append(notes, fmt.Sprintf("%s, seed %d: the sims served %d requests of heft's probes (load requests carry %s; %s counts the rest)",
-			c, seed+1, probeReqs, sim.LoadHeader, sim.MeetingsPath))
+			c, seed+1, counts.Other, sim.LoadHeader, sim.MeetingsPath))
 	}
 	if changeErr != nil {
 		return rows, notes, changeErr

@@ -222,9 +222,11 @@ func (e *env) routingRun(ctx context.Context, plan routingPlan) (*routingResult,
 		return r, err
 	}
 	r.HeldSeen = heldAfter - heldBefore
-	if r.LoadSeen, r.MetProbe, err = f.loadSeen(ctx); err != nil {
+	counts, err := f.loadCounts(ctx)
+	if err != nil {
 		return r, err
 	}
+	r.LoadSeen, r.MetProbe = counts.Seen, counts.Met
 	if plan.Checks {
 		e.logf("routing: offline and coordinator-kill checks")
 		r.Checks = f.runChecks(ctx, capacity, plan)

@@ -684,44 +684,35 @@ func (f *routingFleet) heldRequests(ctx context.Context) (float64, error) {
 	return n, nil
 }
 
-// meetings sums, per load label, what every sim of the fleet counted of
-// load requests that shared the engine with a request of heft's (sim.MeetingsPath),
-// those stopped mid-run included; other is how many such requests of
-// heft's the sims served.
-func (f *routingFleet) meetings(ctx context.Context) (met map[string]int64, other int64, err error) {
+// loadCounts is what the fleet's sims counted of the load (sim.MeetingsPath),
+// per load label: requests served, and those that shared their engine with
+// a request of heft's probes; Other is how many such probe requests the
+// sims served.
+type loadCounts struct {
+	Seen, Met map[string]int64
+	Other     int64
+}
+
+// loadCounts reads every sim of the fleet, those started mid-run included,
+// and adds what the sims stopped mid-run had counted.
+func (f *routingFleet) loadCounts(ctx context.Context) (loadCounts, error) {
 	all := slices.Clone(f.stoppedMeetings)
 	for _, sp := range append(slices.Clone(f.sims), f.lateSims...) {
 		m, err := simMeetings(ctx, sp.url)
 		if err != nil {
-			return nil, 0, err
+			return loadCounts{}, err
 		}
 		all = append(all, m)
 	}
-	met = map[string]int64{}
+	out := loadCounts{Seen: map[string]int64{}, Met: map[string]int64{}}
 	for _, m := range all {
-		other += m.Other
+		out.Other += m.Other
 		for label, c := range m.Load {
-			met[label] += c.MetOther
+			out.Seen[label] += c.Requests
+			out.Met[label] += c.MetOther
 		}
 	}
-	return met, other, nil
-}
-
-// loadSeen sums, per load label, the load requests every running sim
-// counted and those of them that met a probe's request.
-func (f *routingFleet) loadSeen(ctx context.Context) (seen, met map[string]int64, err error) {
-	seen, met = map[string]int64{}, map[string]int64{}
-	for _, sp := range f.sims {
-		m, err := simMeetings(ctx, sp.url)
-		if err != nil {
-			return nil, nil, err
-		}
-		for label, c := range m.Load {
-			seen[label] += c.Requests
-			met[label] += c.MetOther
-		}
-	}
-	return seen, met, nil
+	return out, nil
 }
 
 // simMeetings reads one heft-sim's meetings count.
