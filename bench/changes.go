@@ -128,6 +128,10 @@ type changeRow struct {
 	Final     float64 // its share at the end
 	True      float64 // its true share after the change
 	Res       loadgen.Result
+	// AfterChange is the latency of the requests sent from the change to
+	// the end: the p95 the change is judged by, without the steady minutes
+	// before it, which heft and the true capacities route alike.
+	AfterChange loadgen.Summary
 	// MetProbe counts this gateway's requests that an engine served while
 	// it also served a request of heft's probes, as the sims counted them
 	// (sim.MeetingsPath); −1: not read.
@@ -185,11 +189,12 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"weights, nginx's upstream file) is first within %s %% of its true share. The oracle is each worker's full-load "+
 			"capacity (Calibration.FullCapacity), not what a probe sees. \"met a probe\": the gateway's requests that an engine "+
 			"served while it also served a request of heft's probes, counted by the sims themselves (each load request "+
-			"carries the X-Heft-Load header, a probe's does not).",
+			"carries the X-Heft-Load header, a probe's does not). \"p95\" is of the whole load; \"p95 after the change\" of the requests "+
+			"sent from the change to the end, and \"vs true capacities\" compares that with the same case and seed routed by the true capacities.",
 			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, plan.ProbeBusy, ftoa(plan.Factor),
 			shareText(before), shareText(after), int(standinMaxSM/plan.Factor), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
 		Table: Table{Columns: []string{"case", "routing", "gateway", "seed", "share at change", "converged", "share at end", "true share",
-			"requests", "failed", "p95", "p95 vs true capacities", "met a probe"}},
+			"requests", "failed", "p95", "p95 after the change", "vs true capacities", "met a probe"}},
 	}
 	for _, c := range plan.Cases {
 		for seed := range plan.Seeds {
@@ -202,7 +207,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			p95 := map[string]float64{}
 			for _, r := range rows {
 				if r.Oracle {
-					p95[r.Gateway] = r.Res.Latency.P95.Seconds()
+					p95[r.Gateway] = r.AfterChange.P95.Seconds()
 				}
 			}
 			for _, r := range rows {
@@ -213,10 +218,11 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 				if r.Oracle {
 					conv, routing = "—", "true capacities"
 				} else if o := p95[r.Gateway]; o > 0 {
-					vs = fmt.Sprintf("%+.0f %%", 100*(r.Res.Latency.P95.Seconds()/o-1))
+					vs = fmt.Sprintf("%+.0f %%", 100*(r.AfterChange.P95.Seconds()/o-1))
 				}
 				s.Table.Add(r.Case, routing, r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
-					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished)+errSuffix(r.Res.Errors), num(r.Res.Latency.P95.Seconds(), 2)+" s", vs, metText(r.MetProbe))
+					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished)+errSuffix(r.Res.Errors), num(r.Res.Latency.P95.Seconds(), 2)+" s",
+					num(r.AfterChange.P95.Seconds(), 2)+" s", vs, metText(r.MetProbe))
 				if r.Err != nil {
 					s.Notes = append(s.Notes, fmt.Sprintf("%s, %s seed %d: %v", r.Case, r.Gateway, r.Seed+1, r.Err))
 				}
@@ -297,7 +303,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	for i, p := range pols {
 		rows[i] = changeRow{Case: c, Oracle: oracle, Gateway: p.Gateway, Seed: seed, Converged: math.NaN(), True: plan.trueShare(c)}
 		cfg := loadgen.Config{URL: f.frontURL(load[i]), Model: benchModel, Tokens: plan.Tokens, Drain: 20 * time.Second,
-			MaxInFlight: 1024, Seed: uint64(seed) + 1, Client: f.client, Label: p.Gateway,
+			MaxInFlight: 1024, Seed: uint64(seed) + 1, Client: f.client, Label: p.Gateway, KeepRequests: true,
 			Rate: plan.Load / float64(len(pols)) * routingCapacity() / float64(plan.Tokens), Duration: time.Until(end)}
 		wg.Go(func() { rows[i].Res, rows[i].Err = loadgen.Run(ctx, cfg) })
 	}
@@ -360,6 +366,10 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	}
 	changeErr := <-changed
 	wg.Wait()
+	for i := range rows {
+		rows[i].AfterChange = rows[i].Res.LatencySince(slowAt)
+		rows[i].Res.Requests = nil // thousands of records, read once
+	}
 	notes := []string{fmt.Sprintf("%s, seed %d: %s", c, seed+1, f.measuredDuring(ctx, loadStart))}
 	if counts, err := f.loadCounts(ctx); err != nil {
 		notes = append(notes, fmt.Sprintf("%s, seed %d: requests that met a probe: unknown (%v)", c, seed+1, err))

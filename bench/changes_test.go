@@ -38,10 +38,13 @@ func TestChangesShort(t *testing.T) {
 	}
 	_, want := trueShares(plan.Factor)
 	for _, r := range rows {
-		t.Logf("%s: share %.3f at the slowdown, %.3f at the end (true %.3f), converged after %v s; %d requests, %d failed, p95 %.2f s, %d met a probe",
-			r.Gateway, r.Before, r.Final, want, r.Converged, r.Res.Sent, r.Res.Failed+r.Res.Unfinished, r.Res.Latency.P95.Seconds(), r.MetProbe)
+		t.Logf("%s: share %.3f at the slowdown, %.3f at the end (true %.3f), converged after %v s; %d requests, %d failed, p95 %.2f s (%.2f s after the change), %d met a probe",
+			r.Gateway, r.Before, r.Final, want, r.Converged, r.Res.Sent, r.Res.Failed+r.Res.Unfinished, r.Res.Latency.P95.Seconds(), r.AfterChange.P95.Seconds(), r.MetProbe)
 		if r.Err != nil {
 			t.Errorf("%s: %v", r.Gateway, r.Err)
+		}
+		if n := r.AfterChange.N; n == 0 || n >= r.Res.Completed {
+			t.Errorf("%s: %d of %d completed requests counted as sent after the change, want some and not all", r.Gateway, n, r.Res.Completed)
 		}
 		if r.MetProbe < 0 {
 			t.Errorf("%s: the sims' count of requests that met a probe could not be read", r.Gateway)

@@ -466,6 +466,19 @@ func errorClass(err error) string {
 	}
 }
 
+// LatencySince summarizes the latency of the completed requests sent at or
+// after t, from Requests (KeepRequests): the requests that met a change
+// made at t, without the steady run before it.
+func (r Result) LatencySince(t time.Time) Summary {
+	var ds []time.Duration
+	for _, q := range r.Requests {
+		if q.Outcome == "completed" && !q.Start.Before(t) {
+			ds = append(ds, q.End.Sub(q.Start))
+		}
+	}
+	return summarize(ds)
+}
+
 // summarize computes percentiles by the nearest-rank method.
 func summarize(ds []time.Duration) Summary {
 	if len(ds) == 0 {

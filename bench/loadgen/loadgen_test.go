@@ -230,3 +230,27 @@ func listen(t *testing.T) net.Listener {
 	}
 	return ln
 }
+
+// LatencySince takes only completed requests sent at or after its time.
+func TestLatencySince(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	req := func(startS, latS int, outcome string) Request {
+		s := t0.Add(time.Duration(startS) * time.Second)
+		return Request{Start: s, End: s.Add(time.Duration(latS) * time.Second), Outcome: outcome}
+	}
+	r := Result{Requests: []Request{
+		req(0, 100, "completed"), // before the change: left out however slow
+		req(10, 1, "completed"),  // at the change
+		req(11, 2, "completed"),
+		req(12, 3, "completed"),
+		req(13, 50, "http_502"), // failed: not a latency
+		req(14, 60, "unfinished"),
+	}}
+	got := r.LatencySince(t0.Add(10 * time.Second))
+	if got.N != 3 || got.P50 != 2*time.Second || got.P95 != 3*time.Second || got.Max != 3*time.Second {
+		t.Fatalf("%+v, want 3 requests, p50 2 s, p95 3 s", got)
+	}
+	if got := r.LatencySince(t0.Add(time.Hour)); got.N != 0 {
+		t.Fatalf("%+v, want none", got)
+	}
+}
