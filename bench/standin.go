@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	_ "embed"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -54,13 +55,20 @@ func buildStandinNVML(ctx context.Context, dir, uuid string) (*standinNVML, erro
 	if err != nil {
 		return nil, fmt.Errorf("the stand-in NVML is compiled against go-nvml's nvml.h, found from the heft module: %w", err)
 	}
-	list := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml")
-	list.Dir = root
-	out, err := list.Output()
+	// go mod download, not go list -m: on a machine whose module cache has
+	// never held go-nvml (the binaries do not need its C header), go list
+	// prints an empty folder.
+	dl := exec.CommandContext(ctx, "go", "mod", "download", "-json", "github.com/NVIDIA/go-nvml")
+	dl.Dir = root
+	out, err := dl.Output()
 	if err != nil {
-		return nil, fmt.Errorf("find go-nvml's nvml.h: go list: %w", err)
+		return nil, fmt.Errorf("find go-nvml's nvml.h: go mod download: %w", err)
 	}
-	header := filepath.Join(strings.TrimSpace(string(out)), "pkg", "nvml")
+	var mod struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
+		return nil, fmt.Errorf("find go-nvml's nvml.h: go mod download gave no folder (%v %s)", err, mod.Error)
+	}
+	header := filepath.Join(mod.Dir, "pkg", "nvml")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
