@@ -80,6 +80,9 @@ type Options struct {
 	// ProbeBusy is area 11's agents' probe.busy: what a probe does with a
 	// busy engine (wait, drain, passive-only); "" = wait, the default.
 	ProbeBusy string
+	// Keep leaves the work folder (every process's logs, configs and
+	// state) in place and names it, to look into a run afterwards.
+	Keep bool
 	// Progress receives one line per step; nil = silent.
 	Progress io.Writer
 	// Out receives each area's section as soon as it is done; nil = none.
@@ -88,9 +91,13 @@ type Options struct {
 
 // env is the state shared by the areas of one run.
 type env struct {
-	opts   Options
-	bin    string
-	work   string // scratch folder, removed at the end
+	opts Options
+	bin  string
+	work string // scratch folder, removed at the end
+	// fleets counts the routing fleets started: each gets folders of its
+	// own, so no coordinator, agent or gateway state passes from one case
+	// or seed to the next.
+	fleets int
 	runs   int
 	tokens int // per request of every burst
 	conc   int // requests per burst
@@ -147,7 +154,12 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(work)
+	if opts.Keep && opts.Progress != nil {
+		fmt.Fprintf(opts.Progress, "work folder kept: %s\n", work)
+	}
+	if !opts.Keep {
+		defer os.RemoveAll(work)
+	}
 
 	e := &env{opts: opts, bin: bin, work: work, runs: opts.Runs, tokens: probe.DefaultTokens, conc: probe.DefaultConcurrency}
 	mode := "full"

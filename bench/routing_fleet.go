@@ -106,7 +106,9 @@ func (e *env) startRoutingFleet(ctx context.Context, plan routingPlan) (_ *routi
 	if err != nil {
 		return nil, err
 	}
-	f := &routingFleet{e: e, dir: filepath.Join(e.work, "routing"), fronts: map[string]string{}, client: newLoadClient()}
+	e.fleets++
+	name := fmt.Sprintf("routing-%d", e.fleets)
+	f := &routingFleet{e: e, dir: filepath.Join(e.work, name), fronts: map[string]string{}, client: newLoadClient()}
 	defer func() {
 		if err != nil {
 			f.stop()
@@ -118,7 +120,7 @@ func (e *env) startRoutingFleet(ctx context.Context, plan routingPlan) (_ *routi
 	e.logf("routing: starting the fleet (coordinator, %d heft-sims, their agents)", len(routingWorkers))
 	// Probation off: the cells compare heft's earned weights, not the cap
 	// of 1 a new worker gets for its first hour.
-	f.co, err = e.startCoordinator(ctx, "routing-coordinator", fmt.Sprintf("offline_grace = %q", routeOfflineGrace),
+	f.co, err = e.startCoordinator(ctx, name+"-coordinator", fmt.Sprintf("offline_grace = %q", routeOfflineGrace),
 		fmt.Sprintf("stale_weight_ttl = %q", routeOfflineGrace), `probation = "0s"`)
 	if err != nil {
 		return nil, err

@@ -52,6 +52,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	routingSeeds := fs.Int("routing-seeds", 0, "area 9: arrival schedules per load (default 2; quick 1)")
 	routingCell := fs.Duration("routing-cell", 0, "area 9: how long arrivals last in each cell (default 30s; quick 3s)")
 	cases := fs.String("cases", "", "area 11: comma-separated cases to run: slows, restart, throttle, joins (default all)")
+	keep := fs.Bool("keep", false, "leave the work folder (every process's logs, configs and state) in place and print its path")
 	probeBusy := fs.String("probe-busy", "", "area 11: the agents' probe.busy: wait, drain or passive-only (default wait)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -64,7 +65,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	opts := bench.Options{Quick: *quick, Runs: *runs, Bin: *bin, LogBytes: *logMB * 1_000_000, AgentWindow: *window,
-		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, ProbeBusy: *probeBusy, Progress: stderr, Out: stdout}
+		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, ProbeBusy: *probeBusy, Keep: *keep, Progress: stderr, Out: stdout}
 	if *cases != "" {
 		opts.ChangeCases = strings.Split(*cases, ",")
 	}
