@@ -262,7 +262,13 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 		e.slowFast = sim.Slow{At: plan.SlowAt, Factor: plan.Factor}
 	case caseThrottle:
 		e.slowFast = sim.Slow{At: plan.SlowAt, Factor: plan.Factor}
-		nv, err := buildStandinNVML(ctx, filepath.Join(e.work, "nvml"), "GPU-b0a7d1e5-0000-4000-8000-00000000fa57")
+		// A folder of its own each run: the last run's throttled state
+		// file must not greet the next fleet's agent.
+		dir, err := os.MkdirTemp(e.work, "nvml-")
+		if err != nil {
+			return nil, nil, err
+		}
+		nv, err := buildStandinNVML(ctx, dir, "GPU-b0a7d1e5-0000-4000-8000-00000000fa57")
 		if err != nil {
 			return nil, nil, err
 		}
