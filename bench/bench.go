@@ -93,7 +93,7 @@ type Options struct {
 type env struct {
 	opts Options
 	bin  string
-	work string // scratch folder, removed at the end
+	work string // scratch folder, removed at the end unless Options.Keep
 	// fleets counts the routing fleets started: each gets folders of its
 	// own, so no coordinator, agent or gateway state passes from one case
 	// or seed to the next.
