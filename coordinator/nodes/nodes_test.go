@@ -316,3 +316,35 @@ func TestNewNamesAreRateLimited(t *testing.T) {
 		t.Errorf("a new name in the next minute: %+v", d)
 	}
 }
+
+// Admitted is true only for a name that may hold a connection: enrolled
+// or unbound, not pending, rejected, released or unknown.
+func TestAdmitted(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ApproveNew = true
+	r, _, _ := newRegistry(t, cfg)
+	if r.Admitted("gpu-a") {
+		t.Error("an unknown name is admitted")
+	}
+	if d := r.Admit(Hello{Node: "gpu-a", KeepsCredential: true}); d.Outcome != Pending {
+		t.Fatalf("with approval on: %+v", d)
+	}
+	if r.Admitted("gpu-a") {
+		t.Error("a pending name is admitted")
+	}
+	if _, err := r.Approve("gpu-a"); err != nil || !r.Admitted("gpu-a") {
+		t.Errorf("approved: admitted %v, %v", r.Admitted("gpu-a"), err)
+	}
+	if d := r.Admit(Hello{Node: "old", KeepsCredential: false}); d.Outcome != Pending {
+		t.Fatalf("an old agent with approval on: %+v", d)
+	}
+	if _, err := r.Approve("old"); err != nil || !r.Admitted("old") {
+		t.Errorf("an approved unbound name: admitted %v, %v", r.Admitted("old"), err)
+	}
+	if _, err := r.Reject("gpu-a"); err != nil || r.Admitted("gpu-a") {
+		t.Errorf("rejected: admitted %v, %v", r.Admitted("gpu-a"), err)
+	}
+	if err := r.Release("old"); err != nil || r.Admitted("old") {
+		t.Errorf("released: admitted %v, %v", r.Admitted("old"), err)
+	}
+}

@@ -16,14 +16,17 @@ import (
 // snapshot engine, honours connection ids the way the real one must, and
 // records what the server told it.
 type fakeFleet struct {
-	mu       sync.Mutex
-	current  map[string]uint64 // node → connection the fleet believes in
-	workers  map[string]*view.Worker
-	calls    []string
-	results  []wire.ProbeResult
-	subs     map[chan struct{}]struct{}
-	onSnap   func(node string, s wire.Snapshot) []fleet.Action // optional
-	probeSeq int
+	mu      sync.Mutex
+	current map[string]uint64 // node → connection the fleet believes in
+	workers map[string]*view.Worker
+	calls   []string
+	results []wire.ProbeResult
+	subs    map[chan struct{}]struct{}
+	onSnap  func(node string, s wire.Snapshot) []fleet.Action // optional
+	// onConnect, if set, runs in Connect, after the hub has registered
+	// the connection and before it goes on.
+	onConnect func(node string)
+	probeSeq  int
 	// seq numbers changes for Since: every notify marks every worker
 	// changed, which is all a server test needs of it.
 	seq  uint64
@@ -65,6 +68,9 @@ func (f *fakeFleet) Connect(node string, conn uint64, hello wire.Hello) []fleet.
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("connect %s %d", node, conn)
+	if f.onConnect != nil {
+		f.onConnect(node)
+	}
 	f.current[node] = conn
 	for _, w := range f.workers {
 		if w.Node == node {
@@ -367,6 +373,13 @@ func (f *fakeFleet) update(id string, change func(w *view.Worker)) {
 	}
 	change(w)
 	f.notify()
+}
+
+// setOnConnect makes Connect run hook first.
+func (f *fakeFleet) setOnConnect(hook func(node string)) {
+	f.mu.Lock()
+	f.onConnect = hook
+	f.mu.Unlock()
 }
 
 // setOnSnapshot makes Snapshot return what hook returns.

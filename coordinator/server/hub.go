@@ -556,6 +556,18 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 	actions := s.fleet.Connect(c.node, c.id, *hello)
 	h.helloMu.Unlock()
 	log.Info("agent connected", "node", c.node, "agent_version", hello.AgentVersion, "enrolled", d.Credential != "")
+	// A reject or release stores the record, then closes the node's
+	// registered connection. One that came between Admit and register
+	// found nothing to close, so ask again now that c is registered: one
+	// of the two always sees the other.
+	if !s.opts.Nodes.Admitted(c.node) {
+		log.Info("node rejected or released while its connection was admitted; closing", "node", c.node)
+		c.end(CloseNodeCredential, "node rejected or released by an admin", dropNodeRefused, true)
+		if old != nil {
+			old.end(CloseNodeCredential, "node rejected or released by an admin", dropNodeRefused, true)
+		}
+		return false
+	}
 	h.route(actions)
 	if old != nil {
 		log.Info("closing the older connection of this node", "node", c.node, "old_conn", old.id)

@@ -219,6 +219,51 @@ func TestApproveRejectRelease(t *testing.T) {
 	}
 }
 
+// An admin's reject or release that is stored while a connection of the
+// node is between its Admit and its registration finds no connection to
+// close; the hub asks the registry again once it has registered it, so the
+// connection is closed all the same and the node does not stay connected.
+func TestRejectOrReleaseDuringHelloCloses(t *testing.T) {
+	for _, action := range []string{"reject", "release"} {
+		t.Run(action, func(t *testing.T) {
+			reg := registry(t, nodes.DefaultConfig())
+			opts := testOptions()
+			opts.Nodes = reg
+			ts := startServer(t, opts, nil)
+			a, w := hello(t, ts, "gpu-a", "", true)
+			if w == nil || w.NodeCredential == "" {
+				t.Fatalf("enrol: %+v", w)
+			}
+			cred := w.NodeCredential
+			a.c.CloseNow()
+			testutil.Eventually(t, "the first connection gone", 10*time.Second, func() bool { return !ts.hub.connected("gpu-a") })
+
+			// The admin's change lands after Admit accepted the second
+			// connection, with no kick: the hub cannot have seen it yet.
+			ts.fleet.setOnConnect(func(node string) {
+				var err error
+				if action == "reject" {
+					_, err = reg.Reject(node)
+				} else {
+					err = reg.Release(node)
+				}
+				if err != nil {
+					t.Errorf("%s: %v", action, err)
+				}
+			})
+			b, w := hello(t, ts, "gpu-a", cred, true)
+			ce := lastClose
+			if w != nil {
+				ce = closeOf(t, b.c)
+			}
+			if ce.Code != CloseNodeCredential {
+				t.Errorf("closed with %d %q, want %d", ce.Code, ce.Reason, CloseNodeCredential)
+			}
+			testutil.Eventually(t, "the node disconnected", 10*time.Second, func() bool { return !ts.hub.connected("gpu-a") })
+		})
+	}
+}
+
 // Past max_nodes, a new name is refused with 4006 and a reason; known
 // names still connect.
 func TestMaxNodes(t *testing.T) {
