@@ -579,7 +579,7 @@ func (f *routingFleet) logPace(ctx context.Context, addr string, last time.Time)
 			}
 		}
 		f.e.logf("changes: worker pace %.2f ms per token at %.1f running per rank, %.0f tok/s; weight source %s, factor %.2f; weights%s",
-			1000*p.SecondsPerToken, p.Batch, p.ThroughputTPS, w.WeightSource, w.PaceFactor, weights)
+			1000*p.SecondsPerToken, p.Batch, p.ThroughputTPS, w.WeightSource, max(w.PaceFactor, w.ClockFactor), weights)
 		return p.At
 	}
 	return last

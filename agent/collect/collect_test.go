@@ -373,6 +373,8 @@ func TestSignificant(t *testing.T) {
 			s.GPUs[0].SMClockMHz, s.GPUs[0].TemperatureC, s.GPUs[0].MemoryFree = 900, 83, 2<<30
 			s.GPUs[0].Processes[0].UsedMemory = 2 << 30
 		}, false},
+		{"a power cap", func(s *wire.Snapshot) { s.GPUs[0].ClockEventReasons = []string{"sw_power_cap"} }, false},
+		{"a thermal slowdown", func(s *wire.Snapshot) { s.GPUs[0].ClockEventReasons = []string{"sw_power_cap", "hw_thermal_slowdown"} }, true},
 		{"load and times", func(s *wire.Snapshot) {
 			s.Engines[0].Load = wire.Load{Known: true, Running: 9, Waiting: 3, KVUsage: 0.5}
 			s.Engines[0].RanksAt = time.Unix(2, 0)

@@ -15,9 +15,11 @@ import (
 // capacity key, launch arguments, KV pools (and whether they are whole,
 // and what the endpoints say of them) or GPUs, where its log is read from
 // and whether it can be, a new passive or pace reading; the set of GPUs; the
-// GPU error; or the set of foreign processes. Clocks, temperatures,
-// power, free memory and load are noise here: the periodic heartbeat
-// carries them.
+// GPU error; the set of foreign processes; or a GPU starting or ending a
+// slowdown (wire.SlowdownReasons), which the coordinator weighs at once.
+// Clocks, temperatures, power, other clock event reasons (a power cap
+// comes and goes under load), free memory and load are noise here: the
+// periodic heartbeat carries them.
 func Significant(prev, next wire.Snapshot) bool {
 	if prev.Node != next.Node || prev.GPUError != next.GPUError {
 		return true
@@ -26,6 +28,9 @@ func Significant(prev, next wire.Snapshot) bool {
 		return true
 	}
 	if !slices.Equal(foreignPIDs(prev.GPUs), foreignPIDs(next.GPUs)) {
+		return true
+	}
+	if !slices.Equal(slowdowns(prev.GPUs), slowdowns(next.GPUs)) {
 		return true
 	}
 	if len(prev.Engines) != len(next.Engines) {
@@ -135,4 +140,16 @@ func procPIDs(ps []wire.GPUProcess) []int {
 	}
 	sort.Ints(out)
 	return slices.Compact(out)
+}
+
+// slowdowns lists "uuid/reason" of every slowdown reason a GPU reports.
+func slowdowns(gpus []wire.GPU) []string {
+	var out []string
+	for _, g := range gpus {
+		for _, r := range wire.Slowdowns(g.ClockEventReasons) {
+			out = append(out, g.UUID+"/"+r)
+		}
+	}
+	sort.Strings(out)
+	return out
 }

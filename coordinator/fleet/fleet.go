@@ -344,9 +344,11 @@ type worker struct {
 	pace paceState
 	// throttledSince is when its GPUs began to report a slowdown reason
 	// (zero: they do not); throttleAsked, that this spell asked for a
-	// re-measurement (throttle.go).
-	throttledSince time.Time
-	throttleAsked  bool
+	// re-measurement; throttleReadings, the pace readings whose windows
+	// began in the spell (throttle.go).
+	throttledSince   time.Time
+	throttleAsked    bool
+	throttleReadings int
 
 	// Derived by evaluate, weigh and publish.
 	state       string

@@ -133,6 +133,10 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		return ""
 	}
 	s.ratio = p.SecondsPerToken / ref
+	throttled := !w.throttledSince.IsZero()
+	if throttled && !p.At.Add(-time.Duration(p.WindowSeconds*float64(time.Second))).Before(w.throttledSince) {
+		w.throttleReadings++ // read wholly in the throttled spell (throttle.go)
+	}
 	if s.ratio <= 1+PaceTolerance {
 		s.slow = 0
 		if s.factor > 0 {
@@ -156,6 +160,13 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	if !started {
 		return ""
 	}
+	if throttled {
+		// The GPUs say why: the pace follows the throttle, and a probe
+		// would take the worker out while the fleet is short.
+		f.log.Info("throttled engine runs slower than measured; its capacity is rescaled by its pace",
+			"worker", w.id, "seconds_per_token", p.SecondsPerToken, "reference", ref, "batch", p.Batch, "factor", s.ratio)
+		return ""
+	}
 	f.log.Info("engine runs slower than measured while it serves; its capacity is rescaled until it is measured again",
 		"worker", w.id, "seconds_per_token", p.SecondsPerToken, "reference", ref, "batch", p.Batch, "factor", s.ratio)
 	return fmt.Sprintf("%s: %.1f ms per token at %.1f running per rank, %.1f ms when measured; capacity rescaled to %.0f tok/s",
@@ -163,10 +174,14 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 }
 
 // capacity is what w's weight counts of its measurement m: its throughput,
-// over the pace factor while rescaled; and which of the two it is.
+// over the pace factor while rescaled, else over the clock factor while its
+// GPUs throttle (throttle.go); and which of the three it is.
 func (w *worker) capacity(m *wire.Measurement) (float64, string) {
 	if w.pace.factor > 0 && w.pace.measured.Equal(m.FinishedAt) {
 		return m.ThroughputTPS / w.pace.factor, SourceRescaled
+	}
+	if c := w.clockFactor(m); c > 0 {
+		return m.ThroughputTPS / c, SourceClock
 	}
 	return m.ThroughputTPS, SourceMeasured
 }

@@ -403,8 +403,11 @@ func (f *Fleet) view(w *worker) view.Worker {
 	}
 	if m := f.newest(w.id); m != nil && m.Valid() && w.tps > 0 {
 		_, v.WeightSource = w.capacity(m)
-		if v.WeightSource == SourceRescaled {
+		switch v.WeightSource {
+		case SourceRescaled:
 			v.PaceFactor = w.pace.factor
+		case SourceClock:
+			v.ClockFactor = w.clockFactor(m)
 		}
 	}
 	if f.drained(w) {

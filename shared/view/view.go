@@ -123,13 +123,17 @@ type Worker struct {
 	Passive *wire.Passive `json:"passive,omitempty"`
 	// Pace is the engine's newest pace reading (its step time at the
 	// load it carries). WeightSource says what the weight counts:
-	// "measured" (the newest valid measurement) or "rescaled" (that
+	// "measured" (the newest valid measurement), "rescaled" (that
 	// measurement over PaceFactor, because the engine's pace at the same
-	// batch size is that much slower than when it was measured); empty
-	// for a worker without a weight from a measurement.
+	// batch size is that much slower than when it was measured) or
+	// "gpu_clock" (that measurement over ClockFactor, because its GPUs
+	// report a slowdown and clock that much lower than during its burst,
+	// until its pace says how much slower it runs); empty for a worker
+	// without a weight from a measurement.
 	Pace         *wire.Pace `json:"pace,omitempty"`
 	WeightSource string     `json:"weight_source,omitempty"`
 	PaceFactor   float64    `json:"pace_factor,omitempty"`
+	ClockFactor  float64    `json:"clock_factor,omitempty"`
 
 	// ExpectedRanks is how many data-parallel ranks the engine runs, and
 	// Complete whether every one has a pool in Ranks; both null when the

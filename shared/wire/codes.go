@@ -102,3 +102,21 @@ func Clip(s string, max int) string {
 	}
 	return s[:cut] + ellipsis
 }
+
+// SlowdownReasons are the GPU clock event reasons (the agent's words for
+// NVML's) that mean the GPU runs slower than it can under load. A power
+// cap is not one: a GPU under load runs at its power limit.
+var SlowdownReasons = []string{"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"}
+
+// Slowdowns returns the slowdown reasons among reasons, in their order.
+func Slowdowns(reasons []string) []string {
+	var out []string
+	for _, r := range reasons {
+		for _, s := range SlowdownReasons {
+			if r == s {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
