@@ -36,7 +36,9 @@ func TestDashboard(t *testing.T) {
 	// A second model, so the page has two sections.
 	e := dialAgent(t, c, "gpu-e")
 	llama := engine("gpu-e", wire.EngineVLLM, "meta-llama/Llama-3.1-8B-Instruct", "0.11.0", 8000)
-	e.answer(measurement("gpu-e", llama, 2410, 2377))
+	mE := measurement("gpu-e", llama, 2410, 2377)
+	mE.SMClockMedianMHz = 1980
+	e.answer(mE)
 	e.send(t, &wire.Snapshot{Node: "gpu-e", Host: testHost("gpu-e"),
 		GPUs: []wire.GPU{gpu(0, "NVIDIA H100 80GB HBM3", "GPU-e0", 79.6, 7, 1980, 1980)}, Engines: []wire.Engine{llama}})
 	ws := c.waitWorkers(t, "five workers, gpu-d held", func(ws []view.Worker) bool {
@@ -242,6 +244,21 @@ func TestDashboard(t *testing.T) {
 		})()`)
 		if got := eval[string](t, ctx, `window.heftNoReload || 'reloaded'`); got != "still here" {
 			t.Errorf("the page reloaded: marker %q", got)
+		}
+	})
+
+	t.Run("a throttled GPU's weight source", func(t *testing.T) {
+		hot := gpu(0, "NVIDIA H100 80GB HBM3", "GPU-e0", 79.6, 7, 990, 1980)
+		hot.ClockEventReasons = []string{"hw_thermal_slowdown"}
+		e.send(t, &wire.Snapshot{Node: "gpu-e", Host: testHost("gpu-e"), GPUs: []wire.GPU{hot}, Engines: []wire.Engine{llama}})
+		waitJS(t, ctx, "gpu-e's card says it is weighed by its clock", `(() => {
+			const chip = document.querySelector(`+jsString(card(llama.CapacityKey)+` [data-source="gpu_clock"]`)+`);
+			return chip !== null && chip.textContent === 'throttled' && chip.title.includes('2.00');
+		})()`)
+		for _, w := range c.workers(t) {
+			if w.ID == llama.CapacityKey && (w.WeightSource != "gpu_clock" || w.ClockFactor != 2) {
+				t.Errorf("the API: weight source %q, clock factor %v; want gpu_clock, 2", w.WeightSource, w.ClockFactor)
+			}
 		}
 	})
 
