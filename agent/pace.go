@@ -12,14 +12,19 @@ import (
 const minPaceTokens = 200
 
 // pace turns an engine's inter-token latency histogram and generated-tokens
-// counter, read at any load, into wire.Pace readings over windows of the
-// passive window's length. Below saturation the tokens an engine delivers
-// are what it was offered; the time between two tokens of a request at a
-// given batch size is what it can do, so the coordinator can tell an
-// engine that slowed down while it serves.
+// counter, read at any load, into wire.Pace readings, each over a window
+// of the passive window's length, one every half window: the windows
+// overlap by half. Below saturation the tokens an engine delivers are what
+// it was offered; the time between two tokens of a request at a given batch
+// size is what it can do, so the coordinator can tell an engine that slowed
+// down while it serves. The coordinator acts on two slow readings in a row;
+// with readings half a window apart, the second comes at most two windows
+// after a change, where disjoint windows could take nearly three (the one
+// that straddles the change may read too little of it to count).
 type pace struct {
 	window time.Duration
-	start  paceSample
+	start  paceSample // the window's first sample
+	half   paceSample // the first sample half a window after start: where the next window starts
 	latest *wire.Pace
 }
 
@@ -34,22 +39,28 @@ type paceSample struct {
 func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens}
 	if !c.InterTokenKnown {
-		p.start = paceSample{}
+		p.start, p.half = paceSample{}, paceSample{}
 		return nil
 	}
 	if p.start.at.IsZero() || s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum {
-		p.start = s
+		p.start, p.half = s, paceSample{}
 		return nil
 	}
 	span := at.Sub(p.start.at)
+	if p.half.at.IsZero() && span >= p.window/2 {
+		p.half = s
+	}
 	if span < p.window {
 		return nil
 	}
 	n, sum, gen := s.itlN-p.start.itlN, s.itlSum-p.start.itlSum, s.gen-p.start.gen
-	p.start = s
 	if n < minPaceTokens || sum <= 0 {
-		p.start = paceSample{} // too little traffic to say; the next request starts a window
+		p.start, p.half = paceSample{}, paceSample{} // too little traffic to say; the next request starts a window
 		return nil
+	}
+	p.start, p.half = p.half, paceSample{}
+	if at.Sub(p.start.at) >= p.window/2 {
+		p.half = s
 	}
 	spt := sum / n
 	tps := gen / span.Seconds()

@@ -14,8 +14,9 @@ import (
 )
 
 // A pace reading is the mean inter-token time over a window and the batch
-// Little's law gives; too few tokens, a missing histogram or a counter
-// that went back give none.
+// Little's law gives, one every half window over the whole window before
+// it; too few tokens, a missing histogram or a counter that went back give
+// none.
 func TestPaceReadings(t *testing.T) {
 	p := &pace{window: 10 * time.Second}
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -34,9 +35,24 @@ func TestPaceReadings(t *testing.T) {
 	if r == nil || math.Abs(r.SecondsPerToken-0.008) > 1e-12 || math.Abs(r.Batch-4) > 1e-9 || r.ThroughputTPS != 1000 || r.WindowSeconds != 10 {
 		t.Fatalf("reading %+v, want 8 ms per token, batch 4 per rank, 1000 tok/s", r)
 	}
-	// Ten tokens in the next window: too few to say, the last reading stays.
-	if r := p.add(at(20), c(10010, 80.1, 10010), 2); r != nil || p.latest == nil || p.latest.ThroughputTPS != 1000 {
-		t.Fatalf("a quiet window gave %+v, latest %+v", r, p.latest)
+	// Half a window later, the next reading covers 5–15 s: the engine
+	// slowed to 16 ms per token at 10 s, so it reads the mean of both.
+	r = p.add(at(15), c(12500, 120, 12500), 2)
+	if r == nil || r.WindowSeconds != 10 || r.ThroughputTPS != 750 || math.Abs(r.SecondsPerToken-80.0/7500) > 1e-12 {
+		t.Fatalf("the overlapping reading %+v, want 5–15 s: 750 tok/s, %.2f ms per token", r, 1000*80.0/7500)
+	}
+	if r := p.add(at(17), c(13500, 136, 13500), 2); r != nil {
+		t.Fatalf("between two readings: %+v", r)
+	}
+	r = p.add(at(20), c(15000, 160, 15000), 2)
+	if r == nil || r.ThroughputTPS != 500 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 {
+		t.Fatalf("10–20 s: %+v, want 500 tok/s at 16 ms per token", r)
+	}
+	// Ten tokens in a window: too few to say, the last reading stays.
+	q := &pace{window: 10 * time.Second}
+	q.add(at(0), c(0, 0, 0), 2)
+	if r := q.add(at(10), c(10, 0.1, 10), 2); r != nil || q.latest != nil || !q.start.at.IsZero() {
+		t.Fatalf("a quiet window gave %+v, latest %+v", r, q.latest)
 	}
 	// A restart: counters back to zero start over.
 	p.add(at(25), c(100000, 800, 100000), 2)

@@ -345,10 +345,12 @@ type worker struct {
 	// throttledSince is when its GPUs began to report a slowdown reason
 	// (zero: they do not); throttleAsked, that this spell asked for a
 	// re-measurement; throttleReadings, the pace readings whose windows
-	// began in the spell (throttle.go).
+	// began in the spell (throttle.go). pacedAt is when the newest pace
+	// reading was counted, on the coordinator's clock.
 	throttledSince   time.Time
 	throttleAsked    bool
 	throttleReadings int
+	pacedAt          time.Time
 
 	// Derived by evaluate, weigh and publish.
 	state       string

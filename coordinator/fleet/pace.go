@@ -133,9 +133,13 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		return ""
 	}
 	s.ratio = p.SecondsPerToken / ref
+	// Throttled spells are timed on the coordinator's clock, so is the
+	// reading: the agent sends it as its window ends (throttle.go).
+	now := f.now()
+	w.pacedAt = now
 	throttled := !w.throttledSince.IsZero()
-	if throttled && !p.At.Add(-time.Duration(p.WindowSeconds*float64(time.Second))).Before(w.throttledSince) {
-		w.throttleReadings++ // read wholly in the throttled spell (throttle.go)
+	if throttled && !now.Add(-time.Duration(p.WindowSeconds*float64(time.Second))).Before(w.throttledSince) {
+		w.throttleReadings++ // read wholly in the throttled spell
 	}
 	if s.ratio <= 1+PaceTolerance {
 		s.slow = 0

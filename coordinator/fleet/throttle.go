@@ -23,9 +23,11 @@ import (
 // how much it did: once PaceReadings readings whose windows began in the
 // throttled spell have come, the pace decides, rescaling by what it saw
 // or, if it saw no slowdown, not at all. A spell that lasts
-// ThrottleSustained with no such readings (an engine that is not
+// ThrottleSustained with no pace reading in it (an engine that is not
 // serving, or whose pace is not read) measures the worker again, cause
-// CauseGPUThrottled, as probe_busy allows.
+// CauseGPUThrottled, as probe_busy allows; one the pace follows asks for
+// no probe, which in drain mode would take the worker out of the
+// gateways while the fleet is short.
 const (
 	CauseGPUThrottled = "gpu_clocks_throttled"
 	ThrottleSustained = time.Minute
@@ -90,7 +92,7 @@ func (w *worker) clockFactor(m *wire.Measurement) float64 {
 
 // noteThrottle follows how long w's GPUs have reported a slowdown and
 // marks w for a re-measurement once it lasted ThrottleSustained with no
-// pace to follow it by, once per throttled spell.
+// pace reading in it, once per throttled spell.
 func (f *Fleet) noteThrottle(w *worker, now time.Time) {
 	why := slowdowns(w.gpus)
 	if len(why) == 0 {
@@ -107,7 +109,7 @@ func (f *Fleet) noteThrottle(w *worker, now time.Time) {
 		}
 	}
 	lasted := now.Sub(w.throttledSince)
-	if w.throttleAsked || w.placeholder || lasted < ThrottleSustained || w.throttleReadings >= PaceReadings {
+	if w.throttleAsked || w.placeholder || lasted < ThrottleSustained || w.pacedAt.After(w.throttledSince) {
 		return
 	}
 	w.throttleAsked = true
