@@ -177,15 +177,17 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		CausePaceSlower, 1000*p.SecondsPerToken, p.Batch, 1000*ref, m.ThroughputTPS/s.factor)
 }
 
-// capacity is what w's weight counts of its measurement m: its throughput,
-// over the pace factor while rescaled, else over the clock factor while its
-// GPUs throttle (throttle.go); and which of the three it is.
+// capacity is what w's weight counts of its measurement m: its throughput
+// over the clock factor while its GPUs throttle and the pace has not yet
+// read the spell (throttle.go: a reading that straddles the throttle's
+// start reads too little of it), else over the pace factor while
+// rescaled; and which of the three it is.
 func (w *worker) capacity(m *wire.Measurement) (float64, string) {
-	if w.pace.factor > 0 && w.pace.measured.Equal(m.FinishedAt) {
-		return m.ThroughputTPS / w.pace.factor, SourceRescaled
-	}
 	if c := w.clockFactor(m); c > 0 {
 		return m.ThroughputTPS / c, SourceClock
+	}
+	if w.pace.factor > 0 && w.pace.measured.Equal(m.FinishedAt) {
+		return m.ThroughputTPS / w.pace.factor, SourceRescaled
 	}
 	return m.ThroughputTPS, SourceMeasured
 }

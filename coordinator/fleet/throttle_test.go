@@ -107,12 +107,14 @@ func TestGPUThrottleRescalesByClockThenPace(t *testing.T) {
 	if w.WeightSource != SourceClock || w.ClockFactor != 2 || math.Abs(ratio()-0.5) > 1e-9 {
 		t.Fatalf("throttled: source %q clock factor %v, ratio %v; want gpu_clock, 2, 0.5", w.WeightSource, w.ClockFactor, ratio())
 	}
-	// A reading whose window began before the spell does not count; two
-	// taken in it at 1.6 times the reference hand the weight to the pace.
-	snap(2*time.Second, gpu(990, "hw_thermal_slowdown"), &wire.Pace{At: h.clk.now(), WindowSeconds: 10, SecondsPerToken: 0.008, Batch: 16})
+	// A reading whose window began before the spell does not count, even
+	// slow: with the one after it, it starts a pace rescale by 1.3, which
+	// read too little of the throttle to count. Two taken in the spell at
+	// 1.6 times the reference hand the weight to the pace.
+	snap(2*time.Second, gpu(990, "hw_thermal_slowdown"), &wire.Pace{At: h.clk.now(), WindowSeconds: 10, SecondsPerToken: 1.3 * 0.008, Batch: 16})
 	snap(10*time.Second, gpu(990, "hw_thermal_slowdown"), reading(1.6))
-	if got := h.worker("a").WeightSource; got != SourceClock {
-		t.Fatalf("after one reading in the spell: source %q, want gpu_clock still", got)
+	if w := h.worker("a"); w.WeightSource != SourceClock || math.Abs(ratio()-0.5) > 1e-9 {
+		t.Fatalf("after one reading in the spell: source %q, ratio %v; want gpu_clock still, 0.5", w.WeightSource, ratio())
 	}
 	snap(10*time.Second, gpu(990, "hw_thermal_slowdown"), reading(1.6))
 	if w := h.worker("a"); w.WeightSource != SourceRescaled || math.Abs(w.PaceFactor-1.6) > 1e-9 || math.Abs(ratio()-1/1.6) > 1e-9 {
