@@ -108,8 +108,8 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 		URL: client.URL(), Kind: client.Kind(), Model: model,
 		Concurrency: min(pc.Concurrency*ranks, probe.MaxConcurrency), Ranks: ranks, Tokens: pc.Tokens, Prompt: pc.Prompt,
 		CapacityKey: req.CapacityKey, Node: h.cfg.Node.Name, Trigger: req.Reason,
-		RequireIdle: req.Reason == wire.ReasonScheduled,
-		Busy:        pc.Busy, BusyWait: pc.BusyWait,
+		RequireIdle: req.Reason == wire.ReasonScheduled, IdleOnly: req.IdleOnly,
+		Busy: pc.Busy, BusyWait: pc.BusyWait,
 		Drain: func(ctx context.Context) error {
 			if !link.SendProbeStatus(ctx, wire.ProbeDraining, "engine busy; drain it at the gateways while it is measured") {
 				return errors.New("no coordinator link to ask for the drain")

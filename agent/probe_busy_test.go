@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,6 +108,20 @@ func TestProbeDrainsABusyEngine(t *testing.T) {
 		}
 	})
 	testutil.Eventually(t, "the user's request to run", 10*time.Second, func() bool { r, _ := s.InFlight(); return r > 0 })
+
+	// A request the coordinator marks idle-only (a pace rescale already
+	// follows the engine) is deferred, not drained.
+	fc.Send(t, &wire.ProbeRequest{RequestID: "r0", CapacityKey: eng.CapacityKey, Reason: wire.ReasonOnDemand, IdleOnly: true})
+	for {
+		st := fc.Next(t, wire.TypeProbeStatus).ProbeStatus
+		if st.State == wire.ProbeRunning {
+			continue
+		}
+		if st.RequestID != "r0" || st.State != wire.ProbeDeferredBusy || !strings.Contains(st.Message, "only while idle") {
+			t.Fatalf("idle-only request on a busy engine: status %+v, want deferred_busy", st)
+		}
+		break
+	}
 
 	fc.Send(t, &wire.ProbeRequest{RequestID: "r1", CapacityKey: eng.CapacityKey, Reason: wire.ReasonOnDemand})
 	for {

@@ -59,6 +59,8 @@ func busyLoad(l wire.Load) string {
 // return a busyError, or wait (after a drain) until it is idle.
 func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, load wire.Load) error {
 	switch {
+	case p.cfg.IdleOnly:
+		return busyError{fmt.Sprintf("engine busy (%s); asked to measure it only while idle (its weight follows its pace meanwhile): deferred", busyLoad(load))}
 	case p.cfg.Busy == BusyPassiveOnly:
 		return busyError{fmt.Sprintf("engine busy (%s) and probe_busy is passive-only: not probed", busyLoad(load))}
 	case p.cfg.Busy == BusyWait && p.cfg.RequireIdle:

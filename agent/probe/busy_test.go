@@ -62,6 +62,27 @@ func TestRunBusyModes(t *testing.T) {
 			t.Fatalf("valid %v drained %v (%d calls)", m.Valid(), m.Drained, drained.Load())
 		}
 	})
+	t.Run("idle-only: a busy engine is deferred at once, never drained, whatever probe_busy says", func(t *testing.T) {
+		for _, mode := range BusyModes {
+			f := newFake(t, nil)
+			cfg := quick(f.URL())
+			load, reads := busyFor(1)
+			cfg.Load, cfg.Busy, cfg.busyPoll, cfg.Trigger, cfg.IdleOnly = load, mode, 5*time.Millisecond, wire.ReasonOnDemand, true
+			cfg.Drain = func(context.Context) error {
+				t.Errorf("%s: drain asked for an idle-only probe", mode)
+				return nil
+			}
+			_, err := Run(t.Context(), cfg)
+			if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "only while idle") || f.chats.Load() != 0 || reads.Load() != 1 {
+				t.Fatalf("%s: err = %v, %d requests sent, %d load reads", mode, err, f.chats.Load(), reads.Load())
+			}
+			// Idle, it is measured as any probe.
+			cfg.Load, _ = busyFor(0)
+			if m := mustRun(t, cfg); !m.Valid() || m.Drained {
+				t.Fatalf("%s, idle: valid %v drained %v", mode, m.Valid(), m.Drained)
+			}
+		}
+	})
 	t.Run("drain that fails is noted and the probe still waits", func(t *testing.T) {
 		f := newFake(t, nil)
 		cfg := quick(f.URL())

@@ -83,6 +83,9 @@ type Config struct {
 	// RequireIdle (scheduled probes) makes BusyWait return ErrBusy at
 	// once rather than wait: the coordinator asks again later.
 	RequireIdle bool
+	// IdleOnly (wire.ProbeRequest.IdleOnly) returns ErrBusy at once for a
+	// busy engine whatever Busy says: no wait, no drain.
+	IdleOnly bool
 	// Drain, optional, asks the gateways to stop sending the engine
 	// requests (BusyDrain); the requests in flight finish while the probe
 	// waits. Whoever drains restores the worker when the probe ends.
@@ -313,7 +316,7 @@ func (p *prober) checkIdle(ctx context.Context, m *wire.Measurement) error {
 		m.Problems = append(m.Problems, fmt.Sprintf("engine load unusable: %v", load.Validate()))
 	case !load.Known:
 		m.LoadBefore = load
-		if p.cfg.RequireIdle {
+		if p.cfg.RequireIdle || p.cfg.IdleOnly {
 			m.Problems = append(m.Problems, "engine does not report its load; idle not verified")
 		}
 	default:

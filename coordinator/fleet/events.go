@@ -312,8 +312,23 @@ func (f *Fleet) sendProbe(w *worker, reason string, now time.Time) Action {
 	w.probe.status, w.probe.retryAt = "", time.Time{}
 	w.probe.issued[1], w.probe.issued[0] = w.probe.issued[0], issued{id: id, node: w.node, at: now}
 	f.due(now.Add(f.cfg.ProbeTimeout))
-	f.log.Debug("requesting probe", "worker", w.id, "reason", reason, "request_id", id)
-	return Action{Node: w.node, Message: &wire.ProbeRequest{RequestID: id, CapacityKey: w.id, Reason: reason, Cause: w.remeasure}}
+	idle := f.idleOnly(w, now)
+	f.log.Debug("requesting probe", "worker", w.id, "reason", reason, "request_id", id, "idle_only", idle)
+	return Action{Node: w.node, Message: &wire.ProbeRequest{RequestID: id, CapacityKey: w.id, Reason: reason, Cause: w.remeasure, IdleOnly: idle}}
+}
+
+// idleOnly says whether w's probe should measure its engine only while
+// idle: the re-measurement was asked for by its pace, which keeps the
+// weight on what the engine delivers meanwhile (rescaled, or agreeing
+// again), so draining a busy engine would take capacity from its users
+// for nothing they lack. Once the measurement is due anyway
+// (RemeasureEvery), the probe is what probe_busy says again.
+func (f *Fleet) idleOnly(w *worker, now time.Time) bool {
+	if !strings.HasPrefix(w.remeasure, CausePaceSlower) {
+		return false
+	}
+	m := f.newest(w.id)
+	return m != nil && m.Valid() && now.Sub(m.FinishedAt) < f.cfg.RemeasureEvery
 }
 
 // ProbeResult stores a measurement from node's agent. It is taken only as

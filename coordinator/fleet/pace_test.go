@@ -89,6 +89,61 @@ func TestPaceRescales(t *testing.T) {
 	}
 }
 
+// The re-measurement a slower pace asks for measures the engine only while
+// it is idle (wire.ProbeRequest.IdleOnly): the pace already keeps the
+// weight on what the engine delivers, rescaled or agreeing again, so
+// draining a busy engine would take capacity from its users for nothing.
+// Retries after a busy engine deferred it stay idle-only; once the
+// scheduled re-measurement is due anyway, probe_busy governs again. Any
+// other cause is never idle-only.
+func TestPaceReMeasureOnlyWhileIdle(t *testing.T) {
+	h, a, b := twoMeasuredWorkers(t)
+	b.PID = 41
+	h.put("n", b)
+	var r []*wire.ProbeRequest
+	for i := range 2 { // twice as slow as measured, at the burst's batch
+		a.Pace = &wire.Pace{At: h.clk.now().Add(time.Duration(i+1) * 5 * time.Second), WindowSeconds: 5, SecondsPerToken: 0.016, Batch: 16}
+		r = requests(h.put("n", a), "a")
+	}
+	if len(r) != 1 || !strings.HasPrefix(r[0].Cause, CausePaceSlower) || !r[0].IdleOnly {
+		t.Fatalf("the pace's re-measurement: %+v, want one, idle-only, with cause %s", r, CausePaceSlower)
+	}
+	// Another cause is measured as probe_busy says (drain drains).
+	b.PID = 97
+	if r := requests(h.put("n", b), "b"); len(r) != 1 || !strings.HasPrefix(r[0].Cause, CauseEngineRestarted) || r[0].IdleOnly {
+		t.Fatalf("restarted engine: %+v", r)
+	}
+	defer1 := func() {
+		t.Helper()
+		h.f.ProbeStatus("n", wire.ProbeStatus{RequestID: h.requestID("a"), CapacityKey: "a", State: wire.ProbeDeferredBusy, Message: "engine busy"})
+	}
+	defer1()
+	if w := h.worker("a"); w.WeightSource != SourceRescaled || w.Weight == nil || *w.Weight <= 0 {
+		t.Fatalf("deferred: source %q weight %v; the worker must stay routed at its rescaled weight", w.WeightSource, w.Weight)
+	}
+	h.clk.advance(h.f.cfg.BusyRetry)
+	if r := requests(h.f.Tick(), "a"); len(r) != 1 || !r[0].IdleOnly || !strings.HasPrefix(r[0].Cause, CausePaceSlower) {
+		t.Fatalf("retry after a busy engine: %+v, want idle-only again", r)
+	}
+	// The pace agrees again: the weight is the measurement's, and the
+	// re-measurement still has no reason to drain.
+	for i := range 2 {
+		a.Pace = &wire.Pace{At: h.clk.now().Add(time.Duration(i+1) * 5 * time.Second), WindowSeconds: 5, SecondsPerToken: 0.008, Batch: 16}
+		h.put("n", a)
+	}
+	defer1()
+	h.clk.advance(2 * h.f.cfg.BusyRetry)
+	if r := requests(h.f.Tick(), "a"); len(r) != 1 || !r[0].IdleOnly || h.worker("a").WeightSource != SourceMeasured {
+		t.Fatalf("retry once the pace agrees: %+v, source %q", r, h.worker("a").WeightSource)
+	}
+	// Due anyway: the engine is measured as probe_busy says.
+	defer1()
+	h.clk.advance(h.f.cfg.RemeasureEvery)
+	if r := requests(h.f.Tick(), "a"); len(r) != 1 || r[0].IdleOnly {
+		t.Fatalf("retry once the measurement is due anyway: %+v, want probe_busy to govern", r)
+	}
+}
+
 // A rescale survives a coordinator restart: the worker record keeps the
 // pace reference, so the restarted fleet routes by the slower capacity at
 // once and does not count the agent's last reading a second time. A

@@ -518,6 +518,13 @@ type ProbeRequest struct {
 	// 97", "gpu_set_changed: ..."). The agent copies it into the
 	// measurement, so each trigger is named in the worker's history.
 	Cause string `json:"cause,omitempty"`
+	// IdleOnly asks the agent to measure only an idle engine: a busy one
+	// is deferred at once, whatever its probe_busy, never waited for or
+	// drained. The coordinator sets it when the worker's weight already
+	// follows what the engine delivers (a pace rescale): taking the worker
+	// out of the gateways would cost its users more than the measurement
+	// gains them. An agent that predates the field drains as before.
+	IdleOnly bool `json:"idle_only,omitempty"`
 }
 
 // Private websocket close codes (4000–4999) the coordinator sends to agents.
