@@ -80,6 +80,9 @@ type Options struct {
 	// ProbeBusy is area 11's agents' probe.busy: what a probe does with a
 	// busy engine (wait, drain, passive-only); "" = wait, the default.
 	ProbeBusy string
+	// ChangeWindow is area 11's agents' passive and pace window
+	// (probe.passive_window); 0 = 30s (5s in quick mode).
+	ChangeWindow time.Duration
 	// Keep leaves the work folder (every process's logs, configs and
 	// state) in place and names it, to look into a run afterwards.
 	Keep bool

@@ -93,6 +93,9 @@ func (e *env) changesPlanFor() changesPlan {
 	if e.opts.Quick {
 		p.SlowAt, p.After, p.Window, p.Seeds, p.Tokens = 60*time.Second, 40*time.Second, 5*time.Second, 1, e.tokens
 	}
+	if e.opts.ChangeWindow > 0 {
+		p.Window = e.opts.ChangeWindow
+	}
 	if cases, err := selectCases(e.opts.ChangeCases); err == nil {
 		p.Cases = cases // Run has refused unknown names
 	}
