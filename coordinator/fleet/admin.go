@@ -184,8 +184,10 @@ func (f *Fleet) decide(id, d string) error {
 	return nil
 }
 
-// Probe asks the worker's agent to measure it now, even on a busy engine.
-// While an on-demand request is already outstanding it sends nothing more.
+// Probe asks the worker's agent to measure it now, even on a busy engine
+// (as its probe_busy says: an admin's request is never idle-only).
+// While an on-demand request that is not idle-only is already
+// outstanding it sends nothing more.
 func (f *Fleet) Probe(id string) ([]Action, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -198,10 +200,10 @@ func (f *Fleet) Probe(id string) ([]Action, error) {
 	}
 	now := f.now()
 	p := w.probe
-	if p.outstanding && p.reason == wire.ReasonOnDemand && now.Before(p.sentAt.Add(f.cfg.ProbeTimeout)) {
+	if p.outstanding && p.reason == wire.ReasonOnDemand && !p.idleOnly && now.Before(p.sentAt.Add(f.cfg.ProbeTimeout)) {
 		return nil, nil
 	}
-	act := f.sendProbe(w, wire.ReasonOnDemand, now)
+	act := f.sendProbe(w, wire.ReasonOnDemand, now, false)
 	f.changed(w)
 	return []Action{act}, nil
 }

@@ -301,24 +301,25 @@ func (f *Fleet) probeIfDue(w *worker, now time.Time) []Action {
 	if !ok || now.Before(at) {
 		return nil
 	}
-	return []Action{f.sendProbe(w, reason, now)}
+	return []Action{f.sendProbe(w, reason, now, f.idleOnly(w, now))}
 }
 
-func (f *Fleet) sendProbe(w *worker, reason string, now time.Time) Action {
+// sendProbe asks w's agent to measure it; idle (wire.ProbeRequest.IdleOnly)
+// measures only an idle engine.
+func (f *Fleet) sendProbe(w *worker, reason string, now time.Time, idle bool) Action {
 	f.reqSeq++
 	f.probeRequests[reason]++
 	id := f.reqPrefix + "-" + strconv.FormatUint(f.reqSeq, 10)
-	w.probe.reqID, w.probe.reason, w.probe.outstanding, w.probe.sentAt = id, reason, true, now
+	w.probe.reqID, w.probe.reason, w.probe.outstanding, w.probe.sentAt, w.probe.idleOnly = id, reason, true, now, idle
 	w.probe.status, w.probe.retryAt = "", time.Time{}
 	w.probe.issued[1], w.probe.issued[0] = w.probe.issued[0], issued{id: id, node: w.node, at: now}
 	f.due(now.Add(f.cfg.ProbeTimeout))
-	idle := f.idleOnly(w, now)
 	f.log.Debug("requesting probe", "worker", w.id, "reason", reason, "request_id", id, "idle_only", idle)
 	return Action{Node: w.node, Message: &wire.ProbeRequest{RequestID: id, CapacityKey: w.id, Reason: reason, Cause: w.remeasure, IdleOnly: idle}}
 }
 
-// idleOnly says whether w's probe should measure its engine only while
-// idle: the re-measurement was asked for by its pace, which keeps the
+// idleOnly says whether w's due probe should measure its engine only
+// while idle: the re-measurement was asked for by its pace, which keeps the
 // weight on what the engine delivers meanwhile (rescaled, or agreeing
 // again), so draining a busy engine would take capacity from its users
 // for nothing they lack. Once the measurement is due anyway

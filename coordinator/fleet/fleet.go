@@ -300,6 +300,7 @@ type probeState struct {
 	reqID       string
 	reason      string
 	outstanding bool
+	idleOnly    bool // the current request measures only an idle engine
 	sentAt      time.Time
 	status      string // the agent's last word on the current attempt
 	retryAt     time.Time

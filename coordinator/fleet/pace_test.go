@@ -113,6 +113,12 @@ func TestPaceReMeasureOnlyWhileIdle(t *testing.T) {
 	if r := requests(h.put("n", b), "b"); len(r) != 1 || !strings.HasPrefix(r[0].Cause, CauseEngineRestarted) || r[0].IdleOnly {
 		t.Fatalf("restarted engine: %+v", r)
 	}
+	// An admin's "measure again" meanwhile is what probe_busy says, even
+	// with the pace's idle-only request outstanding.
+	acts, err := h.f.Probe("a")
+	if r := requests(acts, "a"); err != nil || len(r) != 1 || r[0].IdleOnly {
+		t.Fatalf("admin's probe: %+v, %v; want one that is not idle-only", r, err)
+	}
 	defer1 := func() {
 		t.Helper()
 		h.f.ProbeStatus("n", wire.ProbeStatus{RequestID: h.requestID("a"), CapacityKey: "a", State: wire.ProbeDeferredBusy, Message: "engine busy"})
