@@ -61,7 +61,7 @@ func fullMessages() map[string]any {
 		TypeProbeStatus:  &ProbeStatus{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", State: ProbeDeferredBusy, Message: "3 requests running"},
 		TypeWelcome:      &Welcome{CoordinatorVersion: "0.2.0", SnapshotSeconds: 15, NodeCredential: "hn1-credential"},
 		TypeCached:       &CachedMeasurement{Measurement: measurement, ExpiresAt: at.Add(6 * time.Hour)},
-		TypeProbeRequest: &ProbeRequest{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", Reason: ReasonOnDemand, Cause: "engine_restarted: pid 41 → 97"},
+		TypeProbeRequest: &ProbeRequest{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", Reason: ReasonOnDemand, Cause: "pace_slower: 15.6 ms per token at 14.0 running per rank, 7.8 ms when measured; capacity rescaled to 1000 tok/s", IdleOnly: true},
 	}
 }
 
