@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -255,7 +256,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		done:    make(chan struct{}),
 	}
 	defer rk.abort(sq) // no-op once finished; frees the sequence otherwise
-	defer s.meet.begin(r.Header.Get(LoadHeader))()
+	// The meeting ends when the engine is done with the sequence, before
+	// its last bytes go out: a client that sends its next request on them
+	// must not find this one still counted as sharing the engine.
+	end := sync.OnceFunc(s.meet.begin(r.Header.Get(LoadHeader)))
+	defer end()
 	rk.submit(sq)
 
 	id := fmt.Sprintf("chatcmpl-%016x", sq.id)
@@ -272,6 +277,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		if p.aborted {
 			return
 		}
+		end()
 		var text strings.Builder
 		for i := range p.gen {
 			text.WriteString(piece(i))
@@ -292,7 +298,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, body)
 		return
 	}
-	s.stream(w, r, rk, sq, plan, id, created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage != nil && *req.StreamOptions.IncludeUsage)
+	s.stream(w, r, rk, sq, plan, id, created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage != nil && *req.StreamOptions.IncludeUsage, end)
 }
 
 // usage is what the engine reports for a finished sequence; vLLM and
@@ -333,8 +339,10 @@ func (s *Server) timings(prompt int64, p seqProgress) *llamaTimings {
 	return t
 }
 
-// stream writes one SSE chunk per token as the rank produces them.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *seq, plan lengthPlan, id string, created int64, includeUsage bool) {
+// stream writes one SSE chunk per token as the rank produces them; it
+// calls done once the engine has finished the sequence, before flushing
+// its last tokens.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *seq, plan lengthPlan, id string, created int64, includeUsage bool, done func()) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -384,6 +392,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *se
 				// Closes the connection without the terminating chunk.
 				panic(http.ErrAbortHandler)
 			}
+		}
+		if p.over {
+			done()
 		}
 		_ = rc.Flush()
 		if p.over {
