@@ -38,7 +38,7 @@ type options struct {
 	onProbe func(wire.ProbeRequest)
 	getenv  func(string) string // the environment systemd's notify socket is read from
 	reread  <-chan struct{}
-	// passiveWindow replaces PassiveWindow (tests).
+	// passiveWindow replaces the passive and the pace window (tests).
 	passiveWindow time.Duration
 }
 
@@ -61,7 +61,7 @@ func WithProbeHook(fn func(wire.ProbeRequest)) Option {
 	return func(o *options) { o.onProbe = fn }
 }
 
-// withPassiveWindow shortens the passive capacity window (tests).
+// withPassiveWindow shortens the passive capacity and pace windows (tests).
 func withPassiveWindow(d time.Duration) Option {
 	return func(o *options) { o.passiveWindow = d }
 }

@@ -43,7 +43,7 @@ type Handler struct {
 	passiveMu     sync.Mutex
 	passive       map[string]*passive // passive capacity per capacity key (passive.go)
 	paces         map[string]*pace    // pace readings per capacity key (pace.go)
-	passiveWindow time.Duration       // 0: PassiveWindow
+	passiveWindow time.Duration       // tests: replaces both the passive and the pace window; 0: the config's
 }
 
 // NewHandler returns the Handler over a collector and a GPU source; cfg

@@ -13,8 +13,8 @@ const minPaceTokens = 200
 
 // pace turns an engine's inter-token latency histogram and generated-tokens
 // counter, read at any load, into wire.Pace readings, each over a window
-// of the passive window's length, one every half window: the windows
-// overlap by half. Below saturation the tokens an engine delivers are what
+// of probe.pace_window, one every half window: the windows overlap by
+// half; each also says how fast prompts were read in it. Below saturation the tokens an engine delivers are what
 // it was offered; the time between two tokens of a request at a given batch
 // size is what it can do, so the coordinator can tell an engine that slowed
 // down while it serves. The coordinator acts on two slow readings in a row;
@@ -31,18 +31,23 @@ type pace struct {
 type paceSample struct {
 	at                time.Time
 	gen, itlSum, itlN float64
+	prompt            float64 // prompt tokens computed; < 0 where the engine does not say
 }
 
 // add takes one reading of the counters; it returns the reading a window
 // completed, else nil. A counter that went back (a restart) or an engine
 // without the histogram starts over.
 func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
-	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens}
+	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens, prompt: -1}
+	if c.PromptKnown {
+		s.prompt = c.PromptComputed
+	}
 	if !c.InterTokenKnown {
 		p.start, p.half = paceSample{}, paceSample{}
 		return nil
 	}
-	if p.start.at.IsZero() || s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum {
+	if p.start.at.IsZero() || s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum ||
+		(s.prompt >= 0 && s.prompt < p.start.prompt) {
 		p.start, p.half = s, paceSample{}
 		return nil
 	}
@@ -53,7 +58,10 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 	if span < p.window {
 		return nil
 	}
-	n, sum, gen := s.itlN-p.start.itlN, s.itlSum-p.start.itlSum, s.gen-p.start.gen
+	n, sum, gen, prompt := s.itlN-p.start.itlN, s.itlSum-p.start.itlSum, s.gen-p.start.gen, s.prompt-p.start.prompt
+	if s.prompt < 0 || p.start.prompt < 0 {
+		prompt = 0 // not known at both ends (a prompt counter that went back is a restart, above)
+	}
 	if n < minPaceTokens || sum <= 0 {
 		p.start, p.half = paceSample{}, paceSample{} // too little traffic to say; the next request starts a window
 		return nil
@@ -65,7 +73,7 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 	spt := sum / n
 	tps := gen / span.Seconds()
 	r := &wire.Pace{At: at.UTC(), WindowSeconds: span.Seconds(), SecondsPerToken: spt,
-		Batch: tps * spt / float64(max(1, ranks)), ThroughputTPS: tps}
+		Batch: tps * spt / float64(max(1, ranks)), ThroughputTPS: tps, PromptTPS: prompt / span.Seconds()}
 	p.latest = r
 	return r
 }

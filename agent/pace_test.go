@@ -1,16 +1,21 @@
 package agent
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"heft/agent/engine"
 	"heft/shared/wire"
+	"heft/sim"
 )
 
 // A pace reading is the mean inter-token time over a window and the batch
@@ -65,6 +70,32 @@ func TestPaceReadings(t *testing.T) {
 	}
 }
 
+// A reading carries the prompt tokens the engine computed over its window
+// per second, from both ends' counters; where the engine does not say at
+// both ends, none; a prompt counter that went back is a restart.
+func TestPacePromptRate(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	c := func(gen, prompt float64, known bool) engine.Counters {
+		return engine.Counters{Generated: gen, InterTokenSeconds: gen * 0.01, InterTokens: gen, InterTokenKnown: true,
+			PromptComputed: prompt, PromptKnown: known}
+	}
+	p := &pace{window: 10 * time.Second}
+	p.add(at(0), c(0, 1000, true), 1)
+	if r := p.add(at(10), c(1000, 31000, true), 1); r == nil || r.PromptTPS != 3000 {
+		t.Fatalf("reading %+v, want 3000 prompt tokens per second", r)
+	}
+	q := &pace{window: 10 * time.Second}
+	q.add(at(0), c(0, 0, false), 1)
+	if r := q.add(at(10), c(1000, 5000, true), 1); r == nil || r.PromptTPS != 0 {
+		t.Fatalf("a window whose start had no prompt counter: %+v, want prompt_tps 0", r)
+	}
+	q.add(at(20), c(2000, 100, true), 1)
+	if !q.start.at.Equal(at(20)) {
+		t.Fatalf("a prompt counter that went back did not start the window over: start %v", q.start.at)
+	}
+}
+
 // llama.cpp has no inter-token histogram: its finished requests' decode
 // seconds over their tokens, scraped from a real llama-server page over
 // loopback, give the same reading.
@@ -115,5 +146,91 @@ llamacpp:requests_processing 4
 	r := read(t0.Add(10 * time.Second))
 	if r == nil || math.Abs(r.SecondsPerToken-0.02) > 1e-12 || math.Abs(r.Batch-1.6) > 1e-9 || r.ThroughputTPS != 80 {
 		t.Fatalf("reading %+v, want 20 ms per token, batch 1.6, 80 tok/s", r)
+	}
+}
+
+// The whole path on a real heft-sim (vLLM's chunked prefill: prompt chunks
+// share the decode steps): eight requests decode while long prompts
+// arrive five times a second. The steps stretch by the share of time the
+// prompts take, so the raw pace reads far slower than decoding alone; the
+// reading's prompt rate over the engine's prefill rate is that share, and
+// taking it out gives the decode step again (the coordinator's
+// prefillShare does so with the measured prefill rate).
+func TestPaceReadsPromptsBesideDecoding(t *testing.T) {
+	const single, batch16, prefill = 100.0, 800.0, 20000.0
+	s, err := sim.Start(sim.Config{Flavor: sim.FlavorVLLM, Model: "test/model", SingleTPS: single, Batch16TPS: batch16,
+		PrefillTPS: prefill}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	// t0 + k = 1/S1, t0 + 16k = 16/S16: 8 decoding take t0 + 8k a step.
+	k := (16/batch16 - 1/single) / 15
+	decodeStep := 1/single + 7*k
+
+	ctx, cancel := context.WithCancel(t.Context())
+	var users sync.WaitGroup
+	t.Cleanup(func() { cancel(); users.Wait() })
+	send := func(body string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", strings.NewReader(body))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("%s: %s", resp.Status, b)
+			}
+		}
+	}
+	for range 8 {
+		users.Go(func() {
+			send(`{"model":"test/model","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
+		})
+	}
+	long := strings.Repeat("word ", 1500)
+	users.Go(func() {
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			// A unique first word: the prefix cache serves none of it.
+			users.Go(func() {
+				send(fmt.Sprintf(`{"model":"test/model","messages":[{"role":"user","content":"u%d %s"}],"max_tokens":1}`, i, long))
+			})
+		}
+	})
+
+	c, err := engine.New(engine.Config{Kind: "vllm", URL: s.URL()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the decoders are admitted, the prompts flowing
+	p := &pace{window: 3 * time.Second}
+	var got []*wire.Pace
+	for deadline := time.Now().Add(20 * time.Second); len(got) < 2 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		cs, err := c.Counters(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := p.add(time.Now(), cs, 1); r != nil {
+			got = append(got, r)
+		}
+	}
+	if len(got) < 2 {
+		t.Fatalf("%d pace readings in 20 s", len(got))
+	}
+	for _, r := range got {
+		share := r.PromptTPS / prefill
+		decode := r.SecondsPerToken * (1 - share)
+		t.Logf("batch %.1f: %.1f ms per token, %.0f prompt tok/s (share %.2f): %.1f ms decoding, want %.1f", r.Batch, 1000*r.SecondsPerToken, r.PromptTPS, share, 1000*decode, 1000*decodeStep)
+		if r.SecondsPerToken < 1.3*decodeStep {
+			t.Errorf("raw pace %.1f ms is not stretched by the prompts (decode step %.1f ms)", 1000*r.SecondsPerToken, 1000*decodeStep)
+		}
+		if math.Abs(decode/decodeStep-1) > 0.1 {
+			t.Errorf("pace less the prompts' share: %.1f ms, want the decode step %.1f ms within 10 %%", 1000*decode, 1000*decodeStep)
+		}
 	}
 }

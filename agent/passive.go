@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"time"
@@ -115,7 +116,7 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 		p.ranks = dataParallelRanks(*e)
 		pc := h.paces[e.CapacityKey]
 		if pc == nil {
-			pc = &pace{window: p.window}
+			pc = &pace{window: cmp.Or(h.passiveWindow, h.cfg.Probe.PaceWindow, config.DefaultPaceWindow)}
 			h.paces[e.CapacityKey] = pc
 		}
 		_, saturated := p.saturated(e.Load)

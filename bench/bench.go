@@ -81,8 +81,11 @@ type Options struct {
 	// busy engine (wait, drain, passive-only); "" = wait, the default.
 	ProbeBusy string
 	// ChangeWindow is area 11's agents' passive and pace window
-	// (probe.passive_window); 0 = 30s (5s in quick mode).
+	// (probe.passive_window and probe.pace_window); 0 = the agents'
+	// defaults (5s in quick mode).
 	ChangeWindow time.Duration
+	// PaceWindow is area 11's agents' pace window alone, over ChangeWindow.
+	PaceWindow time.Duration
 	// Keep leaves the work folder (every process's logs, configs and
 	// state) in place and names it, to look into a run afterwards.
 	Keep bool
@@ -111,6 +114,7 @@ type env struct {
 	fastListen    string // the fast sim's fixed address, so a restart keeps it ("" = any)
 	joinListen    string // the joiner's address, known to the oracle's config before it joins ("" = no joiner)
 	passiveWindow time.Duration
+	paceWindow    time.Duration
 	probeBusy     string       // the agents' probe.busy ("": their default)
 	fastNVML      *standinNVML // the fast worker's agent reads its GPU here (nil: no GPU)
 

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"heft/agent/config"
 	"heft/agent/probe"
 	"heft/bench/loadgen"
 	"heft/gateway/gwproc"
@@ -77,7 +78,8 @@ type changesPlan struct {
 	SlowAt  time.Duration // when the change happens, after the sims start; the fleet must be up by then
 	Factor  float64
 	After   time.Duration // load and polling after the change
-	Window  time.Duration // the agents' passive (and pace) window
+	Window  time.Duration // the agents' passive window (probe.passive_window)
+	Pace    time.Duration // the agents' pace window (probe.pace_window)
 	Seeds   int
 	Load    float64
 	Tokens  int
@@ -88,13 +90,16 @@ type changesPlan struct {
 }
 
 func (e *env) changesPlanFor() changesPlan {
-	p := changesPlan{SlowAt: 4 * time.Minute, Factor: 2, After: 2 * time.Minute, Window: 30 * time.Second,
-		Seeds: 3, Load: 0.6, Tokens: 128, Tolered: 0.05, Cases: changeCases, ProbeBusy: cmp.Or(e.opts.ProbeBusy, probe.BusyWait)}
+	p := changesPlan{SlowAt: 4 * time.Minute, Factor: 2, After: 2 * time.Minute, Window: config.DefaultPassiveWindow,
+		Pace: config.DefaultPaceWindow, Seeds: 3, Load: 0.6, Tokens: 128, Tolered: 0.05, Cases: changeCases, ProbeBusy: cmp.Or(e.opts.ProbeBusy, probe.BusyWait)}
 	if e.opts.Quick {
-		p.SlowAt, p.After, p.Window, p.Seeds, p.Tokens = 60*time.Second, 40*time.Second, 5*time.Second, 1, e.tokens
+		p.SlowAt, p.After, p.Window, p.Pace, p.Seeds, p.Tokens = 60*time.Second, 40*time.Second, 5*time.Second, 5*time.Second, 1, e.tokens
 	}
 	if e.opts.ChangeWindow > 0 {
-		p.Window = e.opts.ChangeWindow
+		p.Window, p.Pace = e.opts.ChangeWindow, e.opts.ChangeWindow
+	}
+	if e.opts.PaceWindow > 0 {
+		p.Pace = e.opts.PaceWindow
 	}
 	if cases, err := selectCases(e.opts.ChangeCases); err == nil {
 		p.Cases = cases // Run has refused unknown names
@@ -182,7 +187,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 		Intro: fmt.Sprintf("Area 9's fleet (%s) behind real HAProxy and nginx, heft-sync applying heft's weights (leastconn), "+
 			"the coordinator's probation off. Poisson load of %s of the fleet's full-load capacity, half through each gateway, "+
 			"%d output tokens, from when the fleet is up until %s after the change at %s after the sims start; agents' passive "+
-			"and pace window %s (probe.passive_window), probe.busy = %s. Cases: the fast worker's heft-sim halves its speed "+
+			"window %s (probe.passive_window), pace window %s (probe.pace_window), probe.busy = %s. Cases: the fast worker's heft-sim halves its speed "+
 			"(--slow-at, --slow-factor %s: same arguments, no restart), its true share of the fleet's full-load capacity going "+
 			"from %s to %s; the fast worker is stopped and started again on the same port with the same arguments at half speed "+
 			"(HEFT_SIM_SLOW_FACTOR, not on its command line), the same true shares; the fast worker halves its speed as its GPU, "+
@@ -194,7 +199,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"served while it also served a request of heft's probes, counted by the sims themselves (each load request "+
 			"carries the X-Heft-Load header, a probe's does not). \"p95\" is of the whole load; \"p95 after the change\" of the requests "+
 			"sent from the change to the end, and \"vs true capacities\" compares that with the same case and seed routed by the true capacities.",
-			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, plan.ProbeBusy, ftoa(plan.Factor),
+			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, plan.Pace, plan.ProbeBusy, ftoa(plan.Factor),
 			shareText(before), shareText(after), int(standinMaxSM/plan.Factor), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
 		Table: Table{Columns: []string{"case", "routing", "gateway", "seed", "share at change", "converged", "share at end", "true share",
 			"requests", "failed", "p95", "p95 after the change", "vs true capacities", "met a probe"}},
@@ -259,7 +264,7 @@ func metText(n int64) string {
 // change at SlowAt and follows the changing worker's share at both
 // gateways. Its notes list the measurements stored while the load ran.
 func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed int, oracle bool) ([]changeRow, []string, error) {
-	e.passiveWindow, e.probeBusy = plan.Window, plan.ProbeBusy
+	e.passiveWindow, e.paceWindow, e.probeBusy = plan.Window, plan.Pace, plan.ProbeBusy
 	switch c {
 	case caseSlows:
 		e.slowFast = sim.Slow{At: plan.SlowAt, Factor: plan.Factor}
@@ -290,7 +295,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 		e.joinListen = "127.0.0.1:" + strconv.Itoa(port)
 	}
 	defer func() {
-		e.slowFast, e.passiveWindow, e.fastListen, e.joinListen, e.fastNVML, e.probeBusy = sim.Slow{}, 0, "", "", nil, ""
+		e.slowFast, e.passiveWindow, e.paceWindow, e.fastListen, e.joinListen, e.fastNVML, e.probeBusy = sim.Slow{}, 0, 0, "", "", nil, ""
 	}()
 	pols, load := changesPolicies("lc_heft"), changesPolicies("lc_heft")
 	if oracle {

@@ -196,6 +196,9 @@ func (e *env) startAgent(dir, node string, co *coordinator, kind string, s *simP
 	if e.passiveWindow > 0 {
 		fmt.Fprintf(&b, "passive_window = %q\n", e.passiveWindow)
 	}
+	if e.paceWindow > 0 {
+		fmt.Fprintf(&b, "pace_window = %q\n", e.paceWindow)
+	}
 	if e.probeBusy != "" {
 		fmt.Fprintf(&b, "busy = %q\n", e.probeBusy)
 	}

@@ -95,6 +95,9 @@ type Probe struct {
 	// PassiveWindow is how long an engine must stay saturated for its
 	// delivered tokens/s to count as a passive capacity reading.
 	PassiveWindow time.Duration
+	// PaceWindow is how long the counters are read for one pace reading
+	// (one every half window), at any load.
+	PaceWindow time.Duration
 }
 
 // Log configures the agent's own logging.
@@ -143,7 +146,7 @@ func Default() Config {
 			PodsRoot: logsource.DefaultPodsRoot},
 		Probe: Probe{Concurrency: probe.DefaultConcurrency, Tokens: probe.DefaultTokens,
 			Prefill: true, PrefillConcurrency: probe.DefaultPrefillConcurrency, PrefillTokens: probe.DefaultPrefillTokens,
-			Busy: probe.BusyWait, BusyWait: probe.DefaultBusyWait, PassiveWindow: DefaultPassiveWindow},
+			Busy: probe.BusyWait, BusyWait: probe.DefaultBusyWait, PassiveWindow: DefaultPassiveWindow, PaceWindow: DefaultPaceWindow},
 		Log:              Log{Level: logging.DefaultLevel},
 		StateDir:         DefaultStateDir,
 		SnapshotInterval: link.DefaultSnapshotEvery,
@@ -162,6 +165,15 @@ const (
 	DefaultPassiveWindow = 30 * time.Second
 	MinPassiveWindow     = 2 * time.Second
 )
+
+// DefaultPaceWindow is a pace reading's window. A slowdown the GPU does
+// not report is followed by pace alone, two slow readings half a window
+// apart: 10 s windows follow it in 10-16 s (30 s ones took 29 s, and the
+// fleet's p95 paid for the wait). Real engines' decode pace over 10 s
+// stays within 14 % of its neighbours (testdata/pace-wild); prompts read
+// in the window are what move it, and the coordinator takes their share
+// out (coordinator/fleet/pace.go).
+const DefaultPaceWindow = 10 * time.Second
 
 // EngineSyntax is how an engine is written on the command line and in
 // HEFT_ENGINES (entries separated by ';').
@@ -207,6 +219,7 @@ func (c *Config) command() settings.Command {
 				" (wait for it to be idle; drain it at the gateways, then wait; never probe it)").Meta("MODE"),
 			settings.Duration("probe.busy_wait", &c.Probe.BusyWait, "how long a probe waits for a busy engine to be idle before it gives up"),
 			settings.Duration("probe.passive_window", &c.Probe.PassiveWindow, "how long an engine must stay saturated for a passive capacity reading (shorter: faster to follow a change, noisier)"),
+			settings.Duration("probe.pace_window", &c.Probe.PaceWindow, "how long the engine's counters are read for one pace reading, one every half window (shorter: a slower engine is followed sooner, noisier)"),
 			settings.String("log.level", &c.Log.Level, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log.json", &c.Log.JSON, "log JSON lines even on a terminal"),
 			settings.String("state_dir", &c.StateDir, "directory for the node credential (the packaged unit's StateDirectory)").Meta("DIR"),
@@ -428,6 +441,9 @@ func (c Config) Validate() error {
 	}
 	if c.Probe.PassiveWindow < MinPassiveWindow {
 		add("probe passive_window must be at least %s, got %s", MinPassiveWindow, c.Probe.PassiveWindow)
+	}
+	if c.Probe.PaceWindow < MinPassiveWindow {
+		add("probe pace_window must be at least %s, got %s", MinPassiveWindow, c.Probe.PaceWindow)
 	}
 	if err := logging.CheckLevel(c.Log.Level); err != nil {
 		errs = append(errs, err)

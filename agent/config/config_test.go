@@ -105,6 +105,7 @@ prefill_tokens = 4096
 busy = "drain"
 busy_wait = "45s"
 passive_window = "5s"
+pace_window = "4s"
 [log]
 level = "debug"
 json = true
@@ -126,7 +127,7 @@ url = "http://127.0.0.1:11434"
 	if c.TokenFile != "/etc/heft/agent.token" || c.CAFile != "/etc/heft/ca.pem" || !c.InsecureSkipVerify {
 		t.Errorf("coordinator = %+v", c)
 	}
-	if cfg.Probe != (Probe{Concurrency: 8, Tokens: 64, Prompt: "count", PrefillConcurrency: 2, PrefillTokens: 4096, Busy: "drain", BusyWait: 45 * time.Second, PassiveWindow: 5 * time.Second}) ||
+	if cfg.Probe != (Probe{Concurrency: 8, Tokens: 64, Prompt: "count", PrefillConcurrency: 2, PrefillTokens: 4096, Busy: "drain", BusyWait: 45 * time.Second, PassiveWindow: 5 * time.Second, PaceWindow: 4 * time.Second}) ||
 		cfg.Log != (Log{Level: "debug", JSON: true}) {
 		t.Errorf("probe %+v log %+v", cfg.Probe, cfg.Log)
 	}
@@ -359,6 +360,7 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		{"unknown busy mode", func(c *Config) { c.Probe.Busy = "sometimes" }, "probe busy must be one of wait, drain, passive-only"},
 		{"no busy wait", func(c *Config) { c.Probe.BusyWait = 0 }, "probe busy_wait must be positive"},
 		{"passive window too short", func(c *Config) { c.Probe.PassiveWindow = time.Second }, "probe passive_window must be at least 2s"},
+		{"pace window too short", func(c *Config) { c.Probe.PaceWindow = time.Second }, "probe pace_window must be at least 2s"},
 		{"no prefill requests", func(c *Config) { c.Probe.PrefillConcurrency = 0 }, "probe prefill_concurrency must be 1.."},
 		{"missing CA", func(c *Config) { c.Coordinator.CAFile = "/does/not/exist" }, "ca file"},
 		{"CA not PEM", func(c *Config) { c.Coordinator.CAFile = writeFile(t, "ca", "nope", 0o644) }, "no PEM"},
@@ -522,7 +524,7 @@ func TestHelp(t *testing.T) {
 	want := []string{"HEFT_CONFIG", "HEFT_COORDINATOR_URL", "HEFT_TOKEN", "HEFT_TOKEN_FILE", "HEFT_CA_FILE",
 		"HEFT_INSECURE_SKIP_VERIFY", "HEFT_NODE", "HEFT_ENGINES", "HEFT_ENGINE_LOGS_JOURNAL_DIRECTORY", "HEFT_ENGINE_LOGS_DOCKER_SOCKET",
 		"HEFT_ENGINE_LOGS_DOCKER_ROOT", "HEFT_ENGINE_LOGS_PODS_ROOT", "HEFT_PROBE_CONCURRENCY", "HEFT_PROBE_TOKENS",
-		"HEFT_PROBE_PROMPT", "HEFT_PROBE_PREFILL", "HEFT_PROBE_PREFILL_CONCURRENCY", "HEFT_PROBE_PREFILL_TOKENS", "HEFT_PROBE_BUSY", "HEFT_PROBE_BUSY_WAIT", "HEFT_PROBE_PASSIVE_WINDOW", "HEFT_LOG_LEVEL", "HEFT_LOG_JSON",
+		"HEFT_PROBE_PROMPT", "HEFT_PROBE_PREFILL", "HEFT_PROBE_PREFILL_CONCURRENCY", "HEFT_PROBE_PREFILL_TOKENS", "HEFT_PROBE_BUSY", "HEFT_PROBE_BUSY_WAIT", "HEFT_PROBE_PASSIVE_WINDOW", "HEFT_PROBE_PACE_WINDOW", "HEFT_LOG_LEVEL", "HEFT_LOG_JSON",
 		"HEFT_STATE_DIR", "HEFT_SNAPSHOT_INTERVAL", "HEFT_POLL_INTERVAL", "HEFT_DISCOVER", "HEFT_LISTEN"}
 	if got := EnvVars(); !slices.Equal(got, want) {
 		t.Errorf("EnvVars = %v\nwant       %v", got, want)

@@ -26,6 +26,10 @@ type Counters struct {
 	// InterTokenKnown.
 	InterTokenSeconds, InterTokens float64
 	InterTokenKnown                bool
+	// PromptComputed is the prompt tokens read less the prefix cache's
+	// hits, where PromptKnown.
+	PromptComputed float64
+	PromptKnown    bool
 }
 
 // Counters scrapes /metrics for the generated-tokens counter and the
@@ -44,5 +48,6 @@ func (c *Client) Counters(ctx context.Context) (Counters, error) {
 		return Counters{}, fmt.Errorf("%s /metrics has no %s", c.kind.name, c.kind.metrics.generated[0])
 	}
 	return Counters{Generated: mf.Generated, Ranks: mf.GeneratedRanks, Load: mf.Load,
-		InterTokenSeconds: mf.InterTokenSeconds, InterTokens: mf.InterTokens, InterTokenKnown: mf.InterTokenKnown}, nil
+		InterTokenSeconds: mf.InterTokenSeconds, InterTokens: mf.InterTokens, InterTokenKnown: mf.InterTokenKnown,
+		PromptComputed: mf.PromptComputed, PromptKnown: mf.PromptKnown}, nil
 }

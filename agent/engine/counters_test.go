@@ -90,3 +90,46 @@ llamacpp:tokens_predicted_seconds_total 31.77
 		}
 	}
 }
+
+// The prompt tokens an engine computed are its prompt counter over every
+// rank less what its prefix cache served; a page without the counter says
+// so.
+func TestParseMetricsPrompt(t *testing.T) {
+	const vllmCached = `# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 5000.0
+vllm:prompt_tokens_total{engine="1",model_name="m"} 3000.0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1200.0
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 800.0
+`
+	const sglangCached = `# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="m"} 900.0
+# TYPE sglang:cached_tokens_total counter
+sglang:cached_tokens_total{model_name="m"} 300.0
+`
+	tests := []struct {
+		name, kind string
+		page       []byte
+		known      bool
+		computed   float64
+	}{
+		{"vllm dp2", "vllm", testutil.ReadTestdata(t, "engines/vllm-dp2-metrics.txt"), true, 4102 + 3590},
+		{"vllm cache hits", "vllm", []byte(vllmCached), true, 8000 - 2000},
+		{"sglang", "sglang", testutil.ReadTestdata(t, "engines/sglang-dp2-uneven-metrics.txt"), true, 6662},
+		{"sglang cache hits", "sglang", []byte(sglangCached), true, 600},
+		{"llamacpp", "llamacpp", testutil.ReadTestdata(t, "metrics/llamacpp.txt"), true, 18432},
+		{"vllm v0", "vllm", testutil.ReadTestdata(t, "metrics/vllm-v0-old-names.txt"), true, 1024},
+		{"no counter", "vllm", []byte("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 1\n"), false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			mf, err := ParseMetrics(tt.kind, bytes.NewReader(tt.page))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mf.PromptKnown != tt.known || mf.PromptComputed != tt.computed {
+				t.Errorf("prompt = %v %v, want %v %v", mf.PromptKnown, mf.PromptComputed, tt.known, tt.computed)
+			}
+		})
+	}
+}

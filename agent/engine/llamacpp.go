@@ -23,6 +23,8 @@ var llamaCpp = descriptor{
 		generated: []string{"llamacpp:tokens_predicted_total"},
 		// Both counters grow when a request finishes (on_prediction).
 		decodeSeconds: []string{"llamacpp:tokens_predicted_seconds_total"},
+		// Prompt tokens evaluated: a cached prefix is not among them.
+		prompt: []string{"llamacpp:prompt_tokens_total"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"n_predict": n, "ignore_eos": true}

@@ -54,6 +54,11 @@ type MetricsFacts struct {
 	// InterTokenKnown.
 	InterTokenSeconds, InterTokens float64
 	InterTokenKnown                bool
+	// PromptComputed is the prompt tokens the engine has read, over its
+	// ranks, less those its prefix cache served, where PromptKnown: the
+	// prefill that shares the steps with decoding (pace.go in agent).
+	PromptComputed float64
+	PromptKnown    bool
 }
 
 // metricNames says which series of a kind's /metrics carry what (each
@@ -75,6 +80,10 @@ type metricNames struct {
 	// counter's is the same mean time between two tokens of one request,
 	// short by one interval in each request's tokens.
 	decodeSeconds []string
+	// prompt counts prompt tokens read (vLLM when a prompt's prefill
+	// ends, SGLang when its request finishes, llama.cpp those evaluated);
+	// cached, where the engine has it, those its prefix cache served.
+	prompt, cached []string
 }
 
 // ErrNoMetrics is returned for an engine kind that has no /metrics
@@ -157,6 +166,10 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 			facts.InterTokenSeconds, facts.InterTokens, facts.InterTokenKnown = secs, facts.Generated, true
 		}
 	}
+	var cached float64
+	page.each(names.cached, func(_ int, v float64) { cached += v })
+	facts.PromptKnown = page.each(names.prompt, func(_ int, v float64) { facts.PromptComputed += v })
+	facts.PromptComputed = max(0, facts.PromptComputed-cached)
 	if known || len(ranks) > 0 {
 		facts.Load.Known = known
 		for _, k := range sortedKeys(ranks) {

@@ -31,6 +31,8 @@ var sglang = descriptor{
 		// The tokenizer's histogram, over every rank; older releases
 		// named it time_per_output_token_seconds.
 		interToken: []string{"sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"},
+		prompt:     []string{"sglang:prompt_tokens_total"},
+		cached:     []string{"sglang:cached_tokens_total"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}

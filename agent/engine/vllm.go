@@ -25,6 +25,8 @@ var vllm = descriptor{
 		// Renamed from time_per_output_token_seconds in vLLM 0.11, which
 		// since means a request's mean, not each token's.
 		interToken: []string{"vllm:inter_token_latency_seconds"},
+		prompt:     []string{"vllm:prompt_tokens_total"},
+		cached:     []string{"vllm:prefix_cache_hits_total"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}

@@ -22,10 +22,20 @@ import (
 // capacity by the ratio (weight source "rescaled") and asks for a
 // re-measurement, which the agent's probe.busy governs; readings that agree
 // again, or a new measurement, end the rescale.
+//
+// Prompts read while requests decode stretch the time between their tokens
+// (vLLM puts prompt chunks in the decode steps, SGLang runs prompt batches
+// between them) by the share of the engine's time the prompts take: the
+// prompt tokens it computed per second over the window (wire.Pace's
+// PromptTPS) over its measured prefill rate. A reading counts its decode
+// part, seconds per token times one less that share; one whose prompts
+// took more than MaxPrefillShare says too little of decoding and counts
+// for nothing.
 const (
-	PaceTolerance = 0.15
-	PaceReadings  = 2
-	PaceLearn     = 6
+	PaceTolerance   = 0.15
+	PaceReadings    = 2
+	PaceLearn       = 6
+	MaxPrefillShare = 0.5
 	// CausePaceSlower names a re-measurement a slower pace asked for.
 	CausePaceSlower = "pace_slower"
 )
@@ -125,14 +135,20 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	if !s.measured.Equal(m.FinishedAt) {
 		s.reset(m)
 	}
+	share := prefillShare(p, m)
+	if share > MaxPrefillShare {
+		f.log.Debug("pace reading skipped: prompts took most of the engine's time in its window", "worker", w.id, "prefill_share", share)
+		return ""
+	}
+	spt := p.SecondsPerToken * (1 - share)
 	ref, ok := s.reference(p.Batch)
 	if !ok {
 		if s.learned < PaceLearn {
-			s.learn(pacePoint{p.Batch, p.SecondsPerToken})
+			s.learn(pacePoint{p.Batch, spt})
 		}
 		return ""
 	}
-	s.ratio = p.SecondsPerToken / ref
+	s.ratio = spt / ref
 	// Throttled spells are timed on the coordinator's clock, so is the
 	// reading: the agent sends it as its window ends (throttle.go).
 	now := f.now()
@@ -151,7 +167,7 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 			return ""
 		}
 		if s.learned < PaceLearn {
-			s.learn(pacePoint{p.Batch, p.SecondsPerToken})
+			s.learn(pacePoint{p.Batch, spt})
 		}
 		return ""
 	}
@@ -168,13 +184,23 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		// The GPUs say why: the pace follows the throttle, and a probe
 		// would take the worker out while the fleet is short.
 		f.log.Info("throttled engine runs slower than measured; its capacity is rescaled by its pace",
-			"worker", w.id, "seconds_per_token", p.SecondsPerToken, "reference", ref, "batch", p.Batch, "factor", s.ratio)
+			"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", p.Batch, "factor", s.ratio, "prefill_share", share)
 		return ""
 	}
 	f.log.Info("engine runs slower than measured while it serves; its capacity is rescaled until it is measured again",
-		"worker", w.id, "seconds_per_token", p.SecondsPerToken, "reference", ref, "batch", p.Batch, "factor", s.ratio)
+		"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", p.Batch, "factor", s.ratio, "prefill_share", share)
 	return fmt.Sprintf("%s: %.1f ms per token at %.1f running per rank, %.1f ms when measured; capacity rescaled to %.0f tok/s",
-		CausePaceSlower, 1000*p.SecondsPerToken, p.Batch, 1000*ref, m.ThroughputTPS/s.factor)
+		CausePaceSlower, 1000*spt, p.Batch, 1000*ref, m.ThroughputTPS/s.factor)
+}
+
+// prefillShare is the share of the engine's time over p's window that the
+// prompts it computed took, at m's measured prefill rate; 0 where either
+// is unknown.
+func prefillShare(p *wire.Pace, m *wire.Measurement) float64 {
+	if p.PromptTPS <= 0 || !m.PrefillValid() || m.Prefill.ThroughputTPS <= 0 {
+		return 0
+	}
+	return p.PromptTPS / m.Prefill.ThroughputTPS
 }
 
 // capacity is what w's weight counts of its measurement m: its throughput

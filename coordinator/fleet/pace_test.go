@@ -211,3 +211,70 @@ func TestPaceSurvivesRestart(t *testing.T) {
 		}
 	}
 }
+
+// Prompts read while requests decode stretch the time between their tokens
+// by the share of the engine's time they take, at its measured prefill
+// rate: a reading counts its decode part, so a burst of long prompts on an
+// engine at full speed is no slowdown, and a reading whose prompts took
+// most of the window counts for nothing; a real slowdown among a few
+// prompts is still caught, by its decode part.
+func TestPaceDiscountsPrefill(t *testing.T) {
+	h := newHarness(t)
+	a, b := engine("a", "http://1:8000", "m"), engine("b", "http://2:8000", "m")
+	h.connectOnce("n")
+	h.put("n", a)
+	h.put("n", b)
+	for _, e := range []wire.Engine{a, b} {
+		m := measured(e.CapacityKey, 2000, h.clk.now())
+		m.DecodeTPSP50 = 125 // 8 ms per token with 16 running
+		m.Prefill = &wire.Prefill{ThroughputTPS: 10000, PromptTokens: 32768, ExpectedPromptTokens: 32768, PromptLength: 8192,
+			Requests: 4, Concurrency: 4, WallSeconds: 3.2768}
+		h.result("n", m)
+	}
+	sec := 0
+	readingOf := func(e *wire.Engine, spt, promptTPS float64) []*wire.ProbeRequest {
+		sec += 5
+		e.Pace = &wire.Pace{At: h.clk.now().Add(time.Duration(sec) * time.Second), WindowSeconds: 10,
+			SecondsPerToken: spt, Batch: 16, ThroughputTPS: 16 / spt, PromptTPS: promptTPS}
+		return requests(h.put("n", *e), e.CapacityKey)
+	}
+	reading := func(spt, promptTPS float64) []*wire.ProbeRequest { return readingOf(&a, spt, promptTPS) }
+	// Prompts at 3,000 tok/s take 30 % of the engine: 11.4 ms per token
+	// is 8.0 ms of decoding, no slowdown, however many such readings come.
+	for i := range 4 {
+		if r := reading(0.0114, 3000); len(r) != 0 || h.worker("a").WeightSource != SourceMeasured {
+			t.Fatalf("reading %d with prompts in its steps re-measured %+v, source %q", i, r, h.worker("a").WeightSource)
+		}
+	}
+	// The same readings from an engine that does not say what it read.
+	reading(0.0114, 0)
+	if r := reading(0.0114, 0); len(r) != 1 || h.worker("a").WeightSource != SourceRescaled {
+		t.Fatalf("without the prompt rate, two readings 43 %% slow did not rescale: %+v", r)
+	}
+	reading(0.008, 0)
+	reading(0.008, 0)
+	if got := h.worker("a").WeightSource; got != SourceMeasured {
+		t.Fatalf("after two agreeing readings: source %q", got)
+	}
+	// Prompts that took 60 % of the window: the reading counts for
+	// nothing, not as slow, not as agreeing.
+	reading(0.016, 0)
+	if r := reading(0.030, 6000); len(r) != 0 || h.worker("a").WeightSource != SourceMeasured {
+		t.Fatalf("a prefill-bound reading counted as slow: %+v", r)
+	}
+	// With the slow reading before the skipped one, two in a row.
+	reading(0.016, 0)
+	if w := h.worker("a"); w.WeightSource != SourceRescaled || math.Abs(w.PaceFactor-2) > 0.01 {
+		t.Fatalf("after a slow reading, a skipped one and a slow one: source %q, factor %v", w.WeightSource, w.PaceFactor)
+	}
+	// A real slowdown with 5 % of prompts: 16.8 ms is 16.0 of decoding,
+	// twice the reference.
+	readingOf(&b, 0.0168, 500)
+	r := readingOf(&b, 0.0168, 500)
+	if len(r) != 1 || !strings.HasPrefix(r[0].Cause, CausePaceSlower+": 16.0 ms per token at 16.0 running per rank, 8.0 ms when measured") {
+		t.Fatalf("a slowdown among few prompts: %+v", r)
+	}
+	if w := h.worker("b"); math.Abs(w.PaceFactor-2) > 0.01 {
+		t.Fatalf("pace factor %v, want 2", w.PaceFactor)
+	}
+}

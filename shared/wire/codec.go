@@ -260,7 +260,7 @@ func (e *Engine) Validate() error {
 	}
 	if p := e.Pace; p != nil {
 		for name, v := range map[string]float64{"window_seconds": p.WindowSeconds, "seconds_per_token": p.SecondsPerToken,
-			"batch": p.Batch, "throughput_tps": p.ThroughputTPS} {
+			"batch": p.Batch, "throughput_tps": p.ThroughputTPS, "prompt_tps": p.PromptTPS} {
 			if err := checkNumber("engine.pace."+name, v); err != nil {
 				return err
 			}

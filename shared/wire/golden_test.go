@@ -56,7 +56,7 @@ func fullMessages() map[string]any {
 					Via: "pod log", Wrapper: "cri", Lines: 34, Skipped: 1, Error: "rank 0 still starting"},
 				MaxModelLen: 40960, MaxModelLenSource: "v1_models",
 				Passive: &Passive{At: at, WindowSeconds: 30, ThroughputTPS: 1791.5, Concurrency: 32, Spread: 0.04},
-				Pace:    &Pace{At: at, WindowSeconds: 30, SecondsPerToken: 0.0082, Batch: 9.5, ThroughputTPS: 1158.5}}}},
+				Pace:    &Pace{At: at, WindowSeconds: 30, SecondsPerToken: 0.0082, Batch: 9.5, ThroughputTPS: 1158.5, PromptTPS: 240}}}},
 		TypeProbeResult:  &ProbeResult{RequestID: "r-17", Measurement: measurement},
 		TypeProbeStatus:  &ProbeStatus{RequestID: "r-17", CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", State: ProbeDeferredBusy, Message: "3 requests running"},
 		TypeWelcome:      &Welcome{CoordinatorVersion: "0.2.0", SnapshotSeconds: 15, NodeCredential: "hn1-credential"},

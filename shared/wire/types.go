@@ -240,6 +240,12 @@ type Pace struct {
 	// window: tokens per second × SecondsPerToken / ranks (Little's law).
 	Batch         float64 `json:"batch"`
 	ThroughputTPS float64 `json:"throughput_tps"` // tokens generated / window
+	// PromptTPS is the prompt tokens the engine computed per second over
+	// the window, its prefix cache's hits excluded; 0 where its counters
+	// do not say. Prefill shares the engine's steps with decoding and
+	// stretches the time between tokens by the share of time it takes,
+	// which the coordinator reads against the measured prefill rate.
+	PromptTPS float64 `json:"prompt_tps,omitempty"`
 }
 
 // Passive is a capacity measurement at load with no burst sent: the

@@ -54,7 +54,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cases := fs.String("cases", "", "area 11: comma-separated cases to run: slows, restart, throttle, joins (default all)")
 	keep := fs.Bool("keep", false, "leave the work folder (every process's logs, configs and state) in place and print its path")
 	probeBusy := fs.String("probe-busy", "", "area 11: the agents' probe.busy: wait, drain or passive-only (default wait)")
-	changeWindow := fs.Duration("change-window", 0, "area 11: the agents' passive and pace window, probe.passive_window (default 30s; quick 5s)")
+	changeWindow := fs.Duration("change-window", 0, "area 11: the agents' passive and pace windows, probe.passive_window and probe.pace_window (default: the agents'; quick 5s)")
+	paceWindow := fs.Duration("pace-window", 0, "area 11: the agents' pace window alone, probe.pace_window, over --change-window")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -66,7 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	opts := bench.Options{Quick: *quick, Runs: *runs, Bin: *bin, LogBytes: *logMB * 1_000_000, AgentWindow: *window,
-		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, ProbeBusy: *probeBusy, ChangeWindow: *changeWindow, Keep: *keep, Progress: stderr, Out: stdout}
+		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, ProbeBusy: *probeBusy, ChangeWindow: *changeWindow, PaceWindow: *paceWindow, Keep: *keep, Progress: stderr, Out: stdout}
 	if *cases != "" {
 		opts.ChangeCases = strings.Split(*cases, ",")
 	}
