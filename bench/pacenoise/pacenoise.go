@@ -26,13 +26,10 @@
 //
 // Windows are split by class: "with prefill" (a vLLM window with an
 // interval whose prompt throughput is > 0) and "decode only" (SGLang decode
-// lines, vLLM windows without prompt throughput). Prefill in a window
-// stretches its decode steps; that is the noise heft's prefill share
-// (fleet.MaxPrefillShare) discounts.
-//
-// It is a port of pacenoise.py (the analysis that first produced these
-// numbers, its "reference A"); the secondary references (previous window,
-// whole stretch, whole source) are left out.
+// lines, vLLM windows without prompt throughput). Prompts read in a window
+// stretch its decode steps; that is the noise the coordinator takes out of
+// a pace reading by the prompts' share of the engine's time
+// (coordinator/fleet/pace.go).
 package pacenoise
 
 import (
@@ -40,7 +37,7 @@ import (
 	"slices"
 )
 
-// Parameters of the analysis (the Python's).
+// Parameters of the analysis.
 const (
 	Slow       = 1.15 // a reading more than 15 % slower than its reference (fleet.PaceTolerance)
 	RunTol     = 0.20 // "same running": within ±20 %

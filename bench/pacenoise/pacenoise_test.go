@@ -142,9 +142,9 @@ func TestWildLogs(t *testing.T) {
 	if s := got["10 decode only"]; s != "35 11.0 % 13.9 % 0 0/28" {
 		t.Errorf("decode only, W=10: %s; want 0 slow pairs (of 28)", s)
 	}
-	// pacenoise.py's reference-A numbers (pacenoise_output.md; the
-	// decode-only rows are its SGLang windows plus its vLLM windows without
-	// prefill): compared, p95, max, > 15 % slower, slow pairs / pairs.
+	// The numbers a first, independent analysis of the same files gave
+	// (the decode-only rows are the SGLang windows plus the vLLM windows
+	// without prefill): compared, p95, max, > 15 % slower, slow pairs / pairs.
 	for k, want := range map[string]string{
 		"5 all":           "47 33.2 % 83.1 % 4 1/37",
 		"5 with prefill":  "6 83.1 % 83.1 % 3 1/5",
