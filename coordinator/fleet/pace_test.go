@@ -12,8 +12,9 @@ import (
 )
 
 // twoMeasuredWorkers is a fleet with workers a and b of model m on node
-// n, each measured at 2,000 tok/s and 8 ms per token with 16 running.
-func twoMeasuredWorkers(t *testing.T) (*harness, wire.Engine, wire.Engine) {
+// n, each measured at 2,000 tok/s and 8 ms per token with 16 running;
+// with, if given, changes each measurement before it is stored.
+func twoMeasuredWorkers(t *testing.T, with ...func(*wire.Measurement)) (*harness, wire.Engine, wire.Engine) {
 	h := newHarness(t)
 	a, b := engine("a", "http://1:8000", "m"), engine("b", "http://2:8000", "m")
 	h.connectOnce("n")
@@ -22,6 +23,9 @@ func twoMeasuredWorkers(t *testing.T) (*harness, wire.Engine, wire.Engine) {
 	for _, e := range []wire.Engine{a, b} {
 		m := measured(e.CapacityKey, 2000, h.clk.now())
 		m.DecodeTPSP50 = 125
+		for _, f := range with {
+			f(&m)
+		}
 		h.result("n", m)
 	}
 	return h, a, b
@@ -219,18 +223,10 @@ func TestPaceSurvivesRestart(t *testing.T) {
 // most of the window counts for nothing; a real slowdown among a few
 // prompts is still caught, by its decode part.
 func TestPaceDiscountsPrefill(t *testing.T) {
-	h := newHarness(t)
-	a, b := engine("a", "http://1:8000", "m"), engine("b", "http://2:8000", "m")
-	h.connectOnce("n")
-	h.put("n", a)
-	h.put("n", b)
-	for _, e := range []wire.Engine{a, b} {
-		m := measured(e.CapacityKey, 2000, h.clk.now())
-		m.DecodeTPSP50 = 125 // 8 ms per token with 16 running
+	h, a, b := twoMeasuredWorkers(t, func(m *wire.Measurement) {
 		m.Prefill = &wire.Prefill{ThroughputTPS: 10000, PromptTokens: 32768, ExpectedPromptTokens: 32768, PromptLength: 8192,
 			Requests: 4, Concurrency: 4, WallSeconds: 3.2768}
-		h.result("n", m)
-	}
+	})
 	sec := 0
 	readingOf := func(e *wire.Engine, spt, promptTPS float64) []*wire.ProbeRequest {
 		sec += 5
