@@ -168,11 +168,11 @@ const (
 
 // DefaultPaceWindow is a pace reading's window. A slowdown the GPU does
 // not report is followed by pace alone, two slow readings half a window
-// apart: 10 s windows follow it in 10-16 s (30 s ones took 29 s, and the
-// fleet's p95 paid for the wait). Real engines' decode pace over 10 s
-// stays within 14 % of its neighbours (testdata/pace-wild); prompts read
-// in the window are what move it, and the coordinator takes their share
-// out (coordinator/fleet/pace.go).
+// apart: 10 s windows followed it in 10-18 s in bench area 11 (30 s ones
+// took 29-37 s, and the fleet's p95 paid for the wait). Real engines'
+// decode pace over 10 s stays within 14 % of its neighbours
+// (testdata/pace-wild); prompts read in the window are what move it, and
+// the coordinator takes their share out (coordinator/fleet/pace.go).
 const DefaultPaceWindow = 10 * time.Second
 
 // EngineSyntax is how an engine is written on the command line and in
