@@ -18,10 +18,11 @@ const minPaceTokens = 200
 // the tokens an engine delivers are what it was offered; the time between
 // two tokens of a request at a given batch size is what it can do, so the
 // coordinator can tell an engine that slowed down while it serves. The
-// coordinator acts on two slow readings in a row; with readings half a
-// window apart, the second comes at most two windows after a change, where
-// disjoint windows could take nearly three (the one that straddles the
-// change may read too little of it to count).
+// coordinator acts on two slow readings in a row, or on one far slower
+// (tentatively); with readings half a window apart, the second comes at
+// most two windows after a change, where disjoint windows could take
+// nearly three (the one that straddles the change may read too little of
+// it to count).
 type pace struct {
 	window time.Duration
 	start  paceSample // the window's first sample

@@ -40,6 +40,7 @@ import (
 // Parameters of the analysis.
 const (
 	Slow       = 1.15 // a reading more than 15 % slower than its reference (fleet.PaceTolerance)
+	Strong     = 1.30 // one reading more than 30 % slower: a tentative rescale on its own (fleet.PaceStrong)
 	RunTol     = 0.20 // "same running": within ±20 %
 	MinGroup   = 3    // windows a comparison group needs
 	MinStretch = 3    // intervals a steady stretch needs
@@ -205,6 +206,7 @@ type Summary struct {
 	Compared int     // windows with a comparison group
 	P95, Max float64 // of |ratio − 1| over the compared windows (nearest rank); NaN when none
 	Slower   int     // compared windows more than 15 % slower
+	Stronger int     // of those, more than 30 % slower
 	// Pairs are consecutive compared windows of a stretch (the second
 	// starting W/2 after the first), counted in the first one's class;
 	// SlowPairs those where both read more than 15 % slower: heft's
@@ -228,6 +230,9 @@ func Summarise(wins []Window, w float64, c Class) Summary {
 		dev = append(dev, math.Abs(x.Ratio-1))
 		if x.Ratio > Slow {
 			s.Slower++
+		}
+		if x.Ratio > Strong {
+			s.Stronger++
 		}
 		if x.NextRatio != 0 {
 			s.Pairs++

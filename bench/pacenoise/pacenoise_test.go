@@ -135,27 +135,28 @@ func TestWildLogs(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, s := range Analyse(srcs) {
-		got[fmt.Sprintf("%g %s", s.W, s.Class)] = fmt.Sprintf("%d %s %s %d %d/%d", s.Compared, pct(s.P95), pct(s.Max), s.Slower, s.SlowPairs, s.Pairs)
+		got[fmt.Sprintf("%g %s", s.W, s.Class)] = fmt.Sprintf("%d %s %s %d %d %d/%d", s.Compared, pct(s.P95), pct(s.Max), s.Slower, s.Stronger, s.SlowPairs, s.Pairs)
 	}
 	// The finding: steady decode never reads two-in-a-row > 15 % slower
-	// over 10 s windows.
-	if s := got["10 decode only"]; s != "35 11.0 % 13.9 % 0 0/28" {
-		t.Errorf("decode only, W=10: %s; want 0 slow pairs (of 28)", s)
+	// over 10 s windows, nor once > 30 % slower (fleet.PaceStrong).
+	if s := got["10 decode only"]; s != "35 11.0 % 13.9 % 0 0 0/28" {
+		t.Errorf("decode only, W=10: %s; want none > 30 %% slower and 0 slow pairs (of 28)", s)
 	}
 	// The numbers a first, independent analysis of the same files gave
 	// (the decode-only rows are the SGLang windows plus the vLLM windows
-	// without prefill): compared, p95, max, > 15 % slower, slow pairs / pairs.
+	// without prefill): compared, p95, max, > 15 % slower, > 30 % slower,
+	// slow pairs / pairs.
 	for k, want := range map[string]string{
-		"5 all":           "47 33.2 % 83.1 % 4 1/37",
-		"5 with prefill":  "6 83.1 % 83.1 % 3 1/5",
-		"5 decode only":   "41 10.6 % 27.4 % 1 0/32",
-		"10 all":          "46 67.3 % 108.7 % 5 1/37",
-		"10 with prefill": "11 108.7 % 108.7 % 5 1/9",
-		"15 all":          "18 89.1 % 89.1 % 1 0/14",
-		"15 with prefill": "7 89.1 % 89.1 % 1 0/5",
-		"15 decode only":  "11 22.5 % 22.5 % 0 0/9",
-		"20 all":          "18 89.1 % 89.1 % 1 0/14",
-		"30 all":          "0 - - 0 0/0",
+		"5 all":           "47 33.2 % 83.1 % 4 3 1/37",
+		"5 with prefill":  "6 83.1 % 83.1 % 3 3 1/5",
+		"5 decode only":   "41 10.6 % 27.4 % 1 0 0/32",
+		"10 all":          "46 67.3 % 108.7 % 5 4 1/37",
+		"10 with prefill": "11 108.7 % 108.7 % 5 4 1/9",
+		"15 all":          "18 89.1 % 89.1 % 1 1 0/14",
+		"15 with prefill": "7 89.1 % 89.1 % 1 1 0/5",
+		"15 decode only":  "11 22.5 % 22.5 % 0 0 0/9",
+		"20 all":          "18 89.1 % 89.1 % 1 1 0/14",
+		"30 all":          "0 - - 0 0 0/0",
 	} {
 		if got[k] != want {
 			t.Errorf("%s: %s, want %s", k, got[k], want)

@@ -23,6 +23,14 @@ import (
 // re-measurement, which the agent's probe.busy governs; readings that agree
 // again, or a new measurement, end the rescale.
 //
+// One reading slower by more than PaceStrong rescales at once, tentatively:
+// decode-only 10 s windows on real engines stray at most 14 % from their
+// neighbours (docs/measuring.md), so a reading 30 % slower is a change,
+// and every second at the old weight sends the slowed worker more than it
+// can carry. The weight is all a tentative rescale touches: the next slow
+// reading confirms it (and asks for the re-measurement), the next one that
+// agrees ends it at once.
+//
 // Prompts read while requests decode stretch the time between their tokens
 // (vLLM puts prompt chunks in the decode steps, SGLang runs prompt batches
 // between them) by the share of the engine's time the prompts take: the
@@ -33,6 +41,7 @@ import (
 // for nothing.
 const (
 	PaceTolerance   = 0.15
+	PaceStrong      = 0.30
 	PaceReadings    = 2
 	PaceLearn       = 6
 	MaxPrefillShare = 0.5
@@ -51,14 +60,15 @@ type pacePoint struct{ batch, spt float64 }
 
 // paceState is one worker's pace reference and what its readings said.
 type paceState struct {
-	measured time.Time   // FinishedAt of the measurement the reference belongs to
-	points   []pacePoint // by batch
-	learned  int         // readings taken into points
-	last     time.Time   // At of the newest reading counted
-	slow     int         // readings in a row slower than the reference
-	fine     int         // readings in a row that agree, while rescaled
-	factor   float64     // capacity divisor while rescaled; 0 = not rescaled
-	ratio    float64     // the newest reading's ratio to the reference
+	measured  time.Time   // FinishedAt of the measurement the reference belongs to
+	points    []pacePoint // by batch
+	learned   int         // readings taken into points
+	last      time.Time   // At of the newest reading counted
+	slow      int         // readings in a row slower than the reference
+	fine      int         // readings in a row that agree, while rescaled
+	factor    float64     // capacity divisor while rescaled; 0 = not rescaled
+	tentative bool        // factor rests on one strong reading (PaceStrong)
+	ratio     float64     // the newest reading's ratio to the reference
 }
 
 // reference is seconds per token at batch b per the points: piecewise
@@ -159,6 +169,11 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	}
 	if s.ratio <= 1+PaceTolerance {
 		s.slow = 0
+		if s.tentative {
+			s.factor, s.tentative = 0, false
+			f.log.Info("engine's pace agrees with its measurement again after one slow reading; its weight comes from the measurement", "worker", w.id)
+			return ""
+		}
 		if s.factor > 0 {
 			if s.fine++; s.fine >= PaceReadings {
 				s.factor, s.fine = 0, 0
@@ -173,10 +188,15 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	}
 	s.fine = 0
 	if s.slow++; s.slow < PaceReadings {
+		if s.factor == 0 && s.ratio > 1+PaceStrong {
+			s.factor, s.tentative = s.ratio, true
+			f.log.Info("engine's pace is far slower than measured; its capacity is rescaled until the next reading confirms it or not",
+				"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", p.Batch, "factor", s.ratio, "prefill_share", share)
+		}
 		return ""
 	}
-	started := s.factor == 0
-	s.factor = s.ratio
+	started := s.factor == 0 || s.tentative
+	s.factor, s.tentative = s.ratio, false
 	if !started {
 		return ""
 	}
@@ -230,6 +250,8 @@ type PaceRecord struct {
 	Slow     int          `json:"slow,omitempty"`
 	Fine     int          `json:"fine,omitempty"`
 	Factor   float64      `json:"factor,omitempty"` // capacity divisor while rescaled
+	// Tentative: Factor rests on one strong reading, not yet confirmed.
+	Tentative bool `json:"tentative,omitempty"`
 }
 
 // record is s as a worker record keeps it; nil before any measurement.
@@ -237,7 +259,7 @@ func (s *paceState) record() *PaceRecord {
 	if s.measured.IsZero() {
 		return nil
 	}
-	r := &PaceRecord{Measured: s.measured, Learned: s.learned, Last: s.last, Slow: s.slow, Fine: s.fine, Factor: s.factor}
+	r := &PaceRecord{Measured: s.measured, Learned: s.learned, Last: s.last, Slow: s.slow, Fine: s.fine, Factor: s.factor, Tentative: s.tentative}
 	for _, p := range s.points {
 		r.Points = append(r.Points, [2]float64{p.batch, p.spt})
 	}
@@ -263,12 +285,15 @@ func (r *PaceRecord) check() error {
 	if r.Factor != 0 && (r.Factor <= 1 || math.IsInf(r.Factor, 0) || math.IsNaN(r.Factor)) {
 		return fmt.Errorf("factor %v", r.Factor)
 	}
+	if r.Tentative && (r.Factor == 0 || r.Slow != 1) {
+		return fmt.Errorf("tentative with factor %v after %d slow readings", r.Factor, r.Slow)
+	}
 	return nil
 }
 
 // state is the pace state r keeps, once check passed.
 func (r *PaceRecord) state() paceState {
-	s := paceState{measured: r.Measured, learned: r.Learned, last: r.Last, slow: r.Slow, fine: r.Fine, factor: r.Factor}
+	s := paceState{measured: r.Measured, learned: r.Learned, last: r.Last, slow: r.Slow, fine: r.Fine, factor: r.Factor, tentative: r.Tentative}
 	for _, p := range r.Points {
 		s.points = append(s.points, pacePoint{batch: p[0], spt: p[1]})
 	}
@@ -282,5 +307,5 @@ func samePace(a, b *PaceRecord) bool {
 		return a == b
 	}
 	return a.Measured.Equal(b.Measured) && slices.Equal(a.Points, b.Points) && a.Learned == b.Learned &&
-		a.Slow == b.Slow && a.Fine == b.Fine && a.Factor == b.Factor
+		a.Slow == b.Slow && a.Fine == b.Fine && a.Factor == b.Factor && a.Tentative == b.Tentative
 }

@@ -58,20 +58,39 @@ func TestPaceRescales(t *testing.T) {
 	if got := h.worker("a").WeightSource; got != SourceMeasured || ratio() != 1 {
 		t.Fatalf("at full speed: source %q, weight ratio %v", got, ratio())
 	}
-	// Half speed: fewer requests leave per second, so more run (14).
-	if r := reading(14, 2); len(r) != 0 || ratio() != 1 {
-		t.Fatalf("one slow reading acted: %+v, ratio %v", r, ratio())
+	// 20 % slower, once: within what one reading may stray by, nothing.
+	if r := reading(8, 1.2); len(r) != 0 || ratio() != 1 {
+		t.Fatalf("one reading 20 %% slow acted: %+v, ratio %v", r, ratio())
+	}
+	reading(8, 1)
+	// Half speed: fewer requests leave per second, so more run (14). One
+	// reading that slow rescales the weight at once, tentatively, and asks
+	// for nothing; the next reading that agrees ends it at once.
+	if r := reading(14, 2); len(r) != 0 || math.Abs(ratio()-0.5) > 0.01 || !h.worker("a").PaceTentative {
+		t.Fatalf("one reading twice as slow: requests %+v, weight ratio %v, tentative %v; want a tentative rescale by 2 and no request",
+			r, ratio(), h.worker("a").PaceTentative)
+	}
+	if r := reading(8, 1); len(r) != 0 || ratio() != 1 || h.worker("a").WeightSource != SourceMeasured {
+		t.Fatalf("after an agreeing reading: requests %+v, weight ratio %v, source %q", r, ratio(), h.worker("a").WeightSource)
+	}
+	// Two slow readings in a row: the second confirms the rescale and asks
+	// for a re-measurement.
+	if r := reading(14, 2); len(r) != 0 || !h.worker("a").PaceTentative {
+		t.Fatalf("the first slow reading again: %+v", r)
 	}
 	r := reading(14, 2)
 	if len(r) != 1 || !strings.HasPrefix(r[0].Cause, CausePaceSlower+": 15.6 ms per token at 14.0 running per rank, 7.8 ms when measured") {
 		t.Fatalf("after two slow readings: %+v", r)
 	}
 	w := h.worker("a")
-	if w.WeightSource != SourceRescaled || math.Abs(w.PaceFactor-2) > 0.01 || math.Abs(ratio()-0.5) > 0.01 || w.Pace == nil {
-		t.Fatalf("rescaled: source %q factor %v, weight ratio %v, pace %+v", w.WeightSource, w.PaceFactor, ratio(), w.Pace)
+	if w.WeightSource != SourceRescaled || math.Abs(w.PaceFactor-2) > 0.01 || math.Abs(ratio()-0.5) > 0.01 || w.Pace == nil || w.PaceTentative {
+		t.Fatalf("rescaled: source %q factor %v tentative %v, weight ratio %v, pace %+v", w.WeightSource, w.PaceFactor, w.PaceTentative, ratio(), w.Pace)
 	}
-	// Back to full speed: two agreeing readings end the rescale.
-	reading(8, 1)
+	// Back to full speed: a confirmed rescale takes two agreeing readings
+	// to end.
+	if reading(8, 1); h.worker("a").WeightSource != SourceRescaled {
+		t.Fatalf("one agreeing reading ended a confirmed rescale")
+	}
 	if reading(8, 1); h.worker("a").WeightSource != SourceMeasured || ratio() != 1 {
 		t.Fatalf("after the engine recovered: source %q, ratio %v", h.worker("a").WeightSource, ratio())
 	}
@@ -191,7 +210,28 @@ func TestPaceSurvivesRestart(t *testing.T) {
 		t.Fatalf("after agreeing readings: source %q, ratio %v", got.WeightSource, ratio(h2))
 	}
 
+	// A tentative rescale survives a restart as tentative: the next
+	// agreeing reading ends it.
+	a.Pace = &wire.Pace{At: h2.clk.now().Add(40 * time.Second), WindowSeconds: 5, SecondsPerToken: 0.016, Batch: 16}
+	h2.put("n", a)
+	h2.put("n", b)
+	if rec := h2.st.st.Workers["a"].Pace; rec == nil || !rec.Tentative || rec.Factor != 2 {
+		t.Fatalf("stored tentative pace %+v", rec)
+	}
+	h4 := h2.restart()
+	h4.connectOnce("n")
+	h4.put("n", a)
+	h4.put("n", b)
+	if got := h4.worker("a"); got.WeightSource != SourceRescaled || !got.PaceTentative {
+		t.Fatalf("tentative rescale after the restart: source %q, tentative %v", got.WeightSource, got.PaceTentative)
+	}
+	a.Pace = &wire.Pace{At: h4.clk.now().Add(45 * time.Second), WindowSeconds: 5, SecondsPerToken: 0.008, Batch: 16}
+	if h4.put("n", a); h4.worker("a").WeightSource != SourceMeasured {
+		t.Fatalf("one agreeing reading did not end a restored tentative rescale: source %q", h4.worker("a").WeightSource)
+	}
+
 	for name, damage := range map[string]func(*PaceRecord){
+		"tentative unset":  func(r *PaceRecord) { r.Factor, r.Tentative = 0, true },
 		"negative point":   func(r *PaceRecord) { r.Points = [][2]float64{{16, -0.008}} },
 		"points unordered": func(r *PaceRecord) { r.Points = [][2]float64{{16, 0.008}, {8, 0.007}} },
 		"factor below 1":   func(r *PaceRecord) { r.Factor = 0.5 },
@@ -253,15 +293,16 @@ func TestPaceDiscountsPrefill(t *testing.T) {
 		t.Fatalf("after two agreeing readings: source %q", got)
 	}
 	// Prompts that took 60 % of the window: the reading counts for
-	// nothing, not as slow, not as agreeing.
+	// nothing, not as slow, not as agreeing; the tentative rescale the
+	// slow reading before it started stands.
 	reading(0.016, 0)
-	if r := reading(0.030, 6000); len(r) != 0 || h.worker("a").WeightSource != SourceMeasured {
-		t.Fatalf("a prefill-bound reading counted as slow: %+v", r)
+	if r := reading(0.030, 6000); len(r) != 0 || !h.worker("a").PaceTentative {
+		t.Fatalf("a prefill-bound reading counted: %+v, tentative %v", r, h.worker("a").PaceTentative)
 	}
 	// With the slow reading before the skipped one, two in a row.
 	reading(0.016, 0)
-	if w := h.worker("a"); w.WeightSource != SourceRescaled || math.Abs(w.PaceFactor-2) > 0.01 {
-		t.Fatalf("after a slow reading, a skipped one and a slow one: source %q, factor %v", w.WeightSource, w.PaceFactor)
+	if w := h.worker("a"); w.WeightSource != SourceRescaled || math.Abs(w.PaceFactor-2) > 0.01 || w.PaceTentative {
+		t.Fatalf("after a slow reading, a skipped one and a slow one: source %q, factor %v, tentative %v", w.WeightSource, w.PaceFactor, w.PaceTentative)
 	}
 	// A real slowdown with 5 % of prompts: 16.8 ms is 16.0 of decoding,
 	// twice the reference.

@@ -405,7 +405,7 @@ func (f *Fleet) view(w *worker) view.Worker {
 		_, v.WeightSource = w.capacity(m)
 		switch v.WeightSource {
 		case SourceRescaled:
-			v.PaceFactor = w.pace.factor
+			v.PaceFactor, v.PaceTentative = w.pace.factor, w.pace.tentative
 		case SourceClock:
 			v.ClockFactor = w.clockFactor(m)
 		}

@@ -129,11 +129,14 @@ type Worker struct {
 	// "gpu_clock" (that measurement over ClockFactor, because its GPUs
 	// report a slowdown and clock that much lower than during its burst,
 	// until its pace says how much slower it runs); empty for a worker
-	// without a weight from a measurement.
-	Pace         *wire.Pace `json:"pace,omitempty"`
-	WeightSource string     `json:"weight_source,omitempty"`
-	PaceFactor   float64    `json:"pace_factor,omitempty"`
-	ClockFactor  float64    `json:"clock_factor,omitempty"`
+	// without a weight from a measurement. PaceTentative: the rescale
+	// rests on one reading far slower than measured; the next confirms
+	// or ends it.
+	Pace          *wire.Pace `json:"pace,omitempty"`
+	WeightSource  string     `json:"weight_source,omitempty"`
+	PaceFactor    float64    `json:"pace_factor,omitempty"`
+	PaceTentative bool       `json:"pace_tentative,omitempty"`
+	ClockFactor   float64    `json:"clock_factor,omitempty"`
 
 	// ExpectedRanks is how many data-parallel ranks the engine runs, and
 	// Complete whether every one has a pool in Ranks; both null when the
