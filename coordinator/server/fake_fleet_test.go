@@ -402,6 +402,19 @@ func (f *fakeFleet) callLog() []string {
 	return slices.Clone(f.calls)
 }
 
+// connects counts the fleet's Connect calls for node.
+func (f *fakeFleet) connects(node string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		if strings.HasPrefix(c, "connect "+node+" ") {
+			n++
+		}
+	}
+	return n
+}
+
 func (f *fakeFleet) currentConn(node string) (uint64, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

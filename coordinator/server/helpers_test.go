@@ -129,10 +129,17 @@ func connectAgent(t *testing.T, ts *testServer, node string) *agent {
 		t.Fatalf("dial: %v", err)
 	}
 	a := &agent{t: t, c: c, node: node}
+	before := ts.fleet.connects(node)
 	a.send(&wire.Hello{Node: node, AgentVersion: "test", Host: wire.Host{Hostname: node, OS: "linux", Arch: "amd64"}})
 	if env := a.read(); env.Type != wire.TypeWelcome {
 		t.Fatalf("first message from the coordinator is %s, want welcome", env.Type)
 	}
+	// The welcome is queued before the hub registers the connection and
+	// tells the fleet; a test that acts on the connection next must not
+	// race that.
+	testutil.Eventually(t, "the fleet told of "+node+"'s connection", 10*time.Second, func() bool {
+		return ts.fleet.connects(node) > before
+	})
 	return a
 }
 

@@ -235,6 +235,10 @@ func TestRejectOrReleaseDuringHelloCloses(t *testing.T) {
 				t.Fatalf("enrol: %+v", w)
 			}
 			cred := w.NodeCredential
+			// The welcome is queued before the hub registers the connection
+			// and tells the fleet; wait for the fleet's Connect, or the hook
+			// below would run for this connection too.
+			testutil.Eventually(t, "the first connection registered", 10*time.Second, func() bool { return ts.fleet.connects("gpu-a") == 1 })
 			a.c.CloseNow()
 			testutil.Eventually(t, "the first connection gone", 10*time.Second, func() bool { return !ts.hub.connected("gpu-a") })
 
