@@ -22,11 +22,17 @@ const minPaceTokens = 200
 // (tentatively); with readings half a window apart, the second comes at
 // most two windows after a change, where disjoint windows could take
 // nearly three (the one that straddles the change may read too little of
-// it to count).
+// it to count). Each reading also carries its newest half alone (Recent),
+// which the far-slower rule reads too: a change in a window's second half
+// is far slower there before the whole window says so.
 type pace struct {
 	window time.Duration
 	start  paceSample // the window's first sample
 	half   paceSample // the first sample half a window after start: where the next window starts
+	// early: the window started over (the first sample, a restart, a quiet
+	// spell) and has given no reading yet; at half a window it gives one
+	// over that half, so a restarted engine is read after 5 s, not 10.
+	early  bool
 	latest *wire.Pace
 }
 
@@ -37,8 +43,9 @@ type paceSample struct {
 }
 
 // add takes one reading of the counters; it returns the reading a window
-// completed, else nil. A counter that went back (a restart) or an engine
-// without the histogram starts over.
+// (or, after a start-over, its first half) completed, else nil. A counter
+// that went back (a restart) or an engine without the histogram starts
+// over.
 func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens, prompt: -1}
 	if c.PromptKnown {
@@ -50,32 +57,55 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 	}
 	if p.start.at.IsZero() || s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum ||
 		(s.prompt >= 0 && s.prompt < p.start.prompt) {
-		p.start, p.half = s, paceSample{}
+		p.start, p.half, p.early = s, paceSample{}, true
 		return nil
 	}
 	span := at.Sub(p.start.at)
 	if p.half.at.IsZero() && span >= p.window/2 {
 		p.half = s
+		if p.early && span < p.window {
+			p.early = false
+			if r := between(p.start, s, ranks); r != nil {
+				p.latest = r
+				return r
+			}
+		}
 	}
 	if span < p.window {
 		return nil
 	}
-	n, sum, gen, prompt := s.itlN-p.start.itlN, s.itlSum-p.start.itlSum, s.gen-p.start.gen, s.prompt-p.start.prompt
-	if s.prompt < 0 || p.start.prompt < 0 {
-		prompt = 0 // not known at both ends (a prompt counter that went back is a restart, above)
-	}
-	if n < minPaceTokens || sum <= 0 {
+	r := between(p.start, s, ranks)
+	if r == nil {
 		p.start, p.half = paceSample{}, paceSample{} // too little traffic to say; the next request starts a window
 		return nil
 	}
+	// The newest half, read alone, shows a change that the whole window
+	// averages with the time before it (the coordinator's PaceStrong).
+	if h := between(p.half, s, ranks); h != nil {
+		r.Recent = &wire.PaceSpan{WindowSeconds: h.WindowSeconds, SecondsPerToken: h.SecondsPerToken, Batch: h.Batch, PromptTPS: h.PromptTPS}
+	}
+	p.early = false
 	p.start, p.half = p.half, paceSample{}
 	if at.Sub(p.start.at) >= p.window/2 {
 		p.half = s
 	}
-	spt := sum / n
-	tps := gen / span.Seconds()
-	r := &wire.Pace{At: at.UTC(), WindowSeconds: span.Seconds(), SecondsPerToken: spt,
-		Batch: tps * spt / float64(max(1, ranks)), ThroughputTPS: tps, PromptTPS: prompt / span.Seconds()}
 	p.latest = r
 	return r
+}
+
+// between is the reading from sample a to sample b, or nil where it holds
+// too few tokens to say.
+func between(a, b paceSample, ranks int) *wire.Pace {
+	n, sum, gen, prompt := b.itlN-a.itlN, b.itlSum-a.itlSum, b.gen-a.gen, b.prompt-a.prompt
+	if b.prompt < 0 || a.prompt < 0 {
+		prompt = 0 // not known at both ends (a prompt counter that went back is a restart, above)
+	}
+	span := b.at.Sub(a.at).Seconds()
+	if n < minPaceTokens || sum <= 0 || span <= 0 {
+		return nil
+	}
+	spt := sum / n
+	tps := gen / span
+	return &wire.Pace{At: b.at.UTC(), WindowSeconds: span, SecondsPerToken: spt,
+		Batch: tps * spt / float64(max(1, ranks)), ThroughputTPS: tps, PromptTPS: prompt / span}
 }

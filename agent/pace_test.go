@@ -20,8 +20,9 @@ import (
 
 // A pace reading is the mean inter-token time over a window and the batch
 // Little's law gives, one every half window over the whole window before
-// it; too few tokens, a missing histogram or a counter that went back give
-// none.
+// it, with its newest half alone; a window that started over gives its
+// first reading at half its length; too few tokens, a missing histogram or
+// a counter that went back give none.
 func TestPaceReadings(t *testing.T) {
 	p := &pace{window: 10 * time.Second}
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
@@ -32,19 +33,34 @@ func TestPaceReadings(t *testing.T) {
 	if r := p.add(at(0), c(0, 0, 0), 2); r != nil {
 		t.Fatalf("first sample gave %+v", r)
 	}
-	if r := p.add(at(5), c(5000, 40, 5000), 2); r != nil {
-		t.Fatalf("half a window gave %+v", r)
+	if r := p.add(at(3), c(3000, 24, 3000), 2); r != nil {
+		t.Fatalf("3 s into the first window: %+v", r)
+	}
+	// The first window's first half gives a reading of its own.
+	r := p.add(at(5), c(5000, 40, 5000), 2)
+	if r == nil || r.WindowSeconds != 5 || math.Abs(r.SecondsPerToken-0.008) > 1e-12 || r.ThroughputTPS != 1000 || r.Recent != nil {
+		t.Fatalf("half the first window gave %+v, want a 5 s reading at 8 ms per token and 1000 tok/s", r)
+	}
+	if r := p.add(at(7), c(7000, 56, 7000), 2); r != nil {
+		t.Fatalf("7 s into the first window: %+v", r)
 	}
 	// 10,000 tokens in 10 s at 8 ms each: 8 decoding, 4 per rank.
-	r := p.add(at(10), c(10000, 80, 10000), 2)
+	r = p.add(at(10), c(10000, 80, 10000), 2)
 	if r == nil || math.Abs(r.SecondsPerToken-0.008) > 1e-12 || math.Abs(r.Batch-4) > 1e-9 || r.ThroughputTPS != 1000 || r.WindowSeconds != 10 {
 		t.Fatalf("reading %+v, want 8 ms per token, batch 4 per rank, 1000 tok/s", r)
 	}
+	if h := r.Recent; h == nil || h.WindowSeconds != 5 || math.Abs(h.SecondsPerToken-0.008) > 1e-12 || math.Abs(h.Batch-4) > 1e-9 {
+		t.Fatalf("its newest half %+v, want 5–10 s at 8 ms per token, batch 4", h)
+	}
 	// Half a window later, the next reading covers 5–15 s: the engine
-	// slowed to 16 ms per token at 10 s, so it reads the mean of both.
+	// slowed to 16 ms per token at 10 s, so it reads the mean of both;
+	// its newest half, 10–15 s, reads the slow engine alone.
 	r = p.add(at(15), c(12500, 120, 12500), 2)
 	if r == nil || r.WindowSeconds != 10 || r.ThroughputTPS != 750 || math.Abs(r.SecondsPerToken-80.0/7500) > 1e-12 {
 		t.Fatalf("the overlapping reading %+v, want 5–15 s: 750 tok/s, %.2f ms per token", r, 1000*80.0/7500)
+	}
+	if h := r.Recent; h == nil || h.WindowSeconds != 5 || math.Abs(h.SecondsPerToken-0.016) > 1e-12 || math.Abs(h.Batch-4) > 1e-9 {
+		t.Fatalf("its newest half %+v, want 10–15 s at 16 ms per token, batch 4", h)
 	}
 	if r := p.add(at(17), c(13500, 136, 13500), 2); r != nil {
 		t.Fatalf("between two readings: %+v", r)
@@ -59,10 +75,17 @@ func TestPaceReadings(t *testing.T) {
 	if r := q.add(at(10), c(10, 0.1, 10), 2); r != nil || q.latest != nil || !q.start.at.IsZero() {
 		t.Fatalf("a quiet window gave %+v, latest %+v", r, q.latest)
 	}
-	// A restart: counters back to zero start over.
+	// A restart: counters back to zero start over, and the new window's
+	// first half gives a reading.
 	p.add(at(25), c(100000, 800, 100000), 2)
 	if r := p.add(at(40), c(10, 0.1, 10), 2); r != nil {
 		t.Fatalf("counters that went back gave %+v", r)
+	}
+	if r := p.add(at(45), c(2010, 32.1, 2010), 2); r == nil || r.WindowSeconds != 5 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 {
+		t.Fatalf("half a window after the restart: %+v, want a 5 s reading at 16 ms per token", r)
+	}
+	if r := p.add(at(48), c(3510, 56.1, 3510), 2); r != nil {
+		t.Fatalf("8 s after the restart: %+v", r)
 	}
 	// No histogram and no decode seconds (an old engine): nothing.
 	if r := p.add(at(60), engine.Counters{Generated: 1e6}, 1); r != nil || !p.start.at.IsZero() {

@@ -25,11 +25,13 @@ import (
 //
 // One reading slower by more than PaceStrong rescales at once, tentatively:
 // decode-only 10 s windows on real engines stray at most 14 % from their
-// neighbours (docs/measuring.md), so a reading 30 % slower is a change,
-// and every second at the old weight sends the slowed worker more than it
-// can carry. The weight is all a tentative rescale touches: the next slow
-// reading confirms it (and asks for the re-measurement), the next one that
-// agrees ends it at once.
+// neighbours, 5 s windows 27 % (docs/measuring.md), so a reading 30 %
+// slower is a change, and every second at the old weight sends the slowed
+// worker more than it can carry. A reading whose window is not far slower
+// as a whole but whose newest half (wire.Pace's Recent) is counts as that
+// half: a change late in a window shows there first. The weight is all a
+// tentative rescale touches: the next slow reading confirms it (and asks
+// for the re-measurement), the next one that agrees ends it at once.
 //
 // Prompts read while requests decode stretch the time between their tokens
 // (vLLM puts prompt chunks in the decode steps, SGLang runs prompt batches
@@ -159,6 +161,14 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		return ""
 	}
 	s.ratio = spt / ref
+	if s.ratio <= 1+PaceStrong {
+		// The window's newest half, far slower alone, is a change the
+		// whole window still averages with the time before it.
+		if rspt, rref, rshare, ok := s.recent(p, m); ok && rspt/rref > 1+PaceStrong {
+			f.log.Debug("pace reading's newest half is far slower than the whole window", "worker", w.id, "window_ratio", s.ratio, "recent_ratio", rspt/rref)
+			s.ratio, spt, ref, share = rspt/rref, rspt, rref, rshare
+		}
+	}
 	// Throttled spells are timed on the coordinator's clock, so is the
 	// reading: the agent sends it as its window ends (throttle.go).
 	now := f.now()
@@ -211,6 +221,25 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", p.Batch, "factor", s.ratio, "prefill_share", share)
 	return fmt.Sprintf("%s: %.1f ms per token at %.1f running per rank, %.1f ms when measured; capacity rescaled to %.0f tok/s",
 		CausePaceSlower, 1000*spt, p.Batch, 1000*ref, m.ThroughputTPS/s.factor)
+}
+
+// recent is p's newest half against the reference: its seconds per token
+// with prompts discounted as for the whole window, the reference at its
+// batch, and the prompts' share; not ok where p has no such half or its
+// prompts took too much of it to say.
+func (s *paceState) recent(p *wire.Pace, m *wire.Measurement) (spt, ref, share float64, ok bool) {
+	r := p.Recent
+	if r == nil || r.SecondsPerToken <= 0 || r.Batch <= 0 {
+		return 0, 0, 0, false
+	}
+	share = prefillShare(&wire.Pace{PromptTPS: r.PromptTPS}, m)
+	if share > MaxPrefillShare {
+		return 0, 0, 0, false
+	}
+	if ref, ok = s.reference(r.Batch); !ok {
+		return 0, 0, 0, false
+	}
+	return r.SecondsPerToken * (1 - share), ref, share, true
 }
 
 // prefillShare is the share of the engine's time over p's window that the

@@ -112,6 +112,43 @@ func TestPaceRescales(t *testing.T) {
 	}
 }
 
+// A change late in a window shows in its newest half first: a reading
+// whose whole window is only 25 % slower but whose newest half (Recent) is
+// twice as slow rescales tentatively by the half's ratio; the next reading
+// slow as a whole confirms it. A far-slower half that its prompts filled,
+// or one only 20 % slower, does nothing.
+func TestPaceRecentHalf(t *testing.T) {
+	h, a, _ := twoMeasuredWorkers(t, func(m *wire.Measurement) {
+		m.Prefill = &wire.Prefill{ThroughputTPS: 10000, Requests: 4, PromptTokens: 8192}
+	})
+	sec := 0
+	reading := func(spt float64, recent *wire.PaceSpan) []*wire.ProbeRequest {
+		sec += 5
+		a.Pace = &wire.Pace{At: h.clk.now().Add(time.Duration(sec) * time.Second), WindowSeconds: 10,
+			SecondsPerToken: spt, Batch: 16, ThroughputTPS: 16 / spt, Recent: recent}
+		return requests(h.put("n", a), "a")
+	}
+	ratio := func() float64 { w := h.weights("m"); return w["a"] / w["b"] }
+	// The burst's point: 8 ms at 16 running.
+	if reading(0.008, &wire.PaceSpan{WindowSeconds: 5, SecondsPerToken: 0.0096, Batch: 16}); ratio() != 1 {
+		t.Fatalf("a half 20 %% slower acted: weight ratio %v", ratio())
+	}
+	// Prompts took 60 % of the half's time: it says too little.
+	if reading(0.008, &wire.PaceSpan{WindowSeconds: 5, SecondsPerToken: 0.016, Batch: 16, PromptTPS: 6000}); ratio() != 1 {
+		t.Fatalf("a half its prompts filled acted: weight ratio %v", ratio())
+	}
+	r := reading(0.010, &wire.PaceSpan{WindowSeconds: 5, SecondsPerToken: 0.016, Batch: 16})
+	if w := h.worker("a"); len(r) != 0 || !w.PaceTentative || math.Abs(ratio()-0.5) > 0.01 {
+		t.Fatalf("a window 25 %% slower with its newest half twice as slow: requests %+v, tentative %v, weight ratio %v; want a tentative rescale by 2",
+			r, w.PaceTentative, ratio())
+	}
+	r = reading(0.016, &wire.PaceSpan{WindowSeconds: 5, SecondsPerToken: 0.016, Batch: 16})
+	if w := h.worker("a"); len(r) != 1 || w.PaceTentative || w.WeightSource != SourceRescaled || math.Abs(ratio()-0.5) > 0.01 {
+		t.Fatalf("the next reading slow as a whole: requests %+v, tentative %v, source %q, weight ratio %v; want it confirmed and a request",
+			r, w.PaceTentative, w.WeightSource, ratio())
+	}
+}
+
 // The re-measurement a slower pace asks for measures the engine only while
 // it is idle (wire.ProbeRequest.IdleOnly): the pace already keeps the
 // weight on what the engine delivers, rescaled or agreeing again, so

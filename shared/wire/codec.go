@@ -265,6 +265,14 @@ func (e *Engine) Validate() error {
 				return err
 			}
 		}
+		if r := p.Recent; r != nil {
+			for name, v := range map[string]float64{"window_seconds": r.WindowSeconds, "seconds_per_token": r.SecondsPerToken,
+				"batch": r.Batch, "prompt_tps": r.PromptTPS} {
+				if err := checkNumber("engine.pace.recent."+name, v); err != nil {
+					return err
+				}
+			}
+		}
 	}
 	// A kind this build does not know is accepted, so agents can be
 	// upgraded before coordinators; it must still look like a kind name.

@@ -51,6 +51,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"empty engine kind", strings.Replace(string(good), `"kind":"sglang"`, `"kind":""`, 1), ErrInvalid, "engine.kind"},
 		{"advertise url without scheme", strings.Replace(string(good), `"ready":true`, `"ready":true,"advertise_url":"10.0.0.5:30000"`, 1), ErrInvalid, "engine.advertise_url"},
 		{"advertise url not http", strings.Replace(string(good), `"ready":true`, `"ready":true,"advertise_url":"ftp://10.0.0.5:30000"`, 1), ErrInvalid, "engine.advertise_url"},
+		{"negative pace", strings.Replace(string(good), `"ready":true`, `"ready":true,"pace":{"at":"2026-12-01T12:00:00Z","window_seconds":10,"seconds_per_token":-0.01,"batch":4,"throughput_tps":100}`, 1), ErrInvalid, "engine.pace.seconds_per_token"},
+		{"negative recent pace", strings.Replace(string(good), `"ready":true`, `"ready":true,"pace":{"at":"2026-12-01T12:00:00Z","window_seconds":10,"seconds_per_token":0.01,"batch":4,"throughput_tps":100,"recent":{"window_seconds":5,"seconds_per_token":0.01,"batch":-4}}`, 1), ErrInvalid, "engine.pace.recent.batch"},
 		{"negative max running", strings.Replace(string(good), `"ready":true`, `"ready":true,"max_running":-1`, 1), ErrInvalid, "max_running"},
 		{"absurd max running", strings.Replace(string(good), `"ready":true`, `"ready":true,"max_running":99999999`, 1), ErrInvalid, "max_running"},
 		{"bad probe state", `{"type":"probe_status","v":1,"probe_status":{"capacity_key":"k","state":"sleeping"}}`, ErrInvalid, "unknown"},

@@ -246,6 +246,19 @@ type Pace struct {
 	// stretches the time between tokens by the share of time it takes,
 	// which the coordinator reads against the measured prefill rate.
 	PromptTPS float64 `json:"prompt_tps,omitempty"`
+	// Recent is the window's newest half read alone (about half the
+	// window, from the sample where the next window starts); nil where it
+	// held too few tokens, and on the reading a window that started over
+	// gives at half its length.
+	Recent *PaceSpan `json:"recent,omitempty"`
+}
+
+// PaceSpan is part of a pace reading's window, with the same figures.
+type PaceSpan struct {
+	WindowSeconds   float64 `json:"window_seconds"`
+	SecondsPerToken float64 `json:"seconds_per_token"`
+	Batch           float64 `json:"batch"`
+	PromptTPS       float64 `json:"prompt_tps,omitempty"`
 }
 
 // Passive is a capacity measurement at load with no burst sent: the
