@@ -167,10 +167,10 @@ const (
 )
 
 // DefaultPaceWindow is a pace reading's window. A slowdown the GPU does
-// not report is followed by pace alone, readings half a window apart: at
-// 10 s the weight first moved 4-12 s after it in bench area 11, on one
-// reading far slower or two slow ones (30 s windows took 29-37 s, and the
-// fleet's p95 paid for the wait). Real engines'
+// not report is followed by pace alone, readings half a window apart,
+// each with its newest half: at 10 s the weight first moved 3-4 s after it
+// in bench area 11, on a far slower newest half (30 s windows took 29-37 s,
+// and the fleet's p95 paid for the wait). Real engines'
 // decode pace over 10 s stays within 14 % of its neighbours
 // (testdata/pace-wild); prompts read in the window are what move it, and
 // the coordinator takes their share out (coordinator/fleet/pace.go).
