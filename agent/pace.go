@@ -97,11 +97,14 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 // too few tokens to say.
 func between(a, b paceSample, ranks int) *wire.Pace {
 	n, sum, gen, prompt := b.itlN-a.itlN, b.itlSum-a.itlSum, b.gen-a.gen, b.prompt-a.prompt
-	if b.prompt < 0 || a.prompt < 0 {
-		prompt = 0 // not known at both ends (a prompt counter that went back is a restart, above)
+	if b.prompt < 0 || a.prompt < 0 || prompt < 0 {
+		// Not known at both ends; or, within a window (add starts over
+		// where it goes back from the window's start), read less the prefix
+		// cache's hits, two counters that need not move together.
+		prompt = 0
 	}
 	span := b.at.Sub(a.at).Seconds()
-	if n < minPaceTokens || sum <= 0 || span <= 0 {
+	if n < minPaceTokens || sum <= 0 || gen < 0 || span <= 0 {
 		return nil
 	}
 	spt := sum / n

@@ -117,6 +117,23 @@ func TestPacePromptRate(t *testing.T) {
 	if !q.start.at.Equal(at(20)) {
 		t.Fatalf("a prompt counter that went back did not start the window over: start %v", q.start.at)
 	}
+	// Prompt tokens less cache hits can dip between the window's newest
+	// half and its end without going below its start: the half reads no
+	// prompts, never a negative rate the coordinator would refuse.
+	h := &pace{window: 10 * time.Second}
+	h.add(at(0), c(0, 1000, true), 1)
+	h.add(at(5), c(500, 6000, true), 1)
+	r := h.add(at(10), c(1000, 5000, true), 1)
+	if r == nil || r.Recent == nil {
+		t.Fatalf("reading %+v, want one with its newest half", r)
+	}
+	if r.Recent.PromptTPS != 0 || r.PromptTPS != 400 {
+		t.Fatalf("reading %+v with newest half %+v, want 400 prompt tokens per second and none in the half", r, r.Recent)
+	}
+	e := wire.Engine{Kind: wire.EngineVLLM, URL: "http://127.0.0.1:8000", Pace: r}
+	if err := e.Validate(); err != nil {
+		t.Fatalf("the coordinator would refuse the reading: %v", err)
+	}
 }
 
 // llama.cpp has no inter-token histogram: its finished requests' decode
