@@ -147,7 +147,7 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	if !s.measured.Equal(m.FinishedAt) {
 		s.reset(m)
 	}
-	share := prefillShare(p, m)
+	share := prefillShare(p.PromptTPS, m)
 	if share > MaxPrefillShare {
 		f.log.Debug("pace reading skipped: prompts took most of the engine's time in its window", "worker", w.id, "prefill_share", share)
 		return ""
@@ -232,7 +232,7 @@ func (s *paceState) recent(p *wire.Pace, m *wire.Measurement) (spt, ref, share f
 	if r == nil || r.SecondsPerToken <= 0 || r.Batch <= 0 {
 		return 0, 0, 0, false
 	}
-	share = prefillShare(&wire.Pace{PromptTPS: r.PromptTPS}, m)
+	share = prefillShare(r.PromptTPS, m)
 	if share > MaxPrefillShare {
 		return 0, 0, 0, false
 	}
@@ -242,14 +242,14 @@ func (s *paceState) recent(p *wire.Pace, m *wire.Measurement) (spt, ref, share f
 	return r.SecondsPerToken * (1 - share), ref, share, true
 }
 
-// prefillShare is the share of the engine's time over p's window that the
-// prompts it computed took, at m's measured prefill rate; 0 where either
-// is unknown.
-func prefillShare(p *wire.Pace, m *wire.Measurement) float64 {
-	if p.PromptTPS <= 0 || !m.PrefillValid() || m.Prefill.ThroughputTPS <= 0 {
+// prefillShare is the share of the engine's time over a pace window that
+// the prompts it computed there (promptTPS, per second) took, at m's
+// measured prefill rate; 0 where either is unknown.
+func prefillShare(promptTPS float64, m *wire.Measurement) float64 {
+	if promptTPS <= 0 || !m.PrefillValid() || m.Prefill.ThroughputTPS <= 0 {
 		return 0
 	}
-	return p.PromptTPS / m.Prefill.ThroughputTPS
+	return promptTPS / m.Prefill.ThroughputTPS
 }
 
 // capacity is what w's weight counts of its measurement m: its throughput
