@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -31,6 +32,19 @@ const DefaultBusyWait = 2 * time.Minute
 // busyPoll is how often a waiting probe reads the engine's load.
 const busyPoll = time.Second
 
+// idleSettle is how long an engine must stay idle, its generated-tokens
+// counter still, before a probe is sent. An engine found idle at one
+// instant may only be between two of a gateway's requests, or restarted
+// a moment before the gateway sends it the next: at any load worth
+// routing, a request arrives well within two seconds.
+const idleSettle = 2 * time.Second
+
+// settlePoll is how often the engine's load is read while it settles.
+const settlePoll = 250 * time.Millisecond
+
+// watchPoll is how often the engine's counter is read during a burst.
+const watchPoll = 500 * time.Millisecond
+
 // busyError defers a probe because the engine is busy: it is ErrBusy
 // (errors.Is) with a message that says what was found.
 type busyError struct{ msg string }
@@ -55,16 +69,17 @@ func busyLoad(l wire.Load) string {
 	return fmt.Sprintf("%d running, %d waiting", l.Running, l.Waiting)
 }
 
-// onBusy decides what a probe does with an engine found busy (load):
-// return a busyError, or wait (after a drain) until it is idle.
-func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, load wire.Load) error {
+// onBusy decides what a probe does with an engine found busy (why says
+// how): return a busyError, or wait (after a drain) until it has settled
+// idle.
+func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) error {
 	switch {
 	case p.cfg.IdleOnly:
-		return busyError{fmt.Sprintf("engine busy (%s); asked to measure it only while idle (its weight follows its pace meanwhile): deferred", busyLoad(load))}
+		return busyError{fmt.Sprintf("engine busy (%s); asked to measure it only while idle (its weight follows its pace meanwhile): deferred", why)}
 	case p.cfg.Busy == BusyPassiveOnly:
-		return busyError{fmt.Sprintf("engine busy (%s) and probe_busy is passive-only: not probed", busyLoad(load))}
+		return busyError{fmt.Sprintf("engine busy (%s) and probe_busy is passive-only: not probed", why)}
 	case p.cfg.Busy == BusyWait && p.cfg.RequireIdle:
-		return busyError{fmt.Sprintf("engine busy (%s); scheduled probe deferred", busyLoad(load))}
+		return busyError{fmt.Sprintf("engine busy (%s); scheduled probe deferred", why)}
 	case p.cfg.Busy == BusyDrain && p.cfg.Drain != nil:
 		if err := p.cfg.Drain(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -87,7 +102,7 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, load wire.Load
 		if waited >= p.cfg.BusyWait {
 			m.BusyWaitSeconds = waited.Seconds()
 			return busyError{fmt.Sprintf("engine still busy (%s) after waiting %s for it to be idle (probe_busy %s); not probed",
-				busyLoad(load), waited.Round(time.Second), p.cfg.Busy)}
+				why, waited.Round(time.Second), p.cfg.Busy)}
 		}
 		select {
 		case <-ctx.Done():
@@ -102,13 +117,78 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, load wire.Load
 			// Keep waiting on the last load read: a flaky /metrics is no
 			// proof that the engine became idle.
 		case l.Running+l.Waiting == 0:
-			m.BusyWaitSeconds = time.Since(start).Seconds()
-			m.LoadBefore = l
-			return nil
+			stirred, err := p.settle(ctx)
+			if err != nil {
+				return err
+			}
+			if stirred == "" {
+				m.BusyWaitSeconds = time.Since(start).Seconds()
+				m.LoadBefore = l
+				return nil
+			}
+			why = stirred
 		default:
-			load = l
+			why = busyLoad(l)
 		}
 	}
+}
+
+// settle watches an engine just read idle for the settle time: it
+// returns "" when the engine stayed idle with its generated-tokens counter
+// still, or what it did instead. A load or counter that cannot be read is
+// no proof of traffic: the probe is not held back by a flaky /metrics.
+func (p *prober) settle(ctx context.Context) (stirred string, err error) {
+	wait := cmp.Or(p.cfg.settle, idleSettle)
+	start := time.Now()
+	before, counted := p.counter(ctx)
+	t := time.NewTicker(min(cmp.Or(p.cfg.busyPoll, settlePoll), settlePoll))
+	defer t.Stop()
+	for time.Since(start) < wait {
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-t.C:
+		}
+		l, err := p.readLoad(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return "", ctx.Err()
+		case err == nil && l.Running+l.Waiting > 0:
+			return busyLoad(l), nil
+		}
+	}
+	if !counted {
+		return "", nil
+	}
+	if after, ok := p.counter(ctx); ok && after > before {
+		return fmt.Sprintf("it generated %.0f tokens in %s while it reported no requests", after-before, time.Since(start).Round(100*time.Millisecond)), nil
+	}
+	return "", ctx.Err()
+}
+
+// phaseName names a burst's phase in a message.
+func phaseName(phase string) string {
+	if phase == PhaseWarmup {
+		return "warm-up"
+	}
+	return "measured burst"
+}
+
+// slack is how far the engine's count of a burst's tokens may run past
+// what the burst received: a counter that records a step late or early.
+func (p *prober) slack() int {
+	return max(2*p.cfg.Concurrency, p.cfg.Concurrency*p.cfg.Tokens/50)
+}
+
+// counter reads the engine's generated-tokens counter, if it can.
+func (p *prober) counter(ctx context.Context) (float64, bool) {
+	if p.cfg.Counters == nil {
+		return 0, false
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := p.cfg.Counters(cctx)
+	return v, err == nil
 }
 
 // readLoad reads the engine's load within ten seconds.
@@ -146,16 +226,15 @@ func (p *prober) shared(m *wire.Measurement, phase string, meas burstSummary, be
 		m.Problems = append(m.Problems, fmt.Sprintf("the engine's generated-tokens counter went back from %.0f to %.0f during the burst (restarted?)", before, after))
 		return nil
 	}
-	if phase == "measured burst" {
+	if phase == PhaseMeasure {
 		m.EngineGeneratedTokens = int64(grew)
 	}
-	slack := max(2*p.cfg.Concurrency, m.ExpectedTokens/50)
-	if int(grew) <= meas.Tokens+slack {
+	if int(grew) <= meas.Tokens+p.slack() {
 		return nil
 	}
-	if phase != "measured burst" {
+	if phase != PhaseMeasure {
 		return busyError{fmt.Sprintf("the engine generated %.0f tokens during the %s, which received %d: other traffic shared the engine; "+
-			"the measured burst was not sent", grew, phase, meas.Tokens)}
+			"the measured burst was not sent", grew, phaseName(phase), meas.Tokens)}
 	}
 	return busyError{fmt.Sprintf("the engine generated %.0f tokens during the measured burst, which received %d: other traffic shared the engine; "+
 		"the burst's %.1f tok/s measured a share and was discarded", grew, meas.Tokens, meas.TPS)}

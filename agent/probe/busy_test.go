@@ -29,7 +29,8 @@ func TestRunBusyModes(t *testing.T) {
 		load, reads := busyFor(3)
 		cfg.Load, cfg.Trigger, cfg.busyPoll = load, wire.ReasonOnDemand, 5*time.Millisecond
 		m := mustRun(t, cfg)
-		if !m.Valid() || m.BusyWaitSeconds <= 0 || m.LoadBefore.Running != 0 || reads.Load() != 4 || m.Drained {
+		// Three busy reads, the idle one, and the settle's reads after it.
+		if !m.Valid() || m.BusyWaitSeconds <= 0 || m.LoadBefore.Running != 0 || reads.Load() <= 4 || m.Drained {
 			t.Fatalf("valid %v waited %v load %+v reads %d drained %v", m.Valid(), m.BusyWaitSeconds, m.LoadBefore, reads.Load(), m.Drained)
 		}
 	})
@@ -99,6 +100,87 @@ func TestRunBusyModes(t *testing.T) {
 		cfg.Busy = "sometimes"
 		if _, err := Run(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "wait, drain, passive-only") {
 			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+// idleThenBusy reports the engine idle at the first read, busy for the
+// next n, then idle.
+func idleThenBusy(n int32) (func(context.Context) (wire.Load, error), *atomic.Int32) {
+	var reads atomic.Int32
+	return func(context.Context) (wire.Load, error) {
+		if r := reads.Add(1); r > 1 && r <= 1+n {
+			return wire.Load{Known: true, Running: 3}, nil
+		}
+		return wire.Load{Known: true}, nil
+	}, &reads
+}
+
+// An engine idle at one instant may be between a gateway's requests, or
+// restarted a moment before the gateway's next: a probe waits for it to
+// stay idle, its counter still, for the settle time.
+func TestRunIdleSettle(t *testing.T) {
+	t.Run("idle at the first read, busy a moment later: each mode treats it as busy", func(t *testing.T) {
+		for _, c := range []struct {
+			mode, trigger string
+			idleOnly      bool
+			want          string // "" = measured
+		}{
+			{BusyWait, wire.ReasonScheduled, false, "scheduled probe deferred"},
+			{BusyWait, wire.ReasonOnDemand, true, "only while idle"},
+			{BusyPassiveOnly, wire.ReasonRegistration, false, "passive-only"},
+			{BusyWait, wire.ReasonOnDemand, false, ""},
+			{BusyDrain, wire.ReasonOnDemand, false, ""},
+		} {
+			f := newFake(t, nil)
+			cfg := quick(f.URL())
+			load, reads := idleThenBusy(5)
+			var drains atomic.Int32
+			cfg.Load, cfg.Busy, cfg.busyPoll, cfg.Trigger, cfg.IdleOnly = load, c.mode, 5*time.Millisecond, c.trigger, c.idleOnly
+			cfg.RequireIdle = c.trigger == wire.ReasonScheduled
+			cfg.Drain = func(context.Context) error { drains.Add(1); return nil }
+			m, err := Run(t.Context(), cfg)
+			if c.want != "" {
+				if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "3 running") || f.chats.Load() != 0 {
+					t.Fatalf("%s/%s: err = %v, %d requests sent", c.mode, c.trigger, err, f.chats.Load())
+				}
+				continue
+			}
+			if err != nil || !m.Valid() || m.BusyWaitSeconds <= 0 || reads.Load() < 7 {
+				t.Fatalf("%s/%s: err %v valid %v waited %v after %d load reads", c.mode, c.trigger, err, m.Valid(), m.BusyWaitSeconds, reads.Load())
+			}
+			if drained := c.mode == BusyDrain; m.Drained != drained || drains.Load() != map[bool]int32{true: 1}[drained] {
+				t.Fatalf("%s: drained %v after %d drain calls", c.mode, m.Drained, drains.Load())
+			}
+		}
+	})
+	t.Run("a counter that moves while the engine reports no requests is traffic", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		var counted atomic.Int32
+		cfg.Load, _ = busyFor(0)
+		cfg.Counters = func(context.Context) (float64, error) { return float64(100 * counted.Add(1)), nil }
+		cfg.RequireIdle, cfg.Trigger = true, wire.ReasonScheduled
+		_, err := Run(t.Context(), cfg)
+		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "generated 100 tokens") || !strings.Contains(err.Error(), "reported no requests") || f.chats.Load() != 0 {
+			t.Fatalf("err = %v, %d requests sent", err, f.chats.Load())
+		}
+	})
+	t.Run("an engine that stays idle is probed once the settle time has passed", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		cfg.Load, _ = busyFor(0)
+		cfg.settle = 300 * time.Millisecond
+		var firstChat time.Time // Progress is called from one goroutine at a time
+		start := time.Now()
+		cfg.Progress = func(p Progress) {
+			if p.Phase == PhaseWarmup && firstChat.IsZero() {
+				firstChat = time.Now()
+			}
+		}
+		m := mustRun(t, cfg)
+		if !m.Valid() || m.BusyWaitSeconds != 0 || firstChat.Sub(start) < cfg.settle {
+			t.Fatalf("valid %v waited %v; warm-up began %v after the start", m.Valid(), m.BusyWaitSeconds, firstChat.Sub(start))
 		}
 	})
 }

@@ -420,7 +420,7 @@ func summarizePrefill(results []reqResult, expects []promptExpect) prefillSummar
 // prefillBurst sends one prefill burst and summarizes it.
 func (p *prober) prefillBurst(ctx context.Context, phase, url string, bodies [][]byte, expects []promptExpect) (prefillSummary, error) {
 	start := time.Now()
-	results, timedOut, err := p.send(ctx, phase, url, bodies, func(c *counters) int { return int(c.prompt.Load()) })
+	results, timedOut, err := p.send(ctx, phase, url, bodies, func(c *counters) int { return int(c.prompt.Load()) }, nil)
 	if err != nil {
 		return prefillSummary{}, err
 	}

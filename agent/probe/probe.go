@@ -13,6 +13,7 @@
 package probe
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -94,8 +95,10 @@ type Config struct {
 	// (engine.Client.Counters) just before and after the measured burst:
 	// a counter that grew by more than the burst received means other
 	// traffic shared the engine, and Run returns ErrBusy, not a number.
-	Counters func(ctx context.Context) (float64, error)
-	busyPoll time.Duration // how often a waiting probe reads the load; tests shorten it
+	Counters  func(ctx context.Context) (float64, error)
+	busyPoll  time.Duration // how often a waiting probe reads the load; tests shorten it
+	settle    time.Duration // how long an idle engine must stay idle; tests shorten it
+	watchPoll time.Duration // how often a burst reads the engine's counter; tests shorten it
 	// Load, optional, reads the engine's load just before the probe.
 	Load func(ctx context.Context) (wire.Load, error)
 	// GPUs, optional, is sampled every 200ms during the measured burst.
@@ -322,8 +325,15 @@ func (p *prober) checkIdle(ctx context.Context, m *wire.Measurement) error {
 	default:
 		m.LoadBefore = load
 		if load.Running+load.Waiting > 0 {
-			return p.onBusy(ctx, m, load)
+			return p.onBusy(ctx, m, busyLoad(load))
 		}
+		// Idle at this instant is not idle: a gateway's next request
+		// may be a moment away.
+		stirred, err := p.settle(ctx)
+		if err != nil || stirred == "" {
+			return err
+		}
+		return p.onBusy(ctx, m, stirred)
 	}
 	return nil
 }
@@ -339,7 +349,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	chatURL := p.cfg.URL + "/v1/chat/completions"
 
 	start, startCounted := p.readGenerated(ctx, m)
-	warm, err := p.burst(ctx, PhaseWarmup, chatURL, body)
+	warm, err := p.burst(ctx, PhaseWarmup, chatURL, body, start, startCounted)
 	if err != nil {
 		return burstSummary{}, false, err
 	}
@@ -347,7 +357,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	if startCounted && counted {
 		// Traffic that shared the warm-up would share the measured burst
 		// too: stop here, and spare the engine's users half the burst.
-		if err := p.shared(m, "warm-up", warm, start, before); err != nil {
+		if err := p.shared(m, PhaseWarmup, warm, start, before); err != nil {
 			return burstSummary{}, false, err
 		}
 	}
@@ -364,7 +374,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	if p.cfg.GPUs != nil {
 		sampler = startGPUSampler(ctx, p.cfg.GPUs, p.cfg.GPUUUIDs)
 	}
-	meas, err = p.burst(ctx, PhaseMeasure, chatURL, body)
+	meas, err = p.burst(ctx, PhaseMeasure, chatURL, body, before, counted)
 	if sampler != nil {
 		p.recordClocks(m, sampler.stop())
 	}
@@ -373,7 +383,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	}
 	if counted {
 		if after, ok := p.readGenerated(ctx, m); ok {
-			if err := p.shared(m, "measured burst", meas, before, after); err != nil {
+			if err := p.shared(m, PhaseMeasure, meas, before, after); err != nil {
 				return meas, false, err
 			}
 		}
@@ -454,14 +464,34 @@ func fail(m *wire.Measurement, code, why string) error {
 	return nil
 }
 
-// burst runs one decode burst: n copies of body.
-func (p *prober) burst(ctx context.Context, phase, url string, body []byte) (burstSummary, error) {
+// burst runs one decode burst: n copies of body. With the engine's
+// generated-tokens counter read just before it (counted), the burst stops
+// as soon as the counter outruns what the burst has received: someone
+// else's requests arrived, and every moment more slows them.
+func (p *prober) burst(ctx context.Context, phase, url string, body []byte, base float64, counted bool) (burstSummary, error) {
 	bodies := make([][]byte, p.cfg.Concurrency)
 	for i := range bodies {
 		bodies[i] = body
 	}
+	var watch func(ctx context.Context, received int) error
+	if counted {
+		stopped := "the measured burst was stopped at once and discarded"
+		if phase == PhaseWarmup {
+			stopped = "the warm-up was stopped at once and the measured burst was not sent"
+		}
+		watch = func(ctx context.Context, received int) error {
+			now, ok := p.counter(ctx)
+			// Twice the end-of-burst slack: mid-stream, the engine's count
+			// may run a step or two ahead of what has reached the probe.
+			if grew := now - base; ok && int(grew) > received+2*p.slack() {
+				return busyError{fmt.Sprintf("the engine generated %.0f tokens during the %s while the probe received %d: other traffic arrived; %s",
+					grew, phaseName(phase), received, stopped)}
+			}
+			return nil
+		}
+	}
 	start := time.Now()
-	results, timedOut, err := p.send(ctx, phase, url, bodies, func(c *counters) int { return int(c.tokens.Load()) })
+	results, timedOut, err := p.send(ctx, phase, url, bodies, func(c *counters) int { return int(c.tokens.Load()) }, watch)
 	if err != nil {
 		return burstSummary{}, err
 	}
@@ -475,12 +505,17 @@ func (p *prober) burst(ctx context.Context, phase, url string, body []byte) (bur
 }
 
 // send sends one request per body at once, bounded by BurstTimeout, and
-// reports progress about ten times a second, counting tokens(c). It
-// returns an error only when ctx ends; timedOut says the burst's own
+// reports progress about ten times a second, counting tokens(c). Every
+// watchPoll, watch (optional) is told the tokens received so far; an
+// error from it stops the burst, and send returns that error. Otherwise
+// it returns an error only when ctx ends; timedOut says the burst's own
 // bound cut it short.
-func (p *prober) send(ctx context.Context, phase, url string, bodies [][]byte, tokens func(*counters) int) (results []reqResult, timedOut bool, err error) {
+func (p *prober) send(ctx context.Context, phase, url string, bodies [][]byte, tokens func(*counters) int,
+	watch func(ctx context.Context, received int) error) (results []reqResult, timedOut bool, err error) {
 	n := len(bodies)
-	bctx, cancel := context.WithTimeout(ctx, p.cfg.BurstTimeout)
+	wctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	bctx, cancel := context.WithTimeout(wctx, p.cfg.BurstTimeout)
 	defer cancel()
 	var c counters
 	start := time.Now()
@@ -488,6 +523,25 @@ func (p *prober) send(ctx context.Context, phase, url string, bodies [][]byte, t
 
 	stopReporter := make(chan struct{})
 	var wg sync.WaitGroup
+	if watch != nil {
+		wg.Go(func() {
+			t := time.NewTicker(cmp.Or(p.cfg.watchPoll, watchPoll))
+			defer t.Stop()
+			for {
+				select {
+				case <-stopReporter:
+					return
+				case <-bctx.Done():
+					return
+				case <-t.C:
+					if err := watch(bctx, tokens(&c)); err != nil {
+						stop(err)
+						return
+					}
+				}
+			}
+		})
+	}
 	if p.cfg.Progress != nil {
 		wg.Go(func() {
 			t := time.NewTicker(100 * time.Millisecond)
@@ -510,6 +564,9 @@ func (p *prober) send(ctx context.Context, phase, url string, bodies [][]byte, t
 	wg.Wait()
 	if ctx.Err() != nil {
 		return nil, false, ctx.Err()
+	}
+	if cause := context.Cause(wctx); cause != nil {
+		return nil, false, cause
 	}
 	return results, bctx.Err() != nil, nil
 }

@@ -20,7 +20,7 @@ import (
 // quick is a small burst so each fake test takes milliseconds.
 func quick(url string) Config {
 	return Config{URL: url, Kind: wire.EngineVLLM, Concurrency: 4, Tokens: 8, CapacityKey: "node/vllm/fake",
-		ReadyTimeout: 5 * time.Second, BurstTimeout: 10 * time.Second}
+		ReadyTimeout: 5 * time.Second, BurstTimeout: 10 * time.Second, settle: 30 * time.Millisecond}
 }
 
 func mustRun(t *testing.T, cfg Config) wire.Measurement {

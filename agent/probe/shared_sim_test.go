@@ -21,33 +21,48 @@ import (
 // The 902 tok/s case: an admin's "measure again" on an engine that an
 // idle check saw empty, and that a gateway fills while the burst runs.
 // The engine's own counters (read as the agent reads them) show tokens
-// beyond the burst's, so no throughput comes back. Without other traffic
-// the same probe measures, and the counters agree with the burst.
+// beyond the burst's: the probe stops the burst as soon as it reads them,
+// and no throughput comes back. Without other traffic the same probe
+// measures, and the counters agree with the burst.
 func TestSimSharedBurstDiscarded(t *testing.T) {
 	t.Parallel()
-	s, client, counters, traffic, stopUsers := sharedSim(t)
-	var once sync.Once
-	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", Trigger: wire.ReasonOnDemand,
-		Load: client.Load, Counters: counters, ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second,
-		Progress: func(p Progress) {
-			if p.Phase == PhaseMeasure {
-				once.Do(traffic) // users arrive as the measured burst starts
-			}
-		}}
-	m, err := Run(t.Context(), cfg)
-	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "other traffic shared the engine") {
-		t.Fatalf("err = %v; valid %v, %.0f tok/s, engine counted %d for %d", err, m.Valid(), m.ThroughputTPS, m.EngineGeneratedTokens, m.OutputTokens)
-	}
-	if m.Valid() || m.ThroughputTPS != 0 {
-		t.Fatalf("a shared burst came back as %.0f tok/s", m.ThroughputTPS)
-	}
+	for _, watched := range []bool{true, false} {
+		s, client, counters, traffic, stopUsers := sharedSim(t)
+		var once sync.Once
+		var received atomic.Int64
+		cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 256, CapacityKey: "k", Trigger: wire.ReasonOnDemand,
+			Load: client.Load, Counters: counters, ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second,
+			settle: 50 * time.Millisecond,
+			Progress: func(p Progress) {
+				if p.Phase == PhaseMeasure {
+					once.Do(traffic) // users arrive as the measured burst starts
+					received.Store(int64(p.Tokens))
+				}
+			}}
+		want, expected := "stopped at once", int64(DefaultConcurrency*cfg.Tokens)
+		if !watched {
+			// Unwatched (a counter read each hour), the check after the
+			// burst is the backstop.
+			cfg.watchPoll, want = time.Hour, "other traffic shared the engine"
+		}
+		m, err := Run(t.Context(), cfg)
+		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("watched %v: err = %v; valid %v, %.0f tok/s, engine counted %d for %d", watched, err, m.Valid(), m.ThroughputTPS, m.EngineGeneratedTokens, m.OutputTokens)
+		}
+		if m.Valid() || m.ThroughputTPS != 0 {
+			t.Fatalf("watched %v: a shared burst came back as %.0f tok/s", watched, m.ThroughputTPS)
+		}
+		if got := received.Load(); watched && got >= expected/2 {
+			t.Errorf("the burst went on to %d of its %d tokens after the users arrived", got, expected)
+		}
 
-	stopUsers()
-	testutil.Eventually(t, "the users to leave", 10*time.Second, func() bool { r, w := s.InFlight(); return r+w == 0 })
-	cfg.Progress = nil
-	m = mustRun(t, cfg)
-	if !m.Valid() || m.EngineGeneratedTokens < int64(m.OutputTokens) || m.EngineGeneratedTokens > int64(m.OutputTokens)+32 {
-		t.Fatalf("quiet engine: valid %v, engine counted %d for a burst of %d; problems %q", m.Valid(), m.EngineGeneratedTokens, m.OutputTokens, m.Problems)
+		stopUsers()
+		testutil.Eventually(t, "the users to leave", 10*time.Second, func() bool { r, w := s.InFlight(); return r+w == 0 })
+		cfg.Progress = nil
+		m = mustRun(t, cfg)
+		if !m.Valid() || m.EngineGeneratedTokens < int64(m.OutputTokens) || m.EngineGeneratedTokens > int64(m.OutputTokens)+32 {
+			t.Fatalf("watched %v, quiet engine: valid %v, engine counted %d for a burst of %d; problems %q", watched, m.Valid(), m.EngineGeneratedTokens, m.OutputTokens, m.Problems)
+		}
 	}
 }
 
