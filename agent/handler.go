@@ -33,6 +33,7 @@ type Handler struct {
 	onProbe  func(wire.ProbeRequest)
 
 	inflight atomic.Int32 // snapshots being taken now
+	dropping atomic.Bool  // the last snapshot had readings dropped (selfcheck.go)
 
 	mu     sync.Mutex
 	last   wire.Snapshot
@@ -68,6 +69,16 @@ func (h *Handler) Snapshot(ctx context.Context) wire.Snapshot {
 	defer h.inflight.Add(-1)
 	s := h.col.Snapshot(ctx)
 	h.passiveReadings(ctx, &s)
+	if dropped := dropInvalidReadings(&s); len(dropped) > 0 {
+		// Loud once, quiet while the same fault lasts (every poll).
+		log := h.log.Error
+		if h.dropping.Swap(true) {
+			log = h.log.Debug
+		}
+		log("readings dropped from the snapshot: they fail the wire's checks (a bug in the agent; please report it)", "dropped", dropped)
+	} else {
+		h.dropping.Store(false)
+	}
 	h.mu.Lock()
 	h.last, h.lastAt = s, time.Now()
 	h.mu.Unlock()
