@@ -31,9 +31,14 @@ type pace struct {
 	half   paceSample // the first sample half a window after start: where the next window starts
 	// early: the window started over (the first sample, a restart, a quiet
 	// spell) and has given no reading yet; at half a window it gives one
-	// over that half, so a restarted engine is read after 5 s, not 10.
-	early  bool
-	latest *wire.Pace
+	// over that half (a restarted engine also one at a quarter: quarter).
+	early bool
+	// quarter: the window started over because the engine restarted (its
+	// counters went back), and gives one more early reading, at a quarter
+	// window: a restarted engine may be another engine, and every second
+	// it is weighed as the old one sends it traffic it may not carry.
+	quarter bool
+	latest  *wire.Pace
 }
 
 type paceSample struct {
@@ -43,7 +48,8 @@ type paceSample struct {
 }
 
 // add takes one reading of the counters; it returns the reading a window
-// (or, after a start-over, its first half) completed, else nil. A counter
+// (or, after a start-over, its first half; after a restart, its first
+// quarter too) completed, else nil. A counter
 // that went back (a restart) or an engine without the histogram starts
 // over.
 func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
@@ -55,12 +61,22 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 		p.start, p.half = paceSample{}, paceSample{}
 		return nil
 	}
-	if p.start.at.IsZero() || s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum ||
-		(s.prompt >= 0 && s.prompt < p.start.prompt) {
-		p.start, p.half, p.early = s, paceSample{}, true
+	restarted := !p.start.at.IsZero() && (s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum)
+	if p.start.at.IsZero() || restarted || (s.prompt >= 0 && s.prompt < p.start.prompt) {
+		p.start, p.half, p.early, p.quarter = s, paceSample{}, true, restarted
 		return nil
 	}
 	span := at.Sub(p.start.at)
+	if p.quarter && span >= p.window/2 {
+		p.quarter = false
+	}
+	if p.quarter && span >= p.window/4 {
+		if r := between(p.start, s, ranks); r != nil {
+			p.quarter = false
+			p.latest = r
+			return r
+		}
+	}
 	if p.half.at.IsZero() && span >= p.window/2 {
 		p.half = s
 		if p.early && span < p.window {

@@ -75,11 +75,20 @@ func TestPaceReadings(t *testing.T) {
 	if r := q.add(at(10), c(10, 0.1, 10), 2); r != nil || q.latest != nil || !q.start.at.IsZero() {
 		t.Fatalf("a quiet window gave %+v, latest %+v", r, q.latest)
 	}
-	// A restart: counters back to zero start over, and the new window's
-	// first half gives a reading.
+	// A restart: counters back to zero start over; the new window's first
+	// quarter, then its first half, give readings.
 	p.add(at(25), c(100000, 800, 100000), 2)
 	if r := p.add(at(40), c(10, 0.1, 10), 2); r != nil {
 		t.Fatalf("counters that went back gave %+v", r)
+	}
+	if r := p.add(at(42), c(810, 12.9, 810), 2); r != nil {
+		t.Fatalf("2 s after the restart: %+v", r)
+	}
+	if r := p.add(at(43), c(1210, 19.3, 1210), 2); r == nil || r.WindowSeconds != 3 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 {
+		t.Fatalf("a quarter window after the restart: %+v, want a 3 s reading at 16 ms per token", r)
+	}
+	if r := p.add(at(44), c(1610, 25.7, 1610), 2); r != nil {
+		t.Fatalf("4 s after the restart: %+v", r)
 	}
 	if r := p.add(at(45), c(2010, 32.1, 2010), 2); r == nil || r.WindowSeconds != 5 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 {
 		t.Fatalf("half a window after the restart: %+v, want a 5 s reading at 16 ms per token", r)
@@ -116,6 +125,11 @@ func TestPacePromptRate(t *testing.T) {
 	q.add(at(20), c(2000, 100, true), 1)
 	if !q.start.at.Equal(at(20)) {
 		t.Fatalf("a prompt counter that went back did not start the window over: start %v", q.start.at)
+	}
+	// That is no restart (the decode counters went on): no quarter-window
+	// reading, only the half window's.
+	if r := q.add(at(23), c(2300, 400, true), 1); r != nil {
+		t.Fatalf("3 s after a prompt counter went back: %+v", r)
 	}
 	// Prompt tokens less cache hits can dip between the window's newest
 	// half and its end without going below its start: the half reads no

@@ -74,8 +74,10 @@ type Config struct {
 	// Busy is what the probe does when Load reports requests running or
 	// waiting (the agent's probe_busy): BusyWait (the default) waits up to
 	// BusyWait for the engine to be idle, BusyDrain calls Drain first,
-	// BusyPassiveOnly returns ErrBusy at once. A busy engine is never
-	// measured: a probe still busy at the end of the wait returns ErrBusy.
+	// BusyPassiveOnly returns ErrBusy at once. Idle means idle for
+	// idleSettle (2 s): an engine read idle is watched that long first.
+	// A busy engine is never measured: a probe still busy at the end of
+	// the wait returns ErrBusy.
 	// An engine whose load cannot be read is probed, with a note in
 	// Problems, so engines without metrics are still measured.
 	Busy string
@@ -92,9 +94,10 @@ type Config struct {
 	// waits. Whoever drains restores the worker when the probe ends.
 	Drain func(ctx context.Context) error
 	// Counters, optional, reads the engine's generated-tokens counter
-	// (engine.Client.Counters) just before and after the measured burst:
-	// a counter that grew by more than the burst received means other
-	// traffic shared the engine, and Run returns ErrBusy, not a number.
+	// (engine.Client.Counters) while an idle engine settles, before,
+	// during (every watchPoll) and after each burst: a counter that grew by
+	// more than the burst received means other traffic shared the engine;
+	// the burst stops at once and Run returns ErrBusy, not a number.
 	Counters  func(ctx context.Context) (float64, error)
 	busyPoll  time.Duration // how often a waiting probe reads the load; tests shorten it
 	settle    time.Duration // how long an idle engine must stay idle; tests shorten it
