@@ -117,9 +117,14 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 			// Keep waiting on the last load read: a flaky /metrics is no
 			// proof that the engine became idle.
 		case l.Running+l.Waiting == 0:
-			stirred, err := p.settle(ctx)
-			if err != nil {
-				return err
+			// A drained engine gets no new requests from the gateways:
+			// the settle is for one they still route to, and would only
+			// keep the worker out of them longer.
+			stirred := ""
+			if !m.Drained {
+				if stirred, err = p.settle(ctx); err != nil {
+					return err
+				}
 			}
 			if stirred == "" {
 				m.BusyWaitSeconds = time.Since(start).Seconds()

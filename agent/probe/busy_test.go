@@ -152,6 +152,12 @@ func TestRunIdleSettle(t *testing.T) {
 			if drained := c.mode == BusyDrain; m.Drained != drained || drains.Load() != map[bool]int32{true: 1}[drained] {
 				t.Fatalf("%s: drained %v after %d drain calls", c.mode, m.Drained, drains.Load())
 			}
+			// Drained, the engine is probed at its first idle read: the
+			// idle read, the settle's busy one, five busy while it drains
+			// and the idle one. Not drained, it settles again first.
+			if drained := c.mode == BusyDrain; drained != (reads.Load() == 7) {
+				t.Fatalf("%s: %d load reads", c.mode, reads.Load())
+			}
 		}
 	})
 	t.Run("a counter that moves while the engine reports no requests is traffic", func(t *testing.T) {
