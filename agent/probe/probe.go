@@ -476,21 +476,30 @@ func (p *prober) burst(ctx context.Context, phase, url string, body []byte, base
 	for i := range bodies {
 		bodies[i] = body
 	}
-	var watch func(ctx context.Context, received int) error
-	if counted {
+	var watch func(ctx context.Context, received, unfinished int) error
+	if counted && p.cfg.Load != nil {
 		stopped := "the measured burst was stopped at once and discarded"
 		if phase == PhaseWarmup {
 			stopped = "the warm-up was stopped at once and the measured burst was not sent"
 		}
-		watch = func(ctx context.Context, received int) error {
+		watch = func(ctx context.Context, received, unfinished int) error {
+			// Two signs, each of which can mislead alone: a probe slow to
+			// read its streams (a loaded host) lags the engine's counter
+			// by hundreds of tokens, and a gauge refreshed late can show
+			// requests that have ended. Other traffic shows in both: more
+			// tokens than the burst received (plus twice the end-of-burst
+			// slack) and more requests than the burst has unfinished.
 			now, ok := p.counter(ctx)
-			// Twice the end-of-burst slack: mid-stream, the engine's count
-			// may run a step or two ahead of what has reached the probe.
-			if grew := now - base; ok && int(grew) > received+2*p.slack() {
-				return busyError{fmt.Sprintf("the engine generated %.0f tokens during the %s while the probe received %d: other traffic arrived; %s",
-					grew, phaseName(phase), received, stopped)}
+			grew := now - base
+			if !ok || int(grew) <= received+2*p.slack() {
+				return nil
 			}
-			return nil
+			l, err := p.readLoad(ctx)
+			if err != nil || !l.Known || l.Running+l.Waiting <= unfinished {
+				return nil
+			}
+			return busyError{fmt.Sprintf("the engine generated %.0f tokens during the %s while the probe received %d, and had %s with %d of the probe's unfinished: other traffic arrived; %s",
+				grew, phaseName(phase), received, busyLoad(l), unfinished, stopped)}
 		}
 	}
 	start := time.Now()
@@ -509,12 +518,13 @@ func (p *prober) burst(ctx context.Context, phase, url string, body []byte, base
 
 // send sends one request per body at once, bounded by BurstTimeout, and
 // reports progress about ten times a second, counting tokens(c). Every
-// watchPoll, watch (optional) is told the tokens received so far; an
+// watchPoll, watch (optional) is told the tokens received so far and the
+// requests not yet finished; an
 // error from it stops the burst, and send returns that error. Otherwise
 // it returns an error only when ctx ends; timedOut says the burst's own
 // bound cut it short.
 func (p *prober) send(ctx context.Context, phase, url string, bodies [][]byte, tokens func(*counters) int,
-	watch func(ctx context.Context, received int) error) (results []reqResult, timedOut bool, err error) {
+	watch func(ctx context.Context, received, unfinished int) error) (results []reqResult, timedOut bool, err error) {
 	n := len(bodies)
 	wctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
@@ -537,7 +547,7 @@ func (p *prober) send(ctx context.Context, phase, url string, bodies [][]byte, t
 				case <-bctx.Done():
 					return
 				case <-t.C:
-					if err := watch(bctx, tokens(&c)); err != nil {
+					if err := watch(bctx, tokens(&c), n-int(c.done.Load())); err != nil {
 						stop(err)
 						return
 					}
