@@ -3,6 +3,7 @@ package probe
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -145,7 +146,8 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 func (p *prober) settle(ctx context.Context) (stirred string, err error) {
 	wait := cmp.Or(p.cfg.settle, idleSettle)
 	start := time.Now()
-	before, counted := p.counter(ctx)
+	before, err := p.counter(ctx)
+	counted := err == nil
 	t := time.NewTicker(min(cmp.Or(p.cfg.busyPoll, settlePoll), settlePoll))
 	defer t.Stop()
 	for time.Since(start) < wait {
@@ -165,7 +167,7 @@ func (p *prober) settle(ctx context.Context) (stirred string, err error) {
 	if !counted {
 		return "", nil
 	}
-	if after, ok := p.counter(ctx); ok && after > before {
+	if after, err := p.counter(ctx); err == nil && after > before {
 		return fmt.Sprintf("it generated %.0f tokens in %s while it reported no requests", after-before, time.Since(start).Round(100*time.Millisecond)), nil
 	}
 	return "", ctx.Err()
@@ -185,16 +187,18 @@ func (p *prober) slack() int {
 	return max(2*p.cfg.Concurrency, p.cfg.Concurrency*p.cfg.Tokens/50)
 }
 
-// counter reads the engine's generated-tokens counter, if it can.
-func (p *prober) counter(ctx context.Context) (float64, bool) {
+// counter reads the engine's generated-tokens counter within ten seconds;
+// errNoCounters where the probe has no reader.
+func (p *prober) counter(ctx context.Context) (float64, error) {
 	if p.cfg.Counters == nil {
-		return 0, false
+		return 0, errNoCounters
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	v, err := p.cfg.Counters(cctx)
-	return v, err == nil
+	return p.cfg.Counters(cctx)
 }
+
+var errNoCounters = errors.New("no counter reader")
 
 // readLoad reads the engine's load within ten seconds.
 func (p *prober) readLoad(ctx context.Context) (wire.Load, error) {
@@ -206,14 +210,9 @@ func (p *prober) readLoad(ctx context.Context) (wire.Load, error) {
 // readGenerated reads the engine's generated-tokens counter, noting once
 // in m why it cannot be read.
 func (p *prober) readGenerated(ctx context.Context, m *wire.Measurement) (float64, bool) {
-	if p.cfg.Counters == nil {
-		return 0, false
-	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	v, err := p.cfg.Counters(cctx)
+	v, err := p.counter(ctx)
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && p.cfg.Counters != nil {
 			m.Problems = append(m.Problems, fmt.Sprintf("other traffic during the burst not checked: %v", err))
 		}
 		return 0, false

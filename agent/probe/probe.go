@@ -96,8 +96,9 @@ type Config struct {
 	// Counters, optional, reads the engine's generated-tokens counter
 	// (engine.Client.Counters) while an idle engine settles, before,
 	// during (every watchPoll) and after each burst: a counter that grew by
-	// more than the burst received means other traffic shared the engine;
-	// the burst stops at once and Run returns ErrBusy, not a number.
+	// more than the burst received means other traffic shared the engine
+	// (mid-burst, only where Load also shows more requests than the
+	// burst's), and Run returns ErrBusy, not a number.
 	Counters  func(ctx context.Context) (float64, error)
 	busyPoll  time.Duration // how often a waiting probe reads the load; tests shorten it
 	settle    time.Duration // how long an idle engine must stay idle; tests shorten it
@@ -468,9 +469,9 @@ func fail(m *wire.Measurement, code, why string) error {
 }
 
 // burst runs one decode burst: n copies of body. With the engine's
-// generated-tokens counter read just before it (counted), the burst stops
-// as soon as the counter outruns what the burst has received: someone
-// else's requests arrived, and every moment more slows them.
+// generated-tokens counter read just before it (counted) and its load
+// readable, the burst stops as soon as both show someone else's requests:
+// every moment more slows them.
 func (p *prober) burst(ctx context.Context, phase, url string, body []byte, base float64, counted bool) (burstSummary, error) {
 	bodies := make([][]byte, p.cfg.Concurrency)
 	for i := range bodies {
@@ -489,9 +490,9 @@ func (p *prober) burst(ctx context.Context, phase, url string, body []byte, base
 			// requests that have ended. Other traffic shows in both: more
 			// tokens than the burst received (plus twice the end-of-burst
 			// slack) and more requests than the burst has unfinished.
-			now, ok := p.counter(ctx)
+			now, err := p.counter(ctx)
 			grew := now - base
-			if !ok || int(grew) <= received+2*p.slack() {
+			if err != nil || int(grew) <= received+2*p.slack() {
 				return nil
 			}
 			l, err := p.readLoad(ctx)
@@ -519,10 +520,9 @@ func (p *prober) burst(ctx context.Context, phase, url string, body []byte, base
 // send sends one request per body at once, bounded by BurstTimeout, and
 // reports progress about ten times a second, counting tokens(c). Every
 // watchPoll, watch (optional) is told the tokens received so far and the
-// requests not yet finished; an
-// error from it stops the burst, and send returns that error. Otherwise
-// it returns an error only when ctx ends; timedOut says the burst's own
-// bound cut it short.
+// requests not yet finished; an error from it stops the burst, and send
+// returns that error. Otherwise it returns an error only when ctx ends;
+// timedOut says the burst's own bound cut it short.
 func (p *prober) send(ctx context.Context, phase, url string, bodies [][]byte, tokens func(*counters) int,
 	watch func(ctx context.Context, received, unfinished int) error) (results []reqResult, timedOut bool, err error) {
 	n := len(bodies)
