@@ -382,6 +382,13 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	wg.Wait()
 	for i := range rows {
 		rows[i].AfterChange = rows[i].Res.LatencySince(slowAt)
+		if e.opts.Keep {
+			// Each request, for reading where a tail came from.
+			name := fmt.Sprintf("requests-%s-seed%d-%s-%s.csv", caseShortName(c), seed+1, map[bool]string{false: "heft", true: "true"}[oracle], rows[i].Gateway)
+			if err := writeRequests(filepath.Join(e.work, name), rows[i].Res.Requests, slowAt); err != nil {
+				e.logf("changes: %v", err)
+			}
+		}
 		rows[i].Res.Requests = nil // thousands of records, read once
 	}
 	notes := []string{fmt.Sprintf("%s, seed %d: %s", c, seed+1, f.measuredDuring(ctx, loadStart))}
@@ -591,4 +598,26 @@ func (f *routingFleet) logPace(ctx context.Context, addr string, last time.Time)
 		return p.At
 	}
 	return last
+}
+
+// caseShortName is c's name for --cases.
+func caseShortName(c string) string {
+	for short, long := range changeCaseNames {
+		if long == c {
+			return short
+		}
+	}
+	return "case"
+}
+
+// writeRequests writes reqs as CSV to path: each request's send time
+// relative to the change, its latency (both in seconds), backend and
+// outcome.
+func writeRequests(path string, reqs []loadgen.Request, change time.Time) error {
+	var b strings.Builder
+	b.WriteString("sent_after_change_s,latency_s,backend,outcome\n")
+	for _, q := range reqs {
+		fmt.Fprintf(&b, "%.3f,%.3f,%s,%s\n", q.Start.Sub(change).Seconds(), q.End.Sub(q.Start).Seconds(), q.Backend, q.Outcome)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o600)
 }

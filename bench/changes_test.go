@@ -3,9 +3,13 @@ package bench
 import (
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"heft/bench/loadgen"
 )
 
 // TestChangesShort is area 11 in miniature on a real fleet behind real
@@ -104,5 +108,27 @@ func TestChangesTrueCaps(t *testing.T) {
 		if share := changed / total; math.Abs(share-p.trueShare(c)) > 1e-12 {
 			t.Errorf("%s: the capacities give the changing worker %.4f of the fleet, its true share is %.4f", c, share, p.trueShare(c))
 		}
+	}
+}
+
+// writeRequests writes one line per request, its send time relative to
+// the change, so a p95 can be traced to when its requests were sent.
+func TestWriteRequests(t *testing.T) {
+	change := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	path := filepath.Join(t.TempDir(), "r.csv")
+	reqs := []loadgen.Request{
+		{Backend: "127.0.0.1:1", Start: change.Add(-1500 * time.Millisecond), End: change.Add(-500 * time.Millisecond), Outcome: "completed"},
+		{Backend: "127.0.0.1:2", Start: change.Add(250 * time.Millisecond), End: change.Add(3 * time.Second), Outcome: "http_502"},
+	}
+	if err := writeRequests(path, reqs, change); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "sent_after_change_s,latency_s,backend,outcome\n-1.500,1.000,127.0.0.1:1,completed\n0.250,2.750,127.0.0.1:2,http_502\n"
+	if string(got) != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
 	}
 }

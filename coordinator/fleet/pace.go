@@ -31,7 +31,11 @@ import (
 // as a whole but whose newest half (wire.Pace's Recent) is counts as that
 // half: a change late in a window shows there first. The weight is all a
 // tentative rescale touches: the next slow reading confirms it (and asks
-// for the re-measurement), the next one that agrees ends it at once.
+// for the re-measurement), the next one that agrees ends it at once. A
+// window far slower as a whole counts its newest half too where that is
+// slower than its older half by more than PaceTolerance: the window
+// straddles the change, and its whole would leave the weight between the
+// old speed and the new for another reading.
 //
 // Prompts read while requests decode stretch the time between their tokens
 // (vLLM puts prompt chunks in the decode steps, SGLang runs prompt batches
@@ -161,11 +165,16 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		return ""
 	}
 	s.ratio = spt / ref
-	if s.ratio <= 1+PaceStrong {
-		// The window's newest half, far slower alone, is a change the
-		// whole window still averages with the time before it.
-		if rspt, rref, rshare, ok := s.recent(p, m); ok && rspt/rref > 1+PaceStrong {
-			f.log.Debug("pace reading's newest half is far slower than the whole window", "worker", w.id, "window_ratio", s.ratio, "recent_ratio", rspt/rref)
+	// The window's newest half, far slower alone, is a change the whole
+	// window still averages with the time before it: where the window is
+	// not far slower as a whole, or where its halves disagree by more than
+	// PaceTolerance (the newest slower), the newest half is what the
+	// engine does now.
+	if rspt, rref, rshare, ok := s.recent(p, m); ok && rspt/rref > 1+PaceStrong {
+		older, known := s.older(p, m)
+		if s.ratio <= 1+PaceStrong || (known && rspt/rref > older*(1+PaceTolerance)) {
+			f.log.Debug("pace reading's newest half is far slower than the whole window", "worker", w.id,
+				"window_ratio", s.ratio, "recent_ratio", rspt/rref, "older_ratio", older)
 			s.ratio, spt, ref, share = rspt/rref, rspt, rref, rshare
 		}
 	}
@@ -240,6 +249,36 @@ func (s *paceState) recent(p *wire.Pace, m *wire.Measurement) (spt, ref, share f
 		return 0, 0, 0, false
 	}
 	return r.SecondsPerToken * (1 - share), ref, share, true
+}
+
+// older is p's older half (the window less its newest half) against the
+// reference, prompts discounted as for the whole window; not ok where p
+// has no newest half, or its older half held too few tokens or too many
+// prompts to say. Each span's tokens are its batch per rank times its
+// seconds over its seconds per token, and the time between them, summed,
+// its batch times its seconds (the ranks cancel), so the older half's
+// are the window's less the newest half's.
+func (s *paceState) older(p *wire.Pace, m *wire.Measurement) (float64, bool) {
+	r := p.Recent
+	if r == nil || r.SecondsPerToken <= 0 || r.Batch <= 0 || r.WindowSeconds <= 0 {
+		return 0, false
+	}
+	secs := p.WindowSeconds - r.WindowSeconds
+	sum := p.Batch*p.WindowSeconds - r.Batch*r.WindowSeconds
+	all := p.Batch * p.WindowSeconds / p.SecondsPerToken
+	tokens := all - r.Batch*r.WindowSeconds/r.SecondsPerToken
+	if secs <= 0 || sum <= 0 || tokens < all/4 {
+		return 0, false
+	}
+	share := prefillShare((p.PromptTPS*p.WindowSeconds-r.PromptTPS*r.WindowSeconds)/secs, m)
+	if share > MaxPrefillShare {
+		return 0, false
+	}
+	ref, ok := s.reference(sum / secs)
+	if !ok {
+		return 0, false
+	}
+	return sum / tokens * (1 - share) / ref, true
 }
 
 // prefillShare is the share of the engine's time over a pace window that

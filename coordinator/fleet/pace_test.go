@@ -149,6 +149,54 @@ func TestPaceRecentHalf(t *testing.T) {
 	}
 }
 
+// A window that straddles a slowdown is far slower as a whole but not by
+// the whole slowdown: it averages its older half, at the old speed, with
+// its newest half, at the new. Where the halves disagree by more than
+// PaceTolerance the reading counts its newest half, so the weight moves
+// all the way at once; halves that agree leave the whole window's ratio.
+func TestPaceStraddlingWindow(t *testing.T) {
+	h, a, _ := twoMeasuredWorkers(t) // the burst's point: 8 ms per token at 16 running
+	sec := 0
+	// reading sends a 10 s window of two 5 s halves at 16 running, the
+	// older at olderSPT and the newest at newestSPT seconds per token.
+	reading := func(olderSPT, newestSPT float64) []*wire.ProbeRequest {
+		sec += 5
+		const batch, half = 16.0, 5.0
+		tokens := batch*half/olderSPT + batch*half/newestSPT
+		spt := 2 * batch * half / tokens
+		a.Pace = &wire.Pace{At: h.clk.now().Add(time.Duration(sec) * time.Second), WindowSeconds: 2 * half,
+			SecondsPerToken: spt, Batch: batch, ThroughputTPS: batch / spt,
+			Recent: &wire.PaceSpan{WindowSeconds: half, SecondsPerToken: newestSPT, Batch: batch}}
+		return requests(h.put("n", a), "a")
+	}
+	factor := func() float64 { return h.worker("a").PaceFactor }
+	// Older half at the measured speed, newest twice as slow: the whole
+	// window reads 1.33 (far slower), the newest half 2.
+	reading(0.008, 0.016)
+	if w := h.worker("a"); !w.PaceTentative || math.Abs(factor()-2) > 1e-9 {
+		t.Fatalf("a window straddling a halving: tentative %v, factor %v; want a tentative rescale by the newest half's 2", w.PaceTentative, factor())
+	}
+	// The next window straddles it too (older half 1.4 times as slow): it
+	// confirms by its newest half, not by its whole window's 1.64.
+	if r := reading(0.0112, 0.016); len(r) != 1 || h.worker("a").PaceTentative || math.Abs(factor()-2) > 1e-9 {
+		t.Fatalf("the confirming reading: requests %+v, factor %v; want confirmed by the newest half's 2", r, factor())
+	}
+	// Halves that agree within PaceTolerance (2.1 and 1.9 times as slow)
+	// are a steady engine: the whole window counts.
+	reading(0.0168, 0.0152)
+	whole := func(olderSPT, newestSPT float64) float64 { // the window's ratio to 8 ms
+		return 2 * 16 * 5 / (16*5/olderSPT + 16*5/newestSPT) / 0.008
+	}
+	if want := whole(0.0168, 0.0152); math.Abs(factor()-want) > 1e-9 {
+		t.Fatalf("halves that agree: factor %v, want the whole window's %v", factor(), want)
+	}
+	// And where the newest half is the faster one, the whole window counts.
+	reading(0.016, 0.012)
+	if want := whole(0.016, 0.012); math.Abs(factor()-want) > 1e-9 {
+		t.Fatalf("a newest half faster than the older: factor %v, want the whole window's %v", factor(), want)
+	}
+}
+
 // The re-measurement a slower pace asks for measures the engine only while
 // it is idle (wire.ProbeRequest.IdleOnly): the pace already keeps the
 // weight on what the engine delivers, rescaled or agreeing again, so
