@@ -384,7 +384,11 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 		rows[i].AfterChange = rows[i].Res.LatencySince(slowAt)
 		if e.opts.Keep {
 			// Each request, for reading where a tail came from.
-			name := fmt.Sprintf("requests-%s-seed%d-%s-%s.csv", caseShortName(c), seed+1, map[bool]string{false: "heft", true: "true"}[oracle], rows[i].Gateway)
+			routing := "heft"
+			if oracle {
+				routing = "true"
+			}
+			name := fmt.Sprintf("requests-%s-seed%d-%s-%s.csv", caseShortName(c), seed+1, routing, rows[i].Gateway)
 			if err := writeRequests(filepath.Join(e.work, name), rows[i].Res.Requests, slowAt); err != nil {
 				e.logf("changes: %v", err)
 			}

@@ -170,13 +170,9 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	// not far slower as a whole, or where its halves disagree by more than
 	// PaceTolerance (the newest slower), the newest half is what the
 	// engine does now.
-	if rspt, rref, rshare, ok := s.recent(p, m); ok && rspt/rref > 1+PaceStrong {
-		older, known := s.older(p, m)
-		if s.ratio <= 1+PaceStrong || (known && rspt/rref > older*(1+PaceTolerance)) {
-			f.log.Debug("pace reading's newest half is far slower than the whole window", "worker", w.id,
-				"window_ratio", s.ratio, "recent_ratio", rspt/rref, "older_ratio", older)
-			s.ratio, spt, ref, share = rspt/rref, rspt, rref, rshare
-		}
+	if rspt, rref, rshare, ok := s.recent(p, m); ok && rspt/rref > 1+PaceStrong && (s.ratio <= 1+PaceStrong || s.straddles(p, m, rspt/rref)) {
+		f.log.Debug("pace reading's newest half is far slower than the whole window", "worker", w.id, "window_ratio", s.ratio, "recent_ratio", rspt/rref)
+		s.ratio, spt, ref, share = rspt/rref, rspt, rref, rshare
 	}
 	// Throttled spells are timed on the coordinator's clock, so is the
 	// reading: the agent sends it as its window ends (throttle.go).
@@ -251,34 +247,29 @@ func (s *paceState) recent(p *wire.Pace, m *wire.Measurement) (spt, ref, share f
 	return r.SecondsPerToken * (1 - share), ref, share, true
 }
 
-// older is p's older half (the window less its newest half) against the
-// reference, prompts discounted as for the whole window; not ok where p
-// has no newest half, or its older half held too few tokens or too many
+// straddles says whether p's older half (the window less its newest
+// half, whose ratio to the reference is recent) was faster than the
+// newest half by more than PaceTolerance, prompts discounted as for the
+// whole window; not where the older half held too few tokens or too many
 // prompts to say. Each span's tokens are its batch per rank times its
 // seconds over its seconds per token, and the time between them, summed,
 // its batch times its seconds (the ranks cancel), so the older half's
-// are the window's less the newest half's.
-func (s *paceState) older(p *wire.Pace, m *wire.Measurement) (float64, bool) {
+// are the window's less the newest half's. recent has checked p.Recent.
+func (s *paceState) straddles(p *wire.Pace, m *wire.Measurement, recent float64) bool {
 	r := p.Recent
-	if r == nil || r.SecondsPerToken <= 0 || r.Batch <= 0 || r.WindowSeconds <= 0 {
-		return 0, false
-	}
 	secs := p.WindowSeconds - r.WindowSeconds
 	sum := p.Batch*p.WindowSeconds - r.Batch*r.WindowSeconds
 	all := p.Batch * p.WindowSeconds / p.SecondsPerToken
 	tokens := all - r.Batch*r.WindowSeconds/r.SecondsPerToken
 	if secs <= 0 || sum <= 0 || tokens < all/4 {
-		return 0, false
+		return false
 	}
 	share := prefillShare((p.PromptTPS*p.WindowSeconds-r.PromptTPS*r.WindowSeconds)/secs, m)
 	if share > MaxPrefillShare {
-		return 0, false
+		return false
 	}
 	ref, ok := s.reference(sum / secs)
-	if !ok {
-		return 0, false
-	}
-	return sum / tokens * (1 - share) / ref, true
+	return ok && recent > sum/tokens*(1-share)/ref*(1+PaceTolerance)
 }
 
 // prefillShare is the share of the engine's time over a pace window that
