@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"slices"
 	"time"
 
 	"heft/agent/engine"
@@ -25,6 +26,13 @@ const minPaceTokens = 200
 // it to count). Each reading also carries its newest half alone (Recent),
 // which the far-slower rule reads too: a change in a window's second half
 // is far slower there before the whole window says so.
+//
+// Between readings, every sample also compares the newest suddenSpan of
+// the window with the rest of it: where the newest seconds ran more than
+// suddenGate slower per token, the window ends early, with those seconds
+// as its Recent, and the next starts at once. A worker that halved
+// its speed is then named within a few seconds of the change, not at the
+// next half window; the coordinator asks more of so short a span.
 type pace struct {
 	window time.Duration
 	start  paceSample // the window's first sample
@@ -39,7 +47,20 @@ type pace struct {
 	// it is weighed as the old one sends it traffic it may not carry.
 	quarter bool
 	latest  *wire.Pace
+	// since are the samples from start on, oldest first: where a sudden
+	// slowdown's span may start.
+	since []paceSample
 }
+
+// suddenSpan is the shortest newest span that may end a window early,
+// and the shortest rest of the window it is compared with; suddenGate is
+// how much slower per token the span must be than the rest of the window.
+// The gate is the agent's only: it decides when a reading goes out, and
+// the coordinator weighs the span against its reference as any other.
+const (
+	suddenSpan = 2 * time.Second
+	suddenGate = 0.5
+)
 
 type paceSample struct {
 	at                time.Time
@@ -58,14 +79,33 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 		s.prompt = c.PromptComputed
 	}
 	if !c.InterTokenKnown {
-		p.start, p.half = paceSample{}, paceSample{}
+		p.start, p.half, p.since = paceSample{}, paceSample{}, p.since[:0]
 		return nil
 	}
 	restarted := !p.start.at.IsZero() && (s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum)
 	if p.start.at.IsZero() || restarted || (s.prompt >= 0 && s.prompt < p.start.prompt) {
 		p.start, p.half, p.early, p.quarter = s, paceSample{}, true, restarted
+		p.since = append(p.since[:0], s)
 		return nil
 	}
+	r := p.next(s, ranks)
+	if r == nil && p.start.at.IsZero() {
+		p.since = p.since[:0]
+		return nil
+	}
+	p.since = append(slices.DeleteFunc(p.since, func(x paceSample) bool { return x.at.Before(p.start.at) }), s)
+	if r == nil {
+		r = p.sudden(s, ranks)
+	}
+	if r != nil {
+		p.latest = r
+	}
+	return r
+}
+
+// next is the reading sample s completes on the window's own schedule.
+func (p *pace) next(s paceSample, ranks int) *wire.Pace {
+	at := s.at
 	span := at.Sub(p.start.at)
 	if p.quarter && span >= p.window/2 {
 		p.quarter = false
@@ -73,7 +113,6 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 	if p.quarter && span >= p.window/4 {
 		if r := between(p.start, s, ranks); r != nil {
 			p.quarter = false
-			p.latest = r
 			return r
 		}
 	}
@@ -82,7 +121,6 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 		if p.early && span < p.window {
 			p.early = false
 			if r := between(p.start, s, ranks); r != nil {
-				p.latest = r
 				return r
 			}
 		}
@@ -105,7 +143,41 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 	if at.Sub(p.start.at) >= p.window/2 {
 		p.half = s
 	}
-	p.latest = r
+	return r
+}
+
+// sudden is the reading that ends the window at s early, where its newest
+// seconds (from the latest sample at least suddenSpan before s) ran more
+// than suddenGate slower per token than the window before them (at least
+// suddenSpan of it). The next window starts at s, not where those seconds
+// did: the change is likely inside them, and the next reading, at half its
+// length, is to read the new speed alone. Not in a window that started
+// over and has not yet given its first reading.
+func (p *pace) sudden(s paceSample, ranks int) *wire.Pace {
+	if p.early {
+		return nil
+	}
+	var from paceSample
+	for _, x := range p.since {
+		if s.at.Sub(x.at) < suddenSpan {
+			break
+		}
+		from = x
+	}
+	if from.at.Sub(p.start.at) < suddenSpan {
+		return nil
+	}
+	newest, before := between(from, s, ranks), between(p.start, from, ranks)
+	if newest == nil || before == nil || newest.SecondsPerToken <= (1+suddenGate)*before.SecondsPerToken {
+		return nil
+	}
+	r := between(p.start, s, ranks)
+	if r == nil {
+		return nil
+	}
+	r.Recent = &wire.PaceSpan{WindowSeconds: newest.WindowSeconds, SecondsPerToken: newest.SecondsPerToken, Batch: newest.Batch, PromptTPS: newest.PromptTPS}
+	p.start, p.half, p.early = s, paceSample{}, true
+	p.since = append(p.since[:0], s)
 	return r
 }
 

@@ -102,6 +102,61 @@ func TestPaceReadings(t *testing.T) {
 	}
 }
 
+// A slowdown between readings ends the window early: once the newest 2 s
+// run more than half again as slow per token as the window before them,
+// the reading goes out with those seconds as its Recent, and the next
+// window starts at once, giving its first reading at half its length. A 30 % slower spell, or a slowdown too recent to fill 2 s,
+// waits for the window's own schedule.
+func TestPaceSuddenSlowdown(t *testing.T) {
+	p := &pace{window: 10 * time.Second}
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	// An engine sampled every second, 8 running: 1,000 tok/s at 8 ms per
+	// token, then from 12 s at spt seconds per token.
+	var gen, sum float64
+	add := func(s int, spt float64) *wire.Pace {
+		if s > 0 {
+			gen += 0.008 / spt * 1000
+			sum += 0.008 / spt * 1000 * spt
+		}
+		return p.add(at(s), engine.Counters{Generated: gen, InterTokenSeconds: sum, InterTokens: gen, InterTokenKnown: true}, 1)
+	}
+	for s := range 12 {
+		add(s, 0.008) // readings at 5 and 10 s
+	}
+	// 30 % slower for 3 s: within the window's own schedule.
+	for s := 12; s < 15; s++ {
+		if r := add(s, 0.0104); r != nil {
+			t.Fatalf("%d s, 30 %% slower: %+v", s, r)
+		}
+	}
+	if r := add(15, 0.008); r == nil || r.Recent == nil || r.WindowSeconds != 10 {
+		t.Fatalf("15 s: %+v, want the window's own 5–15 s reading", r)
+	}
+	// Twice as slow from 16 s: at 17 s only 1 s of it, at 18 s two.
+	add(16, 0.008)
+	if r := add(17, 0.016); r != nil {
+		t.Fatalf("17 s, 1 s after the slowdown: %+v", r)
+	}
+	r := add(18, 0.016)
+	if r == nil || r.WindowSeconds != 8 || r.Recent == nil || r.Recent.WindowSeconds != 2 || math.Abs(r.Recent.SecondsPerToken-0.016) > 1e-12 {
+		t.Fatalf("18 s, 2 s after the slowdown: %+v, want the 10–18 s window ending early with 16–18 s as its Recent at 16 ms per token", r)
+	}
+	if p.latest != r {
+		t.Fatalf("the early reading is not the latest")
+	}
+	// The next window starts at 18 s, after the 2 s that may hold the
+	// change: nothing until half its length, then the slow engine alone.
+	for s := 19; s < 23; s++ {
+		if r := add(s, 0.016); r != nil {
+			t.Fatalf("%d s: %+v", s, r)
+		}
+	}
+	if r := add(23, 0.016); r == nil || r.WindowSeconds != 5 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 || r.Recent != nil {
+		t.Fatalf("23 s: %+v, want 18–23 s at 16 ms per token", r)
+	}
+}
+
 // A reading carries the prompt tokens the engine computed over its window
 // per second, from both ends' counters; where the engine does not say at
 // both ends, none; a prompt counter that went back is a restart.

@@ -140,12 +140,22 @@ type changeRow struct {
 	// the end: the p95 the change is judged by, without the steady minutes
 	// before it, which heft and the true capacities route alike.
 	AfterChange loadgen.Summary
+	// AfterSight is the latency of the requests sent from sightDelay after
+	// the change to the end: what is left once a reading could have seen it.
+	AfterSight loadgen.Summary
 	// MetProbe counts this gateway's requests that an engine served while
 	// it also served a request of heft's probes, as the sims counted them
 	// (sim.MeetingsPath); −1: not read.
 	MetProbe int64
 	Err      error
 }
+
+// sightDelay is the shortest span after a change that any pace reading
+// can have read it from (the agent's sudden span): the true capacities
+// switch at the change itself, and the requests sent before it show what
+// no measurement can spare, so the table also compares the requests
+// sent after it. The target stays on all requests after the change.
+const sightDelay = 2 * time.Second
 
 // trueShares are the fast worker's share of the serving fleet's
 // full-load capacity before and after the slowdown.
@@ -198,11 +208,13 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"capacity (Calibration.FullCapacity), not what a probe sees. \"met a probe\": the gateway's requests that an engine "+
 			"served while it also served a request of heft's probes, counted by the sims themselves (each load request "+
 			"carries the X-Heft-Load header, a probe's does not). \"p95\" is of the whole load; \"p95 after the change\" of the requests "+
-			"sent from the change to the end, and \"vs true capacities\" compares that with the same case and seed routed by the true capacities.",
+			"sent from the change to the end, and \"vs true capacities\" compares that with the same case and seed routed by the true capacities "+
+			"(the target); \"vs true, sent 2 s on\" compares the requests sent from 2 s after the change on, the shortest span a pace reading "+
+			"can see a change in: the true capacities switch at the change itself, which no measurement can.",
 			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, plan.Pace, plan.ProbeBusy, ftoa(plan.Factor),
 			shareText(before), shareText(after), int(standinMaxSM/plan.Factor), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
 		Table: Table{Columns: []string{"case", "routing", "gateway", "seed", "share at change", "converged", "share at end", "true share",
-			"requests", "failed", "p95", "p95 after the change", "vs true capacities", "met a probe"}},
+			"requests", "failed", "p95", "p95 after the change", "vs true capacities", "vs true, sent 2 s on", "met a probe"}},
 	}
 	for _, c := range plan.Cases {
 		for seed := range plan.Seeds {
@@ -212,14 +224,14 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 				orows, _, err = e.changesRun(ctx, plan, c, seed, true)
 				rows = append(rows, orows...)
 			}
-			p95 := map[string]float64{}
+			p95, p95Sight := map[string]float64{}, map[string]float64{}
 			for _, r := range rows {
 				if r.Oracle {
-					p95[r.Gateway] = r.AfterChange.P95.Seconds()
+					p95[r.Gateway], p95Sight[r.Gateway] = r.AfterChange.P95.Seconds(), r.AfterSight.P95.Seconds()
 				}
 			}
 			for _, r := range rows {
-				conv, routing, vs := "not within the run", "heft", "—"
+				conv, routing, vs, vsSight := "not within the run", "heft", "—", "—"
 				if !math.IsNaN(r.Converged) {
 					conv = num(r.Converged, 1) + " s"
 				}
@@ -228,9 +240,12 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 				} else if o := p95[r.Gateway]; o > 0 {
 					vs = fmt.Sprintf("%+.0f %%", 100*(r.AfterChange.P95.Seconds()/o-1))
 				}
+				if o := p95Sight[r.Gateway]; !r.Oracle && o > 0 {
+					vsSight = fmt.Sprintf("%+.0f %%", 100*(r.AfterSight.P95.Seconds()/o-1))
+				}
 				s.Table.Add(r.Case, routing, r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
 					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished)+errSuffix(r.Res.Errors), num(r.Res.Latency.P95.Seconds(), 2)+" s",
-					num(r.AfterChange.P95.Seconds(), 2)+" s", vs, metText(r.MetProbe))
+					num(r.AfterChange.P95.Seconds(), 2)+" s", vs, vsSight, metText(r.MetProbe))
 				if r.Err != nil {
 					s.Notes = append(s.Notes, fmt.Sprintf("%s, %s seed %d: %v", r.Case, r.Gateway, r.Seed+1, r.Err))
 				}
@@ -382,6 +397,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	wg.Wait()
 	for i := range rows {
 		rows[i].AfterChange = rows[i].Res.LatencySince(slowAt)
+		rows[i].AfterSight = rows[i].Res.LatencySince(slowAt.Add(sightDelay))
 		if e.opts.Keep {
 			// Each request, for reading where a tail came from.
 			routing := "heft"

@@ -50,6 +50,9 @@ func TestChangesShort(t *testing.T) {
 		if n := r.AfterChange.N; n == 0 || n >= r.Res.Completed {
 			t.Errorf("%s: %d of %d completed requests counted as sent after the change, want some and not all", r.Gateway, n, r.Res.Completed)
 		}
+		if n := r.AfterSight.N; n == 0 || n >= r.AfterChange.N {
+			t.Errorf("%s: %d of the %d requests sent after the change counted as sent 2 s after it, want some and not all", r.Gateway, n, r.AfterChange.N)
+		}
 		if r.MetProbe < 0 {
 			t.Errorf("%s: the sims' count of requests that met a probe could not be read", r.Gateway)
 		}

@@ -35,7 +35,9 @@ import (
 // window far slower as a whole counts its newest half too where that is
 // slower than its older half by more than PaceTolerance: the window
 // straddles the change, and its whole would leave the weight between the
-// old speed and the new for another reading.
+// old speed and the new for another reading. A span shorter than 5 s (a
+// short pace window, or the newest 2 s of a window the agent ended early
+// on a sudden slowdown) must be slower in proportion (strongFor).
 //
 // Prompts read while requests decode stretch the time between their tokens
 // (vLLM puts prompt chunks in the decode steps, SGLang runs prompt batches
@@ -51,6 +53,9 @@ const (
 	PaceReadings    = 2
 	PaceLearn       = 6
 	MaxPrefillShare = 0.5
+	// strongSpan is the shortest span PaceStrong holds for: real engines'
+	// 5 s spans strayed up to 27 % from their neighbours.
+	strongSpan = 5.0
 	// CausePaceSlower names a re-measurement a slower pace asked for.
 	CausePaceSlower = "pace_slower"
 )
@@ -170,9 +175,12 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	// not far slower as a whole, or where its halves disagree by more than
 	// PaceTolerance (the newest slower), the newest half is what the
 	// engine does now.
-	if rspt, rref, rshare, ok := s.recent(p, m); ok && rspt/rref > 1+PaceStrong && (s.ratio <= 1+PaceStrong || s.straddles(p, m, rspt/rref)) {
-		f.log.Debug("pace reading's newest half is far slower than the whole window", "worker", w.id, "window_ratio", s.ratio, "recent_ratio", rspt/rref)
-		s.ratio, spt, ref, share = rspt/rref, rspt, rref, rshare
+	strong := strongFor(p.WindowSeconds)
+	if rspt, rref, rshare, ok := s.recent(p, m); ok && rspt/rref > 1+strongFor(p.Recent.WindowSeconds) &&
+		(s.ratio <= 1+strong || s.straddles(p, m, rspt/rref)) {
+		f.log.Debug("pace reading's newest span is far slower than the whole window", "worker", w.id, "window_ratio", s.ratio, "recent_ratio", rspt/rref,
+			"recent_seconds", p.Recent.WindowSeconds)
+		s.ratio, spt, ref, share, strong = rspt/rref, rspt, rref, rshare, strongFor(p.Recent.WindowSeconds)
 	}
 	// Throttled spells are timed on the coordinator's clock, so is the
 	// reading: the agent sends it as its window ends (throttle.go).
@@ -203,7 +211,7 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	}
 	s.fine = 0
 	if s.slow++; s.slow < PaceReadings {
-		if s.factor == 0 && s.ratio > 1+PaceStrong {
+		if s.factor == 0 && s.ratio > 1+strong {
 			s.factor, s.tentative = s.ratio, true
 			f.log.Info("engine's pace is far slower than measured; its capacity is rescaled until the next reading confirms it or not",
 				"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", p.Batch, "factor", s.ratio, "prefill_share", share)
@@ -270,6 +278,18 @@ func (s *paceState) straddles(p *wire.Pace, m *wire.Measurement, recent float64)
 	}
 	ref, ok := s.reference(sum / secs)
 	return ok && recent > sum/tokens*(1-share)/ref*(1+PaceTolerance)
+}
+
+// strongFor is how much slower than the reference a span of secs seconds
+// must read to count as a change on its own: PaceStrong at strongSpan or
+// longer, and in proportion to 1/secs below it, as the real engines' spans
+// strayed (14 % at 10 s, 27 % at 5 s): a 2 s span (the agent's sudden
+// reading) must be 75 % slower.
+func strongFor(secs float64) float64 {
+	if secs <= 0 {
+		return math.Inf(1)
+	}
+	return PaceStrong * max(1, strongSpan/secs)
 }
 
 // prefillShare is the share of the engine's time over a pace window that

@@ -149,6 +149,41 @@ func TestPaceRecentHalf(t *testing.T) {
 	}
 }
 
+// A span shorter than 5 s strays more from its neighbours, so it must be
+// slower in proportion to count as a change on its own: the agent's
+// sudden 2 s span 60 % slower does nothing, twice as slow rescales
+// tentatively; a whole 2.5 s window 50 % slower does nothing where a 5 s
+// one would.
+func TestPaceShortSpans(t *testing.T) {
+	h, a, _ := twoMeasuredWorkers(t) // the burst's point: 8 ms per token at 16 running
+	sec := 0
+	reading := func(secs, spt float64, recent *wire.PaceSpan) []*wire.ProbeRequest {
+		sec += 5
+		a.Pace = &wire.Pace{At: h.clk.now().Add(time.Duration(sec) * time.Second), WindowSeconds: secs,
+			SecondsPerToken: spt, Batch: 16, ThroughputTPS: 16 / spt, Recent: recent}
+		return requests(h.put("n", a), "a")
+	}
+	ratio := func() float64 { w := h.weights("m"); return w["a"] / w["b"] }
+	if reading(7, 0.009, &wire.PaceSpan{WindowSeconds: 2, SecondsPerToken: 0.0128, Batch: 16}); ratio() != 1 {
+		t.Fatalf("a 2 s span 60 %% slower acted: weight ratio %v", ratio())
+	}
+	if reading(2.5, 0.012, nil); ratio() != 1 {
+		t.Fatalf("a 2.5 s window 50 %% slower acted: weight ratio %v", ratio())
+	}
+	reading(10, 0.008, nil)
+	r := reading(7, 0.0103, &wire.PaceSpan{WindowSeconds: 2, SecondsPerToken: 0.016, Batch: 16})
+	if w := h.worker("a"); len(r) != 0 || !w.PaceTentative || ratio() > 0.55 {
+		t.Fatalf("a 2 s span twice as slow: requests %+v, tentative %v, weight ratio %v; want a tentative rescale by about 2",
+			r, w.PaceTentative, ratio())
+	}
+	if reading(5, 0.008, nil); ratio() != 1 {
+		t.Fatalf("an agreeing 5 s reading left the rescale: weight ratio %v", ratio())
+	}
+	if reading(5, 0.012, nil); !h.worker("a").PaceTentative {
+		t.Fatalf("a 5 s window 50 %% slower did not rescale tentatively")
+	}
+}
+
 // A window that straddles a slowdown is far slower as a whole but not by
 // the whole slowdown: it averages its older half, at the old speed, with
 // its newest half, at the new. Where the halves disagree by more than
