@@ -86,6 +86,9 @@ type Options struct {
 	ChangeWindow time.Duration
 	// PaceWindow is area 11's agents' pace window alone, over ChangeWindow.
 	PaceWindow time.Duration
+	// LateOracle, when above 0, has area 11 route each case and seed a
+	// third time, by the true capacities set this long after the change.
+	LateOracle time.Duration
 	// Keep leaves the work folder (every process's logs, configs and
 	// state) in place and names it, to look into a run afterwards.
 	Keep bool
@@ -149,6 +152,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	if opts.ProbeBusy != "" && !slices.Contains(probe.BusyModes, opts.ProbeBusy) {
 		return nil, fmt.Errorf("bench: unknown probe busy mode %q (modes: %s)", opts.ProbeBusy, strings.Join(probe.BusyModes, ", "))
+	}
+	if opts.LateOracle < 0 {
+		return nil, fmt.Errorf("bench: late oracle %s: want a delay of 0 or more", opts.LateOracle)
 	}
 	if opts.Bin == "" {
 		return nil, errors.New("bench: no binaries folder (Options.Bin)")

@@ -87,11 +87,60 @@ type changesPlan struct {
 	Cases   []string
 	// ProbeBusy is the agents' probe.busy: wait, drain or passive-only.
 	ProbeBusy string
+	// Late, when above 0, routes each case and seed a third time by the
+	// true capacities set this long after the change: the best any
+	// routing can do that must first see the change.
+	Late time.Duration
 }
+
+// changeRoute is what one run of a case routes by: heft's weights, or the
+// true capacities set Late after the change (0: at the change itself).
+type changeRoute struct {
+	Oracle bool
+	Late   time.Duration
+}
+
+var routeHeft, routeTrue = changeRoute{}, changeRoute{Oracle: true}
+
+// routes are the runs of each case and seed: heft's, the true capacities',
+// and the late true capacities' when the plan asks for them.
+func (p changesPlan) routes() []changeRoute {
+	out := []changeRoute{routeHeft, routeTrue}
+	if p.Late > 0 {
+		out = append(out, changeRoute{Oracle: true, Late: p.Late})
+	}
+	return out
+}
+
+// String is the table's "routing" cell.
+func (r changeRoute) String() string {
+	switch {
+	case !r.Oracle:
+		return "heft"
+	case r.Late > 0:
+		return "true capacities, " + durText(r.Late) + " late"
+	}
+	return "true capacities"
+}
+
+// file is the routing's part of a kept request file's name.
+func (r changeRoute) file() string {
+	switch {
+	case !r.Oracle:
+		return "heft"
+	case r.Late > 0:
+		return "true-late" + strings.ReplaceAll(durText(r.Late), " ", "")
+	}
+	return "true"
+}
+
+// durText writes d as seconds: "2 s", "1.5 s".
+func durText(d time.Duration) string { return ftoa(d.Seconds()) + " s" }
 
 func (e *env) changesPlanFor() changesPlan {
 	p := changesPlan{SlowAt: 4 * time.Minute, Factor: 2, After: 2 * time.Minute, Window: config.DefaultPassiveWindow,
-		Pace: config.DefaultPaceWindow, Seeds: 3, Load: 0.6, Tokens: 128, Tolered: 0.05, Cases: changeCases, ProbeBusy: cmp.Or(e.opts.ProbeBusy, probe.BusyWait)}
+		Pace: config.DefaultPaceWindow, Seeds: 3, Load: 0.6, Tokens: 128, Tolered: 0.05, Cases: changeCases, ProbeBusy: cmp.Or(e.opts.ProbeBusy, probe.BusyWait),
+		Late: e.opts.LateOracle}
 	if e.opts.Quick {
 		p.SlowAt, p.After, p.Window, p.Pace, p.Seeds, p.Tokens = 60*time.Second, 40*time.Second, 5*time.Second, 5*time.Second, 1, e.tokens
 	}
@@ -107,10 +156,10 @@ func (e *env) changesPlanFor() changesPlan {
 	return p
 }
 
-// estimate counts each case twice: with heft's weights and with the true
-// capacities.
+// estimate counts each case once per routing: heft's weights, the true
+// capacities, and the late true capacities when asked for.
 func (p changesPlan) estimate() time.Duration {
-	return time.Duration(p.Seeds*2*len(p.Cases)) * (p.SlowAt + p.After + 20*time.Second)
+	return time.Duration(p.Seeds*len(p.routes())*len(p.Cases)) * (p.SlowAt + p.After + 20*time.Second)
 }
 
 // changesPolicies are leastconn with heft's weights and with the true
@@ -128,7 +177,7 @@ func changesPolicies(key string) []policy {
 // changeRow is one gateway's outcome in one case and seed.
 type changeRow struct {
 	Case      string
-	Oracle    bool // routed by the true capacities, set anew at the change
+	Route     changeRoute
 	Gateway   string
 	Seed      int
 	Before    float64 // the worker's share at the change
@@ -218,32 +267,40 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 	}
 	for _, c := range plan.Cases {
 		for seed := range plan.Seeds {
-			rows, notes, err := e.changesRun(ctx, plan, c, seed, false)
-			if err == nil {
-				var orows []changeRow
-				orows, _, err = e.changesRun(ctx, plan, c, seed, true)
-				rows = append(rows, orows...)
+			var rows []changeRow
+			var notes []string
+			var err error
+			for _, route := range plan.routes() {
+				rr, nn, rerr := e.changesRun(ctx, plan, c, seed, route)
+				rows = append(rows, rr...)
+				if route == routeHeft {
+					notes = nn // the other runs store what heft's stores beside them
+				}
+				if err = rerr; err != nil {
+					break
+				}
 			}
 			p95, p95Sight := map[string]float64{}, map[string]float64{}
 			for _, r := range rows {
-				if r.Oracle {
+				if r.Route == routeTrue {
 					p95[r.Gateway], p95Sight[r.Gateway] = r.AfterChange.P95.Seconds(), r.AfterSight.P95.Seconds()
 				}
 			}
 			for _, r := range rows {
-				conv, routing, vs, vsSight := "not within the run", "heft", "—", "—"
+				conv, vs, vsSight := "not within the run", "—", "—"
 				if !math.IsNaN(r.Converged) {
 					conv = num(r.Converged, 1) + " s"
 				}
-				if r.Oracle {
-					conv, routing = "—", "true capacities"
-				} else if o := p95[r.Gateway]; o > 0 {
+				if r.Route.Oracle {
+					conv = "—"
+				}
+				if o := p95[r.Gateway]; r.Route != routeTrue && o > 0 {
 					vs = fmt.Sprintf("%+.0f %%", 100*(r.AfterChange.P95.Seconds()/o-1))
 				}
-				if o := p95Sight[r.Gateway]; !r.Oracle && o > 0 {
+				if o := p95Sight[r.Gateway]; r.Route != routeTrue && o > 0 {
 					vsSight = fmt.Sprintf("%+.0f %%", 100*(r.AfterSight.P95.Seconds()/o-1))
 				}
-				s.Table.Add(r.Case, routing, r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
+				s.Table.Add(r.Case, r.Route.String(), r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
 					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished)+errSuffix(r.Res.Errors), num(r.Res.Latency.P95.Seconds(), 2)+" s",
 					num(r.AfterChange.P95.Seconds(), 2)+" s", vs, vsSight, metText(r.MetProbe))
 				if r.Err != nil {
@@ -261,6 +318,11 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 		"capacities as weights, set anew at the change (HAProxy `set weight`, nginx reloaded); their share columns are heft's, "+
 		"which still runs beside them; in the joining case the joiner's server waits disabled in HAProxy's true-capacity backend "+
 		"and is enabled with its weight when it joins, and nginx's true-capacity upstream gains it by a reload.")
+	if plan.Late > 0 {
+		s.Notes = append(s.Notes, fmt.Sprintf("\"true capacities, %s late\" rows: the same again, the true capacities set %s after the change "+
+			"instead of at it (--late-oracle): what routing by the exact new capacities does when it must first see the change, "+
+			"as heft must. Their \"vs\" columns compare them with the true capacities set at the change.", durText(plan.Late), durText(plan.Late)))
+	}
 	return s
 }
 
@@ -278,7 +340,7 @@ func metText(n int64) string {
 // changesRun starts the fleet set up for case c, loads it, makes the
 // change at SlowAt and follows the changing worker's share at both
 // gateways. Its notes list the measurements stored while the load ran.
-func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed int, oracle bool) ([]changeRow, []string, error) {
+func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed int, route changeRoute) ([]changeRow, []string, error) {
 	e.passiveWindow, e.paceWindow, e.probeBusy = plan.Window, plan.Pace, plan.ProbeBusy
 	switch c {
 	case caseSlows:
@@ -313,7 +375,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 		e.slowFast, e.passiveWindow, e.paceWindow, e.fastListen, e.joinListen, e.fastNVML, e.probeBusy = sim.Slow{}, 0, 0, "", "", nil, ""
 	}()
 	pols, load := changesPolicies("lc_heft"), changesPolicies("lc_heft")
-	if oracle {
+	if route.Oracle {
 		load = changesPolicies("lc_oracle")
 	}
 	started := time.Now() // the sims start within a second of this
@@ -330,7 +392,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 	rows := make([]changeRow, len(pols))
 	var wg sync.WaitGroup
 	for i, p := range pols {
-		rows[i] = changeRow{Case: c, Oracle: oracle, Gateway: p.Gateway, Seed: seed, Converged: math.NaN(), True: plan.trueShare(c)}
+		rows[i] = changeRow{Case: c, Route: route, Gateway: p.Gateway, Seed: seed, Converged: math.NaN(), True: plan.trueShare(c)}
 		cfg := loadgen.Config{URL: f.frontURL(load[i]), Model: benchModel, Tokens: plan.Tokens, Drain: 20 * time.Second,
 			MaxInFlight: 1024, Seed: uint64(seed) + 1, Client: f.client, Label: p.Gateway, KeepRequests: true,
 			Rate: plan.Load / float64(len(pols)) * routingCapacity() / float64(plan.Tokens), Duration: time.Until(end)}
@@ -351,8 +413,15 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 			return
 		case <-time.After(time.Until(slowAt)):
 		}
-		if oracle {
-			defer func() { f.setTrueCaps(ctx, plan.trueCaps(c)) }()
+		if route.Oracle {
+			defer func() {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Until(slowAt.Add(route.Late))):
+				}
+				f.setTrueCaps(ctx, plan.trueCaps(c))
+			}()
 		}
 		switch c {
 		case caseRestart:
@@ -400,11 +469,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 		rows[i].AfterSight = rows[i].Res.LatencySince(slowAt.Add(sightDelay))
 		if e.opts.Keep {
 			// Each request, for reading where a tail came from.
-			routing := "heft"
-			if oracle {
-				routing = "true"
-			}
-			name := fmt.Sprintf("requests-%s-seed%d-%s-%s.csv", caseShortName(c), seed+1, routing, rows[i].Gateway)
+			name := fmt.Sprintf("requests-%s-seed%d-%s-%s.csv", caseShortName(c), seed+1, route.file(), rows[i].Gateway)
 			if err := writeRequests(filepath.Join(e.work, name), rows[i].Res.Requests, slowAt); err != nil {
 				e.logf("changes: %v", err)
 			}

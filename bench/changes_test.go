@@ -36,7 +36,7 @@ func TestChangesShort(t *testing.T) {
 	ctx, bin := fleetTest(t, "starts a fleet, haproxy and nginx, and offers load for about 100 s")
 	e := &env{opts: Options{Bin: bin, Progress: testLog{t}, Quick: true}, bin: bin, work: t.TempDir(), runs: 1, tokens: 32, conc: 16}
 	plan := e.changesPlanFor()
-	rows, _, err := e.changesRun(ctx, plan, caseSlows, 0, false)
+	rows, _, err := e.changesRun(ctx, plan, caseSlows, 0, routeHeft)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +88,38 @@ func TestSelectCases(t *testing.T) {
 	}
 	if p := (&env{}).changesPlanFor(); p.ProbeBusy != "wait" {
 		t.Errorf("plan's probe busy %q, want the agents' default, wait", p.ProbeBusy)
+	}
+}
+
+// A late oracle is a third run of each case, only when asked for, named
+// apart in the table and in kept request files; a negative delay is refused.
+func TestChangesLateOracle(t *testing.T) {
+	if got := (&env{}).changesPlanFor().routes(); !slices.Equal(got, []changeRoute{routeHeft, routeTrue}) {
+		t.Errorf("default routes %v, want heft and the true capacities", got)
+	}
+	p := (&env{opts: Options{LateOracle: 2 * time.Second}}).changesPlanFor()
+	routes := p.routes()
+	if len(routes) != 3 || routes[2] != (changeRoute{Oracle: true, Late: 2 * time.Second}) {
+		t.Fatalf("routes with a 2 s late oracle: %v", routes)
+	}
+	if d := p.estimate() - (&env{}).changesPlanFor().estimate(); d <= 0 {
+		t.Errorf("the late oracle adds %v to the estimate, want a third run's time", d)
+	}
+	var names, files []string
+	for _, r := range routes {
+		names, files = append(names, r.String()), append(files, r.file())
+	}
+	if want := []string{"heft", "true capacities", "true capacities, 2 s late"}; !slices.Equal(names, want) {
+		t.Errorf("routing cells %q, want %q", names, want)
+	}
+	if want := []string{"heft", "true", "true-late2s"}; !slices.Equal(files, want) {
+		t.Errorf("request file parts %q, want %q", files, want)
+	}
+	if got := (changeRoute{Oracle: true, Late: 1500 * time.Millisecond}).String(); got != "true capacities, 1.5 s late" {
+		t.Errorf("1.5 s late: %q", got)
+	}
+	if _, err := Run(t.Context(), Options{Areas: []int{AreaChanges}, LateOracle: -time.Second, Bin: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "late oracle") {
+		t.Errorf("a negative late oracle: %v, want it refused", err)
 	}
 }
 
