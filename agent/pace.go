@@ -27,24 +27,33 @@ const minPaceTokens = 200
 // which the far-slower rule reads too: a change in a window's second half
 // is far slower there before the whole window says so.
 //
-// Between readings, every sample also compares the newest suddenSpan of
-// the window with the rest of it: where the newest seconds ran more than
-// suddenGate slower per token, the window ends early, with those seconds
-// as its Recent, and the next starts at once. A worker that halved
-// its speed is then named within a few seconds of the change, not at the
-// next half window; the coordinator asks more of so short a span.
+// Between readings, every sample also compares the window's newer seconds
+// with its older ones, split at each sample that leaves suddenSpan on both
+// sides: where the newer ran more than suddenGate slower per token, the
+// window ends early, with the starkest split's newer seconds as its
+// Recent, and the next starts at once, with a first reading at a quarter
+// window. A worker that halved its speed is then named within a few
+// seconds of the change, not at the next half window; the coordinator
+// asks more of so short a span.
 type pace struct {
 	window time.Duration
 	start  paceSample // the window's first sample
 	half   paceSample // the first sample half a window after start: where the next window starts
 	// early: the window started over (the first sample, a restart, a quiet
 	// spell) and has given no reading yet; at half a window it gives one
-	// over that half (a restarted engine also one at a quarter: quarter).
+	// over that half (a restarted or suddenly slower engine also one at a
+	// quarter: quarter).
 	early bool
 	// quarter: the window started over because the engine restarted (its
-	// counters went back), and gives one more early reading, at a quarter
-	// window: a restarted engine may be another engine, and every second
-	// it is weighed as the old one sends it traffic it may not carry.
+	// counters went back) or ran suddenly slower, and gives one more early
+	// reading, at a quarter window: a restarted engine may be another
+	// engine, and every second it is weighed as the old one sends it
+	// traffic it may not carry. A sudden reading may have caught the change
+	// too early: its newer seconds, split at the last sample before the
+	// change, still hold a part of a second at the old speed, so they can
+	// pass the agent's gate and read too little slower for the
+	// coordinator's rule for a short span; the quarter reading, the new
+	// speed alone, comes 2–3 s later, not 5.
 	quarter bool
 	latest  *wire.Pace
 	// since are the samples from start on, oldest first: where a sudden
@@ -52,8 +61,8 @@ type pace struct {
 	since []paceSample
 }
 
-// suddenSpan is the shortest newest span that may end a window early,
-// and the shortest rest of the window it is compared with; suddenGate is
+// suddenSpan is the shortest newer span that may end a window early,
+// and the shortest older part of the window it is compared with; suddenGate is
 // how much slower per token the span must be than the rest of the window.
 // The gate is the agent's only: it decides when a reading goes out, and
 // the coordinator weighs the span against its reference as any other.
@@ -69,10 +78,9 @@ type paceSample struct {
 }
 
 // add takes one reading of the counters; it returns the reading a window
-// (or, after a start-over, its first half; after a restart, its first
-// quarter too) completed, else nil. A counter
-// that went back (a restart) or an engine without the histogram starts
-// over.
+// (or, after a start-over, its first half; after a restart or a sudden
+// reading, its first quarter too) completed, else nil. A counter that went
+// back (a restart) or an engine without the histogram starts over.
 func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens, prompt: -1}
 	if c.PromptKnown {
@@ -146,29 +154,40 @@ func (p *pace) next(s paceSample, ranks int) *wire.Pace {
 	return r
 }
 
-// sudden is the reading that ends the window at s early, where its newest
-// seconds (from the latest sample at least suddenSpan before s) ran more
-// than suddenGate slower per token than the window before them (at least
-// suddenSpan of it). The next window starts at s, not where those seconds
-// did: the change is likely inside them, and the next reading, at half its
-// length, is to read the new speed alone. Not in a window that started
-// over and has not yet given its first reading.
+// sudden is the reading that ends the window at s early, where its newer
+// seconds ran more than suddenGate slower per token than the window before
+// them, split at any sample that leaves at least suddenSpan on each side;
+// of the splits that pass, the one with the starkest contrast, likely
+// where the change landed, gives the reading's Recent. A fixed newest
+// span would miss a change that landed just before a regular reading: the
+// window then starts at the old half, and the rest of it already holds the
+// change's first seconds, which dilute the contrast until the next
+// regular reading. The next window starts at s, not at the split: its
+// first reading, at a quarter of its length, is to read the new speed
+// alone. Not in a window that started over and has not yet given its
+// first reading.
 func (p *pace) sudden(s paceSample, ranks int) *wire.Pace {
 	if p.early {
 		return nil
 	}
-	var from paceSample
+	var newest *wire.Pace
+	starkest := 1 + suddenGate
 	for _, x := range p.since {
+		if x.at.Sub(p.start.at) < suddenSpan {
+			continue
+		}
 		if s.at.Sub(x.at) < suddenSpan {
 			break
 		}
-		from = x
+		after, before := between(x, s, ranks), between(p.start, x, ranks)
+		if after == nil || before == nil {
+			continue
+		}
+		if ratio := after.SecondsPerToken / before.SecondsPerToken; ratio > starkest {
+			newest, starkest = after, ratio
+		}
 	}
-	if from.at.Sub(p.start.at) < suddenSpan {
-		return nil
-	}
-	newest, before := between(from, s, ranks), between(p.start, from, ranks)
-	if newest == nil || before == nil || newest.SecondsPerToken <= (1+suddenGate)*before.SecondsPerToken {
+	if newest == nil {
 		return nil
 	}
 	r := between(p.start, s, ranks)
@@ -176,7 +195,7 @@ func (p *pace) sudden(s paceSample, ranks int) *wire.Pace {
 		return nil
 	}
 	r.Recent = &wire.PaceSpan{WindowSeconds: newest.WindowSeconds, SecondsPerToken: newest.SecondsPerToken, Batch: newest.Batch, PromptTPS: newest.PromptTPS}
-	p.start, p.half, p.early = s, paceSample{}, true
+	p.start, p.half, p.early, p.quarter = s, paceSample{}, true, true
 	p.since = append(p.since[:0], s)
 	return r
 }

@@ -109,18 +109,7 @@ func TestPaceReadings(t *testing.T) {
 // waits for the window's own schedule.
 func TestPaceSuddenSlowdown(t *testing.T) {
 	p := &pace{window: 10 * time.Second}
-	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	// An engine sampled every second, 8 running: 1,000 tok/s at 8 ms per
-	// token, then from 12 s at spt seconds per token.
-	var gen, sum float64
-	add := func(s int, spt float64) *wire.Pace {
-		if s > 0 {
-			gen += 0.008 / spt * 1000
-			sum += 0.008 / spt * 1000 * spt
-		}
-		return p.add(at(s), engine.Counters{Generated: gen, InterTokenSeconds: sum, InterTokens: gen, InterTokenKnown: true}, 1)
-	}
+	add := steadyEngine(p)
 	for s := range 12 {
 		add(s, 0.008) // readings at 5 and 10 s
 	}
@@ -146,14 +135,74 @@ func TestPaceSuddenSlowdown(t *testing.T) {
 		t.Fatalf("the early reading is not the latest")
 	}
 	// The next window starts at 18 s, after the 2 s that may hold the
-	// change: nothing until half its length, then the slow engine alone.
-	for s := 19; s < 23; s++ {
+	// change: nothing until a quarter of its length, then the slow engine
+	// alone, and again at half its length.
+	for s := 19; s < 21; s++ {
 		if r := add(s, 0.016); r != nil {
 			t.Fatalf("%d s: %+v", s, r)
 		}
 	}
+	if r := add(21, 0.016); r == nil || r.WindowSeconds != 3 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 || r.Recent != nil {
+		t.Fatalf("21 s: %+v, want 18–21 s at 16 ms per token", r)
+	}
+	if r := add(22, 0.016); r != nil {
+		t.Fatalf("22 s: %+v", r)
+	}
 	if r := add(23, 0.016); r == nil || r.WindowSeconds != 5 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 || r.Recent != nil {
 		t.Fatalf("23 s: %+v, want 18–23 s at 16 ms per token", r)
+	}
+}
+
+// A slowdown that lands 2 s before a regular reading is not read there
+// alone (that reading's newest half still holds 3 s before it), and after
+// it the window starts at its old half, 3 s of the old speed and 2 s of
+// the new: a 60 %-slower engine compared over only its newest 2 s never
+// looks half again as slow as that mix (1.45 at 16 s, less after), and
+// would wait for the next regular reading. Split where it landed, the
+// contrast is whole: the window ends early a second after the reading,
+// with the change's 3 s as its Recent.
+//
+// A sudden reading that came too early, its newer seconds holding a part
+// of a second at the old speed, passes the agent's gate but may read too
+// little slower for the coordinator; the next window's quarter reading
+// reads the new speed alone 2.5 s on, not 5.
+func TestPaceSuddenSlowdownJustBeforeAReading(t *testing.T) {
+	p := &pace{window: 10 * time.Second}
+	add := steadyEngine(p)
+	for s := range 14 {
+		add(s, 0.008) // readings at 5 and 10 s
+	}
+	add(14, 0.0128) // 60 % slower from 13 s
+	r := add(15, 0.0128)
+	if r == nil || r.WindowSeconds != 10 || r.Recent == nil || r.Recent.SecondsPerToken > 0.0105 {
+		t.Fatalf("15 s: %+v, want the window's own 5–15 s reading, its newest half still mostly the old speed", r)
+	}
+	r = add(16, 0.0128)
+	if r == nil || r.WindowSeconds != 6 || r.Recent == nil || r.Recent.WindowSeconds != 3 || math.Abs(r.Recent.SecondsPerToken-0.0128) > 1e-12 {
+		t.Fatalf("16 s: %+v, want the 10–16 s window ending early with 13–16 s as its Recent at 12.8 ms per token", r)
+	}
+	for s := 17; s < 19; s++ {
+		if r := add(s, 0.0128); r != nil {
+			t.Fatalf("%d s: %+v", s, r)
+		}
+	}
+	if r := add(19, 0.0128); r == nil || r.WindowSeconds != 3 || math.Abs(r.SecondsPerToken-0.0128) > 1e-12 {
+		t.Fatalf("19 s: %+v, want the quarter reading 16–19 s at 12.8 ms per token", r)
+	}
+}
+
+// steadyEngine feeds p an engine with 8 running, sampled every second:
+// add(s, spt) is the sample at s seconds after the second before it ran
+// at spt seconds per token (1,000 tok/s at 8 ms).
+func steadyEngine(p *pace) func(s int, spt float64) *wire.Pace {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	var gen, sum float64
+	return func(s int, spt float64) *wire.Pace {
+		if s > 0 {
+			gen += 0.008 / spt * 1000
+			sum += 0.008 / spt * 1000 * spt
+		}
+		return p.add(t0.Add(time.Duration(s)*time.Second), engine.Counters{Generated: gen, InterTokenSeconds: sum, InterTokens: gen, InterTokenKnown: true}, 1)
 	}
 }
 

@@ -36,8 +36,8 @@ import (
 // slower than its older half by more than PaceTolerance: the window
 // straddles the change, and its whole would leave the weight between the
 // old speed and the new for another reading. A span shorter than 5 s (a
-// short pace window, or the newest 2 s of a window the agent ended early
-// on a sudden slowdown) must be slower in proportion (strongFor).
+// short pace window, or the newer 2 s or more of a window the agent ended
+// early on a sudden slowdown) must be slower in proportion (strongFor).
 //
 // Prompts read while requests decode stretch the time between their tokens
 // (vLLM puts prompt chunks in the decode steps, SGLang runs prompt batches
@@ -283,8 +283,8 @@ func (s *paceState) straddles(p *wire.Pace, m *wire.Measurement, recent float64)
 // strongFor is how much slower than the reference a span of secs seconds
 // must read to count as a change on its own: PaceStrong at strongSpan or
 // longer, and in proportion to 1/secs below it, as the real engines' spans
-// strayed (14 % at 10 s, 27 % at 5 s): a 2 s span (the agent's sudden
-// reading) must be 75 % slower.
+// strayed (14 % at 10 s, 27 % at 5 s): a 2 s span (the agent's shortest
+// sudden reading) must be 75 % slower.
 func strongFor(secs float64) float64 {
 	if secs <= 0 {
 		return math.Inf(1)
