@@ -62,8 +62,8 @@ type pace struct {
 }
 
 // suddenSpan is the shortest newer span that may end a window early,
-// and the shortest older part of the window it is compared with; suddenGate is
-// how much slower per token the span must be than the rest of the window.
+// and the shortest older part of the window it is compared with;
+// suddenGate is how much slower per token the newer span must be.
 // The gate is the agent's only: it decides when a reading goes out, and
 // the coordinator weighs the span against its reference as any other.
 const (
