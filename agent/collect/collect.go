@@ -83,6 +83,10 @@ type engineState struct {
 	pendingAt time.Time
 	once      *enginelog.Facts // from ReadLogsOnce
 	follows   bool
+	// bannerAt is when the log's start-up number bannerOf was first seen
+	// showing its banner only (enginelog.Facts.BannerOnly).
+	bannerOf int
+	bannerAt time.Time
 
 	// The last full read of the engine, reused between full reads while the
 	// engine stays ready and its log says nothing new (see facts).
@@ -251,6 +255,7 @@ func (c *Collector) ReadLogsOnce(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("engine log %s: %w", st.spec.Log, err))
 			continue
 		}
+		f.BannerOnly = false // read whole: no follower is between two lines
 		st.mu.Lock()
 		st.once = &f
 		st.mu.Unlock()
@@ -280,6 +285,15 @@ func (st *engineState) logFacts() *enginelog.Facts {
 	}
 	if st.follows && st.tracker != nil {
 		f, _ := st.tracker.Facts()
+		if f.BannerOnly {
+			// A banner with nothing after it for caughtUp is all this
+			// start-up prints for now (an engine that logs its arguments
+			// elsewhere): the snapshot names the engine without them.
+			if st.bannerOf != f.Startups {
+				st.bannerOf, st.bannerAt = f.Startups, time.Now()
+			}
+			f.BannerOnly = time.Since(st.bannerAt) < caughtUp
+		}
 		if hasFacts(f) {
 			return &f
 		}

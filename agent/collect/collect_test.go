@@ -141,6 +141,22 @@ func TestSnapshotUnreachableEngine(t *testing.T) {
 	}
 }
 
+// followLog writes content to logPath and starts a collector of one vLLM
+// engine at url that follows that log until cancel.
+func followLog(t *testing.T, url, logPath, content string) (*Collector, context.Context, context.CancelFunc) {
+	t.Helper()
+	if err := os.WriteFile(logPath, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{Node: "n", Engines: []engine.Config{{Kind: "vllm", URL: url, Log: logPath}}}, &fakeGPUs{}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	c.Start(ctx)
+	return c, ctx, cancel
+}
+
 func TestStartFollowsLog(t *testing.T) {
 	srv := startEngine(t, "vllm")
 	logPath := filepath.Join(t.TempDir(), "vllm.log")
@@ -149,16 +165,8 @@ func TestStartFollowsLog(t *testing.T) {
 	if cut < 0 {
 		t.Fatal("fixture changed")
 	}
-	if err := os.WriteFile(logPath, []byte(full[:cut]), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	c, err := New(Config{Node: "n", Engines: []engine.Config{{Kind: "vllm", URL: srv.URL, Log: logPath}}}, &fakeGPUs{}, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
+	c, ctx, cancel := followLog(t, srv.URL, logPath, full[:cut])
 	defer cancel()
-	c.Start(ctx)
 	c.Start(ctx) // a second Start starts no second follower
 
 	var e wire.Engine
@@ -205,6 +213,72 @@ func TestStartFollowsLog(t *testing.T) {
 	case <-done:
 	case <-time.After(time.Minute): // a deadline, not a speed
 		t.Fatal("followers did not end with their context")
+	}
+}
+
+// A restarted engine's log read between its banner and its launch-args
+// line names no launch: for that moment the engine is reported without a
+// capacity key and not ready, so the coordinator cannot send a burst to a
+// launch "without arguments" that never ran (CI saw exactly that once). A
+// banner with nothing after it for caughtUp names the engine as it is.
+func TestBannerOnlyRestartNamesNoLaunch(t *testing.T) {
+	srv := startEngine(t, "vllm")
+	logPath := filepath.Join(t.TempDir(), "vllm.log")
+	full := string(testutil.ReadTestdata(t, "engines/vllm-single.log"))
+	banner, rest, ok := strings.Cut(full, "\n")
+	if !ok || !strings.Contains(banner, "server version") || !strings.Contains(rest, "non-default args") {
+		t.Fatal("fixture changed")
+	}
+	args, _, _ := strings.Cut(rest, "\n")
+	c, ctx, cancel := followLog(t, srv.URL, logPath, full)
+	defer c.Wait()
+	defer cancel()
+
+	var e wire.Engine
+	testutil.Eventually(t, "the first start-up read whole", 15*time.Second, func() bool {
+		e = c.Snapshot(ctx).Engines[0]
+		return e.LaunchArgsSource == "log" && e.Ready && e.CapacityKey != ""
+	})
+	key := e.CapacityKey
+
+	// The engine restarts; the follower has read its banner only.
+	restart := func(pid string) {
+		t.Helper()
+		b := strings.Replace(banner, "pid=1)", "pid="+pid+")", 1) + "\n"
+		if err := os.WriteFile(logPath, []byte(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, "the banner read: no key, not ready", 15*time.Second, func() bool {
+			e = c.Snapshot(ctx).Engines[0]
+			return e.CapacityKey == "" && !e.Ready
+		})
+	}
+	restart("2")
+	f, err := os.OpenFile(logPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(args + "\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	testutil.Eventually(t, "the launch args read: the same launch again", 15*time.Second, func() bool {
+		e = c.Snapshot(ctx).Engines[0]
+		return e.CapacityKey != "" && e.Ready
+	})
+	if e.CapacityKey != key || e.LaunchArgsSource != "log" {
+		t.Fatalf("after the args line: key %q from %q, want %q from the log", e.CapacityKey, e.LaunchArgsSource, key)
+	}
+
+	// A banner alone for longer than caughtUp: an engine that prints no
+	// launch args; it is named without them.
+	restart("3")
+	testutil.Eventually(t, "the engine named without launch args", 15*time.Second, func() bool {
+		e = c.Snapshot(ctx).Engines[0]
+		return e.CapacityKey != "" && e.Ready
+	})
+	if e.CapacityKey == key || e.LaunchArgsSource != "" {
+		t.Fatalf("banner only: key %q from %q, want another key, from no launch args", e.CapacityKey, e.LaunchArgsSource)
 	}
 }
 

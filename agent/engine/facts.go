@@ -77,7 +77,14 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog
 		e.PoolCheck = &wire.PoolCheck{Source: r.poolsSrc, Ranks: slices.Clone(r.pools)}
 	}
 	completeness(&e, logFacts, args)
-	if e.Model != "" {
+	switch {
+	case logFacts != nil && logFacts.BannerOnly && e.LaunchArgsSource == "":
+		// The log shows a restart's banner and not yet its launch args:
+		// the follower is between two lines. A key now would name a launch
+		// without arguments that never ran, and the coordinator would
+		// spend a burst on it; the next snapshot has the real key.
+		e.Ready = false
+	case e.Model != "":
 		e.CapacityKey = launch.CapacityKey(c.cfg.Node, c.kind.name, e.Model, args)
 	}
 	e.LaunchArgs = boundList(args)

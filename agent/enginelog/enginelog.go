@@ -83,6 +83,12 @@ type Facts struct {
 	// Notes explain choices made: TP ranks that disagreed, a default
 	// block size, arguments that could not be read whole.
 	Notes []string
+	// BannerOnly is true when the latest start-up has shown its version
+	// banner and nothing after it yet: no launch args, engine core, rank,
+	// pool or readiness. Read from a live file, the follower is most
+	// likely between the banner and the lines that follow it, so these
+	// facts do not yet say which launch this is.
+	BannerOnly bool
 }
 
 // ErrNoPools is wrapped by Read's error when no pool line was found; the

@@ -294,6 +294,8 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 		FromPreviousFile: t.carried,
 		LaunchArgs:       maps.Clone(g.args),
 		DPSize:           dpSize(t.gr.DPKey, g.args),
+		BannerOnly: g.versionSeen && !g.argsSeen && !t.carried && len(g.pools) == 0 && !g.ready &&
+			g.model[2] == "" && g.topRank < 0,
 	}
 	for _, m := range g.model {
 		if m != "" {

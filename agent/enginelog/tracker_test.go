@@ -85,14 +85,41 @@ func TestTrackerRestarts(t *testing.T) {
 		}
 		tr.Feed(banner)
 		f, ok := tr.Facts()
-		if ok || f.Ready || f.Restarts != 1 || f.Startups != 2 || f.LaunchArgs != nil {
-			t.Fatalf("a new banner must drop the old start-up: ok=%v %+v", ok, f)
+		if ok || f.Ready || f.Restarts != 1 || f.Startups != 2 || f.LaunchArgs != nil || !f.BannerOnly {
+			t.Fatalf("a new banner must drop the old start-up, and show it has read the banner only: ok=%v %+v", ok, f)
 		}
 		tr.Feed(args(1))
+		if f, _ := tr.Facts(); f.BannerOnly {
+			t.Fatalf("launch args read: %+v", f)
+		}
 		tr.Feed(pool("(EngineCore pid=4) ", 70))
 		f = mustFacts(t, tr)
-		if !slices.Equal(f.Ranks, ranks(0, 70)) || f.Restarts != 1 || f.DPSize != 1 {
+		if !slices.Equal(f.Ranks, ranks(0, 70)) || f.Restarts != 1 || f.DPSize != 1 || f.BannerOnly {
 			t.Fatalf("second start-up: %+v", f)
+		}
+	})
+	t.Run("banner only", func(t *testing.T) {
+		// Whatever follows a banner ends "banner only": an engine that
+		// prints no launch args still shows its engine core or a pool.
+		init := "(EngineCore pid=9) INFO 12-11 09:14:14 [core.py:93] Initializing a V1 LLM engine (v0.12.0) with config: model='m'"
+		for _, next := range []string{init, pool("", 5), ready} {
+			tr := feed(t, "vllm", banner)
+			if f, _ := tr.Facts(); !f.BannerOnly {
+				t.Fatalf("banner: %+v", f)
+			}
+			tr.Feed(next)
+			if f, _ := tr.Facts(); f.BannerOnly {
+				t.Fatalf("banner, then %q: %+v", next, f)
+			}
+		}
+		// A rotated file carries the old start-up's facts: not a banner.
+		tr := feed(t, "vllm", banner, args(1), pool("", 5))
+		tr.Reset()
+		if f, _ := tr.Facts(); f.BannerOnly || !f.FromPreviousFile {
+			t.Fatalf("carried: %+v", f)
+		}
+		if f, _ := feed(t, "vllm", args(1)).Facts(); f.BannerOnly {
+			t.Fatalf("args without a banner: %+v", f)
 		}
 	})
 	t.Run("args twice without pools", func(t *testing.T) {
