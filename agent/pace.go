@@ -31,8 +31,8 @@ const minPaceTokens = 200
 // with its older ones, split at each sample that leaves suddenSpan on both
 // sides: where the newer ran more than suddenGate slower per token, the
 // window ends early, with the starkest split's newer seconds as its
-// Recent, and the next starts at once, with a first reading at a quarter
-// window. A worker that halved its speed is then named within a few
+// Recent, and the next starts a sample after that split, with a first
+// reading at a quarter window. A worker that halved its speed is then named within a few
 // seconds of the change, not at the next half window; the coordinator
 // asks more of so short a span.
 type pace struct {
@@ -53,7 +53,8 @@ type pace struct {
 	// change, still hold a part of a second at the old speed, so they can
 	// pass the agent's gate and read too little slower for the
 	// coordinator's rule for a short span; the quarter reading, the new
-	// speed alone, comes 2–3 s later, not 5.
+	// speed alone from the first sample after the split, comes a quarter
+	// window after that sample (1–2 s after the sudden one), not 5 s.
 	quarter bool
 	latest  *wire.Pace
 	// since are the samples from start on, oldest first: where a sudden
@@ -162,9 +163,11 @@ func (p *pace) next(s paceSample, ranks int) *wire.Pace {
 // span would miss a change that landed just before a regular reading: the
 // window then starts at the old half, and the rest of it already holds the
 // change's first seconds, which dilute the contrast until the next
-// regular reading. The next window starts at s, not at the split: its
-// first reading, at a quarter of its length, is to read the new speed
-// alone. Not in a window that started over and has not yet given its
+// regular reading. The next window starts at the first sample after the
+// split, not at the split, whose next second may hold the change's
+// landing, nor at s: its first reading, at a quarter of its length, reads
+// the new speed alone, and the seconds since the split already count
+// toward it. Not in a window that started over and has not yet given its
 // first reading.
 func (p *pace) sudden(s paceSample, ranks int) *wire.Pace {
 	if p.early {
@@ -172,7 +175,8 @@ func (p *pace) sudden(s paceSample, ranks int) *wire.Pace {
 	}
 	var newest *wire.Pace
 	starkest := 1 + suddenGate
-	for _, x := range p.since {
+	next := 0 // in since: the first sample after the starkest split
+	for i, x := range p.since {
 		if x.at.Sub(p.start.at) < suddenSpan {
 			continue
 		}
@@ -184,7 +188,7 @@ func (p *pace) sudden(s paceSample, ranks int) *wire.Pace {
 			continue
 		}
 		if ratio := after.SecondsPerToken / before.SecondsPerToken; ratio > starkest {
-			newest, starkest = after, ratio
+			newest, starkest, next = after, ratio, i+1
 		}
 	}
 	if newest == nil {
@@ -195,8 +199,8 @@ func (p *pace) sudden(s paceSample, ranks int) *wire.Pace {
 		return nil
 	}
 	r.Recent = &wire.PaceSpan{WindowSeconds: newest.WindowSeconds, SecondsPerToken: newest.SecondsPerToken, Batch: newest.Batch, PromptTPS: newest.PromptTPS}
-	p.start, p.half, p.early, p.quarter = s, paceSample{}, true, true
-	p.since = append(p.since[:0], s)
+	p.since = append(p.since[:0], p.since[next:]...)
+	p.start, p.half, p.early, p.quarter = p.since[0], paceSample{}, true, true
 	return r
 }
 

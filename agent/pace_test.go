@@ -122,34 +122,35 @@ func TestPaceSuddenSlowdown(t *testing.T) {
 	if r := add(15, 0.008); r == nil || r.Recent == nil || r.WindowSeconds != 10 {
 		t.Fatalf("15 s: %+v, want the window's own 5–15 s reading", r)
 	}
-	// Twice as slow from 16 s: at 17 s only 1 s of it, at 18 s two.
+	// Twice as slow from 16.25 s: the second to 17 s is a quarter at the
+	// old speed and three quarters at the new (12.8 ms per token), the
+	// second to 18 s all new.
 	add(16, 0.008)
-	if r := add(17, 0.016); r != nil {
-		t.Fatalf("17 s, 1 s after the slowdown: %+v", r)
+	if r := add(17, 0.0128); r != nil {
+		t.Fatalf("17 s, 0.75 s after the slowdown: %+v", r)
 	}
 	r := add(18, 0.016)
-	if r == nil || r.WindowSeconds != 8 || r.Recent == nil || r.Recent.WindowSeconds != 2 || math.Abs(r.Recent.SecondsPerToken-0.016) > 1e-12 {
-		t.Fatalf("18 s, 2 s after the slowdown: %+v, want the 10–18 s window ending early with 16–18 s as its Recent at 16 ms per token", r)
+	if r == nil || r.WindowSeconds != 8 || r.Recent == nil || r.Recent.WindowSeconds != 2 || math.Abs(r.Recent.SecondsPerToken-16.0/1125) > 1e-12 {
+		t.Fatalf("18 s, 1.75 s after the slowdown: %+v, want the 10–18 s window ending early with 16–18 s as its Recent at 14.2 ms per token", r)
 	}
 	if p.latest != r {
 		t.Fatalf("the early reading is not the latest")
 	}
-	// The next window starts at 18 s, after the 2 s that may hold the
-	// change: nothing until a quarter of its length, then the slow engine
-	// alone, and again at half its length.
-	for s := 19; s < 21; s++ {
-		if r := add(s, 0.016); r != nil {
-			t.Fatalf("%d s: %+v", s, r)
-		}
+	// That Recent still holds a quarter second of the old speed. The next
+	// window starts at 17 s, the first sample after the split: nothing
+	// until a quarter of its length, then the slow engine alone, and again
+	// at half its length.
+	if r := add(19, 0.016); r != nil {
+		t.Fatalf("19 s: %+v", r)
 	}
-	if r := add(21, 0.016); r == nil || r.WindowSeconds != 3 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 || r.Recent != nil {
-		t.Fatalf("21 s: %+v, want 18–21 s at 16 ms per token", r)
+	if r := add(20, 0.016); r == nil || r.WindowSeconds != 3 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 || r.Recent != nil {
+		t.Fatalf("20 s: %+v, want the quarter reading 17–20 s at 16 ms per token", r)
 	}
-	if r := add(22, 0.016); r != nil {
-		t.Fatalf("22 s: %+v", r)
+	if r := add(21, 0.016); r != nil {
+		t.Fatalf("21 s: %+v", r)
 	}
-	if r := add(23, 0.016); r == nil || r.WindowSeconds != 5 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 || r.Recent != nil {
-		t.Fatalf("23 s: %+v, want 18–23 s at 16 ms per token", r)
+	if r := add(22, 0.016); r == nil || r.WindowSeconds != 5 || math.Abs(r.SecondsPerToken-0.016) > 1e-12 || r.Recent != nil {
+		t.Fatalf("22 s: %+v, want 17–22 s at 16 ms per token", r)
 	}
 }
 
@@ -164,8 +165,9 @@ func TestPaceSuddenSlowdown(t *testing.T) {
 //
 // A sudden reading that came too early, its newer seconds holding a part
 // of a second at the old speed, passes the agent's gate but may read too
-// little slower for the coordinator; the next window's quarter reading
-// reads the new speed alone 2.5 s on, not 5.
+// little slower for the coordinator; the next window starts at the first
+// sample after the split, so its quarter reading, the new speed alone,
+// comes a second after the sudden one, not 5 s.
 func TestPaceSuddenSlowdownJustBeforeAReading(t *testing.T) {
 	p := &pace{window: 10 * time.Second}
 	add := steadyEngine(p)
@@ -181,13 +183,8 @@ func TestPaceSuddenSlowdownJustBeforeAReading(t *testing.T) {
 	if r == nil || r.WindowSeconds != 6 || r.Recent == nil || r.Recent.WindowSeconds != 3 || math.Abs(r.Recent.SecondsPerToken-0.0128) > 1e-12 {
 		t.Fatalf("16 s: %+v, want the 10–16 s window ending early with 13–16 s as its Recent at 12.8 ms per token", r)
 	}
-	for s := 17; s < 19; s++ {
-		if r := add(s, 0.0128); r != nil {
-			t.Fatalf("%d s: %+v", s, r)
-		}
-	}
-	if r := add(19, 0.0128); r == nil || r.WindowSeconds != 3 || math.Abs(r.SecondsPerToken-0.0128) > 1e-12 {
-		t.Fatalf("19 s: %+v, want the quarter reading 16–19 s at 12.8 ms per token", r)
+	if r := add(17, 0.0128); r == nil || r.WindowSeconds != 3 || math.Abs(r.SecondsPerToken-0.0128) > 1e-12 {
+		t.Fatalf("17 s: %+v, want the quarter reading 14–17 s at 12.8 ms per token", r)
 	}
 }
 
