@@ -32,9 +32,9 @@ const minPaceTokens = 200
 // sides: where the newer ran more than suddenGate slower per token, the
 // window ends early, with the starkest split's newer seconds as its
 // Recent, and the next starts a sample after that split, with a first
-// reading at a quarter window. A worker that halved its speed is then named within a few
-// seconds of the change, not at the next half window; the coordinator
-// asks more of so short a span.
+// reading at a quarter window. A worker that halved its speed is then
+// named within a few seconds of the change, not at the next half window;
+// the coordinator asks more of so short a span.
 type pace struct {
 	window time.Duration
 	start  paceSample // the window's first sample

@@ -102,11 +102,12 @@ func TestPaceReadings(t *testing.T) {
 	}
 }
 
-// A slowdown between readings ends the window early: once the newest 2 s
+// A slowdown between readings ends the window early: once 2 s or more
 // run more than half again as slow per token as the window before them,
 // the reading goes out with those seconds as its Recent, and the next
-// window starts at once, giving its first reading at half its length. A 30 % slower spell, or a slowdown too recent to fill 2 s,
-// waits for the window's own schedule.
+// window starts a sample after the split, giving its first reading at a
+// quarter of its length. A 30 % slower spell, or a slowdown too recent to
+// fill 2 s, waits for the window's own schedule.
 func TestPaceSuddenSlowdown(t *testing.T) {
 	p := &pace{window: 10 * time.Second}
 	add := steadyEngine(p)
