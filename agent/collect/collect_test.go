@@ -218,9 +218,10 @@ func TestStartFollowsLog(t *testing.T) {
 
 // A restarted engine's log read between its banner and its launch-args
 // line names no launch: for that moment the engine is reported without a
-// capacity key and not ready, so the coordinator cannot send a burst to a
-// launch "without arguments" that never ran (CI saw exactly that once). A
-// banner with nothing after it for caughtUp names the engine as it is.
+// capacity key (still ready, as it is), so the coordinator cannot send a
+// burst to a launch "without arguments" that never ran (CI saw exactly
+// that once), and keeps routing the worker it knows at that URL. A banner
+// with nothing after it for caughtUp names the engine as it is.
 func TestBannerOnlyRestartNamesNoLaunch(t *testing.T) {
 	srv := startEngine(t, "vllm")
 	logPath := filepath.Join(t.TempDir(), "vllm.log")
@@ -248,9 +249,9 @@ func TestBannerOnlyRestartNamesNoLaunch(t *testing.T) {
 		if err := os.WriteFile(logPath, []byte(b), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		testutil.Eventually(t, "the banner read: no key, not ready", 15*time.Second, func() bool {
+		testutil.Eventually(t, "the banner read: no key, still ready", 15*time.Second, func() bool {
 			e = c.Snapshot(ctx).Engines[0]
-			return e.CapacityKey == "" && !e.Ready
+			return e.CapacityKey == "" && e.Ready
 		})
 	}
 	restart("2")

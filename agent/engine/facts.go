@@ -77,14 +77,13 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog
 		e.PoolCheck = &wire.PoolCheck{Source: r.poolsSrc, Ranks: slices.Clone(r.pools)}
 	}
 	completeness(&e, logFacts, args)
-	switch {
-	case logFacts != nil && logFacts.BannerOnly && e.LaunchArgsSource == "":
-		// The log shows a restart's banner and not yet its launch args:
-		// the follower is between two lines. A key now would name a launch
-		// without arguments that never ran, and the coordinator would
-		// spend a burst on it; the next snapshot has the real key.
-		e.Ready = false
-	case e.Model != "":
+	// A log that shows a restart's banner and not yet its launch args has
+	// the follower between two lines: a key now would name a launch
+	// without arguments that never ran, and the coordinator would spend a
+	// burst on it. Without a key the coordinator keeps the worker it knows
+	// at this URL, routed as it was; the next snapshot has the real key.
+	argsPending := logFacts != nil && logFacts.BannerOnly && e.LaunchArgsSource == ""
+	if e.Model != "" && !argsPending {
 		e.CapacityKey = launch.CapacityKey(c.cfg.Node, c.kind.name, e.Model, args)
 	}
 	e.LaunchArgs = boundList(args)
