@@ -24,7 +24,7 @@ LDFLAGS := -s -w -X heft/shared/version.Version=$(BUILD_VERSION)
 # functions heft never calls as deprecated.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: help build build-cross test test-under-load vet lint demo bench bench-check fuzz version package package-security clean
+.PHONY: help build build-cross test test-under-load vet lint demo bench bench-check fuzz version package package-security clean gpu-check
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -59,6 +59,12 @@ lint: vet ## gofmt, go vet, go mod tidy -diff, staticcheck (pinned in tools/go.m
 	$(GO) mod tidy -diff
 	cd tools && $(GO) mod tidy -diff
 	$(GO) tool -modfile=tools/go.mod staticcheck ./...
+
+gpu-check: ## build the real-GPU check into $(BIN)/gpu-check: copy that folder to an NVIDIA host and run its run.sh (docs/install.md)
+	@mkdir -p $(BIN)/gpu-check
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/gpu-check/ ./agent/cmd/heft-agent ./coordinator/cmd/heft-coordinator ./sim/cmd/heft-sim
+	$(GO) test -c -race -ldflags '-s -w' -o $(BIN)/gpu-check/gpu.test ./agent/gpu
+	cp scripts/gpu-check/run.sh scripts/gpu-check/*.py $(BIN)/gpu-check/
 
 demo: build ## start a simulated fleet on loopback and print the dashboard's address
 	$(GO) build -o $(BIN)/heft-demo ./scripts/demo
