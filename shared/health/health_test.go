@@ -96,6 +96,18 @@ func TestMeasurementFindings(t *testing.T) {
 	if !codes[wire.CodeGPUClockLow] || !codes[wire.CodeGPUThrottled] {
 		t.Errorf("codes = %v", codes)
 	}
+	// A power cap alone (an H200 at 690 of 700 W beside a busy neighbour)
+	// is a low clock, named as such, and no throttle.
+	capped := ok
+	capped.SMClockMaxMHz, capped.SMClockMedianMHz, capped.SMClockMinMHz, capped.ClockEventReasons = 1980, 1470, 1455, []string{"sw_power_cap"}
+	fs = Measurement(capped, th)
+	if len(fs) != 1 || fs[0].Code != wire.CodeGPUClockLow || !strings.Contains(fs[0].Message, "sw_power_cap") {
+		t.Errorf("power cap: %+v", fs)
+	}
+	capped.ClockEventReasons = []string{"sw_power_cap", "hw_slowdown"}
+	if fs = Measurement(capped, th); len(fs) != 2 || fs[1].Code != wire.CodeGPUThrottled || !strings.HasSuffix(fs[1].Message, ": hw_slowdown.") {
+		t.Errorf("power cap and hw slowdown: %+v", fs)
+	}
 	short := ok
 	short.Failure, short.OutputTokens = wire.CodeProbeIncompleteOutput, 1500
 	fs = Measurement(short, th)
