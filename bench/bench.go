@@ -89,6 +89,9 @@ type Options struct {
 	// LateOracle, when above 0, has area 11 route each case and seed a
 	// third time, by the true capacities set this long after the change.
 	LateOracle time.Duration
+	// SlowFactor is how many times slower area 11's fast worker becomes
+	// in the slows, restart and throttle cases; 0 = 2 (half speed).
+	SlowFactor float64
 	// Keep leaves the work folder (every process's logs, configs and
 	// state) in place and names it, to look into a run afterwards.
 	Keep bool
@@ -152,6 +155,9 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	if opts.ProbeBusy != "" && !slices.Contains(probe.BusyModes, opts.ProbeBusy) {
 		return nil, fmt.Errorf("bench: unknown probe busy mode %q (modes: %s)", opts.ProbeBusy, strings.Join(probe.BusyModes, ", "))
+	}
+	if f := opts.SlowFactor; f != 0 && !(f > 1 && f <= maxSlowFactor) {
+		return nil, fmt.Errorf("bench: slow factor %v: want more than 1 and at most %v", f, maxSlowFactor)
 	}
 	if opts.LateOracle < 0 {
 		return nil, fmt.Errorf("bench: late oracle %s: want a delay of 0 or more", opts.LateOracle)

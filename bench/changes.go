@@ -134,11 +134,25 @@ func (r changeRoute) file() string {
 	return "true"
 }
 
+// maxSlowFactor bounds --slow-factor: the stand-in GPU's clock falls to
+// 1980/factor MHz, and a worker 10 times slower is all but gone.
+const maxSlowFactor = 10
+
+// speedWords rewrites the cases' "half speed" wording for another factor:
+// "halves its speed" becomes "slows to 1/1.3 of its speed".
+func speedWords(text string, factor float64) string {
+	if factor == 2 {
+		return text
+	}
+	f := "1/" + ftoa(factor)
+	return strings.NewReplacer("halves its speed", "slows to "+f+" of its speed", "half speed", f+" speed").Replace(text)
+}
+
 // durText writes d as seconds: "2 s", "1.5 s".
 func durText(d time.Duration) string { return ftoa(d.Seconds()) + " s" }
 
 func (e *env) changesPlanFor() changesPlan {
-	p := changesPlan{SlowAt: 4 * time.Minute, Factor: 2, After: 2 * time.Minute, Window: config.DefaultPassiveWindow,
+	p := changesPlan{SlowAt: 4 * time.Minute, Factor: cmp.Or(e.opts.SlowFactor, 2), After: 2 * time.Minute, Window: config.DefaultPassiveWindow,
 		Pace: config.DefaultPaceWindow, Seeds: 3, Load: 0.6, Tokens: 128, Tolered: 0.05, Cases: changeCases, ProbeBusy: cmp.Or(e.opts.ProbeBusy, probe.BusyWait),
 		Late: e.opts.LateOracle}
 	if e.opts.Quick {
@@ -243,7 +257,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 	plan := e.changesPlanFor()
 	before, after := trueShares(plan.Factor)
 	s := &Section{Title: "Capacity changes under load",
-		Intro: fmt.Sprintf("Area 9's fleet (%s) behind real HAProxy and nginx, heft-sync applying heft's weights (leastconn), "+
+		Intro: speedWords(fmt.Sprintf("Area 9's fleet (%s) behind real HAProxy and nginx, heft-sync applying heft's weights (leastconn), "+
 			"the coordinator's probation off. Poisson load of %s of the fleet's full-load capacity, half through each gateway, "+
 			"%d output tokens, from when the fleet is up until %s after the change at %s after the sims start; agents' passive "+
 			"window %s (probe.passive_window), pace window %s (probe.pace_window), probe.busy = %s. Cases: the fast worker's heft-sim halves its speed "+
@@ -261,7 +275,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"(the target); \"vs true, sent 2 s on\" compares the requests sent from 2 s after the change on, the shortest span a pace reading "+
 			"can see a change in: the true capacities switch at the change itself, which no measurement can.",
 			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, plan.Pace, plan.ProbeBusy, ftoa(plan.Factor),
-			shareText(before), shareText(after), int(standinMaxSM/plan.Factor), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)),
+			shareText(before), shareText(after), int(standinMaxSM/plan.Factor), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)), plan.Factor),
 		Table: Table{Columns: []string{"case", "routing", "gateway", "seed", "share at change", "converged", "share at end", "true share",
 			"requests", "failed", "p95", "p95 after the change", "vs true capacities", "vs true, sent 2 s on", "met a probe"}},
 	}
@@ -300,7 +314,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 				if o := p95Sight[r.Gateway]; r.Route != routeTrue && o > 0 {
 					vsSight = fmt.Sprintf("%+.0f %%", 100*(r.AfterSight.P95.Seconds()/o-1))
 				}
-				s.Table.Add(r.Case, r.Route.String(), r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
+				s.Table.Add(speedWords(r.Case, plan.Factor), r.Route.String(), r.Gateway, fmt.Sprint(r.Seed+1), shareText(r.Before), conv, shareText(r.Final), shareText(r.True),
 					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished)+errSuffix(r.Res.Errors), num(r.Res.Latency.P95.Seconds(), 2)+" s",
 					num(r.AfterChange.P95.Seconds(), 2)+" s", vs, vsSight, metText(r.MetProbe))
 				if r.Err != nil {

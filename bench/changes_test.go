@@ -167,3 +167,38 @@ func TestWriteRequests(t *testing.T) {
 		t.Fatalf("got\n%s\nwant\n%s", got, want)
 	}
 }
+
+// --slow-factor sets how much slower the fast worker becomes: the plan,
+// the oracle's capacities and the cases' wording follow it; a factor that
+// is no slowdown is refused.
+func TestChangesSlowFactor(t *testing.T) {
+	if f := (&env{}).changesPlanFor().Factor; f != 2 {
+		t.Errorf("default factor %v, want 2", f)
+	}
+	p := (&env{opts: Options{SlowFactor: 1.3}}).changesPlanFor()
+	caps, full := p.trueCaps(caseSlows), routeServing[routeFast].FullCapacity(16)
+	if math.Abs(caps[routeFast]-full/1.3) > 1e-9 {
+		t.Errorf("fast worker's true capacity %v, want %v", caps[routeFast], full/1.3)
+	}
+	if _, after := trueShares(1.3); math.Abs(p.trueShare(caseSlows)-after) > 1e-12 {
+		t.Errorf("true share %v, want %v", p.trueShare(caseSlows), after)
+	}
+	for c, want := range map[string]string{
+		caseSlows:    "slows to 1/1.3 of its speed mid-run",
+		caseRestart:  "restarted at 1/1.3 speed, same arguments",
+		caseThrottle: "its GPU throttles to 1/1.3 speed",
+		caseJoins:    caseJoins,
+	} {
+		if got := speedWords(c, 1.3); got != want {
+			t.Errorf("%q at 1.3: %q, want %q", c, got, want)
+		}
+		if got := speedWords(c, 2); got != c {
+			t.Errorf("%q at 2: %q", c, got)
+		}
+	}
+	for _, f := range []float64{1, 0.5, -2, 11, math.NaN()} {
+		if _, err := Run(t.Context(), Options{Areas: []int{AreaChanges}, SlowFactor: f, Bin: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "slow factor") {
+			t.Errorf("slow factor %v: %v, want it refused", f, err)
+		}
+	}
+}

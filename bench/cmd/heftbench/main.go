@@ -57,6 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	changeWindow := fs.Duration("change-window", 0, "area 11: the agents' passive and pace windows, probe.passive_window and probe.pace_window (default: the agents'; quick 5s)")
 	paceWindow := fs.Duration("pace-window", 0, "area 11: the agents' pace window alone, probe.pace_window, over --change-window")
 	lateOracle := fs.Duration("late-oracle", 0, "area 11: also route every case by the true capacities set this long after the change (e.g. 2s; default: not)")
+	slowFactor := fs.Float64("slow-factor", 0, "area 11: how many times slower the fast worker becomes in the slows, restart and throttle cases (default 2: half speed)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -68,7 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	opts := bench.Options{Quick: *quick, Runs: *runs, Bin: *bin, LogBytes: *logMB * 1_000_000, AgentWindow: *window,
-		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, ProbeBusy: *probeBusy, ChangeWindow: *changeWindow, PaceWindow: *paceWindow, LateOracle: *lateOracle, Keep: *keep, Progress: stderr, Out: stdout}
+		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, ProbeBusy: *probeBusy, ChangeWindow: *changeWindow, PaceWindow: *paceWindow, LateOracle: *lateOracle, SlowFactor: *slowFactor, Keep: *keep, Progress: stderr, Out: stdout}
 	if *cases != "" {
 		opts.ChangeCases = strings.Split(*cases, ",")
 	}
