@@ -318,7 +318,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 					fmt.Sprint(r.Res.Sent), fmt.Sprint(r.Res.Failed+r.Res.Unfinished)+errSuffix(r.Res.Errors), num(r.Res.Latency.P95.Seconds(), 2)+" s",
 					num(r.AfterChange.P95.Seconds(), 2)+" s", vs, vsSight, metText(r.MetProbe))
 				if r.Err != nil {
-					s.Notes = append(s.Notes, fmt.Sprintf("%s, %s seed %d: %v", r.Case, r.Gateway, r.Seed+1, r.Err))
+					s.Notes = append(s.Notes, fmt.Sprintf("%s, %s seed %d: %v", speedWords(r.Case, plan.Factor), r.Gateway, r.Seed+1, r.Err))
 				}
 			}
 			s.Notes = append(s.Notes, notes...)
@@ -412,7 +412,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 			Rate: plan.Load / float64(len(pols)) * routingCapacity() / float64(plan.Tokens), Duration: time.Until(end)}
 		wg.Go(func() { rows[i].Res, rows[i].Err = loadgen.Run(ctx, cfg) })
 	}
-	e.logf("changes: %s, seed %d: load on, change in %s", c, seed+1, time.Until(slowAt).Round(time.Second))
+	e.logf("changes: %s, seed %d: load on, change in %s", speedWords(c, plan.Factor), seed+1, time.Until(slowAt).Round(time.Second))
 	// The worker followed: the fast one, or the joiner once it has started.
 	var mu sync.Mutex
 	addr := ""
@@ -490,9 +490,10 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 		}
 		rows[i].Res.Requests = nil // thousands of records, read once
 	}
-	notes := []string{fmt.Sprintf("%s, seed %d: %s", c, seed+1, f.measuredDuring(ctx, loadStart))}
+	name := speedWords(c, plan.Factor)
+	notes := []string{fmt.Sprintf("%s, seed %d: %s", name, seed+1, f.measuredDuring(ctx, loadStart))}
 	if counts, err := f.loadCounts(ctx); err != nil {
-		notes = append(notes, fmt.Sprintf("%s, seed %d: requests that met a probe: unknown (%v)", c, seed+1, err))
+		notes = append(notes, fmt.Sprintf("%s, seed %d: requests that met a probe: unknown (%v)", name, seed+1, err))
 		for i := range rows {
 			rows[i].MetProbe = -1
 		}
@@ -501,7 +502,7 @@ func (e *env) changesRun(ctx context.Context, plan changesPlan, c string, seed i
 			rows[i].MetProbe = counts.Met[p.Gateway]
 		}
 		notes = append(notes, fmt.Sprintf("%s, seed %d: the sims served %d requests of heft's probes (load requests carry %s; %s counts the rest)",
-			c, seed+1, counts.Other, sim.LoadHeader, sim.MeetingsPath))
+			name, seed+1, counts.Other, sim.LoadHeader, sim.MeetingsPath))
 	}
 	if changeErr != nil {
 		return rows, notes, changeErr
