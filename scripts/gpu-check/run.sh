@@ -10,7 +10,7 @@
 #     products on the same GPU (foreign.py). Expected: the agent names it
 #     foreign, the coordinator measures the engine again with that cause,
 #     and the burst under it carries the GPU's clock readings.
-# Steps 3's engine and foreign process need python3 with torch. Results go
+# Step 3's engine and foreign process need python3 with torch. Results go
 # to $OUT (default ./gpu-check-out); summary.txt says what passed.
 D=$(cd "$(dirname "$0")" && pwd); O=${OUT:-$PWD/gpu-check-out}; mkdir -p "$O"
 W=$(mktemp -d); M=Qwen/Qwen3-8B; C=127.0.0.1:17070
