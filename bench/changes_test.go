@@ -2,6 +2,7 @@ package bench
 
 import (
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -199,6 +200,43 @@ func TestChangesSlowFactor(t *testing.T) {
 	for _, f := range []float64{1, 0.5, -2, 11, math.NaN()} {
 		if _, err := Run(t.Context(), Options{Areas: []int{AreaChanges}, SlowFactor: f, Bin: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "slow factor") {
 			t.Errorf("slow factor %v: %v, want it refused", f, err)
+		}
+	}
+}
+
+// TestPastTarget checks that the count past the target agrees with the
+// p95 it restates, and that one request can flip a row whose slow
+// worker carries close to 5 % of the load.
+func TestPastTarget(t *testing.T) {
+	fast, slow := 2*time.Second, 3*time.Second
+	lat := slices.Repeat([]time.Duration{fast}, 95)
+	lat = append(lat, slices.Repeat([]time.Duration{slow}, 5)...)
+	limit := 2200 * time.Millisecond
+	if over, allowed := pastTarget(lat, limit); over != 5 || allowed != 5 {
+		t.Errorf("95 fast and 5 slow: %d over (%d allowed), want 5 (5)", over, allowed)
+	}
+	lat = append(lat, slow)
+	if over, allowed := pastTarget(lat, limit); over != 6 || allowed != 5 {
+		t.Errorf("one more slow: %d over (%d allowed), want 6 (5)", over, allowed)
+	}
+	if over, allowed := pastTarget(nil, limit); over != 0 || allowed != 0 {
+		t.Errorf("no requests: %d over (%d allowed), want 0 (0)", over, allowed)
+	}
+
+	// over ≤ allowed exactly when the nearest-rank p95 is within limit.
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 2000 {
+		n := 1 + r.IntN(300)
+		lat := make([]time.Duration, n)
+		for j := range lat {
+			lat[j] = time.Duration(r.IntN(40)) * 100 * time.Millisecond
+		}
+		limit := time.Duration(r.IntN(40)) * 100 * time.Millisecond
+		s := slices.Sorted(slices.Values(lat))
+		p95 := s[int(math.Ceil(0.95*float64(n)))-1]
+		over, allowed := pastTarget(lat, limit)
+		if (over <= allowed) != (p95 <= limit) {
+			t.Fatalf("case %d: n %d, p95 %v, limit %v: %d over, %d allowed", i, n, p95, limit, over, allowed)
 		}
 	}
 }

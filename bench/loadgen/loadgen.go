@@ -470,13 +470,19 @@ func errorClass(err error) string {
 // after t, from Requests (KeepRequests): the requests that met a change
 // made at t, without the steady run before it.
 func (r Result) LatencySince(t time.Time) Summary {
+	return summarize(r.LatenciesSince(t))
+}
+
+// LatenciesSince are the latencies of the completed requests sent at or
+// after t, in the order they were recorded.
+func (r Result) LatenciesSince(t time.Time) []time.Duration {
 	var ds []time.Duration
 	for _, q := range r.Requests {
 		if q.Outcome == "completed" && !q.Start.Before(t) {
 			ds = append(ds, q.End.Sub(q.Start))
 		}
 	}
-	return summarize(ds)
+	return ds
 }
 
 // summarize computes percentiles by the nearest-rank method.
