@@ -276,6 +276,10 @@ func (p changesPlan) trueShare(c string) float64 {
 	return after
 }
 
+// changesColumns are area 11's table columns.
+var changesColumns = []string{"case", "routing", "gateway", "seed", "share at change", "converged", "share at end", "true share",
+	"requests", "failed", "p95", "p95 after the change", "vs true capacities", "over the target (allowed)", "vs true, sent 2 s on", "met a probe"}
+
 func (e *env) areaChanges(ctx context.Context) *Section {
 	plan := e.changesPlanFor()
 	before, after := trueShares(plan.Factor)
@@ -297,15 +301,16 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"sent from the change to the end, and \"vs true capacities\" compares that with the same case and seed routed by the true capacities "+
 			"(the target: at most +10 %%); \"over the target (allowed)\" counts the requests sent after the change whose latency exceeds 1.1 × that p95 "+
 			"of the true capacities' run, and in brackets the most of them the p95 allows (5 %% of the requests): the row meets the target "+
-			"exactly when the count is at most the allowance, and the true capacities' own row shows how close to the allowance they run; "+
+			"exactly when the count is at most the allowance, and the true capacities' own row shows how close to the allowance they run; rows with seed \"all\" pool "+
+			"the requests sent after the change in every seed of a case and judge the same target on all of them; "+
 			"\"vs true, sent 2 s on\" compares the requests sent from 2 s after the change on, the shortest span a pace reading "+
 			"can see a change in: the true capacities switch at the change itself, which no measurement can.",
 			describeFleet(), shareText(plan.Load), plan.Tokens, plan.After, plan.SlowAt, plan.Window, plan.Pace, plan.ProbeBusy, ftoa(plan.Factor),
 			shareText(before), shareText(after), int(standinMaxSM/plan.Factor), joiner.Name+" "+joiner.String(), shareText(plan.trueShare(caseJoins)), num(100*plan.Tolered, 0)), plan.Factor),
-		Table: Table{Columns: []string{"case", "routing", "gateway", "seed", "share at change", "converged", "share at end", "true share",
-			"requests", "failed", "p95", "p95 after the change", "vs true capacities", "over the target (allowed)", "vs true, sent 2 s on", "met a probe"}},
+		Table: Table{Columns: changesColumns},
 	}
 	for _, c := range plan.Cases {
+		var caseRows []changeRow // every seed's, for the pooled rows
 		for seed := range plan.Seeds {
 			var rows []changeRow
 			var notes []string
@@ -335,11 +340,7 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 					conv = "—"
 				}
 				if o := p95[r.Gateway]; o > 0 {
-					if r.Route != routeTrue {
-						vs = fmt.Sprintf("%+.0f %%", 100*(r.AfterChange.P95.Seconds()/o.Seconds()-1))
-					}
-					over, allowed := pastTarget(r.afterLatencies, time.Duration(float64(o)*(1+p95Tolerance)))
-					past = fmt.Sprintf("%d (%d)", over, allowed)
+					vs, past = targetCells(r.Route, r.AfterChange.P95, r.afterLatencies, o)
 				}
 				if o := p95Sight[r.Gateway]; r.Route != routeTrue && o > 0 {
 					vsSight = fmt.Sprintf("%+.0f %%", 100*(r.AfterSight.P95.Seconds()/o-1))
@@ -356,6 +357,10 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 				s.Err = err
 				return s
 			}
+			caseRows = append(caseRows, rows...)
+		}
+		if plan.Seeds > 1 {
+			addPooled(&s.Table, caseRows, plan.Factor)
 		}
 	}
 	s.Notes = append(s.Notes, "\"true capacities\" rows: the same case and seed loaded through leastconn with the workers' true "+
@@ -368,6 +373,58 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"as heft must. Their \"vs\" columns compare them with the true capacities set at the change.", durText(plan.Late), durText(plan.Late)))
 	}
 	return s
+}
+
+// targetCells are a row's "vs true capacities" and "over the target
+// (allowed)" cells, against truth, the p95 of the true capacities' run.
+func targetCells(route changeRoute, p95 time.Duration, latencies []time.Duration, truth time.Duration) (vs, past string) {
+	vs = "—"
+	if route != routeTrue {
+		vs = fmt.Sprintf("%+.0f %%", 100*(p95.Seconds()/truth.Seconds()-1))
+	}
+	over, allowed := pastTarget(latencies, time.Duration(float64(truth)*(1+p95Tolerance)))
+	return vs, fmt.Sprintf("%d (%d)", over, allowed)
+}
+
+// addPooled adds one row per routing and gateway that pools the requests
+// sent after the change in every seed of a case: the p95 of all of them
+// against the true capacities' p95 of all of theirs. One seed's p95 can
+// hinge on a handful of requests (pastTarget); the pooled p95 is the
+// same target judged on three times as many.
+func addPooled(t *Table, rows []changeRow, factor float64) {
+	type key struct {
+		route   changeRoute
+		gateway string
+	}
+	var order []key
+	pooled := map[key]*changeRow{}
+	for _, r := range rows {
+		k := key{r.Route, r.Gateway}
+		p, ok := pooled[k]
+		if !ok {
+			p = &changeRow{Case: r.Case, Route: r.Route, Gateway: r.Gateway}
+			pooled[k] = p
+			order = append(order, k)
+		}
+		p.Res.Sent += r.Res.Sent
+		p.Res.Failed += r.Res.Failed + r.Res.Unfinished
+		p.afterLatencies = append(p.afterLatencies, r.afterLatencies...)
+		if p.MetProbe < 0 || r.MetProbe < 0 {
+			p.MetProbe = -1 // one seed's count unknown: the sum is too
+		} else {
+			p.MetProbe += r.MetProbe
+		}
+	}
+	for _, k := range order {
+		p := pooled[k]
+		p95 := loadgen.Summarize(p.afterLatencies).P95
+		vs, past := "—", "—"
+		if truth, ok := pooled[key{routeTrue, k.gateway}]; ok && len(truth.afterLatencies) > 0 {
+			vs, past = targetCells(k.route, p95, p.afterLatencies, loadgen.Summarize(truth.afterLatencies).P95)
+		}
+		t.Add(speedWords(p.Case, factor), k.route.String(), k.gateway, "all", "—", "—", "—", "—",
+			fmt.Sprint(p.Res.Sent), fmt.Sprint(p.Res.Failed), "—", num(p95.Seconds(), 2)+" s", vs, past, "—", metText(p.MetProbe))
+	}
 }
 
 func shareText(x float64) string { return num(100*x, 1) + " %" }

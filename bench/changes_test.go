@@ -240,3 +240,45 @@ func TestPastTarget(t *testing.T) {
 		}
 	}
 }
+
+// TestAddPooled checks the rows that pool every seed of a case: a seed
+// whose p95 hinges on one request misses alone, and the pooled row
+// judges the same target on all the seeds' requests.
+func TestAddPooled(t *testing.T) {
+	lat := func(fast, slow int) []time.Duration {
+		return append(slices.Repeat([]time.Duration{2 * time.Second}, fast), slices.Repeat([]time.Duration{3 * time.Second}, slow)...)
+	}
+	row := func(route changeRoute, seed int, l []time.Duration, met int64) changeRow {
+		return changeRow{Case: caseSlows, Route: route, Gateway: gwHAProxy, Seed: seed, MetProbe: met,
+			Res: loadgen.Result{Sent: len(l) + 10, Failed: 1}, afterLatencies: l}
+	}
+	rows := []changeRow{
+		row(routeHeft, 0, lat(94, 6), 0), row(routeTrue, 0, lat(95, 5), -1),
+		row(routeHeft, 1, lat(96, 4), 2), row(routeTrue, 1, lat(95, 5), 0),
+	}
+	// Seed 1 alone: heft's p95 is the slow requests' 3 s against 2 s.
+	if vs, past := targetCells(routeHeft, 3*time.Second, rows[0].afterLatencies, 2*time.Second); vs != "+50 %" || past != "6 (5)" {
+		t.Errorf("seed 1 alone: %s, %s; want +50 %%, 6 (5)", vs, past)
+	}
+	tab := Table{Columns: changesColumns}
+	addPooled(&tab, rows, 2)
+	if len(tab.Rows) != 2 {
+		t.Fatalf("%d pooled rows, want one per routing and gateway (2)", len(tab.Rows))
+	}
+	cell := func(r int, col string) string { return tab.Rows[r][slices.Index(changesColumns, col)] }
+	for col, want := range map[string]string{"routing": "heft", "seed": "all", "requests": "220", "failed": "2",
+		"p95 after the change": "2.00 s", "vs true capacities": "+0 %", "over the target (allowed)": "10 (10)", "met a probe": "2"} {
+		if got := cell(0, col); got != want {
+			t.Errorf("heft's pooled %q = %q, want %q", col, got, want)
+		}
+	}
+	if got := cell(1, "routing"); got != "true capacities" {
+		t.Errorf("second pooled row is %q, want the true capacities'", got)
+	}
+	if got := cell(1, "met a probe"); got != "unknown" {
+		t.Errorf("true capacities' pooled met a probe = %q with one seed unread, want unknown", got)
+	}
+	if got := cell(1, "vs true capacities"); got != "—" {
+		t.Errorf("true capacities' pooled vs = %q, want —", got)
+	}
+}

@@ -252,9 +252,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	for name, ls := range per {
-		res.Backends[name].Latency = summarize(ls)
+		res.Backends[name].Latency = Summarize(ls)
 	}
-	res.Latency, res.TTFT = summarize(lat), summarize(ttft)
+	res.Latency, res.TTFT = Summarize(lat), Summarize(ttft)
 	res.Elapsed = end.Sub(start)
 	if res.Elapsed > 0 {
 		res.TokensPerSecond = float64(res.OutputTokens) / res.Elapsed.Seconds()
@@ -470,7 +470,7 @@ func errorClass(err error) string {
 // after t, from Requests (KeepRequests): the requests that met a change
 // made at t, without the steady run before it.
 func (r Result) LatencySince(t time.Time) Summary {
-	return summarize(r.LatenciesSince(t))
+	return Summarize(r.LatenciesSince(t))
 }
 
 // LatenciesSince are the latencies of the completed requests sent at or
@@ -485,8 +485,8 @@ func (r Result) LatenciesSince(t time.Time) []time.Duration {
 	return ds
 }
 
-// summarize computes percentiles by the nearest-rank method.
-func summarize(ds []time.Duration) Summary {
+// Summarize computes percentiles by the nearest-rank method.
+func Summarize(ds []time.Duration) Summary {
 	if len(ds) == 0 {
 		return Summary{}
 	}

@@ -216,7 +216,7 @@ func TestSummarize(t *testing.T) {
 	for i := 1; i <= 100; i++ {
 		ds = append(ds, time.Duration(i)*time.Millisecond)
 	}
-	s := summarize(ds)
+	s := Summarize(ds)
 	if s.P50 != 50*time.Millisecond || s.P95 != 95*time.Millisecond || s.Max != 100*time.Millisecond || s.N != 100 {
 		t.Fatalf("%+v", s)
 	}
