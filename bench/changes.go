@@ -299,7 +299,8 @@ func (e *env) areaChanges(ctx context.Context) *Section {
 			"served while it also served a request of heft's probes, counted by the sims themselves (each load request "+
 			"carries the X-Heft-Load header, a probe's does not). \"p95\" is of the whole load; \"p95 after the change\" of the requests "+
 			"sent from the change to the end, and \"vs true capacities\" compares that with the same case and seed routed by the true capacities "+
-			"(the target: at most +10 %%); \"over the target (allowed)\" counts the requests sent after the change whose latency exceeds 1.1 × that p95 "+
+			"(the target: at most +"+num(100*p95Tolerance, 0)+" %%); \"over the target (allowed)\" counts the requests sent after the change whose latency exceeds "+
+			ftoa(1+p95Tolerance)+" × that p95 "+
 			"of the true capacities' run, and in brackets the most of them the p95 allows (5 %% of the requests): the row meets the target "+
 			"exactly when the count is at most the allowance, and the true capacities' own row shows how close to the allowance they run; rows with seed \"all\" pool "+
 			"the requests sent after the change in every seed of a case and judge the same target on all of them; "+
