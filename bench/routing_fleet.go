@@ -54,6 +54,8 @@ type routingFleet struct {
 	socket   string // HAProxy's admin socket
 	nginxDir string
 	nginxBin string
+	// nginxMaster is nginx's master process (it runs with daemon off).
+	nginxMaster int
 	// nginxPolicies and nginxPorts are what nginx.conf was written from,
 	// so it can be written again with other true capacities.
 	nginxPolicies []policy
@@ -426,6 +428,7 @@ func (f *routingFleet) startNginx(ctx context.Context, bin string, policies []po
 		return err
 	}
 	f.procs = append(f.procs, ch)
+	f.nginxMaster = ch.Pid()
 	return waitListening(ctx, ch, listenAddrs(ports))
 }
 
@@ -533,12 +536,21 @@ func (f *routingFleet) startSync(ctx context.Context, bin, nginxBin string, poli
 	}
 }
 
-// waitNginxServes waits until nginx answers through heft's upstream: the
+// waitNginxServes waits until nginx answers through heft's upstream and the
+// workers that serve the placeholder (every server down) are gone. The
 // reload heft-sync ran returns when nginx has the signal, before its new
-// workers replace the ones serving the placeholder (every server down: a
-// request sent then was answered 502, "no live upstreams", in the area 11
-// runs before this wait).
+// workers replace the old ones, and an old worker accepts connections until
+// it has handled its own signal: one answer through heft's upstream does not
+// mean the next request gets one. Each wait was added after a request sent
+// then was answered 502, "no live upstreams", in area 11.
 func (f *routingFleet) waitNginxServes(ctx context.Context, policies []policy) error {
+	if err := f.waitNginxAnswers(ctx, policies); err != nil {
+		return err
+	}
+	return waitNginxOneGeneration(ctx, f.nginxMaster, 30*time.Second)
+}
+
+func (f *routingFleet) waitNginxAnswers(ctx context.Context, policies []policy) error {
 	for _, p := range policies {
 		if p.Gateway != gwNginx || p.Weights != weightsHeft {
 			continue

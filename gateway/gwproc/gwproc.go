@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -72,6 +73,9 @@ func CheckHAProxy(ctx context.Context, bin, config string) error {
 	return nil
 }
 
+// NginxWorkerProcesses is the worker_processes of NginxConf.
+const NginxWorkerProcesses = 1
+
 // NginxConf is a whole nginx.conf around the body of its http block, for
 // an nginx whose prefix is dir: in the foreground, one worker process (so
 // least_conn counts every connection without a shared zone), its pid file,
@@ -79,7 +83,7 @@ func CheckHAProxy(ctx context.Context, bin, config string) error {
 func NginxConf(dir, httpBody string) string {
 	return strings.ReplaceAll(`daemon off;
 master_process on;
-worker_processes 1;
+worker_processes `+strconv.Itoa(NginxWorkerProcesses)+`;
 pid {{dir}}/nginx.pid;
 error_log {{dir}}/error.log warn;
 events { worker_connections 4096; }
