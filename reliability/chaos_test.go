@@ -190,7 +190,9 @@ func newChaosRig(t *testing.T) *chaosRig {
 	r.hx.Stop()
 	r.hx.MasterWorker = true
 	r.hx.Start()
-	r.nx = gwtest.StartNginx(t, gwtest.NginxConf(chaosNginx), "upstream qwen { server 127.0.0.1:9; }\n")
+	// The placeholder of docs/gateways.md: a server nginx serves before
+	// heft-sync's first change would be kept for keep_unlisted.
+	r.nx = gwtest.StartNginx(t, gwtest.NginxConf(chaosNginx), "upstream qwen { server 127.0.0.1:9 down; }\n")
 	q := func(xs []string) string { return strings.ReplaceAll(fmt.Sprintf("%q", xs), "\" \"", "\", \"") }
 	toml := fmt.Sprintf("listen = \"127.0.0.1:0\"\nresync = \"1s\"\n[coordinator]\nurl = %q\n"+
 		"[[haproxy]]\nmodel = %q\nsocket = %q\nbackend = \"qwen\"\n"+

@@ -18,21 +18,25 @@ import (
 func TestOneBadWorkerIsDroppedNotTheGateway(t *testing.T) {
 	r := start(t, 300*time.Millisecond)
 	const bad = "heft-no-such-host.invalid:8000"
+	// c, which nginx started with, is listed too: else heft-sync would
+	// keep it for keep_unlisted, as the gateway served it.
 	r.coord.SetWorkers(
 		gwtest.Worker(model, r.a.Addr, view.StateAdmitted, 1),
 		gwtest.Worker(model, r.b.Addr, view.StateAdmitted, 1),
+		gwtest.Worker(model, r.c.Addr, view.StateAdmitted, 1),
 		gwtest.Worker(model, bad, view.StateAdmitted, 1),
 	)
-	even := func(s map[string]int) bool { return s["a"] == 10 && s["b"] == 10 }
-	r.waitSplit(t, "nginx to split between a and b", r.nx.Front, 20, even)
+	even := func(s map[string]int) bool { return s["a"] == 10 && s["b"] == 10 && s["c"] == 10 }
+	r.waitSplit(t, "nginx to split between a, b and c", r.nx.Front, 30, even)
 
 	// The good workers' weights change; nginx follows, the bad one stays out.
 	r.coord.SetWorkers(
 		gwtest.Worker(model, r.a.Addr, view.StateAdmitted, 3),
 		gwtest.Worker(model, r.b.Addr, view.StateAdmitted, 1),
+		gwtest.Worker(model, r.c.Addr, view.StateAdmitted, 1),
 		gwtest.Worker(model, bad, view.StateAdmitted, 1),
 	)
-	t.Logf("nginx: %v", r.waitSplit(t, "nginx to follow a's new weight", r.nx.Front, 40, func(s map[string]int) bool { return s["a"] == 30 && s["b"] == 10 }))
+	t.Logf("nginx: %v", r.waitSplit(t, "nginx to follow a's new weight", r.nx.Front, 50, func(s map[string]int) bool { return s["a"] == 30 && s["b"] == 10 && s["c"] == 10 }))
 	if data, _ := os.ReadFile(r.nx.Upstream); strings.Contains(string(data), bad) {
 		t.Fatalf("the bad worker is in nginx's file:\n%s", data)
 	}

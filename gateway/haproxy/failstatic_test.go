@@ -177,3 +177,58 @@ func TestCheckWarnsWithoutHealthCheck(t *testing.T) {
 		}
 	}
 }
+
+// heft-sync restarts while the coordinator lists every worker as not
+// measured yet (it restarted on an empty state): HAProxy keeps serving
+// the slots the last heft-sync set, and a server the operator listed at a
+// worker's address, at their weights; an operator's server no worker is at
+// is left alone. No request fails.
+func TestRestartedSyncKeepsServingWhileMeasuring(t *testing.T) {
+	a, b, c, d := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b"), gwtest.NewUpstream(t, "c"), gwtest.NewUpstream(t, "d")
+	cfg := strings.Replace(cfgChecked, "    server-template", "    server own "+c.Addr+" weight 2 check\n    server other "+d.Addr+" weight 1 check\n    server-template", 1)
+	hx := gwtest.StartHAProxy(t, cfg)
+	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
+	// What the heft-sync before the restart set.
+	apply(t, h, desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), gwtest.Worker(model, b.Addr, view.StateAdmitted, 3),
+		gwtest.Worker(model, c.Addr, view.StateAdmitted, 2)))
+	load := gwtest.StartLoad(t, "http://"+hx.Front+"/", 4)
+	testutil.Eventually(t, "every engine to answer", 10*time.Second, func() bool {
+		n := load.Counts()
+		return n["a"] > 10 && n["b"] > 10 && n["c"] > 10 && n["d"] > 10
+	})
+
+	h2 := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
+	m := syncer.NewMetrics([]string{h2.Name()})
+	sy := syncer.New([]target.Target{h2}, m, time.Hour, hclog.New(&hclog.LoggerOptions{Output: t.Output()}))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { sy.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	sy.Update(coord.Snapshot{At: time.Now(), Workers: []coord.Worker{gwtest.Worker(model, a.Addr, view.StateMeasuring, 0),
+		gwtest.Worker(model, b.Addr, view.StateMeasuring, 0), gwtest.Worker(model, c.Addr, view.StateMeasuring, 0)}})
+	testutil.Eventually(t, "the first apply", 10*time.Second, func() bool { return sy.Status().Targets[0].Applied })
+	before := load.Counts()
+	testutil.Eventually(t, "requests after it", 10*time.Second, func() bool {
+		n := load.Counts()
+		return n["a"]+n["b"]+n["c"]+n["d"] > before["a"]+before["b"]+before["c"]+before["d"]+300
+	})
+	load.Stop()
+	after := load.Counts()
+	for _, k := range []string{"a", "b", "c", "d"} {
+		if after[k] == before[k] {
+			t.Errorf("%s got no request after the restarted heft-sync's first apply: %v then %v", k, before, after)
+		}
+	}
+	if n, errs := load.Failed(); n != 0 {
+		t.Fatalf("%d requests failed: %v %v", n, after, errs)
+	}
+	weights := map[string]string{}
+	for _, row := range hx.Stat(t) {
+		if row["pxname"] == "qwen" && row["svname"] != "BACKEND" && !strings.HasPrefix(row["status"], "MAINT") {
+			weights[row["addr"]] = row["weight"]
+		}
+	}
+	if len(weights) != 4 || weights[d.Addr] != "1" || weights[c.Addr] != "2" {
+		t.Fatalf("serving servers and weights %v: want a, b and c as they were, and d left alone at 1", weights)
+	}
+}

@@ -215,3 +215,22 @@ func (h *HAProxy) Apply(ctx context.Context, m target.Model) (target.Result, err
 	}
 	return res, errors.Join(errs...)
 }
+
+// Served implements syncer.Reader: the backend's servers that take new
+// requests now (not in maintenance or drain, weight above 0), with their
+// weights; heft-sync owns its slots and the servers it added.
+func (h *HAProxy) Served(ctx context.Context) ([]target.Served, error) {
+	servers, err := h.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []target.Served
+	for _, s := range servers {
+		if s.maint() || s.drain() || s.Weight <= 0 || !s.Addr.IsValid() {
+			continue
+		}
+		out = append(out, target.Served{Address: s.Addr.String(), Weight: float64(s.Weight),
+			Owned: h.opt.isSlot(s.Name) || h.opt.isAdded(s.Name)})
+	}
+	return out, nil
+}

@@ -3,6 +3,7 @@ package syncer
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -58,6 +59,9 @@ var keptReasons = []string{KeptUnlisted, KeptFloor, KeptPending}
 type Kept struct {
 	Address, WorkerID, Node, State, Reason string
 	Weight                                 float64
+	// Seeded: kept as the gateway served it before heft-sync's first
+	// change, its weight converted into the coordinator's units.
+	Seeded bool
 }
 
 func (k Kept) String() string {
@@ -65,6 +69,13 @@ func (k Kept) String() string {
 }
 
 func (k Kept) explain() string {
+	if k.Seeded {
+		return k.reason() + "; the gateway served it before heft-sync's first change"
+	}
+	return k.reason()
+}
+
+func (k Kept) reason() string {
 	if k.Reason == KeptPending {
 		return "its node " + k.Node + " waits for an admin's approval (a coordinator restarted on an empty state?): " +
 			"kept until it is approved, or for keep_unlisted once it is rejected or released"
@@ -86,6 +97,68 @@ func (k Kept) explain() string {
 type floorState struct {
 	last     *target.Model        // the desired state last offered, kept workers included
 	unlisted map[string]time.Time // address → when a serving worker was first seen unlisted
+	// seed is what the gateway served before heft-sync first offered
+	// anything (address → weight in the gateway's units), and seedKept the
+	// addresses of it still kept at that weight, converted into the
+	// coordinator's units at each offer (seedScale).
+	seed     map[string]float64
+	seedKept map[string]bool
+}
+
+// start makes what the gateway serves now the state last offered, so a
+// server the coordinator does not list as serving yet is kept the way one
+// heft-sync was serving would be. A server heft-sync does not own counts
+// only while a worker of m is at its address.
+func (st *floorState) start(seed []target.Served, m target.Model) {
+	listed := map[string]target.Backend{}
+	scheme := "http" // a server no worker is at yet: as the model's others
+	for _, b := range m.Backends {
+		listed[b.Address] = b
+		scheme = b.Scheme
+	}
+	last := target.Model{Name: m.Name}
+	st.seed, st.seedKept = map[string]float64{}, map[string]bool{}
+	for _, s := range seed {
+		b, ok := listed[s.Address]
+		if !(s.Weight > 0) || math.IsInf(s.Weight, 0) || (!s.Owned && !ok) || st.seed[s.Address] > 0 {
+			continue
+		}
+		if !ok {
+			b = target.Backend{Address: s.Address, Scheme: scheme, State: KeptUnlisted}
+		}
+		b.Serving, b.Weight = true, s.Weight
+		st.seed[s.Address], st.seedKept[s.Address] = s.Weight, true
+		last.Backends = append(last.Backends, b)
+	}
+	slices.SortFunc(last.Backends, func(a, b target.Backend) int { return cmp.Compare(a.Address, b.Address) })
+	st.last = &last
+}
+
+// seedScale converts the seed's weights into the coordinator's units: the
+// ratio of their sums over the workers both have serving, else of their
+// means (a worker not measured yet counts as an average one), else 1.
+func seedScale(seed map[string]float64, m target.Model) float64 {
+	var both, bothSeed, all float64
+	n := 0
+	for _, b := range m.Serving() {
+		all += b.Weight
+		n++
+		if w, ok := seed[b.Address]; ok {
+			both += b.Weight
+			bothSeed += w
+		}
+	}
+	if bothSeed > 0 {
+		return both / bothSeed
+	}
+	var seedSum float64
+	for _, w := range seed {
+		seedSum += w
+	}
+	if n == 0 || seedSum == 0 {
+		return 1
+	}
+	return (all / float64(n)) / (seedSum / float64(len(seed)))
 }
 
 // apply returns m with the workers the floor keeps, and which they are.
@@ -97,6 +170,16 @@ func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func
 	}
 	if st.last == nil {
 		return m, nil
+	}
+	last := *st.last
+	if len(st.seedKept) > 0 {
+		k := seedScale(st.seed, m)
+		last.Backends = slices.Clone(last.Backends)
+		for i, b := range last.Backends {
+			if st.seedKept[b.Address] {
+				last.Backends[i].Weight = st.seed[b.Address] * k
+			}
+		}
 	}
 	out := target.Model{Name: m.Name, Backends: slices.Clone(m.Backends)}
 	byAddr := map[string]int{}
@@ -122,7 +205,7 @@ func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func
 	}
 	var dropped []drop
 	seen := map[string]bool{}
-	for _, prev := range st.last.Serving() {
+	for _, prev := range last.Serving() {
 		i, listed := byAddr[prev.Address]
 		state, node := "", prev.Node
 		if listed {
@@ -163,7 +246,7 @@ func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func
 	}
 
 	// The floor: the heaviest dropped workers back until it holds.
-	lastCap := capacity(*st.last)
+	lastCap := capacity(last)
 	slices.SortStableFunc(dropped, func(a, b drop) int {
 		return cmp.Or(cmp.Compare(b.b.Weight, a.b.Weight), cmp.Compare(a.b.Address, b.b.Address))
 	})
@@ -174,6 +257,14 @@ func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func
 		keep(d.b, d.state, KeptFloor)
 	}
 	slices.SortFunc(out.Backends, func(a, b target.Backend) int { return cmp.Compare(a.Address, b.Address) })
+	for a := range st.seedKept {
+		if !slices.ContainsFunc(kept, func(k Kept) bool { return k.Address == a }) {
+			delete(st.seedKept, a) // the coordinator's weight, or let go: the seed's is done
+		}
+	}
+	for i := range kept {
+		kept[i].Seeded = st.seedKept[kept[i].Address]
+	}
 	return out, kept
 }
 

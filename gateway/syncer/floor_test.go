@@ -193,3 +193,75 @@ func TestFloorIsReported(t *testing.T) {
 		t.Fatalf("heft_sync_kept_workers{reason=floor} = %v after a came back, want 0", v)
 	}
 }
+
+// heft-sync starts while the coordinator lists every worker as not
+// measured yet: the workers the gateway serves stay as it had them, their
+// weights brought into the coordinator's units as workers are measured,
+// until the coordinator's own weights cover them all.
+func TestFloorStartsFromWhatTheGatewayServes(t *testing.T) {
+	f := Floor{MinServing: 1, KeepUnlisted: time.Minute}
+	var st floorState
+	t0 := time.Unix(1000, 0)
+	measuring := model(gwtest.Worker("m", a, view.StateMeasuring, 0),
+		gwtest.Worker("m", b, view.StateMeasuring, 0), gwtest.Worker("m", c, view.StateMeasuring, 0))
+	const d, e = "10.0.0.4:8000", "10.0.0.5:8000"
+	st.start([]target.Served{
+		{Address: a, Weight: 50, Owned: true}, {Address: b, Weight: 50, Owned: true}, {Address: c, Weight: 100, Owned: true},
+		{Address: d, Weight: 50, Owned: false}, // the operator's, and no worker is there: not heft's
+		{Address: e, Weight: 20, Owned: true},  // heft's, and no worker is there (yet)
+	}, measuring)
+	out, kept := f.apply(&st, measuring, t0, never, nil)
+	st.last = &out
+	if got := serving(out); len(got) != 4 || got[a] != 50 || got[c] != 100 || got[e] != 20 || got[d] != 0 {
+		t.Fatalf("every worker measuring: serving %v, want a, b, c and e as the gateway had them", got)
+	}
+	if len(kept) != 4 || !kept[0].Seeded || !strings.Contains(kept[0].String(), "before heft-sync's first change") {
+		t.Fatalf("kept %v", kept)
+	}
+	// a is measured at 2.0: the gateway's 50 is worth 2.0, so b is kept
+	// at 2.0, c at 4.0, e at 0.8.
+	one := model(gwtest.Worker("m", a, view.StateAdmitted, 2.0),
+		gwtest.Worker("m", b, view.StateMeasuring, 0), gwtest.Worker("m", c, view.StateMeasuring, 0))
+	out, _ = f.apply(&st, one, t0.Add(10*time.Second), never, nil)
+	st.last = &out
+	if got := serving(out); !near(got[a], 2) || !near(got[b], 2) || !near(got[c], 4) || !near(got[e], 0.8) {
+		t.Fatalf("a measured: serving %v", got)
+	}
+	// b is measured at 1.0: 50+50 is worth 3.0, so c (100) is 3.0.
+	two := model(gwtest.Worker("m", a, view.StateAdmitted, 2.0),
+		gwtest.Worker("m", b, view.StateAdmitted, 1.0), gwtest.Worker("m", c, view.StateMeasuring, 0))
+	out, _ = f.apply(&st, two, t0.Add(20*time.Second), never, nil)
+	st.last = &out
+	if got := serving(out); !near(got[a], 2) || !near(got[b], 1) || !near(got[c], 3) {
+		t.Fatalf("a and b measured: serving %v", got)
+	}
+	// c is measured; e, never listed, goes after KeepUnlisted.
+	all := model(gwtest.Worker("m", a, view.StateAdmitted, 2.0),
+		gwtest.Worker("m", b, view.StateAdmitted, 1.0), gwtest.Worker("m", c, view.StateAdmitted, 0.5))
+	out, kept = f.apply(&st, all, t0.Add(30*time.Second), never, nil)
+	st.last = &out
+	if got := serving(out); got[c] != 0.5 || len(kept) != 1 || kept[0].Address != e {
+		t.Fatalf("all measured: serving %v kept %v", got, kept)
+	}
+	out, kept = f.apply(&st, all, t0.Add(61*time.Second), never, nil)
+	if got := serving(out); len(got) != 3 || len(kept) != 0 || len(st.seedKept) != 0 {
+		t.Fatalf("after keep_unlisted: serving %v kept %v seed kept %v", got, kept, st.seedKept)
+	}
+}
+
+// A server the operator listed (not heft's) is kept only while a worker
+// of the coordinator is at its address, and a worker the coordinator
+// holds is drained as it would be without a seed.
+func TestFloorSeedRespectsOwnershipAndHolds(t *testing.T) {
+	f := Floor{MinServing: 1, KeepUnlisted: time.Minute}
+	var st floorState
+	m := model(gwtest.Worker("m", a, view.StateMeasuring, 0), gwtest.Worker("m", b, view.StateHeld, 1), gwtest.Worker("m", c, view.StateAdmitted, 1))
+	st.start([]target.Served{{Address: a, Weight: 5}, {Address: b, Weight: 5, Owned: true}, {Address: "10.0.0.9:8000", Weight: 5}}, m)
+	out, kept := f.apply(&st, m, time.Unix(1000, 0), never, nil)
+	// a counts as an average worker: the seed's mean (5) is worth c's 1.
+	if got := serving(out); len(got) != 2 || !near(got[a], 1) || got[c] != 1 || len(kept) != 1 {
+		t.Fatalf("serving %v kept %v: want the operator's a kept (a worker is there) at 1, held b drained", got, kept)
+	}
+}
+
+func near(x, want float64) bool { return x > want*0.999 && x < want*1.001 }

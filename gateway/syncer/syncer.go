@@ -35,6 +35,19 @@ type Watcher interface {
 	Watch(ctx context.Context, lost func())
 }
 
+// Reader is a target that can say what its gateway sends new requests to
+// now. Before heft-sync has applied anything, the floor starts from it:
+// a heft-sync that starts, or restarts, while the coordinator lists
+// workers the gateway serves as not measured yet keeps them as the gateway
+// had them, instead of taking them out.
+type Reader interface {
+	Served(ctx context.Context) ([]target.Served, error)
+}
+
+// seedTimeout bounds the one read of a gateway's servers before the first
+// apply: it runs on the goroutine that follows the coordinator.
+const seedTimeout = 5 * time.Second
+
 const (
 	resultUnchanged = "unchanged"
 	resultChanged   = "changed"
@@ -210,6 +223,7 @@ type runner struct {
 
 	wake    chan struct{}
 	dropped map[string]bool // the workers the last apply left out (run's goroutine only)
+	seeded  bool            // the gateway's servers were asked for, once (s.evalMu held)
 
 	mu          sync.Mutex
 	pending     *target.Model // the newest desired state, not yet taken
@@ -225,6 +239,18 @@ type runner struct {
 }
 
 func (r *runner) offer(m target.Model, problems []string, models []string, now time.Time, mayDrop func(string) bool, pending map[string]bool) {
+	var seed *[]target.Served
+	if len(m.Backends) > 0 && !r.seeded {
+		r.mu.Lock()
+		fresh := r.floor.last == nil && !r.applied
+		r.mu.Unlock()
+		if fresh {
+			if s, ok := r.readSeed(m); ok {
+				seed = &s
+			}
+		}
+		r.seeded = true
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p := strings.Join(problems, "; "); p != r.problems {
@@ -244,6 +270,9 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 		return
 	}
 	r.emptyLogged = false
+	if seed != nil {
+		r.floor.start(*seed, m)
+	}
 	m = r.keep(m, now, mayDrop, pending)
 	if r.offered != nil && r.offered.Equal(m) {
 		return
@@ -253,6 +282,52 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// readSeed reads what the gateway serves now, with each server's address
+// written as the coordinator writes it where they resolve alike. ok is
+// false when the target could not say: the floor then starts from the
+// coordinator's state alone.
+func (r *runner) readSeed(m target.Model) (seed []target.Served, ok bool) {
+	rd, is := target.As[Reader](r.t)
+	if !is {
+		return nil, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), min(seedTimeout, r.s.timeout))
+	defer cancel()
+	seed, err := rd.Served(ctx)
+	if err != nil {
+		r.log.Warn("could not read what the gateway serves now; a worker it serves that the coordinator has not measured yet is taken out of it", "error", err)
+		return nil, false
+	}
+	for i := range seed {
+		seed[i].Address = sameAddress(ctx, seed[i].Address, m)
+	}
+	if len(seed) > 0 {
+		r.log.Info("read what the gateway serves before heft-sync's first change", "servers", len(seed))
+	}
+	return seed, true
+}
+
+// sameAddress is the address of m's worker at addr: the same text, or one
+// that resolves to addr (HAProxy shows an IP where the coordinator may
+// have a name); else addr.
+func sameAddress(ctx context.Context, addr string, m target.Model) string {
+	for _, b := range m.Backends {
+		if b.Address == addr {
+			return addr
+		}
+	}
+	want, err := target.Resolve(ctx, addr)
+	if err != nil {
+		return addr
+	}
+	for _, b := range m.Backends {
+		if got, err := target.Resolve(ctx, b.Address); err == nil && got == want {
+			return b.Address
+		}
+	}
+	return addr
 }
 
 func (r *runner) run(ctx context.Context) {

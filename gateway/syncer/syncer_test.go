@@ -148,3 +148,56 @@ func TestPrefillTargetGetsPrefillWeights(t *testing.T) {
 		t.Errorf("applied %+v, want the prefill weight 1.8", got)
 	}
 }
+
+// reading is a fake whose gateway serves some servers already.
+type reading struct {
+	fake
+	served []target.Served
+	err    error
+	reads  int
+}
+
+func (r *reading) Served(context.Context) ([]target.Served, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reads++
+	return r.served, r.err
+}
+
+// The first state lists every worker as measuring: with a gateway that
+// says what it serves, the first apply keeps those workers serving; with
+// one that cannot say, they are drained, as before there was a seed.
+func TestFirstApplyKeepsWhatTheGatewayServes(t *testing.T) {
+	const a, b = "10.0.0.1:8000", "10.0.0.2:8000"
+	first := snap(gwtest.Worker("m", a, view.StateMeasuring, 0), gwtest.Worker("m", b, view.StateMeasuring, 0))
+	for _, tc := range []struct {
+		name    string
+		err     error
+		serving int
+	}{{"reads", nil, 2}, {"cannot read", errors.New("socket gone"), 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &reading{served: []target.Served{{Address: a, Weight: 30, Owned: true}, {Address: b, Weight: 10, Owned: true}}, err: tc.err}
+			m := NewMetrics([]string{g.Name()})
+			s := New([]target.Target{g}, m, time.Hour, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { s.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+			s.Update(first)
+			htest.Eventually(t, "the first apply", 5*time.Second, func() bool { return g.count() >= 1 })
+			g.mu.Lock()
+			applied, reads := g.applied[0], g.reads
+			g.mu.Unlock()
+			if got := serving(applied); len(got) != tc.serving || (tc.serving > 0 && got[a] != 3*got[b]) {
+				t.Fatalf("first apply serves %v, want %d servers as the gateway had them", got, tc.serving)
+			}
+			s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1), gwtest.Worker("m", b, view.StateMeasuring, 0)))
+			g.mu.Lock()
+			reads = g.reads - reads
+			g.mu.Unlock()
+			if reads != 0 {
+				t.Fatalf("the gateway was read %d more times after the first state", reads)
+			}
+		})
+	}
+}

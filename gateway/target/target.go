@@ -165,3 +165,15 @@ func Reason(err error) string {
 	}
 	return ReasonOther
 }
+
+// Served is one server a gateway sends new requests to now, as the gateway
+// has it: its address and its weight, in the gateway's own units.
+type Served struct {
+	Address string
+	Weight  float64
+	// Owned: heft-sync owns the server whether or not the coordinator
+	// lists a worker at its address (an HAProxy slot or server heft-sync
+	// added, any line of the nginx file heft-sync writes). A server the
+	// operator listed in HAProxy is heft's only while a worker is there.
+	Owned bool
+}
