@@ -16,12 +16,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"gopkg.in/yaml.v3"
 
 	"heft/gateway/filewrite"
 	"heft/gateway/render"
@@ -53,8 +57,11 @@ type File struct {
 	timeout time.Duration
 	log     hclog.Logger
 
-	mu             sync.Mutex
-	models         map[string][]Deployment // by Config.ModelName: two tables may follow one model (decode and prefill)
+	mu     sync.Mutex
+	models map[string][]Deployment // by Config.ModelName: two tables may follow one model (decode and prefill)
+	// names are the ModelNames of the tables writing the file: the entries
+	// of one that has applied nothing yet are kept as the file has them.
+	names          map[string]bool
 	commandPending bool
 }
 
@@ -81,7 +88,7 @@ func NewFile(path string, command []string, timeout time.Duration, logger hclog.
 	if timeout <= 0 {
 		timeout = 60 * time.Second
 	}
-	return &File{path: path, command: command, timeout: timeout, models: map[string][]Deployment{},
+	return &File{path: path, command: command, timeout: timeout, models: map[string][]Deployment{}, names: map[string]bool{},
 		log: logger.Named("litellm").With("file", path)}, nil
 }
 
@@ -108,6 +115,9 @@ func (f *File) Target(cfg Config) (*Target, error) {
 	if cfg.Provider == "" {
 		cfg.Provider = "hosted_vllm"
 	}
+	f.mu.Lock()
+	f.names[cfg.ModelName] = true
+	f.mu.Unlock()
 	return &Target{f: f, cfg: cfg}, nil
 }
 
@@ -135,13 +145,13 @@ func (f *File) put(ctx context.Context, modelName string, ds []Deployment) ([]st
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.models[modelName] = ds
-	data, err := f.render()
-	if err != nil {
-		return nil, target.Fail(target.ReasonOther, err)
-	}
 	old, err := filewrite.Read(f.path)
 	if err != nil {
 		return nil, target.Fail(target.ReasonWrite, err)
+	}
+	data, err := f.render(f.notYetApplied(old))
+	if err != nil {
+		return nil, target.Fail(target.ReasonOther, err)
 	}
 	var changes []string
 	if !bytes.Equal(old, data) {
@@ -161,8 +171,70 @@ func (f *File) put(ctx context.Context, modelName string, ds []Deployment) ([]st
 	return changes, nil
 }
 
-func (f *File) render() ([]byte, error) {
-	var all []Deployment
+// notYetApplied is what the file holds now of the tables that have
+// applied nothing since heft-sync started (f.mu held): one table's first
+// write must not take the others' deployments out of LiteLLM, least of all
+// those of a model the coordinator lists no worker of.
+func (f *File) notYetApplied(old []byte) []Deployment {
+	if old == nil {
+		return nil
+	}
+	ds, err := readModelList(old)
+	if err != nil {
+		f.log.Warn("the file as it is cannot be read; it is written again from heft's state alone", "error", err)
+		return nil
+	}
+	var keep []Deployment
+	for _, d := range ds {
+		if _, applied := f.models[d.ModelName]; f.names[d.ModelName] && !applied {
+			keep = append(keep, d)
+		}
+	}
+	return keep
+}
+
+// readModelList reads the model_list of a file heft-sync wrote.
+func readModelList(data []byte) ([]Deployment, error) {
+	var doc struct {
+		ModelList []Deployment `yaml:"model_list"`
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	return doc.ModelList, nil
+}
+
+// Served implements syncer.Reader: the file's deployments of this table's
+// model name, by the address of their api_base, with their weights.
+func (t *Target) Served(context.Context) ([]target.Served, error) {
+	old, err := filewrite.Read(t.f.path)
+	if err != nil || old == nil {
+		return nil, err
+	}
+	ds, err := readModelList(old)
+	if err != nil {
+		return nil, err
+	}
+	var out []target.Served
+	for _, d := range ds {
+		u, err := url.Parse(d.LiteLLMParams.APIBase)
+		if d.ModelName != t.cfg.ModelName || err != nil || u.Host == "" || !(d.LiteLLMParams.Weight > 0) {
+			continue
+		}
+		port := u.Port()
+		if port == "" {
+			port = "80"
+			if u.Scheme == "https" {
+				port = "443"
+			}
+		}
+		out = append(out, target.Served{Address: net.JoinHostPort(u.Hostname(), port), Weight: d.LiteLLMParams.Weight, Owned: true})
+	}
+	return out, nil
+}
+
+func (f *File) render(carried []Deployment) ([]byte, error) {
+	all := slices.Clone(carried)
 	for _, ds := range f.models {
 		all = append(all, ds...)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -177,5 +178,71 @@ func TestPrefillBackendBesideDecode(t *testing.T) {
 		if d.ModelName != w.name || d.LiteLLMParams["weight"] != w.weight || d.ModelInfo["max_input_tokens"] != w.maxIn {
 			t.Errorf("deployment %d: %+v, want %+v\n%s", i, d, w, data)
 		}
+	}
+}
+
+// heft-sync restarts: the file holds what the last one wrote for two
+// tables. The first table to apply leaves the other's deployments as they
+// are until that table applies (it may never: the coordinator may list no
+// worker of its model), and drops those of a name no table writes. Each
+// table reads its own deployments back as what LiteLLM serves.
+func TestRestartKeepsTheOtherTablesDeployments(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "heft-models.yaml")
+	const before = `model_list:
+  - model_name: qwen
+    litellm_params: {model: hosted_vllm/Qwen/Qwen3-8B, api_base: "http://10.0.0.1:8000/v1", weight: 1.5}
+  - model_name: qwen
+    litellm_params: {model: hosted_vllm/Qwen/Qwen3-8B, api_base: "https://engine-2.internal/v1", weight: 0.5}
+  - model_name: other
+    litellm_params: {model: hosted_vllm/other, api_base: "http://10.0.0.9:9000/v1", weight: 1}
+  - model_name: gone
+    litellm_params: {model: hosted_vllm/gone, api_base: "http://10.0.0.8:9000/v1", weight: 1}
+`
+	if err := os.WriteFile(path, []byte(before), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := litellm.NewFile(path, nil, 0, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	qwen, _ := f.Target(litellm.Config{Model: model, ModelName: "qwen"})
+	other, _ := f.Target(litellm.Config{Model: "other"})
+	served, err := qwen.Served(context.Background())
+	want := []target.Served{{Address: "10.0.0.1:8000", Weight: 1.5, Owned: true}, {Address: "engine-2.internal:443", Weight: 0.5, Owned: true}}
+	if err != nil || !slices.Equal(served, want) {
+		t.Fatalf("Served = %+v, %v; want %+v", served, err, want)
+	}
+
+	m, _ := target.ForModel(model, []coord.Worker{gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1)})
+	if _, err := qwen.Apply(context.Background(), m); err != nil {
+		t.Fatal(err)
+	}
+	names := func() []string {
+		var out []string
+		for _, d := range read(t, path).ModelList {
+			out = append(out, d.ModelName+" "+d.LiteLLMParams["api_base"].(string))
+		}
+		return out
+	}
+	if got := names(); !slices.Equal(got, []string{"other http://10.0.0.9:9000/v1", "qwen http://10.0.0.1:8000/v1"}) {
+		t.Fatalf("after qwen's first apply: %q", got)
+	}
+	om, _ := target.ForModel("other", []coord.Worker{gwtest.Worker("other", "10.0.0.7:9000", view.StateAdmitted, 1)})
+	if _, err := other.Apply(context.Background(), om); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(); !slices.Equal(got, []string{"other http://10.0.0.7:9000/v1", "qwen http://10.0.0.1:8000/v1"}) {
+		t.Fatalf("after other's first apply: %q", got)
+	}
+	// A file that cannot be read is written again from heft's state.
+	if err := os.WriteFile(path, []byte("model_list: [unclosed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qwen.Served(context.Background()); err == nil {
+		t.Fatal("Served read a broken file")
+	}
+	m2, _ := target.ForModel(model, []coord.Worker{gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 2)})
+	if _, err := qwen.Apply(context.Background(), m2); err != nil || len(names()) != 2 {
+		t.Fatalf("after a broken file: %q, %v", names(), err)
 	}
 }
