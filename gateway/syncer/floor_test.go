@@ -1,6 +1,7 @@
 package syncer
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -265,3 +266,14 @@ func TestFloorSeedRespectsOwnershipAndHolds(t *testing.T) {
 }
 
 func near(x, want float64) bool { return x > want*0.999 && x < want*1.001 }
+
+// HAProxy shows the IP of a server the coordinator names by host.
+func TestSeedAddressesMatchByResolving(t *testing.T) {
+	m := model(gwtest.Worker("m", "localhost:8000", view.StateMeasuring, 0), gwtest.Worker("m", a, view.StateMeasuring, 0))
+	names := addressesOf(context.Background(), m)
+	for in, want := range map[string]string{"127.0.0.1:8000": "localhost:8000", a: a, "10.0.0.7:8000": "10.0.0.7:8000"} {
+		if got := names.of(context.Background(), in); got != want {
+			t.Errorf("of(%s) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -300,8 +301,9 @@ func (r *runner) readSeed(m target.Model) (seed []target.Served, ok bool) {
 		r.log.Warn("could not read what the gateway serves now; a worker it serves that the coordinator has not measured yet is taken out of it", "error", err)
 		return nil, false
 	}
+	names := addressesOf(ctx, m)
 	for i := range seed {
-		seed[i].Address = sameAddress(ctx, seed[i].Address, m)
+		seed[i].Address = names.of(ctx, seed[i].Address)
 	}
 	if len(seed) > 0 {
 		r.log.Info("read what the gateway serves before heft-sync's first change", "servers", len(seed))
@@ -309,22 +311,34 @@ func (r *runner) readSeed(m target.Model) (seed []target.Served, ok bool) {
 	return seed, true
 }
 
-// sameAddress is the address of m's worker at addr: the same text, or one
-// that resolves to addr (HAProxy shows an IP where the coordinator may
-// have a name); else addr.
-func sameAddress(ctx context.Context, addr string, m target.Model) string {
+// workerAddresses are m's worker addresses as written, and each one's
+// resolved form, looked up once (HAProxy shows an IP where the
+// coordinator may have a name).
+type workerAddresses struct {
+	written  map[string]bool
+	resolved map[netip.AddrPort]string
+}
+
+func addressesOf(ctx context.Context, m target.Model) workerAddresses {
+	w := workerAddresses{written: map[string]bool{}, resolved: map[netip.AddrPort]string{}}
 	for _, b := range m.Backends {
-		if b.Address == addr {
-			return addr
+		w.written[b.Address] = true
+		if a, err := target.Resolve(ctx, b.Address); err == nil {
+			w.resolved[a] = b.Address
 		}
 	}
-	want, err := target.Resolve(ctx, addr)
-	if err != nil {
+	return w
+}
+
+// of is the address of m's worker at addr: the same text, or one that
+// resolves alike; else addr.
+func (w workerAddresses) of(ctx context.Context, addr string) string {
+	if w.written[addr] {
 		return addr
 	}
-	for _, b := range m.Backends {
-		if got, err := target.Resolve(ctx, b.Address); err == nil && got == want {
-			return b.Address
+	if a, err := target.Resolve(ctx, addr); err == nil {
+		if name, ok := w.resolved[a]; ok {
+			return name
 		}
 	}
 	return addr
