@@ -240,16 +240,12 @@ type runner struct {
 }
 
 func (r *runner) offer(m target.Model, problems []string, models []string, now time.Time, mayDrop func(string) bool, pending map[string]bool) {
-	var seed *[]target.Served
+	// The first state with a worker of the model is the first offer the
+	// floor sees, so nothing has been applied yet: read the gateway then.
+	var seed []target.Served
+	haveSeed := false
 	if len(m.Backends) > 0 && !r.seeded {
-		r.mu.Lock()
-		fresh := r.floor.last == nil && !r.applied
-		r.mu.Unlock()
-		if fresh {
-			if s, ok := r.readSeed(m); ok {
-				seed = &s
-			}
-		}
+		seed, haveSeed = r.readSeed(m)
 		r.seeded = true
 	}
 	r.mu.Lock()
@@ -271,8 +267,8 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 		return
 	}
 	r.emptyLogged = false
-	if seed != nil {
-		r.floor.start(*seed, m)
+	if haveSeed {
+		r.floor.start(seed, m)
 	}
 	m = r.keep(m, now, mayDrop, pending)
 	if r.offered != nil && r.offered.Equal(m) {
