@@ -32,6 +32,9 @@ func TestSyncUnitKeepsNoPrivilege(t *testing.T) {
 	if rw := strings.Join(keys["ReadWritePaths"], " "); !strings.Contains(rw, "-/etc/nginx/heft") || !strings.Contains(rw, "-/etc/litellm/heft") {
 		t.Errorf("ReadWritePaths = %q, want the optional nginx and LiteLLM folders", rw)
 	}
+	if sd := keys["StateDirectory"]; len(sd) == 0 || sd[len(sd)-1] != "heft-sync" {
+		t.Errorf("StateDirectory = %v, want heft-sync: the sample config keeps Envoy's state_file under /var/lib/heft-sync", sd)
+	}
 	if af := strings.Join(keys["RestrictAddressFamilies"], " "); !strings.Contains(af, "AF_UNIX") {
 		t.Errorf("RestrictAddressFamilies = %q: HAProxy's socket and systemctl need AF_UNIX", af)
 	}

@@ -98,7 +98,7 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 			errs = append(errs, err)
 			continue
 		}
-		add(s.Cluster(e.Model, e.ClusterName()), nil, e.Selection)
+		add(s.Cluster(e.Model, e.ClusterName()).KeepingState(e.StateFile), nil, e.Selection)
 	}
 	files := map[string]*litellm.File{}
 	for _, l := range cfg.LiteLLM {

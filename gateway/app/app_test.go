@@ -58,6 +58,7 @@ type rig struct {
 	cancel  context.CancelFunc
 	done    chan error
 	litellm string
+	envoy   string // the [[envoy]] table's state_file
 }
 
 func start(t *testing.T, resync time.Duration) *rig {
@@ -68,6 +69,7 @@ func start(t *testing.T, resync time.Duration) *rig {
 	r.nx = gwtest.StartNginx(t, gwtest.NginxConf(nginxHTTP), "upstream qwen { server "+r.c.Addr+"; }\n")
 	r.listen = fmt.Sprintf("127.0.0.1:%d", gwtest.FreePort(t))
 	r.litellm = filepath.Join(t.TempDir(), "models.yaml")
+	r.envoy = filepath.Join(t.TempDir(), "envoy-qwen.json")
 	q := func(xs []string) string {
 		var out []string
 		for _, x := range xs {
@@ -93,10 +95,11 @@ reload = %s
 [[envoy]]
 listen = "127.0.0.1:0"
 model = %q
+state_file = %q
 [[litellm]]
 model = %q
 file = %q
-`, r.listen, resync.String(), r.coord.URL(), model, r.hx.Socket, model, r.nx.Upstream, q(r.nx.Check()), q(r.nx.Reload()), model, model, r.litellm)
+`, r.listen, resync.String(), r.coord.URL(), model, r.hx.Socket, model, r.nx.Upstream, q(r.nx.Check()), q(r.nx.Reload()), model, r.envoy, model, r.litellm)
 	path := filepath.Join(t.TempDir(), "heft-sync.toml")
 	if err := os.WriteFile(path, []byte(toml), 0o644); err != nil {
 		t.Fatal(err)
@@ -252,6 +255,9 @@ func TestHeftSyncEndToEnd(t *testing.T) {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+	if data, err := os.ReadFile(r.envoy); err != nil || strings.Count(string(data), `"address"`) != 2 {
+		t.Errorf("Envoy's state file: %v\n%s", err, data)
 	}
 }
 

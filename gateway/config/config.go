@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -139,7 +140,8 @@ func (c *Config) command() settings.Command {
 			fileOnly(settings.List("envoy", &c.Envoy, "an Envoy cluster over xDS", settings.ListOf[Envoy]{Fields: func(e *Envoy) []settings.Setting {
 				return []settings.Setting{
 					settings.String("listen", &e.Listen, ""), settings.String("model", &e.Model, ""),
-					settings.String("cluster", &e.Cluster, ""), settings.String("kind", &e.Kind, ""), settings.Int("min_context_tokens", &e.MinContextTokens, ""),
+					settings.String("cluster", &e.Cluster, ""), settings.String("state_file", &e.StateFile, ""),
+					settings.String("kind", &e.Kind, ""), settings.Int("min_context_tokens", &e.MinContextTokens, ""),
 				}
 			}})),
 			fileOnly(settings.List("litellm", &c.LiteLLM, "a LiteLLM model_list file", settings.ListOf[LiteLLM]{Fields: func(l *LiteLLM) []settings.Setting {
@@ -274,6 +276,9 @@ func (c Config) Validate() error {
 	for i, e := range c.Envoy {
 		table("envoy", i, e.Config.Validate(), e.Selection.Validate())
 		dup("envoy", "listen "+e.Listen+" cluster "+e.ClusterName())
+		if e.StateFile != "" {
+			dup("envoy", "state_file "+filepath.Clean(e.StateFile))
+		}
 	}
 	commands := map[string]string{}
 	for i, l := range c.LiteLLM {

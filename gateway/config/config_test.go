@@ -28,6 +28,7 @@ reload = ["nginx", "-s", "reload"]
 [[envoy]]
 listen = "127.0.0.1:18000"
 model = "Qwen/Qwen3-8B"
+state_file = "/var/lib/heft-sync/envoy-qwen.json"
 [[litellm]]
 model = "Qwen/Qwen3-8B"
 file = "/etc/litellm/heft.yaml"
@@ -51,7 +52,7 @@ func TestLoadFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Resync != 2*time.Second || len(c.HAProxy) != 1 || c.HAProxy[0].Order != "weight" || len(c.Nginx[0].Directives) != 2 ||
-		c.Envoy[0].ClusterName() != "Qwen/Qwen3-8B" || c.LiteLLM[0].Command[0] != "systemctl" || c.Nginx[0].Check != nil {
+		c.Envoy[0].ClusterName() != "Qwen/Qwen3-8B" || c.Envoy[0].StateFile != "/var/lib/heft-sync/envoy-qwen.json" || c.LiteLLM[0].Command[0] != "systemctl" || c.Nginx[0].Check != nil {
 		t.Fatalf("%+v", c)
 	}
 }
@@ -94,6 +95,11 @@ upstream = "qwen2"
 [[envoy]]
 model = "m"
 listen = "18000"
+state_file = "/var/lib/heft-sync/m.json"
+[[envoy]]
+model = "n"
+listen = "127.0.0.1:18000"
+state_file = "/var/lib/heft-sync/./m.json"
 [[litellm]]
 model = "m"
 file = "/tmp/x.yaml"
@@ -108,7 +114,7 @@ command = ["b"]
 		t.Fatal("took a bad config")
 	}
 	for _, want := range []string{"listen \"nope\"", "log_level", "url \"ws://x\"", "[[haproxy]] #1: socket is empty", "[[haproxy]] #1: order \"random\"",
-		"[[nginx]] #1: file \"relative.conf\" is not an absolute path", "[[nginx]] #1: check and reload must name a command", "two [[nginx]] tables", "listen \"18000\"", "different commands"} {
+		"[[nginx]] #1: file \"relative.conf\" is not an absolute path", "[[nginx]] #1: check and reload must name a command", "two [[nginx]] tables", "listen \"18000\"", "different commands", "two [[envoy]] tables name state_file /var/lib/heft-sync/m.json"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error lacks %q:\n%v", want, err)
 		}

@@ -16,8 +16,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -67,6 +69,9 @@ type Config struct {
 	Listen  string
 	Model   string
 	Cluster string // default: the model name
+	// StateFile, when set, keeps what heft-sync last published for the
+	// cluster, so a restarted heft-sync starts from what Envoy routes by.
+	StateFile string
 }
 
 // ClusterName is the cluster's name: Cluster, or the model name.
@@ -85,6 +90,9 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); c.Listen != "" && err != nil {
 		errs = append(errs, fmt.Errorf("listen %q is not host:port", c.Listen))
+	}
+	if c.StateFile != "" && (strings.HasSuffix(c.StateFile, "/") || filepath.Base(c.StateFile) == ".") {
+		errs = append(errs, fmt.Errorf("state_file %q names a folder, not a file", c.StateFile))
 	}
 	return errors.Join(errs...)
 }
@@ -176,11 +184,22 @@ func (s *Server) set(name string, cla *endpointv3.ClusterLoadAssignment) (bool, 
 type Cluster struct {
 	s           *Server
 	model, name string
+	stateFile   string
+
+	mu    sync.Mutex
+	saved []byte // the state file's content as last written
 }
 
 // Cluster returns the target that serves model as cluster name.
 func (s *Server) Cluster(model, name string) *Cluster {
 	return &Cluster{s: s, model: model, name: name}
+}
+
+// KeepingState makes c keep what it publishes in path (Config.StateFile;
+// "" keeps nothing) and returns c.
+func (c *Cluster) KeepingState(path string) *Cluster {
+	c.stateFile = path
+	return c
 }
 
 // Name implements target.Target.
@@ -238,6 +257,12 @@ func (c *Cluster) Apply(ctx context.Context, m target.Model) (target.Result, err
 	}
 	if changed {
 		res.Changes = append(res.Changes, fmt.Sprintf("published cluster %s with %d endpoints as version %s", c.name, res.Serving, version))
+	}
+	if err := c.save(cla); err != nil {
+		// Envoy has the new assignment; only a restarted heft-sync would
+		// not know it.
+		return res, errors.Join(rerr, target.Fail(target.ReasonWrite,
+			fmt.Errorf("published, but could not keep it in the state file (a restarted heft-sync would take out workers still measuring): %w", err)))
 	}
 	return res, rerr
 }
