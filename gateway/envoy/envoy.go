@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -196,9 +197,13 @@ func (s *Server) Cluster(model, name string) *Cluster {
 }
 
 // KeepingState makes c keep what it publishes in path (Config.StateFile;
-// "" keeps nothing) and returns c.
+// "" keeps nothing) and returns c. What path holds is published at once:
+// an Envoy that connects before the cluster's first apply (one started
+// while the coordinator lists no worker of the model) gets what heft-sync
+// last published, not an empty cluster.
 func (c *Cluster) KeepingState(path string) *Cluster {
 	c.stateFile = path
+	c.restore()
 	return c
 }
 
@@ -225,22 +230,32 @@ func Assignment(ctx context.Context, name string, m target.Model) (*endpointv3.C
 			errs = append(errs, target.Failf(target.ReasonResolve, "worker %s: %v", b.WorkerID, err))
 			continue
 		}
-		loc.LbEndpoints = append(loc.LbEndpoints, &endpointv3.LbEndpoint{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-					Address:       a.Addr().String(),
-					PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(a.Port())},
-				}}},
-			}},
-			HealthStatus:        corev3.HealthStatus_HEALTHY,
-			LoadBalancingWeight: wrapperspb.UInt32(uint32(ints[i])),
-		})
+		loc.LbEndpoints = append(loc.LbEndpoints, endpoint(a, uint32(ints[i])))
 	}
+	return assignment(name, loc.LbEndpoints), rounding, errors.Join(errs...)
+}
+
+// endpoint is one healthy endpoint at a with weight w.
+func endpoint(a netip.AddrPort, w uint32) *endpointv3.LbEndpoint {
+	return &endpointv3.LbEndpoint{
+		HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+			Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+				Address:       a.Addr().String(),
+				PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(a.Port())},
+			}}},
+		}},
+		HealthStatus:        corev3.HealthStatus_HEALTHY,
+		LoadBalancingWeight: wrapperspb.UInt32(w),
+	}
+}
+
+// assignment is cluster name's assignment of eps, in one locality.
+func assignment(name string, eps []*endpointv3.LbEndpoint) *endpointv3.ClusterLoadAssignment {
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
-	if len(loc.LbEndpoints) > 0 {
-		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{loc}
+	if len(eps) > 0 {
+		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: eps}}
 	}
-	return cla, rounding, errors.Join(errs...)
+	return cla
 }
 
 // Apply implements target.Target.

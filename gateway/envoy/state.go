@@ -122,6 +122,29 @@ func (c *Cluster) Served(context.Context) ([]target.Served, error) {
 	return out, nil
 }
 
+// restore publishes what the state file holds, before any apply. A file
+// that cannot be read publishes nothing: the first apply decides.
+func (c *Cluster) restore() {
+	served, err := c.Served(context.Background())
+	if err != nil {
+		c.s.log.Warn("the state file cannot be read; the cluster waits for its first apply", "cluster", c.name, "error", err)
+		return
+	}
+	if served == nil {
+		return
+	}
+	eps := make([]*endpointv3.LbEndpoint, 0, len(served))
+	for _, e := range served {
+		eps = append(eps, endpoint(netip.MustParseAddrPort(e.Address), uint32(e.Weight)))
+	}
+	if _, version, err := c.s.set(c.name, assignment(c.name, eps)); err != nil {
+		c.s.log.Warn("could not publish the state file's assignment", "cluster", c.name, "error", err)
+	} else {
+		c.s.log.Info("published what heft-sync last published before it restarted", "cluster", c.name,
+			"endpoints", len(eps), "version", version, "state_file", c.stateFile)
+	}
+}
+
 // save keeps what was just published in the state file, when it changed
 // since the last save.
 func (c *Cluster) save(cla *endpointv3.ClusterLoadAssignment) error {

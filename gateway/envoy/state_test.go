@@ -208,3 +208,91 @@ func TestStateFileValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An Envoy that connects to a restarted heft-sync before the cluster's
+// first apply (the coordinator lists no worker of the model yet) gets what
+// was last published, not an empty cluster.
+func TestStateFileIsPublishedBeforeTheFirstApply(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "qwen.json")
+	before := startServer(t).Cluster(model, "qwen").KeepingState(path)
+	if _, err := before.Apply(context.Background(), desired(gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1),
+		gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 3))); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t)
+	s.Cluster(model, "qwen").KeepingState(path)
+	last, err := before.Served(context.Background())
+	if err != nil || len(last) != 2 {
+		t.Fatalf("state file: %v, %v", last, err)
+	}
+	w := firstAssignment(t, s.Addr(), "qwen")
+	if len(w) != 2 || float64(w["10.0.0.1:8000"]) != last[0].Weight || float64(w["10.0.0.2:8000"]) != last[1].Weight {
+		t.Fatalf("before any apply Envoy got %v: want what was last published, %v", w, last)
+	}
+}
+
+// A state file that cannot be read publishes nothing: the first thing an
+// Envoy gets is the first apply.
+func TestUnreadableStateFileWaitsForTheFirstApply(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "qwen.json")
+	if err := os.WriteFile(path, []byte(`{"cluster":"qwen","model":"m","endpoints":[{"address":"10.0.0.9:8000","weight":0}]}`), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	s := startServer(t)
+	c := s.Cluster(model, "qwen").KeepingState(path)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	eds, err := endpointservice.NewEndpointDiscoveryServiceClient(dial(t, s.Addr())).StreamEndpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eds.Send(&discoveryv3.DiscoveryRequest{Node: &corev3.Node{Id: "envoy-1"}, TypeUrl: resourcev3.EndpointType,
+		ResourceNames: []string{"qwen"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Apply(context.Background(), desired(gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1))); err != nil {
+		t.Fatal(err)
+	}
+	if _, clas := recv(t, eds); len(weights(clas["qwen"])) != 1 || weights(clas["qwen"])["10.0.0.1:8000"] == 0 {
+		t.Fatalf("Envoy first got %v: want the first apply", weights(clas["qwen"]))
+	}
+}
+
+// Envoy reconnects to a restarted heft-sync saying the version it has,
+// and the new process counts its versions from 1 again. go-control-plane
+// answers a stream's first request for a resource whatever its version,
+// so one that reached the same count still sends its assignment; this
+// keeps that true across upgrades of it.
+func TestRestartedServerSendsAtTheSameCount(t *testing.T) {
+	old := startServer(t)
+	if _, err := old.Cluster(model, "qwen").Apply(context.Background(), desired(gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	node := &corev3.Node{Id: "envoy-1"}
+	eds, err := endpointservice.NewEndpointDiscoveryServiceClient(dial(t, old.Addr())).StreamEndpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eds.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"qwen"}}); err != nil {
+		t.Fatal(err)
+	}
+	had, _ := recv(t, eds)
+
+	s := startServer(t)
+	if _, err := s.Cluster(model, "qwen").Apply(context.Background(), desired(gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 1))); err != nil {
+		t.Fatal(err)
+	}
+	again, err := endpointservice.NewEndpointDiscoveryServiceClient(dial(t, s.Addr())).StreamEndpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Send(&discoveryv3.DiscoveryRequest{Node: node, TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"qwen"},
+		VersionInfo: had.VersionInfo}); err != nil {
+		t.Fatal(err)
+	}
+	if _, clas := recv(t, again); weights(clas["qwen"])["10.0.0.2:8000"] == 0 {
+		t.Fatalf("after the restart Envoy got %v", weights(clas["qwen"]))
+	}
+}
