@@ -74,6 +74,12 @@ type Options struct {
 	// RoutingCell is how long arrivals last in each of area 9's cells;
 	// 0 = 30s (3s in quick mode).
 	RoutingCell time.Duration
+	// RoutingLoads are area 9's offered loads in percent of the fleet's
+	// true capacity; empty = 30, 60, 90 (60 in quick mode).
+	RoutingLoads []int
+	// WeightMin is area 9's coordinator's weight_min, the smallest weight
+	// it gives; 0 = the coordinator's default (0.25).
+	WeightMin float64
 	// ChangeCases are area 11's cases to run, by short name (slows,
 	// restart, throttle, joins); empty = all.
 	ChangeCases []string
@@ -158,6 +164,14 @@ func Run(ctx context.Context, opts Options) (*Report, error) {
 	}
 	if f := opts.SlowFactor; f != 0 && !(f > 1 && f <= maxSlowFactor) {
 		return nil, fmt.Errorf("bench: slow factor %v: want more than 1 and at most %v", f, maxSlowFactor)
+	}
+	for _, l := range opts.RoutingLoads {
+		if l < 1 || l > 100 {
+			return nil, fmt.Errorf("bench: routing load %d %%: want 1 to 100", l)
+		}
+	}
+	if w := opts.WeightMin; w != 0 && !(w > 0 && w <= 1) {
+		return nil, fmt.Errorf("bench: weight_min %v: want more than 0 and at most 1", w)
 	}
 	if opts.LateOracle < 0 {
 		return nil, fmt.Errorf("bench: late oracle %s: want a delay of 0 or more", opts.LateOracle)

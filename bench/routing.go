@@ -106,6 +106,8 @@ type routingPlan struct {
 	Quiet    int           // sequential requests per policy; 0 = no quiet case
 	Checks   bool          // the offline and coordinator-kill checks
 	Tokens   int           // output tokens per request
+	// WeightMin is the coordinator's weight_min; 0 = its default.
+	WeightMin float64
 }
 
 // routingPlanFor is the plan of a full or quick run.
@@ -127,6 +129,13 @@ func (e *env) routingPlanFor() routingPlan {
 	if e.opts.RoutingCell > 0 {
 		p.Cell = e.opts.RoutingCell
 	}
+	if len(e.opts.RoutingLoads) > 0 {
+		p.Loads = nil
+		for _, l := range e.opts.RoutingLoads {
+			p.Loads = append(p.Loads, float64(l)/100)
+		}
+	}
+	p.WeightMin = e.opts.WeightMin
 	return p
 }
 

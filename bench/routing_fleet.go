@@ -122,8 +122,12 @@ func (e *env) startRoutingFleet(ctx context.Context, plan routingPlan) (_ *routi
 	e.logf("routing: starting the fleet (coordinator, %d heft-sims, their agents)", len(routingWorkers))
 	// Probation off: the cells compare heft's earned weights, not the cap
 	// of 1 a new worker gets for its first hour.
-	f.co, err = e.startCoordinator(ctx, name+"-coordinator", fmt.Sprintf("offline_grace = %q", routeOfflineGrace),
-		fmt.Sprintf("stale_weight_ttl = %q", routeOfflineGrace), `probation = "0s"`)
+	coArgs := []string{fmt.Sprintf("offline_grace = %q", routeOfflineGrace),
+		fmt.Sprintf("stale_weight_ttl = %q", routeOfflineGrace), `probation = "0s"`}
+	if plan.WeightMin > 0 {
+		coArgs = append(coArgs, fmt.Sprintf("weight_min = %v", plan.WeightMin))
+	}
+	f.co, err = e.startCoordinator(ctx, name+"-coordinator", coArgs...)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"heft/coordinator/fleet"
 )
 
 // routingTolerance is the target: heft's weights within 3 % of
@@ -263,8 +265,13 @@ func (r *routingResult) notes() []string {
 			trueW = append(trueW, fmt.Sprintf("%s %s", c.Name, num(caps[i]/med, 3)))
 		}
 	}
+	weightMin, whose := r.Plan.WeightMin, "weight_min"
+	if weightMin == 0 {
+		weightMin, whose = fleet.DefaultConfig().WeightMin, "its default weight_min"
+	}
 	out = append(out, "heft's weights (coordinator, after the agents' probes): "+strings.Join(heftW, ", ")+
-		"; true weights (true capacity / median): "+strings.Join(trueW, ", ")+".")
+		"; true weights (true capacity / median): "+strings.Join(trueW, ", ")+
+		fmt.Sprintf("; the coordinator gives no weight under %v (%s), so a worker truly below it is routed at it.", weightMin, whose))
 	if r.Caps != "" {
 		out = append(out, "The coordinator's view of what each engine runs at once: "+r.Caps+".")
 	}

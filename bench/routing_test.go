@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -188,6 +189,30 @@ func TestNotWorse(t *testing.T) {
 	} {
 		if got := notWorse(Summarize(c.ratios), 0.03, c.up); got != c.want {
 			t.Errorf("notWorse(%v, up=%v) = %q, want %q", c.ratios, c.up, got, c.want)
+		}
+	}
+}
+
+// --routing-loads and --weight-min reach area 9's plan, its coordinator's
+// config and its notes; values out of range are refused.
+func TestRoutingLoadsAndWeightMin(t *testing.T) {
+	p := (&env{opts: Options{RoutingLoads: []int{30, 90}, WeightMin: 0.1}}).routingPlanFor()
+	if len(p.Loads) != 2 || p.Loads[0] != 0.3 || p.Loads[1] != 0.9 || p.WeightMin != 0.1 {
+		t.Fatalf("plan loads %v, weight_min %v", p.Loads, p.WeightMin)
+	}
+	if d := (&env{}).routingPlanFor(); len(d.Loads) != 3 || d.WeightMin != 0 {
+		t.Fatalf("default plan loads %v, weight_min %v", d.Loads, d.WeightMin)
+	}
+	for plan, want := range map[float64]string{0.1: "no weight under 0.1 (weight_min)", 0: "no weight under 0.25 (its default weight_min)"} {
+		r := &routingResult{Plan: routingPlan{WeightMin: plan}}
+		if notes := strings.Join(r.notes(), "\n"); !strings.Contains(notes, want) {
+			t.Errorf("weight_min %v: the notes lack %q:\n%s", plan, want, notes)
+		}
+	}
+	for _, o := range []Options{{RoutingLoads: []int{0}}, {RoutingLoads: []int{101}}, {WeightMin: -1}, {WeightMin: 2}, {WeightMin: math.NaN()}} {
+		o.Areas, o.Bin = []int{AreaRouting}, t.TempDir()
+		if _, err := Run(t.Context(), o); err == nil || !(strings.Contains(err.Error(), "routing load") || strings.Contains(err.Error(), "weight_min")) {
+			t.Errorf("%+v: %v, want it refused", o, err)
 		}
 	}
 }

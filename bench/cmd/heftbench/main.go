@@ -3,7 +3,7 @@
 // them all to a file. See bench/README.md.
 //
 //	heftbench [--quick] [--areas 1,2,5] [--bin DIR] [--out FILE] [--runs N] [--agents 1000,5000,10000]
-//	          [--routing-seeds N] [--routing-cell 30s] [--cases slows,restart,throttle,joins]
+//	          [--routing-seeds N] [--routing-cell 30s] [--routing-loads 30,60,90] [--weight-min 0.25] [--cases slows,restart,throttle,joins]
 //
 // Without --bin it builds the binaries it needs into a temporary folder.
 // `heftbench follow-log` is the child process of area 6's log benchmark.
@@ -51,6 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	window := fs.Duration("agent-window", 0, "area 6: how long the agent is sampled (default 60s; quick 3s)")
 	routingSeeds := fs.Int("routing-seeds", 0, "area 9: arrival schedules per load (default 2; quick 1)")
 	routingCell := fs.Duration("routing-cell", 0, "area 9: how long arrivals last in each cell (default 30s; quick 3s)")
+	routingLoads := fs.String("routing-loads", "", "area 9: offered loads in percent of the fleet's true capacity, comma-separated (default 30,60,90; quick 60)")
+	weightMin := fs.Float64("weight-min", 0, "area 9: the coordinator's weight_min, its smallest weight (default: the coordinator's, 0.25)")
 	cases := fs.String("cases", "", "area 11: comma-separated cases to run: slows, restart, throttle, joins (default all)")
 	keep := fs.Bool("keep", false, "leave the work folder (every process's logs, configs and state) in place and print its path")
 	probeBusy := fs.String("probe-busy", "", "area 11: the agents' probe.busy: wait, drain or passive-only (default wait)")
@@ -69,13 +71,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	opts := bench.Options{Quick: *quick, Runs: *runs, Bin: *bin, LogBytes: *logMB * 1_000_000, AgentWindow: *window,
-		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, ProbeBusy: *probeBusy, ChangeWindow: *changeWindow, PaceWindow: *paceWindow, LateOracle: *lateOracle, SlowFactor: *slowFactor, Keep: *keep, Progress: stderr, Out: stdout}
+		RoutingSeeds: *routingSeeds, RoutingCell: *routingCell, WeightMin: *weightMin, ProbeBusy: *probeBusy, ChangeWindow: *changeWindow, PaceWindow: *paceWindow, LateOracle: *lateOracle, SlowFactor: *slowFactor, Keep: *keep, Progress: stderr, Out: stdout}
 	if *cases != "" {
 		opts.ChangeCases = strings.Split(*cases, ",")
 	}
 	var err error
 	if opts.Areas, err = ints(*areas); err != nil {
 		fmt.Fprintf(stderr, "heftbench: --areas: %v\n", err)
+		return 2
+	}
+	if opts.RoutingLoads, err = ints(*routingLoads); err != nil {
+		fmt.Fprintf(stderr, "heftbench: --routing-loads: %v\n", err)
 		return 2
 	}
 	if opts.Agents, err = ints(*agents); err != nil {
