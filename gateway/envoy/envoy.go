@@ -222,7 +222,7 @@ func Assignment(ctx context.Context, name string, m target.Model) (*endpointv3.C
 		fs[i] = b.Weight
 	}
 	ints, rounding := scale.Ints(fs, MaxWeight)
-	loc := &endpointv3.LocalityLbEndpoints{}
+	var eps []*endpointv3.LbEndpoint
 	var errs []error
 	for i, b := range serving {
 		a, err := target.Resolve(ctx, b.Address)
@@ -230,9 +230,9 @@ func Assignment(ctx context.Context, name string, m target.Model) (*endpointv3.C
 			errs = append(errs, target.Failf(target.ReasonResolve, "worker %s: %v", b.WorkerID, err))
 			continue
 		}
-		loc.LbEndpoints = append(loc.LbEndpoints, endpoint(a, uint32(ints[i])))
+		eps = append(eps, endpoint(a, uint32(ints[i])))
 	}
-	return assignment(name, loc.LbEndpoints), rounding, errors.Join(errs...)
+	return assignment(name, eps), rounding, errors.Join(errs...)
 }
 
 // endpoint is one healthy endpoint at a with weight w.
