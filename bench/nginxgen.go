@@ -12,13 +12,16 @@ import (
 )
 
 // waitNginxOneGeneration waits until nginx's master has exactly the
-// workers of one configuration: gwproc.NginxWorkerProcesses of them titled
-// "nginx: worker process". After a reload the master starts new workers
-// and then signals the old ones, which keep accepting connections until
-// they handle the signal and retitle themselves "... is shutting down".
-// Called once a request has been answered by the new configuration, it
-// returns when no worker of the old one can take the next request. Where
-// /proc cannot be read (not Linux) it cannot tell, and does not wait.
+// workers of one configuration: gwproc.NginxWorkerProcesses worker
+// processes, none of them shutting down. After a reload the master starts
+// new workers and then signals the old ones, which keep accepting
+// connections until they handle the signal. An old worker retitles itself
+// "... is shutting down" a moment before it closes its listening sockets,
+// so only its exit says it can take no more; with no request in flight it
+// exits at once. Called once a request has been answered by the new
+// configuration, it returns when no worker of the old one can take the
+// next request. Where /proc cannot be read (not Linux) it cannot tell, and
+// does not wait.
 func waitNginxOneGeneration(ctx context.Context, master int, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
@@ -26,17 +29,17 @@ func waitNginxOneGeneration(ctx context.Context, master int, limit time.Duration
 		if err != nil {
 			return nil
 		}
-		serving := 0
+		workers := 0
 		for _, t := range titles {
-			if t == "nginx: worker process" {
-				serving++
+			if strings.HasPrefix(t, "nginx: worker process") {
+				workers++
 			}
 		}
-		if serving == gwproc.NginxWorkerProcesses {
+		if workers == gwproc.NginxWorkerProcesses {
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("nginx (pid %d) still had %d serving workers after %v: %q", master, serving, limit, titles)
+			return fmt.Errorf("nginx (pid %d) still had %d workers after %v: %q", master, workers, limit, titles)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
