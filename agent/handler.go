@@ -132,7 +132,7 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 			c, err := client.Counters(ctx)
 			return c.Generated, err
 		},
-		Load: client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids,
+		Load: client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids, EngineTree: client.Tree,
 		OnWaiting: func(w probe.Waiting) {
 			h.probeLog.Info("engine not ready; the probe waits", "url", w.URL, "reason", w.Reason,
 				"waited", w.Waited.Round(time.Second).String(), "waits_up_to", w.Left.Round(time.Second).String()+" more")

@@ -18,8 +18,8 @@ import (
 // GPU error; the set of foreign processes; or a GPU starting or ending a
 // slowdown (wire.SlowdownReasons), which the coordinator weighs at once.
 // Clocks, temperatures, power, other clock event reasons (a power cap
-// comes and goes under load), free memory and load are noise here: the
-// periodic heartbeat carries them.
+// comes and goes under load), free memory, what an engine holds on its
+// GPUs, and load are noise here: the periodic heartbeat carries them.
 func Significant(prev, next wire.Snapshot) bool {
 	if prev.Node != next.Node || prev.GPUError != next.GPUError {
 		return true

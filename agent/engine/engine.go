@@ -262,3 +262,17 @@ func (c *Client) warnOnce(key, msg string, kv ...any) {
 		c.logger.Warn(msg, kv...)
 	}
 }
+
+// Tree lists the engine's processes on this host: its root and every
+// descendant. It is nil when the engine is not local or its process cannot
+// be found.
+func (c *Client) Tree(ctx context.Context) []int {
+	if !c.local {
+		return nil
+	}
+	p, err := c.findProcess(ctx)
+	if err != nil {
+		return nil
+	}
+	return p.Tree
+}

@@ -87,7 +87,7 @@ func (c *Client) Facts(ctx context.Context, gpus []wire.GPU, logFacts *enginelog
 		e.CapacityKey = launch.CapacityKey(c.cfg.Node, c.kind.name, e.Model, args)
 	}
 	e.LaunchArgs = boundList(args)
-	e.GPUUUIDs, e.ForeignProcesses = gpuUse(gpus, tree)
+	e.GPUUUIDs, e.ForeignProcesses, e.GPUMemory = gpuUse(gpus, tree)
 	c.advertised(ctx, &e, r.down)
 	e.MaxRunning, e.MaxRunningSource = c.maxRunning(ctx, r, args, e, gpus, pid, logFacts)
 	if len(r.problems) > 0 {
@@ -221,11 +221,12 @@ func (c *Client) stickyArgs(args []string, src string, down bool) ([]string, str
 	return args, src
 }
 
-// gpuUse returns the GPUs on which a process of tree holds memory, and
-// the processes on those GPUs that are outside tree.
-func gpuUse(gpus []wire.GPU, tree []int) ([]string, []wire.GPUProcess) {
+// gpuUse returns the GPUs on which a process of tree holds memory, the
+// processes on those GPUs that are outside tree, and what tree holds on
+// each of those GPUs.
+func gpuUse(gpus []wire.GPU, tree []int) ([]string, []wire.GPUProcess, []wire.GPUMemory) {
 	if len(tree) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	in := make(map[int]bool, len(tree))
 	for _, pid := range tree {
@@ -233,22 +234,28 @@ func gpuUse(gpus []wire.GPU, tree []int) ([]string, []wire.GPUProcess) {
 	}
 	var uuids []string
 	var foreign []wire.GPUProcess
+	var held []wire.GPUMemory
 	for _, g := range gpus {
 		mine := slices.ContainsFunc(g.Processes, func(p wire.GPUProcess) bool { return in[p.PID] })
-		if !mine || g.UUID == "" {
+		if !mine || g.UUID == "" || slices.Contains(uuids, g.UUID) {
 			continue
 		}
-		if len(uuids) < wire.MaxListItems {
-			uuids = append(uuids, g.UUID)
-		}
+		var sum uint64
 		for _, p := range g.Processes {
-			if !in[p.PID] && len(foreign) < wire.MaxProcesses {
+			switch {
+			case in[p.PID]:
+				sum += p.UsedMemory
+			case len(foreign) < wire.MaxProcesses:
 				p.Foreign = true
 				foreign = append(foreign, p)
 			}
 		}
+		if len(uuids) < wire.MaxListItems {
+			uuids = append(uuids, g.UUID)
+			held = append(held, wire.GPUMemory{UUID: g.UUID, UsedBytes: sum})
+		}
 	}
-	return uuids, foreign
+	return uuids, foreign, held
 }
 
 // boundList cuts a list to what the wire accepts. The capacity key is

@@ -28,6 +28,7 @@ func TestFactsFindsEngineProcess(t *testing.T) {
 		{Index: 0, UUID: "GPU-aaaa", Processes: []wire.GPUProcess{
 			{PID: listener, Name: "python3", UsedMemory: 20 << 30},
 			{PID: 4_000_001, Name: "other-team", UsedMemory: 3 << 30},
+			{PID: engineRoot, Name: "vllm", UsedMemory: 1 << 30},
 		}},
 		{Index: 1, UUID: "GPU-bbbb", Processes: []wire.GPUProcess{{PID: 4_000_002, Name: "not-ours", UsedMemory: 1 << 30}}},
 	}
@@ -54,6 +55,10 @@ func TestFactsFindsEngineProcess(t *testing.T) {
 	if !reflect.DeepEqual(e.ForeignProcesses, wantForeign) {
 		t.Errorf("foreign %+v", e.ForeignProcesses)
 	}
+	// What the engine holds is its whole tree's memory, on its GPUs only.
+	if want := []wire.GPUMemory{{UUID: "GPU-aaaa", UsedBytes: 21 << 30}}; !reflect.DeepEqual(e.GPUMemory, want) {
+		t.Errorf("gpu memory %+v, want %+v", e.GPUMemory, want)
+	}
 	if gpus[0].Processes[1].Foreign {
 		t.Error("Facts changed its input")
 	}
@@ -74,8 +79,8 @@ func TestFactsFindsEngineProcess(t *testing.T) {
 	if down.LaunchArgsSource != SourceCmdline || down.CapacityKey != e.CapacityKey {
 		t.Errorf("after stop: args from %q, key %q; want the command line's key %q", down.LaunchArgsSource, down.CapacityKey, e.CapacityKey)
 	}
-	if len(down.GPUUUIDs) != 0 || len(down.ForeignProcesses) != 0 {
-		t.Errorf("after stop: gpus %v foreign %v", down.GPUUUIDs, down.ForeignProcesses)
+	if len(down.GPUUUIDs) != 0 || len(down.ForeignProcesses) != 0 || len(down.GPUMemory) != 0 {
+		t.Errorf("after stop: gpus %v foreign %v memory %v", down.GPUUUIDs, down.ForeignProcesses, down.GPUMemory)
 	}
 }
 

@@ -20,6 +20,9 @@ type gpuSummary struct {
 	MaxMHz            float64
 	Reasons           []string
 	Err               error // the last read error, if no sample succeeded
+	// Memory is the most the engine's processes held on each of its
+	// GPUs in any sample, in the order the GPUs were first seen.
+	Memory []wire.GPUMemory
 }
 
 // gpuSampler reads the engine's GPUs on a ticker until stopped.
@@ -31,6 +34,10 @@ type gpuSampler struct {
 	reads   int
 	idle    int // samples skipped because the GPU reported itself idle
 	lastErr error
+	// tree holds the engine's processes; memory the most they held on
+	// each GPU.
+	tree   map[int]bool
+	memory []wire.GPUMemory
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -38,10 +45,14 @@ type gpuSampler struct {
 
 // startGPUSampler samples at once and then every gpuSampleEvery, so even
 // a burst shorter than the interval has a sample. uuids selects the
-// engine's GPUs; empty means all.
-func startGPUSampler(ctx context.Context, read func(context.Context) ([]wire.GPU, error), uuids []string) *gpuSampler {
+// engine's GPUs for the clocks; empty means all. tree lists the engine's
+// processes, whose memory is followed on every GPU they hold any on.
+func startGPUSampler(ctx context.Context, read func(context.Context) ([]wire.GPU, error), uuids []string, tree []int) *gpuSampler {
 	ctx, cancel := context.WithCancel(ctx)
-	s := &gpuSampler{reasons: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
+	s := &gpuSampler{reasons: map[string]bool{}, cancel: cancel, done: make(chan struct{}), tree: map[int]bool{}}
+	for _, pid := range tree {
+		s.tree[pid] = true
+	}
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(gpuSampleEvery)
@@ -69,6 +80,9 @@ func (s *gpuSampler) sample(ctx context.Context, read func(context.Context) ([]w
 		return
 	}
 	for _, g := range gpus {
+		if g.Error == "" {
+			s.noteMemory(g)
+		}
 		if g.Error != "" || (len(uuids) > 0 && !slices.Contains(uuids, g.UUID)) {
 			continue
 		}
@@ -93,6 +107,29 @@ func (s *gpuSampler) sample(ctx context.Context, read func(context.Context) ([]w
 	}
 }
 
+// noteMemory keeps the most the engine's processes held on g (s.mu held),
+// on a GPU that lists one of them.
+func (s *gpuSampler) noteMemory(g wire.GPU) {
+	var held uint64
+	listed := false
+	for _, p := range g.Processes {
+		if s.tree[p.PID] {
+			held += p.UsedMemory
+			listed = true
+		}
+	}
+	if !listed || g.UUID == "" {
+		return
+	}
+	i := slices.IndexFunc(s.memory, func(m wire.GPUMemory) bool { return m.UUID == g.UUID })
+	switch {
+	case i >= 0:
+		s.memory[i].UsedBytes = max(s.memory[i].UsedBytes, held)
+	case len(s.memory) < wire.MaxListItems:
+		s.memory = append(s.memory, wire.GPUMemory{UUID: g.UUID, UsedBytes: held})
+	}
+}
+
 // stop ends sampling and summarises. It waits briefly for a read in
 // progress; a GPU source that ignores its context cannot hold the probe.
 func (s *gpuSampler) stop() gpuSummary {
@@ -103,7 +140,7 @@ func (s *gpuSampler) stop() gpuSummary {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	sum := gpuSummary{Samples: s.reads, Idle: s.idle, MaxMHz: s.maxMHz}
+	sum := gpuSummary{Samples: s.reads, Idle: s.idle, MaxMHz: s.maxMHz, Memory: slices.Clone(s.memory)}
 	if len(s.clocks) > 0 {
 		sum.MinMHz = slices.Min(s.clocks)
 		sum.MedianMHz = median(s.clocks)

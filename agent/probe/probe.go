@@ -108,6 +108,11 @@ type Config struct {
 	// GPUs, optional, is sampled every 200ms during the measured burst.
 	GPUs     func(ctx context.Context) ([]wire.GPU, error)
 	GPUUUIDs []string // the engine's GPUs; empty = all
+	// EngineTree lists the engine's processes on this host (nil: not
+	// known). It is read as the measured burst starts, after the warm-up
+	// loaded whatever the engine loads on demand; what those processes
+	// hold on each GPU through the burst is Measurement.GPUMemory.
+	EngineTree func(ctx context.Context) []int
 	// ReadyTimeout bounds the wait for /health and /v1/models; default 2m.
 	ReadyTimeout time.Duration
 	// BurstTimeout bounds each burst; default 5m. A stuck engine ends the
@@ -376,7 +381,11 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 
 	var sampler *gpuSampler
 	if p.cfg.GPUs != nil {
-		sampler = startGPUSampler(ctx, p.cfg.GPUs, p.cfg.GPUUUIDs)
+		var tree []int
+		if p.cfg.EngineTree != nil {
+			tree = p.cfg.EngineTree(ctx)
+		}
+		sampler = startGPUSampler(ctx, p.cfg.GPUs, p.cfg.GPUUUIDs, tree)
 	}
 	meas, err = p.burst(ctx, PhaseMeasure, chatURL, body, before, counted)
 	if sampler != nil {
@@ -399,6 +408,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 func (p *prober) recordClocks(m *wire.Measurement, g gpuSummary) {
 	m.SMClockMinMHz, m.SMClockMedianMHz, m.SMClockMaxMHz = g.MinMHz, g.MedianMHz, g.MaxMHz
 	m.ClockEventReasons = g.Reasons
+	m.GPUMemory = g.Memory
 	if len(m.ClockEventReasons) > 32 {
 		m.ClockEventReasons = m.ClockEventReasons[:32]
 	}

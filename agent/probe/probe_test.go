@@ -453,10 +453,10 @@ func TestRunIdle(t *testing.T) {
 	})
 }
 
-func TestRunGPUSampling(t *testing.T) {
-	// The measured burst stays open until the sampler has read three times.
-	sampled := make(chan struct{})
-	f := newFake(t, func(f *fakeEngine) {
+// newFakeHeldOpen is a fake engine whose measured burst (the requests after
+// the warm-up's first few) stays open until sampled is closed.
+func newFakeHeldOpen(t *testing.T, sampled <-chan struct{}) *fakeEngine {
+	return newFake(t, func(f *fakeEngine) {
 		f.stream = func(n int64, w http.ResponseWriter, r *http.Request, req map[string]any) {
 			if n > 4 {
 				select {
@@ -468,6 +468,12 @@ func TestRunGPUSampling(t *testing.T) {
 			writeStream(w, intField(req, "max_tokens"), -1)
 		}
 	})
+}
+
+func TestRunGPUSampling(t *testing.T) {
+	// The measured burst stays open until the sampler has read three times.
+	sampled := make(chan struct{})
+	f := newFakeHeldOpen(t, sampled)
 	clocks := []uint32{1500, 1980, 1800, 1980, 1950}
 	var reads atomic.Int64
 	cfg := quick(f.URL())
@@ -496,6 +502,54 @@ func TestRunGPUSampling(t *testing.T) {
 	}
 	if m.SMClockMaxMHz != 2100 || !slices.Equal(m.ClockEventReasons, []string{"sw_power_cap"}) {
 		t.Errorf("max %v reasons %v", m.SMClockMaxMHz, m.ClockEventReasons)
+	}
+}
+
+// What the engine's processes hold on each GPU during the measured burst
+// is recorded at its most: its tree's processes only (read as the burst
+// starts, so a process the warm-up started counts), on every GPU they
+// hold memory on, whether or not the engine's GPUs were known before.
+func TestRunRecordsTheEnginesGPUMemory(t *testing.T) {
+	sampled := make(chan struct{})
+	f := newFakeHeldOpen(t, sampled)
+	const gib = 1 << 30
+	held := []uint64{6 * gib, 9 * gib, 7 * gib} // the engine's runner on GPU-a, sample by sample
+	var reads, trees atomic.Int64
+	cfg := quick(f.URL())
+	cfg.EngineTree = func(context.Context) []int {
+		trees.Add(1)
+		return []int{100, 101, 102} // the server, and two runners the warm-up started
+	}
+	cfg.GPUs = func(ctx context.Context) ([]wire.GPU, error) {
+		n := reads.Add(1)
+		if n == 3 {
+			close(sampled)
+		}
+		i := min(int(n-1), len(held)-1)
+		return []wire.GPU{
+			{UUID: "GPU-a", Processes: []wire.GPUProcess{{PID: 101, UsedMemory: held[i]}, {PID: 102, UsedMemory: gib}, {PID: 900, UsedMemory: 20 * gib}}},
+			{UUID: "GPU-b", Processes: []wire.GPUProcess{{PID: 102, UsedMemory: 2 * gib}}},
+			{UUID: "GPU-c", Processes: []wire.GPUProcess{{PID: 900, UsedMemory: 30 * gib}}},
+			{UUID: "GPU-d", Error: "unknown error", Processes: []wire.GPUProcess{{PID: 101, UsedMemory: 50 * gib}}},
+		}, nil
+	}
+	m := mustRun(t, cfg)
+	want := []wire.GPUMemory{{UUID: "GPU-a", UsedBytes: 10 * gib}, {UUID: "GPU-b", UsedBytes: 2 * gib}}
+	if !slices.Equal(m.GPUMemory, want) {
+		t.Errorf("gpu memory %+v, want %+v (the tree's most on each GPU; another process's, and an unreadable GPU, left out)", m.GPUMemory, want)
+	}
+	if trees.Load() != 1 {
+		t.Errorf("the tree was read %d times, want once, as the measured burst starts", trees.Load())
+	}
+	if err := m.Validate(); err != nil {
+		t.Errorf("the measurement does not pass the wire's checks: %v", err)
+	}
+
+	// No tree (a remote engine, or its process not found): no memory.
+	cfg.EngineTree = func(context.Context) []int { return nil }
+	reads.Store(3)
+	if m := mustRun(t, cfg); len(m.GPUMemory) != 0 {
+		t.Errorf("without a tree: %+v", m.GPUMemory)
 	}
 }
 
@@ -625,14 +679,14 @@ func TestIdleGPUClocksAreLeftOut(t *testing.T) {
 			return s.reads+s.idle > 0
 		})
 	}
-	s := startGPUSampler(t.Context(), read(false), nil)
+	s := startGPUSampler(t.Context(), read(false), nil, nil)
 	waitSamples(s)
 	sum := s.stop()
 	if sum.MedianMHz != 1950 || sum.MinMHz != 1950 || sum.Idle == 0 || slices.Contains(sum.Reasons, "gpu_idle") {
 		t.Errorf("summary %+v: the idle GPU's clock leaked in", sum)
 	}
 	// Every GPU idle: no clock figures at all, so no gpu_clock_low.
-	s = startGPUSampler(t.Context(), read(true), nil)
+	s = startGPUSampler(t.Context(), read(true), nil, nil)
 	waitSamples(s)
 	sum = s.stop()
 	if sum.Samples != 0 || sum.MedianMHz != 0 || sum.Idle == 0 {

@@ -107,6 +107,7 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 		f.setEngine(w, e)
 		w.gpus = engineGPUs(e, s.GPUs, len(s.Engines))
 		f.noteThrottle(w, now)
+		f.noteMemory(w, s.GPUs, now)
 		w.lastSeen = now
 		seen[w.id] = true
 		f.saveWorker(w, now, false)
@@ -229,6 +230,7 @@ func cloneEngine(e wire.Engine) wire.Engine {
 	e.LaunchArgs = slices.Clone(e.LaunchArgs)
 	e.GPUUUIDs = slices.Clone(e.GPUUUIDs)
 	e.ForeignProcesses = slices.Clone(e.ForeignProcesses)
+	e.GPUMemory = slices.Clone(e.GPUMemory)
 	e.Ranks = slices.Clone(e.Ranks)
 	e.Load.Ranks = slices.Clone(e.Load.Ranks)
 	if e.Passive != nil {
@@ -658,6 +660,7 @@ func sameRecord(a, b WorkerRecord) bool {
 func cloneMeasurement(m wire.Measurement) wire.Measurement {
 	m.Problems = slices.Clone(m.Problems)
 	m.ClockEventReasons = slices.Clone(m.ClockEventReasons)
+	m.GPUMemory = slices.Clone(m.GPUMemory)
 	m.LoadBefore.Ranks = slices.Clone(m.LoadBefore.Ranks)
 	if m.Prefill != nil {
 		p := *m.Prefill

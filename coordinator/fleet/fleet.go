@@ -352,6 +352,11 @@ type worker struct {
 	throttleAsked    bool
 	throttleReadings int
 	pacedAt          time.Time
+	// memoryShortSince is when the memory its measured burst held stopped
+	// fitting on its GPUs (zero: it fits); memoryShortAsked, that this
+	// spell asked for a re-measurement (memory.go).
+	memoryShortSince time.Time
+	memoryShortAsked bool
 
 	// Derived by evaluate, weigh and publish.
 	state       string

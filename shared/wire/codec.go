@@ -246,6 +246,28 @@ func checkProcesses(name string, ps []GPUProcess) error {
 	return nil
 }
 
+// checkGPUMemory checks a list of per-GPU memory: bounded, and each GPU
+// named once.
+func checkGPUMemory(name string, list []GPUMemory) error {
+	if len(list) > MaxListItems {
+		return invalid("%s has %d items, at most %d", name, len(list), MaxListItems)
+	}
+	seen := make(map[string]bool, len(list))
+	for _, g := range list {
+		if g.UUID == "" {
+			return invalid("%s: a GPU without a uuid", name)
+		}
+		if err := checkString(name+".uuid", g.UUID); err != nil {
+			return err
+		}
+		if seen[g.UUID] {
+			return invalid("%s names GPU %q twice", name, g.UUID)
+		}
+		seen[g.UUID] = true
+	}
+	return nil
+}
+
 // Validate checks one engine's facts.
 func (e *Engine) Validate() error {
 	if p := e.Passive; p != nil {
@@ -315,6 +337,9 @@ func (e *Engine) Validate() error {
 		return err
 	}
 	if err := checkProcesses("engine.foreign_processes", e.ForeignProcesses); err != nil {
+		return err
+	}
+	if err := checkGPUMemory("engine.gpu_memory", e.GPUMemory); err != nil {
 		return err
 	}
 	if err := e.Load.Validate(); err != nil {
@@ -475,6 +500,9 @@ func (m *Measurement) Validate() error {
 		return err
 	}
 	if err := checkStrings("measurement.clock_event_reasons", m.ClockEventReasons); err != nil {
+		return err
+	}
+	if err := checkGPUMemory("measurement.gpu_memory", m.GPUMemory); err != nil {
 		return err
 	}
 	if m.Prefill != nil {

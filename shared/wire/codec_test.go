@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -270,5 +271,41 @@ func TestMaxContextTokens(t *testing.T) {
 		if got := e.MaxContextTokens(); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// What an engine holds on its GPUs, now or in its measured burst, names
+// each GPU once, by UUID, in a bounded list; a list that does not is
+// refused whole.
+func TestGPUMemoryChecked(t *testing.T) {
+	many := make([]GPUMemory, MaxListItems+1)
+	for i := range many {
+		many[i] = GPUMemory{UUID: fmt.Sprintf("GPU-%d", i), UsedBytes: 1}
+	}
+	bad := map[string][]GPUMemory{
+		"no uuid":       {{UsedBytes: 1 << 30}},
+		"a GPU twice":   {{UUID: "GPU-a", UsedBytes: 1}, {UUID: "GPU-a", UsedBytes: 2}},
+		"a huge uuid":   {{UUID: strings.Repeat("x", MaxStringBytes+1)}},
+		"too many GPUs": many,
+	}
+	for name, list := range bad {
+		t.Run("engine "+name, func(t *testing.T) {
+			s := validSnapshot()
+			s.Engines[0].GPUMemory = list
+			data, _ := json.Marshal(Envelope{Type: TypeSnapshot, Version: ProtocolVersion, Snapshot: s})
+			if _, err := Decode(data); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want ErrInvalid", err)
+			}
+		})
+		t.Run("measurement "+name, func(t *testing.T) {
+			m := Measurement{CapacityKey: "k", GPUMemory: list}
+			if err := m.Validate(); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want ErrInvalid", err)
+			}
+		})
+	}
+	m := Measurement{CapacityKey: "k", GPUMemory: []GPUMemory{{UUID: "GPU-a", UsedBytes: 20 << 30}, {UUID: "GPU-b"}}}
+	if err := m.Validate(); err != nil {
+		t.Errorf("two GPUs, one holding nothing: %v", err)
 	}
 }

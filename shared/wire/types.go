@@ -129,6 +129,12 @@ type GPU struct {
 	Error string `json:"error,omitempty"`
 }
 
+// GPUMemory is the memory one engine's processes hold on one GPU.
+type GPUMemory struct {
+	UUID      string `json:"uuid"`
+	UsedBytes uint64 `json:"used_bytes"`
+}
+
 // GPUProcess is a process holding memory on a GPU.
 type GPUProcess struct {
 	PID        int    `json:"pid"`
@@ -160,6 +166,10 @@ type Engine struct {
 	GPUUUIDs []string `json:"gpu_uuids,omitempty"`
 	// ForeignProcesses hold memory on the engine's GPUs from outside its tree.
 	ForeignProcesses []GPUProcess `json:"foreign_processes,omitempty"`
+	// GPUMemory is what the engine's processes hold on each GPU now, for
+	// the GPUs where they hold any (an engine that unloaded its model,
+	// as Ollama does when idle, holds none).
+	GPUMemory []GPUMemory `json:"gpu_memory,omitempty"`
 
 	Load Load `json:"load"`
 	// MaxRunning is how many sequences the engine runs at once, its
@@ -380,6 +390,11 @@ type Measurement struct {
 	SMClockMedianMHz  float64  `json:"sm_clock_median_mhz,omitempty"`
 	SMClockMaxMHz     float64  `json:"sm_clock_max_mhz,omitempty"`
 	ClockEventReasons []string `json:"clock_event_reasons,omitempty"`
+	// GPUMemory is the most the engine's processes held on each of its
+	// GPUs during the measured burst: what the engine needs there to
+	// carry the burst. Empty where the agent cannot see which GPU
+	// processes are the engine's.
+	GPUMemory []GPUMemory `json:"gpu_memory,omitempty"`
 
 	LoadBefore Load `json:"load_before"`
 	// Busy records that the engine had work in flight when an on-demand
