@@ -357,6 +357,11 @@ type worker struct {
 	// spell asked for a re-measurement (memory.go).
 	memoryShortSince time.Time
 	memoryShortAsked bool
+	// probationMsg caches the text of its probation finding (probation.go).
+	probationMsg struct {
+		key  probationKey
+		text string
+	}
 
 	// Derived by evaluate, weigh and publish.
 	state       string

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"time"
 
 	"heft/shared/health"
@@ -125,17 +126,37 @@ func (f *Fleet) capProbation(w *worker, weight *float64, pins map[string]float64
 	if _, pinned := pins[w.id]; pinned {
 		return weight, nil
 	}
-	until := w.firstSeen.Add(f.cfg.Probation)
-	x := health.Finding{Code: wire.CodeProbation, Severity: wire.SeverityInfo, Message: fmt.Sprintf(
-		"on probation: new since %s, its weight is at most 1 and its throughput does not count in its model's median until an admin "+
-			"admits it, or until two measurements agreeing within %.0f %% are made after %s (probation %s).",
-		w.firstSeen.UTC().Format(time.RFC3339), probationAgree*100, until.UTC().Format(time.RFC3339), f.cfg.Probation)}
+	x := health.Finding{Code: wire.CodeProbation, Severity: wire.SeverityInfo, Message: f.probationMessage(w)}
 	if *weight <= 1 {
 		return weight, &x
 	}
-	x.Message = fmt.Sprintf("a weight of %.3g lowered to 1: ", *weight) + x.Message
+	x.Message = "a weight of " + strconv.FormatFloat(*weight, 'g', 3, 64) + " lowered to 1: " + x.Message
 	one := 1.0
 	return &one, &x
+}
+
+// probationMessage says until when w is on probation. Every weighing of
+// a model asks for it once per worker on probation, so it is formatted
+// once for each first-seen time and probation period.
+func (f *Fleet) probationMessage(w *worker) string {
+	key := probationKey{w.firstSeen, f.cfg.Probation}
+	if w.probationMsg.key == key && w.probationMsg.text != "" {
+		return w.probationMsg.text
+	}
+	until := w.firstSeen.Add(f.cfg.Probation)
+	w.probationMsg.key = key
+	w.probationMsg.text = fmt.Sprintf(
+		"on probation: new since %s, its weight is at most 1 and its throughput does not count in its model's median until an admin "+
+			"admits it, or until two measurements agreeing within %.0f %% are made after %s (probation %s).",
+		w.firstSeen.UTC().Format(time.RFC3339), probationAgree*100, until.UTC().Format(time.RFC3339), f.cfg.Probation)
+	return w.probationMsg.text
+}
+
+// probationKey is what a probation message says: when the worker was
+// first seen, and the probation period.
+type probationKey struct {
+	firstSeen time.Time
+	period    time.Duration
 }
 
 // capNodeShares scales the weights of a node whose workers on probation
