@@ -33,12 +33,12 @@ const DefaultBusyWait = 2 * time.Minute
 // busyPoll is how often a waiting probe reads the engine's load.
 const busyPoll = time.Second
 
-// idleSettle is how long an engine must stay idle, its generated-tokens
+// IdleSettle is how long an engine must stay idle, its generated-tokens
 // counter still, before a probe is sent. An engine found idle at one
 // instant may only be between two of a gateway's requests, or restarted
 // a moment before the gateway sends it the next: at any load worth
 // routing, a request arrives well within two seconds.
-const idleSettle = 2 * time.Second
+const IdleSettle = 2 * time.Second
 
 // settlePoll is how often the engine's load is read while it settles.
 const settlePoll = 250 * time.Millisecond
@@ -144,7 +144,7 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 // still, or what it did instead. A load or counter that cannot be read is
 // no proof of traffic: the probe is not held back by a flaky /metrics.
 func (p *prober) settle(ctx context.Context) (stirred string, err error) {
-	wait := cmp.Or(p.cfg.settle, idleSettle)
+	wait := cmp.Or(p.cfg.settle, IdleSettle)
 	start := time.Now()
 	before, err := p.counter(ctx)
 	counted := err == nil

@@ -75,7 +75,7 @@ type Config struct {
 	// waiting (the agent's probe_busy): BusyWait (the default) waits up to
 	// BusyWait for the engine to be idle, BusyDrain calls Drain first,
 	// BusyPassiveOnly returns ErrBusy at once. Idle means idle for
-	// idleSettle (2 s): an engine read idle is watched that long first.
+	// IdleSettle (2 s): an engine read idle is watched that long first.
 	// A busy engine is never measured: a probe still busy at the end of
 	// the wait returns ErrBusy.
 	// An engine whose load cannot be read is probed, with a note in
