@@ -89,7 +89,7 @@ func (f *Fleet) noteMemory(w *worker, gpus []wire.GPU, now time.Time) {
 	if w.memoryShortSince.IsZero() {
 		w.memoryShortSince = now
 		f.log.Info("the memory the engine's measured burst ran in is no longer there for it; measuring it again if this lasts",
-			"worker", w.id, "why", why, "lasts_at_least", MemoryShortSustained)
+			"worker", w.id, "why", why, "lasts_at_least", MemoryShortSustained.String())
 	}
 	lasted := now.Sub(w.memoryShortSince)
 	if w.memoryShortAsked || lasted < MemoryShortSustained {
