@@ -76,6 +76,10 @@ func (k Kept) explain() string {
 }
 
 func (k Kept) reason() string {
+	if k.Reason == KeptPending && k.Node == "" {
+		return "the coordinator holds nodes for an admin's approval (a coordinator restarted on an empty state?), and no worker " +
+			"is listed at this address yet to say which node it is on: kept while any node waits, then for keep_unlisted"
+	}
 	if k.Reason == KeptPending {
 		return "its node " + k.Node + " waits for an admin's approval (a coordinator restarted on an empty state?): " +
 			"kept until it is approved, or for keep_unlisted once it is rejected or released"
@@ -214,7 +218,12 @@ func (f Floor) apply(st *floorState, m target.Model, now time.Time, mayDrop func
 				continue
 			}
 		}
-		if pending[node] && state != view.StateHeld {
+		// A server kept from the gateway's own state since before
+		// heft-sync's first change, with no worker listed at it yet, has
+		// no node to match: while the coordinator holds any node for
+		// approval, it may be one of theirs.
+		unknownSeed := node == "" && st.seedKept[prev.Address] && len(pending) > 0
+		if (pending[node] || unknownSeed) && state != view.StateHeld {
 			// A coordinator on an empty state holds every node for
 			// approval, and lists none of their workers: a control-plane
 			// fault, not the engine's. Kept at its last weight while its

@@ -22,6 +22,18 @@ func keptBy(kept []Kept) map[string]string {
 	return out
 }
 
+// applyPending offers m at now with the named nodes pending, as the
+// syncer does, and makes the result the state last offered.
+func applyPending(f Floor, st *floorState, m target.Model, now time.Time, pending ...string) (target.Model, []Kept) {
+	p := map[string]bool{}
+	for _, n := range pending {
+		p[n] = true
+	}
+	out, kept := f.apply(st, m, now, never, p)
+	st.last = &out
+	return out, kept
+}
+
 // A coordinator restarted on an empty state holds every node for
 // approval and lists none of their workers. A worker heft-sync routed
 // whose node waits is kept at its last weight past keep_unlisted, for as
@@ -33,14 +45,7 @@ func TestFloorKeepsPendingNodesWorkers(t *testing.T) {
 	var st floorState
 	t0 := time.Unix(1000, 0)
 	step := func(m target.Model, at time.Duration, pending ...string) (target.Model, []Kept) {
-		t.Helper()
-		p := map[string]bool{}
-		for _, n := range pending {
-			p[n] = true
-		}
-		out, kept := f.apply(&st, m, t0.Add(at), never, p)
-		st.last = &out
-		return out, kept
+		return applyPending(f, &st, m, t0.Add(at), pending...)
 	}
 	step(fleet3(), 0)
 	// Only c's node was approved again; a's and b's wait.
@@ -165,5 +170,42 @@ func TestSyncerKeepsPendingNodesWorkers(t *testing.T) {
 	s.SetPending(nil)
 	if got := offered(); got[a] != 1.5 {
 		t.Errorf("weighed while disconnected: offered %v", got)
+	}
+}
+
+// heft-sync restarted while a coordinator restarted on an empty state
+// holds every node for approval: the servers it reads from the gateway
+// have no worker listed at them, so no node to match. They are kept while
+// any node waits, since they may be those nodes' workers; once none waits,
+// keep_unlisted counts from then, and the floor keeps the heaviest.
+func TestFloorKeepsSeedsWhileNodesWait(t *testing.T) {
+	f := Floor{MinServing: 1, KeepUnlisted: time.Minute}
+	var st floorState
+	t0 := time.Unix(1000, 0)
+	nothing := target.Model{Name: "m"}
+	st.start([]target.Served{{Address: a, Weight: 60, Owned: true}, {Address: b, Weight: 40, Owned: true}}, nothing)
+	step := func(at time.Duration, pending ...string) (target.Model, []Kept) {
+		return applyPending(f, &st, nothing, t0.Add(at), pending...)
+	}
+	for _, at := range []time.Duration{0, 5 * time.Minute, time.Hour} {
+		out, kept := step(at, "gpu-a", "gpu-b")
+		if got := serving(out); len(got) != 2 || got[a] != 60 || got[b] != 40 {
+			t.Fatalf("at %s: serving %v, want both servers as the gateway had them", at, got)
+		}
+		if r := keptBy(kept); len(r) != 2 || r[a] != KeptPending || r[b] != KeptPending || !kept[0].Seeded {
+			t.Fatalf("at %s: kept %v", at, kept)
+		}
+		if !strings.Contains(kept[0].String(), "no worker is listed at this address yet") {
+			t.Errorf("kept says %q", kept[0])
+		}
+	}
+	// No node waits any more, and no worker is listed at either server:
+	// keep_unlisted from then, then the floor's heaviest alone.
+	if out, kept := step(time.Hour + 30*time.Second); len(serving(out)) != 2 || keptBy(kept)[a] != KeptUnlisted {
+		t.Fatalf("within keep_unlisted: serving %v kept %v", serving(out), kept)
+	}
+	out, kept := step(time.Hour + 91*time.Second)
+	if got := serving(out); len(got) != 1 || got[a] != 60 || len(kept) != 1 || kept[0].Reason != KeptFloor {
+		t.Fatalf("past keep_unlisted: serving %v kept %v, want a alone, kept by the floor", got, kept)
 	}
 }
