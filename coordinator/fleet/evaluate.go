@@ -30,7 +30,8 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 	ws = f.withDeployments(ws)
 	for _, w := range ws {
 		v := f.evaluate(w, now)
-		if v.tps != w.tps || v.prefillTPS != w.prefill.tps || v.probation != w.probation {
+		counts := v.tps > 0 || w.tps > 0 || v.prefillTPS > 0 || w.prefill.tps > 0
+		if v.tps != w.tps || v.prefillTPS != w.prefill.tps || (v.probation != w.probation && counts) {
 			f.dirty[w.eng.Model] = true
 			if v.tps != w.tps {
 				f.markNodeModels(w.node) // its node's bound (nodebound.go)

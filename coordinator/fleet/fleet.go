@@ -660,13 +660,15 @@ func (f *Fleet) nodeFor(name string) *node {
 	return n
 }
 
-// add indexes a new worker.
+// add indexes a new worker. Its model is not weighed again for it: a
+// worker without a throughput changes no other worker's weight, and
+// refresh marks the model once it has one. Weighing a model of N workers
+// for each new one made admitting a fleet cost N² weighings.
 func (f *Fleet) add(w *worker) {
 	f.touch(w)
 	f.workers[w.id] = w
 	f.nodeFor(w.node).workers[w.id] = w
 	f.index(w, w.eng.Model)
-	f.dirty[w.eng.Model] = true
 }
 
 func (f *Fleet) index(w *worker, model string) {
