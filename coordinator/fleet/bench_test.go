@@ -80,6 +80,23 @@ func BenchmarkSnapshot10k(b *testing.B) {
 	}
 }
 
+// BenchmarkNewWorker10k times the first snapshot of a new node's engine,
+// not measured yet, in a fleet of 10,000 (1,000 workers in its model): it
+// should cost the new worker, not its model, or admitting a fleet costs
+// the square of its size.
+func BenchmarkNewWorker10k(b *testing.B) {
+	f, _ := bigFleet(b)
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		i++
+		node := fmt.Sprintf("new-%06d", i)
+		f.Connect(node, 1, wire.Hello{Node: node})
+		f.Snapshot(node, wire.Snapshot{Node: node, Engines: []wire.Engine{{Kind: wire.EngineVLLM, Model: "model-3", Ready: true,
+			URL: fmt.Sprintf("http://10.1.%d.%d:8000", i/250%250, i%250+1), CapacityKey: node + "/vllm/model-3"}}})
+	}
+}
+
 // BenchmarkTickIdle10k times a Tick with nothing due.
 func BenchmarkTickIdle10k(b *testing.B) {
 	f, clk := bigFleet(b)
