@@ -404,7 +404,8 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	return meas, true, nil
 }
 
-// recordClocks puts what the GPU clocks did during the measured burst in m.
+// recordClocks puts what the GPU clocks did during the measured burst in
+// m, and what the engine held on each GPU.
 func (p *prober) recordClocks(m *wire.Measurement, g gpuSummary) {
 	m.SMClockMinMHz, m.SMClockMedianMHz, m.SMClockMaxMHz = g.MinMHz, g.MedianMHz, g.MaxMHz
 	m.ClockEventReasons = g.Reasons

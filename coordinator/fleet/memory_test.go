@@ -76,10 +76,7 @@ func TestMemoryShortRemeasures(t *testing.T) {
 	// The engine is measured in what it has now: 7 GiB on the GPU, the
 	// rest of the model on the CPU, a fraction of the throughput.
 	set(7*gibibyte, 17*gibibyte)
-	m = measured("k", 450, h.clk.now())
-	m.Trigger, m.Cause = r[0].Reason, r[0].Cause
-	m.GPUMemory = []wire.GPUMemory{{UUID: "GPU-a", UsedBytes: 7 * gibibyte}}
-	h.result("n", m)
+	h.result("n", answerHolding(r[0], 450, h.clk.now(), "GPU-a", 7*gibibyte))
 	if r := step(5 * time.Minute); len(r) != 0 {
 		t.Fatalf("measured again after a measurement in what it has: %+v", r)
 	}
@@ -121,10 +118,7 @@ func TestMemoryShortOncePerSpell(t *testing.T) {
 	}
 	// Measured in the spell (the other process paused while the engine
 	// loaded again): the spell asks no more, however long it lasts.
-	m = measured("k", 1780, h.clk.now())
-	m.Trigger, m.Cause = r0[0].Reason, r0[0].Cause
-	m.GPUMemory = []wire.GPUMemory{{UUID: "GPU-b", UsedBytes: 10 * gibibyte}}
-	h.result("n", m)
+	h.result("n", answerHolding(r0[0], 1780, h.clk.now(), "GPU-b", 10*gibibyte))
 	if r := step(10 * time.Minute); len(r) != 0 {
 		t.Fatalf("a spell in which the worker was measured asked again: %+v", r)
 	}
@@ -135,6 +129,15 @@ func TestMemoryShortOncePerSpell(t *testing.T) {
 	if r := step(time.Minute); len(r) != 1 {
 		t.Fatalf("a second spell: %+v", r)
 	}
+}
+
+// answerHolding is the measurement that answers r: tps, with the engine
+// holding held on GPU uuid in its burst.
+func answerHolding(r *wire.ProbeRequest, tps float64, at time.Time, uuid string, held uint64) wire.Measurement {
+	m := measured(r.CapacityKey, tps, at)
+	m.Trigger, m.Cause = r.Reason, r.Cause
+	m.GPUMemory = []wire.GPUMemory{{UUID: uuid, UsedBytes: held}}
+	return m
 }
 
 func TestMemoryShort(t *testing.T) {
