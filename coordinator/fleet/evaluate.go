@@ -56,6 +56,11 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 			changed = true
 		}
 	}
+	for _, w := range ws {
+		if f.dirty[w.eng.Model] {
+			f.schedule(w, now) // reweigh schedules only the workers whose state it moved
+		}
+	}
 	clear(f.dirty)
 	return changed
 }
@@ -83,19 +88,27 @@ func (f *Fleet) refreshNode(n *node, now time.Time) bool {
 // reweigh sets the weights of a model's workers from the median throughput
 // of its admitted workers, found by sorting that model's throughputs only,
 // and the prefill weights from the median prefill throughput of those with
-// a valid prefill part, and publishes every worker of the model.
+// a valid prefill part, and publishes every worker of the model. Weights
+// move no deadline, so it schedules only the workers whose state it moved
+// (refresh schedules those it was given): at ten thousand workers the
+// others' deadlines were a third of its cost (bench area 5).
 func (f *Fleet) reweigh(model string, now time.Time) bool {
-	ws := f.byModel[model]
+	ws := make([]*worker, 0, len(f.byModel[model]))
+	for _, w := range f.byModel[model] {
+		ws = append(ws, w)
+	}
 	tps := counted(ws, func(w *worker) float64 { return w.tps }) // workers on probation are not counted
 	med := median(tps)
-	wasHeld := make(map[*worker]bool, len(ws))
-	for _, w := range ws {
-		wasHeld[w] = w.state == view.StateHeld && w.outlierHeld()
+	wasHeld := make([]bool, len(ws))
+	before := make([]string, len(ws))
+	for i, w := range ws {
+		wasHeld[i] = w.state == view.StateHeld && w.outlierHeld()
+		before[i] = w.state
 		f.weigh(w, model, med, len(tps))
 		switch {
 		case w.outlierHeld() && view.Serving(w.state):
 			w.state = view.StateHeld
-		case !w.outlierHeld() && wasHeld[w]:
+		case !w.outlierHeld() && wasHeld[i]:
 			w.state = f.servingState(w, now) // its model's median caught up with it, or an admin admitted it
 		}
 	}
@@ -122,10 +135,13 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 	}
 	f.capNodeShares(ws, func(w *worker) **float64 { return &w.prefill.weight }, f.prefillPins)
 	changed := false
-	for _, w := range ws {
-		if f.publish(w, now) || wasHeld[w] != w.outlierHeld() {
+	for i, w := range ws {
+		if f.assemble(w, now) || wasHeld[i] != w.outlierHeld() {
 			changed = true
 			f.touch(w)
+		}
+		if w.state != before[i] {
+			f.schedule(w, now)
 		}
 	}
 	return changed
@@ -317,9 +333,17 @@ func (f *Fleet) scale(id, model, kind string, tps, med float64, n int, pins map[
 	return &c, &wt, clamp
 }
 
-// publish assembles a worker's warnings, stamps them and schedules its next
-// deadline. It reports whether its warnings or weight changed.
+// publish assembles a worker's warnings and weights and schedules its
+// next deadline. It reports whether its warnings or weight changed.
 func (f *Fleet) publish(w *worker, now time.Time) bool {
+	changed := f.assemble(w, now)
+	f.schedule(w, now)
+	return changed
+}
+
+// assemble sets the warnings and weights a worker shows, stamping each
+// new warning code, and reports whether they changed.
+func (f *Fleet) assemble(w *worker, now time.Time) bool {
 	fs := w.base
 	if c := clampFindings(w.clamp, w.prefill.clamp); c != nil {
 		fs = append(slices.Clip(fs), *c)
@@ -333,10 +357,12 @@ func (f *Fleet) publish(w *worker, now time.Time) bool {
 		}
 	}
 	health.Sort(fs)
-	changed := !slices.Equal(fs, w.findings) || !sameFloat(w.weight, w.shownWeight) || !sameFloat(w.prefill.weight, w.shownPrefill)
+	same := slices.Equal(fs, w.findings)
+	changed := !same || !sameFloat(w.weight, w.shownWeight) || !sameFloat(w.prefill.weight, w.shownPrefill)
 	w.findings, w.shownWeight, w.shownPrefill = fs, w.weight, w.prefill.weight
-	stamp(w, now)
-	f.schedule(w, now)
+	if !same {
+		stamp(w, now)
+	}
 	return changed
 }
 

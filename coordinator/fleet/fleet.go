@@ -268,6 +268,10 @@ type node struct {
 	// once one came since the coordinator started (nodebound.go).
 	gpus      int
 	gpusKnown bool
+	// tps is its workers' throughputs together while tpsStale is false
+	// (nodebound.go).
+	tps      float64
+	tpsStale bool
 	// offers are the measurements its agent's hello offered, by capacity
 	// key, until the connection's first snapshot judges them (offer.go).
 	offers map[string]wire.CachedMeasurement
@@ -361,6 +365,9 @@ type worker struct {
 	probationMsg struct {
 		key  probationKey
 		text string
+		// lowered is the text with its weight lowered to 1, for a weight
+		// that reads loweredWeight.
+		lowered, loweredWeight string
 	}
 
 	// Derived by evaluate, weigh and publish.
@@ -667,7 +674,9 @@ func (f *Fleet) nodeFor(name string) *node {
 func (f *Fleet) add(w *worker) {
 	f.touch(w)
 	f.workers[w.id] = w
-	f.nodeFor(w.node).workers[w.id] = w
+	n := f.nodeFor(w.node)
+	n.workers[w.id] = w
+	n.tpsStale = true
 	f.index(w, w.eng.Model)
 }
 
@@ -693,9 +702,13 @@ func (f *Fleet) unindex(w *worker, model string) {
 // with them its key's owner) until they are too old to reuse. A node left
 // without workers and without a connection is forgotten.
 func (f *Fleet) drop(w *worker) {
+	if w.tps > 0 {
+		f.markNodeModels(w.node) // its node's bound no longer counts it
+	}
 	delete(f.workers, w.id)
 	if n := f.nodes[w.node]; n != nil {
 		delete(n.workers, w.id)
+		n.tpsStale = true
 		if len(n.workers) == 0 && !n.connected {
 			delete(f.nodes, n.name)
 		}

@@ -18,43 +18,38 @@ import (
 // by being scaled. A pinned weight is an admin's and is left as it is.
 
 // nodeBound returns the factor (at most 1) the throughputs of a node's
-// workers are scaled by to fit its GPUs, the node's measured total and
-// its bound. It is 1 while the bound is off, or the node has not said
+// workers are scaled by to fit its GPUs, and the node's measured total.
+// It is 1 while the bound is off, or the node has not said
 // since the coordinator started how many GPUs it has.
-func (f *Fleet) nodeBound(name string) (factor, total, limit float64) {
+func (f *Fleet) nodeBound(name string) (factor, total float64) {
 	n := f.nodes[name]
 	if f.cfg.MaxTPSPerGPU <= 0 || n == nil || !n.gpusKnown {
-		return 1, 0, 0
+		return 1, 0
 	}
-	for _, w := range n.workers {
-		total += w.tps
-	}
-	limit = f.cfg.MaxTPSPerGPU * float64(max(1, n.gpus))
+	total = n.totalTPS()
+	limit := f.cfg.MaxTPSPerGPU * float64(max(1, n.gpus))
 	if total <= limit {
-		return 1, total, limit
+		return 1, total
 	}
-	return limit / total, total, limit
+	return limit / total, total
 }
 
 // bindNodes scales the weights of the workers of ws whose node is over
 // its bound, and sets the finding that says so.
-func (f *Fleet) bindNodes(ws map[string]*worker) {
-	type bound struct{ factor, total, limit float64 }
-	byNode := map[string]bound{}
+func (f *Fleet) bindNodes(ws []*worker) {
 	for _, w := range ws {
-		b, ok := byNode[w.node]
-		if !ok {
-			b.factor, b.total, b.limit = f.nodeBound(w.node)
-			byNode[w.node] = b
-		}
 		w.boundNote = nil
-		if b.factor >= 1 || w.weight == nil {
+		if w.weight == nil {
+			continue
+		}
+		factor, total := f.nodeBound(w.node)
+		if factor >= 1 {
 			continue
 		}
 		if _, pinned := f.pins[w.id]; pinned {
 			continue
 		}
-		v := *w.weight * b.factor
+		v := *w.weight * factor
 		if !validWeight(v) {
 			continue
 		}
@@ -62,16 +57,35 @@ func (f *Fleet) bindNodes(ws map[string]*worker) {
 		x := health.Finding{Code: wire.CodeNodeCapacityCapped, Severity: wire.SeverityWarning, Message: fmt.Sprintf(
 			"node %s's workers measured %.0f tok/s together, more than its %d distinct GPU(s) deliver at %.4g tok/s each "+
 				"(plausibility.max_tps_per_gpu): each of its weights was scaled to %.1f %%. Check which engines the node lists on the same GPUs.",
-			w.node, b.total, max(1, f.nodes[w.node].gpus), f.cfg.MaxTPSPerGPU, b.factor*100)}
+			w.node, total, max(1, f.nodes[w.node].gpus), f.cfg.MaxTPSPerGPU, factor*100)}
 		w.boundNote = &x
 	}
 }
 
+// totalTPS is the node's workers' throughputs together, summed again
+// after one of them changed (tpsStale): a large model's weighing asks for
+// it for each of its workers.
+func (n *node) totalTPS() float64 {
+	if n.tpsStale {
+		n.tps = 0
+		for _, w := range n.workers {
+			n.tps += w.tps
+		}
+		n.tpsStale = false
+	}
+	return n.tps
+}
+
 // markNodeModels marks every model a node's workers serve for weighing
-// again: the node's bound ties their weights together.
+// again: the node's bound ties their weights together. Its total
+// throughput is summed again when next asked for.
 func (f *Fleet) markNodeModels(name string) {
 	n := f.nodes[name]
-	if n == nil || f.cfg.MaxTPSPerGPU <= 0 {
+	if n == nil {
+		return
+	}
+	n.tpsStale = true
+	if f.cfg.MaxTPSPerGPU <= 0 {
 		return
 	}
 	for _, w := range n.workers {

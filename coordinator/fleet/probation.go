@@ -101,7 +101,7 @@ func (f *Fleet) probationDue(w *worker) (time.Time, bool) {
 
 // counted returns the throughputs a model's median is taken over: those
 // of its workers not on probation, or, while every one is, all of them.
-func counted(ws map[string]*worker, tps func(*worker) float64) []float64 {
+func counted(ws []*worker, tps func(*worker) float64) []float64 {
 	var earned, all []float64
 	for _, w := range ws {
 		if t := tps(w); t > 0 {
@@ -130,9 +130,23 @@ func (f *Fleet) capProbation(w *worker, weight *float64, pins map[string]float64
 	if *weight <= 1 {
 		return weight, &x
 	}
-	x.Message = "a weight of " + strconv.FormatFloat(*weight, 'g', 3, 64) + " lowered to 1: " + x.Message
+	x.Message = f.loweredMessage(w, *weight, x.Message)
 	one := 1.0
 	return &one, &x
+}
+
+// loweredMessage says that w's weight was lowered to 1. The text is kept
+// while the weight reads the same to three digits, as it does at most
+// weighings of a large model, and until the probation text changes.
+func (f *Fleet) loweredMessage(w *worker, weight float64, probation string) string {
+	var buf [32]byte
+	digits := strconv.AppendFloat(buf[:0], weight, 'g', 3, 64)
+	c := &w.probationMsg
+	if c.lowered == "" || string(digits) != c.loweredWeight {
+		c.loweredWeight = string(digits)
+		c.lowered = "a weight of " + c.loweredWeight + " lowered to 1: " + probation
+	}
+	return c.lowered
 }
 
 // probationMessage says until when w is on probation. Every weighing of
@@ -145,6 +159,7 @@ func (f *Fleet) probationMessage(w *worker) string {
 	}
 	until := w.firstSeen.Add(f.cfg.Probation)
 	w.probationMsg.key = key
+	w.probationMsg.lowered = "" // says the old text
 	w.probationMsg.text = fmt.Sprintf(
 		"on probation: new since %s, its weight is at most 1 and its throughput does not count in its model's median until an admin "+
 			"admits it, or until two measurements agreeing within %.0f %% are made after %s (probation %s).",
@@ -164,7 +179,7 @@ type probationKey struct {
 // weight gives a worker's weight field. Earned and pinned weights count
 // in the total but are never scaled. It returns the workers it scaled,
 // with their node's share before.
-func (f *Fleet) capNodeShares(ws map[string]*worker, weight func(*worker) **float64, pins map[string]float64) map[*worker]float64 {
+func (f *Fleet) capNodeShares(ws []*worker, weight func(*worker) **float64, pins map[string]float64) map[*worker]float64 {
 	s := f.cfg.MaxNodeShare
 	if s <= 0 {
 		return nil
@@ -186,11 +201,17 @@ func (f *Fleet) capNodeShares(ws map[string]*worker, weight func(*worker) **floa
 	if len(sums) < minNodesForShare || s*float64(len(sums)) <= 1 {
 		return nil
 	}
-	nodes := make([]string, 0, len(sums))
-	total := fixed
-	for n, v := range sums {
-		nodes = append(nodes, n)
+	total, largest := fixed, 0.0
+	for _, v := range sums {
 		total += v
+		largest = max(largest, v)
+	}
+	if largest <= s*total*(1+1e-9) {
+		return nil // no node is over its cap, the usual case: no need to sort them
+	}
+	nodes := make([]string, 0, len(sums))
+	for n := range sums {
+		nodes = append(nodes, n)
 	}
 	sort.Slice(nodes, func(i, j int) bool { return sums[nodes[i]] > sums[nodes[j]] })
 	// Water-filling: the largest nodes are capped at s of the total the

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"heft/shared/view"
@@ -326,5 +327,82 @@ func TestCheckProbation(t *testing.T) {
 	}
 	if CheckProbation(-1, 0) == nil {
 		t.Error("a negative probation passed")
+	}
+}
+
+// A bounded node's workers of every model are weighed again when one of
+// them changes or leaves: the bound is the node's, across its models.
+func TestNodeBoundFollowsItsWorkers(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxTPSPerGPU = 3000
+	h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+	one := []wire.GPU{{Index: 0, UUID: "GPU-0"}}
+	h.gpus["n1"], h.gpus["n2"], h.gpus["big"] = one, one, one
+	h.admit("n1", engine("a", "http://1:8000", "m"), 2000)
+	h.admit("n2", engine("b", "http://2:8000", "other"), 2000)
+	h.admit("big", engine("x", "http://3:8000", "m"), 2000)
+	h.admit("big", engine("y", "http://3:8001", "other"), 2000)
+	capped := func(id string) bool {
+		_, ok := warning(h.worker(id), wire.CodeNodeCapacityCapped)
+		return ok
+	}
+	// 4,000 tok/s on one GPU of 3,000: both of big's workers at 3/4.
+	if wt := h.weights("m"); !capped("x") || math.Abs(wt["x"]-0.75*wt["a"]) > 1e-9 {
+		t.Fatalf("x over its node's bound: weights %v, capped %v", wt, capped("x"))
+	}
+	// y measures slower: 2,900 together, within the bound, so x in the
+	// other model is uncapped.
+	if _, err := h.f.Probe("y"); err != nil {
+		t.Fatal(err)
+	}
+	h.result("big", measured("y", 900, h.clk.now()))
+	if wt := h.weights("m"); capped("x") || wt["x"] != wt["a"] {
+		t.Fatalf("after y measured 900: weights of m %v, x capped %v", wt, capped("x"))
+	}
+	// y at 2,000 again caps x; then y leaves, and x is uncapped.
+	if _, err := h.f.Probe("y"); err != nil {
+		t.Fatal(err)
+	}
+	h.result("big", measured("y", 2000, h.clk.now()))
+	if !capped("x") {
+		t.Fatal("x is not capped after y measured 2,000 again")
+	}
+	h.engines["big"] = h.engines["big"][:1]
+	h.snapshot("big")
+	if _, ok := h.f.Worker("y"); ok {
+		t.Fatal("y is still listed")
+	}
+	if wt := h.weights("m"); capped("x") || wt["x"] != wt["a"] {
+		t.Errorf("after y left: weights of m %v, x capped %v", wt, capped("x"))
+	}
+}
+
+// The probation warning says what weight it lowered, and follows it.
+func TestProbationSaysWhatItLowered(t *testing.T) {
+	h := newHarnessWith(t, DefaultConfig(), newMemStore(), &clock{t: t0})
+	fakeAmongTwo(h)
+	h.admit("n3", engine("c", "http://3:8000", "m"), 2000)
+	says := func(want string) {
+		t.Helper()
+		x, ok := warning(h.worker("c"), wire.CodeProbation)
+		if !ok || !strings.HasPrefix(x.Message, want) {
+			t.Errorf("c's probation warning %q (found %v), want it to begin %q", x.Message, ok, want)
+		}
+	}
+	says("a weight of 2 lowered to 1: on probation")
+	h.f.RecomputeWeights()
+	says("a weight of 2 lowered to 1: on probation")
+	if _, err := h.f.Probe("c"); err != nil {
+		t.Fatal(err)
+	}
+	h.result("n3", measured("c", 1500, h.clk.now()))
+	says("a weight of 1.5 lowered to 1: on probation")
+	if _, err := h.f.Probe("c"); err != nil {
+		t.Fatal(err)
+	}
+	h.result("n3", measured("c", 900, h.clk.now()))
+	says("on probation")
+	if x, _ := warning(h.worker("c"), wire.CodeProbation); strings.Contains(x.Message, "lowered") {
+		t.Errorf("a weight under 1 was lowered: %q", x.Message)
 	}
 }

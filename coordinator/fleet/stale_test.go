@@ -155,3 +155,31 @@ func TestRestartsKeepCountingFromTheFirst(t *testing.T) {
 		t.Fatalf("6 h after the first restart: %s, want offline", w.State)
 	}
 }
+
+// A worker held as an outlier whose agent left is let in, stale, when its
+// model's median catches up with it; its stale weight still ends at
+// stale_weight_ttl, although only another worker's measurement moved it.
+func TestReleasedOutlierStaysStaleNoLonger(t *testing.T) {
+	cfg := testConfig()
+	cfg.StaleWeightTTL = 10 * time.Minute
+	h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+	h.admit("n1", engine("a", "http://1:8000", "m"), 1000)
+	h.admit("n2", engine("b", "http://2:8000", "m"), 9000)
+	h.admit("n3", engine("c", "http://3:8000", "m"), 1100)
+	if b := h.worker("b"); b.State != view.StateHeld {
+		t.Fatalf("b: %s, want held as an outlier", b.State)
+	}
+	h.disconnect("n2")
+	h.clk.advance(time.Minute)
+	h.f.Tick()
+	h.admit("n4", engine("d", "http://4:8000", "m"), 8000)
+	h.admit("n5", engine("e", "http://5:8000", "m"), 7000)
+	if b := h.worker("b"); b.State != view.StateStale || b.Weight == nil {
+		t.Fatalf("b after the median rose: %s weight %v, want stale with a weight", b.State, b.Weight)
+	}
+	h.clk.advance(9 * time.Minute)
+	h.f.Tick()
+	if b := h.worker("b"); b.State != view.StateOffline || b.Weight != nil {
+		t.Fatalf("b at stale_weight_ttl: %s weight %v, want offline", b.State, b.Weight)
+	}
+}
