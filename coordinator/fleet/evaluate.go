@@ -111,16 +111,9 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 		case !w.outlierHeld() && wasHeld[i]:
 			w.state = f.servingState(w, now) // its model's median caught up with it, or an admin admitted it
 		}
+		f.bindNode(w) // a node's workers weigh at most what its GPUs deliver
 	}
-	f.bindNodes(ws) // a node's workers weigh at most what its GPUs deliver
 	shares := f.capNodeShares(ws, func(w *worker) **float64 { return &w.weight }, f.pins)
-	for _, w := range ws {
-		w.shareNote = nil
-		if before, ok := shares[w]; ok {
-			x := f.shareFinding(w, model, before)
-			w.shareNote = &x
-		}
-	}
 	// The prefill median counts the workers the decode rules leave in the
 	// weight table.
 	prefill := counted(ws, func(w *worker) float64 {
@@ -131,6 +124,11 @@ func (f *Fleet) reweigh(model string, now time.Time) bool {
 	})
 	prefillMed := median(prefill)
 	for _, w := range ws {
+		w.shareNote = nil
+		if before, ok := shares[w]; ok {
+			x := f.shareFinding(w, model, before)
+			w.shareNote = &x
+		}
 		f.weighPrefill(w, model, prefillMed, len(prefill))
 	}
 	f.capNodeShares(ws, func(w *worker) **float64 { return &w.prefill.weight }, f.prefillPins)
@@ -294,6 +292,7 @@ func (w *worker) outlierHeld() bool {
 // worker far above the median is an outlier: held, without a weight,
 // unless an admin admitted it.
 func (f *Fleet) weigh(w *worker, model string, med float64, n int) {
+	prev := w.note
 	w.computed, w.weight, w.clamp, w.outlier, w.note = nil, nil, nil, nil, nil
 	if w.tps <= 0 || med <= 0 {
 		return
@@ -308,7 +307,13 @@ func (f *Fleet) weigh(w *worker, model string, med float64, n int) {
 		w.outlier = o
 	}
 	w.computed, w.weight, w.clamp = f.scale(w.id, model, "", w.tps, med, n, f.pins)
-	w.weight, w.note = f.capProbation(w, w.weight, f.pins)
+	var note health.Finding
+	if w.weight, note = f.capProbation(w, w.weight, f.pins); note.Code != "" {
+		if prev == nil || *prev != note {
+			prev = &note
+		}
+		w.note = prev // the same finding as at the last weighing, as it is at most
+	}
 }
 
 // scale turns a throughput into a weight against its model's median of n
@@ -343,24 +348,28 @@ func (f *Fleet) publish(w *worker, now time.Time) bool {
 
 // assemble sets the warnings and weights a worker shows, stamping each
 // new warning code, and reports whether they changed.
+// The list is built in the fleet's scratch slice and copied only when it
+// changed: a large model's weighing changes few workers' warnings.
 func (f *Fleet) assemble(w *worker, now time.Time) bool {
-	fs := w.base
+	fs := append(f.scratch[:0], w.base...)
 	if c := clampFindings(w.clamp, w.prefill.clamp); c != nil {
-		fs = append(slices.Clip(fs), *c)
+		fs = append(fs, *c)
 	}
 	if w.outlier != nil {
-		fs = append(slices.Clip(fs), *w.outlier)
+		fs = append(fs, *w.outlier)
 	}
-	for _, x := range []*health.Finding{w.note, w.shareNote, w.boundNote} {
+	for _, x := range [...]*health.Finding{w.note, w.shareNote, w.boundNote} {
 		if x != nil {
-			fs = append(slices.Clip(fs), *x)
+			fs = append(fs, *x)
 		}
 	}
 	health.Sort(fs)
+	f.scratch = fs
 	same := slices.Equal(fs, w.findings)
 	changed := !same || !sameFloat(w.weight, w.shownWeight) || !sameFloat(w.prefill.weight, w.shownPrefill)
-	w.findings, w.shownWeight, w.shownPrefill = fs, w.weight, w.prefill.weight
+	w.shownWeight, w.shownPrefill = w.weight, w.prefill.weight
 	if !same {
+		w.findings = slices.Clone(fs)
 		stamp(w, now)
 	}
 	return changed

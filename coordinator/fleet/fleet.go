@@ -248,6 +248,9 @@ type Fleet struct {
 	tombs      []tomb
 	tombsFloor uint64 // changes at or below this may have lost their tombstones
 
+	// scratch is where assemble builds a worker's warnings.
+	scratch []health.Finding
+
 	subMu  sync.Mutex
 	subs   map[uint64]chan struct{}
 	subSeq uint64
@@ -365,9 +368,10 @@ type worker struct {
 	probationMsg struct {
 		key  probationKey
 		text string
-		// lowered is the text with its weight lowered to 1, for a weight
-		// that reads loweredWeight.
-		lowered, loweredWeight string
+		// lowered is the text with its weight lowered to 1, for the
+		// weight loweredWeight.
+		lowered       string
+		loweredWeight float64
 	}
 
 	// Derived by evaluate, weigh and publish.

@@ -34,32 +34,30 @@ func (f *Fleet) nodeBound(name string) (factor, total float64) {
 	return limit / total, total
 }
 
-// bindNodes scales the weights of the workers of ws whose node is over
-// its bound, and sets the finding that says so.
-func (f *Fleet) bindNodes(ws []*worker) {
-	for _, w := range ws {
-		w.boundNote = nil
-		if w.weight == nil {
-			continue
-		}
-		factor, total := f.nodeBound(w.node)
-		if factor >= 1 {
-			continue
-		}
-		if _, pinned := f.pins[w.id]; pinned {
-			continue
-		}
-		v := *w.weight * factor
-		if !validWeight(v) {
-			continue
-		}
-		w.weight = &v
-		x := health.Finding{Code: wire.CodeNodeCapacityCapped, Severity: wire.SeverityWarning, Message: fmt.Sprintf(
-			"node %s's workers measured %.0f tok/s together, more than its %d distinct GPU(s) deliver at %.4g tok/s each "+
-				"(plausibility.max_tps_per_gpu): each of its weights was scaled to %.1f %%. Check which engines the node lists on the same GPUs.",
-			w.node, total, max(1, f.nodes[w.node].gpus), f.cfg.MaxTPSPerGPU, factor*100)}
-		w.boundNote = &x
+// bindNode scales the weight of a worker whose node is over its bound,
+// and sets the finding that says so.
+func (f *Fleet) bindNode(w *worker) {
+	w.boundNote = nil
+	if w.weight == nil {
+		return
 	}
+	factor, total := f.nodeBound(w.node)
+	if factor >= 1 {
+		return
+	}
+	if _, pinned := f.pins[w.id]; pinned {
+		return
+	}
+	v := *w.weight * factor
+	if !validWeight(v) {
+		return
+	}
+	w.weight = &v
+	x := health.Finding{Code: wire.CodeNodeCapacityCapped, Severity: wire.SeverityWarning, Message: fmt.Sprintf(
+		"node %s's workers measured %.0f tok/s together, more than its %d distinct GPU(s) deliver at %.4g tok/s each "+
+			"(plausibility.max_tps_per_gpu): each of its weights was scaled to %.1f %%. Check which engines the node lists on the same GPUs.",
+		w.node, total, max(1, f.nodes[w.node].gpus), f.cfg.MaxTPSPerGPU, factor*100)}
+	w.boundNote = &x
 }
 
 // totalTPS is the node's workers' throughputs together, summed again

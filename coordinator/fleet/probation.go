@@ -118,33 +118,32 @@ func counted(ws []*worker, tps func(*worker) float64) []float64 {
 }
 
 // capProbation lowers the weight of a worker on probation to 1 (a pin, an
-// admin's act, stands) and returns the finding that says so.
-func (f *Fleet) capProbation(w *worker, weight *float64, pins map[string]float64) (*float64, *health.Finding) {
+// admin's act, stands) and returns the finding that says so; a finding
+// with no code when it is not on probation.
+func (f *Fleet) capProbation(w *worker, weight *float64, pins map[string]float64) (*float64, health.Finding) {
 	if !w.probation || weight == nil {
-		return weight, nil
+		return weight, health.Finding{}
 	}
 	if _, pinned := pins[w.id]; pinned {
-		return weight, nil
+		return weight, health.Finding{}
 	}
 	x := health.Finding{Code: wire.CodeProbation, Severity: wire.SeverityInfo, Message: f.probationMessage(w)}
 	if *weight <= 1 {
-		return weight, &x
+		return weight, x
 	}
 	x.Message = f.loweredMessage(w, *weight, x.Message)
 	one := 1.0
-	return &one, &x
+	return &one, x
 }
 
 // loweredMessage says that w's weight was lowered to 1. The text is kept
-// while the weight reads the same to three digits, as it does at most
-// weighings of a large model, and until the probation text changes.
+// while the weight stays the same, as it does at most weighings of a
+// large model, and until the probation text changes.
 func (f *Fleet) loweredMessage(w *worker, weight float64, probation string) string {
-	var buf [32]byte
-	digits := strconv.AppendFloat(buf[:0], weight, 'g', 3, 64)
 	c := &w.probationMsg
-	if c.lowered == "" || string(digits) != c.loweredWeight {
-		c.loweredWeight = string(digits)
-		c.lowered = "a weight of " + c.loweredWeight + " lowered to 1: " + probation
+	if c.lowered == "" || weight != c.loweredWeight {
+		c.loweredWeight = weight
+		c.lowered = "a weight of " + strconv.FormatFloat(weight, 'g', 3, 64) + " lowered to 1: " + probation
 	}
 	return c.lowered
 }
@@ -184,8 +183,8 @@ func (f *Fleet) capNodeShares(ws []*worker, weight func(*worker) **float64, pins
 	if s <= 0 {
 		return nil
 	}
-	sums := map[string]float64{} // by node, weights on probation
-	fixed := 0.0                 // earned and pinned weights
+	sums := make(map[string]float64, len(ws)) // by node, weights on probation
+	fixed := 0.0                              // earned and pinned weights
 	for _, w := range ws {
 		p := *weight(w)
 		if p == nil {
