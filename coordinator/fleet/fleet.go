@@ -364,15 +364,6 @@ type worker struct {
 	// spell asked for a re-measurement (memory.go).
 	memoryShortSince time.Time
 	memoryShortAsked bool
-	// probationMsg caches the text of its probation finding (probation.go).
-	probationMsg struct {
-		key  probationKey
-		text string
-		// lowered is the text with its weight lowered to 1, for the
-		// weight loweredWeight.
-		lowered       string
-		loweredWeight float64
-	}
 
 	// Derived by evaluate, weigh and publish.
 	state       string
@@ -398,6 +389,17 @@ type worker struct {
 	// workers together measure more than the node's GPUs deliver
 	// (nodebound.go).
 	boundNote *health.Finding
+	// probationMsg caches the text of its probation finding for a
+	// probation period (probation.go): its first-seen time never changes.
+	// lowered is that text with its weight lowered to 1, for the weight
+	// loweredWeight. It sits with the fields weigh reads: a large model's
+	// weighing is bound by memory reads.
+	probationMsg struct {
+		period        time.Duration
+		text          string
+		lowered       string
+		loweredWeight float64
+	}
 	// The prefill weight, derived the same way from the prefill
 	// throughput of an admitted worker with a valid prefill part.
 	prefill      weighed

@@ -150,27 +150,19 @@ func (f *Fleet) loweredMessage(w *worker, weight float64, probation string) stri
 
 // probationMessage says until when w is on probation. Every weighing of
 // a model asks for it once per worker on probation, so it is formatted
-// once for each first-seen time and probation period.
+// once for each probation period.
 func (f *Fleet) probationMessage(w *worker) string {
-	key := probationKey{w.firstSeen, f.cfg.Probation}
-	if w.probationMsg.key == key && w.probationMsg.text != "" {
-		return w.probationMsg.text
+	c := &w.probationMsg
+	if c.text != "" && c.period == f.cfg.Probation {
+		return c.text
 	}
 	until := w.firstSeen.Add(f.cfg.Probation)
-	w.probationMsg.key = key
-	w.probationMsg.lowered = "" // says the old text
-	w.probationMsg.text = fmt.Sprintf(
+	c.period, c.lowered = f.cfg.Probation, "" // lowered says the old text
+	c.text = fmt.Sprintf(
 		"on probation: new since %s, its weight is at most 1 and its throughput does not count in its model's median until an admin "+
 			"admits it, or until two measurements agreeing within %.0f %% are made after %s (probation %s).",
 		w.firstSeen.UTC().Format(time.RFC3339), probationAgree*100, until.UTC().Format(time.RFC3339), f.cfg.Probation)
-	return w.probationMsg.text
-}
-
-// probationKey is what a probation message says: when the worker was
-// first seen, and the probation period.
-type probationKey struct {
-	firstSeen time.Time
-	period    time.Duration
+	return c.text
 }
 
 // capNodeShares scales the weights of a node whose workers on probation

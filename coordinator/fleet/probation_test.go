@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"heft/shared/view"
 	"heft/shared/wire"
@@ -392,6 +393,16 @@ func TestProbationSaysWhatItLowered(t *testing.T) {
 	says("a weight of 2 lowered to 1: on probation")
 	h.f.RecomputeWeights()
 	says("a weight of 2 lowered to 1: on probation")
+	if x, _ := warning(h.worker("c"), wire.CodeProbation); !strings.HasSuffix(x.Message, "(probation 1h0m0s).") {
+		t.Errorf("c's probation warning %q does not name the period", x.Message)
+	}
+	h.f.mu.Lock()
+	h.f.cfg.Probation = 2 * time.Hour // as a coordinator restarted with another setting has it
+	h.f.mu.Unlock()
+	h.f.RecomputeWeights()
+	if x, _ := warning(h.worker("c"), wire.CodeProbation); !strings.HasSuffix(x.Message, "(probation 2h0m0s).") || !strings.HasPrefix(x.Message, "a weight of 2 lowered") {
+		t.Errorf("after the period changed, c's probation warning is %q", x.Message)
+	}
 	if _, err := h.f.Probe("c"); err != nil {
 		t.Fatal(err)
 	}
