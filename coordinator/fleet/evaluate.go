@@ -33,10 +33,8 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 		counts := v.tps > 0 || w.tps > 0 || v.prefillTPS > 0 || w.prefill.tps > 0
 		if v.tps != w.tps || v.prefillTPS != w.prefill.tps || (v.probation != w.probation && counts) {
 			f.dirty[w.eng.Model] = true
-			if v.tps != w.tps {
-				f.markNodeModels(w.node) // its node's bound (nodebound.go)
-			}
 		}
+		tpsMoved := v.tps != w.tps
 		if w.outlierHeld() && view.Serving(v.state) {
 			v.state = view.StateHeld // until the model is weighed again
 		}
@@ -44,6 +42,9 @@ func (f *Fleet) refresh(now time.Time, ws ...*worker) bool {
 			changed = true
 		}
 		w.state, w.base, w.tps, w.prefill.tps, w.probation = v.state, v.findings, v.tps, v.prefillTPS, v.probation
+		if tpsMoved {
+			f.markNodeModels(w.node) // its node's bound (nodebound.go)
+		}
 		f.touch(w)
 	}
 	for _, w := range ws {
