@@ -150,8 +150,8 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	}
 	s.last = p.At
 	m := f.newest(w.id)
-	if m == nil || !m.Valid() || !p.At.After(m.FinishedAt) {
-		return ""
+	if m == nil || !m.Valid() || !paceStart(p).After(m.FinishedAt) {
+		return "" // a window that holds the measured burst reads the probe's own traffic
 	}
 	if !s.measured.Equal(m.FinishedAt) {
 		s.reset(m)
@@ -278,6 +278,12 @@ func (s *paceState) straddles(p *wire.Pace, m *wire.Measurement, recent float64)
 	}
 	ref, ok := s.reference(sum / secs)
 	return ok && recent > sum/tokens*(1-share)/ref*(1+PaceTolerance)
+}
+
+// paceStart is when a pace reading's window began, on the agent's clock
+// (as a measurement's FinishedAt is).
+func paceStart(p *wire.Pace) time.Time {
+	return p.At.Add(-time.Duration(p.WindowSeconds * float64(time.Second)))
 }
 
 // strongFor is how much slower than the reference a span of secs seconds

@@ -28,6 +28,7 @@ func twoMeasuredWorkers(t *testing.T, with ...func(*wire.Measurement)) (*harness
 		}
 		h.result("n", m)
 	}
+	h.clk.advance(time.Minute) // the pace windows that follow start after the bursts
 	return h, a, b
 }
 
@@ -103,6 +104,7 @@ func TestPaceRescales(t *testing.T) {
 	m := measured("c", 2000, h2.clk.now())
 	m.DecodeTPSP50 = 125
 	h2.result("n", m)
+	h2.clk.advance(time.Minute)
 	for i := range 2 {
 		c.Pace = &wire.Pace{At: h2.clk.now().Add(time.Duration(i+1) * time.Second), WindowSeconds: 5, SecondsPerToken: 2 * step(10), Batch: 10}
 		h2.put("n", c)
@@ -433,5 +435,35 @@ func TestPaceDiscountsPrefill(t *testing.T) {
 	}
 	if w := h.worker("b"); math.Abs(w.PaceFactor-2) > 0.01 {
 		t.Fatalf("pace factor %v, want 2", w.PaceFactor)
+	}
+}
+
+// A pace window that began before the measurement finished holds the
+// probe's own burst: 16 running, then nothing, which Little's law reads as
+// a small batch at the burst's step time, far slower than the reference at
+// that batch. It is not counted; the same reading from a window that began
+// after the burst is. (The demo's idle fleet was rescaled by such a
+// window: 0.0178 s per token at 2.44 running, the burst ending 4 s into
+// its 11 s window.)
+func TestPaceWindowHoldingTheBurstIsIgnored(t *testing.T) {
+	h := newHarness(t)
+	a := engine("a", "http://1:8000", "m")
+	h.admit("n", engine("b", "http://2:8000", "m"), 2000)
+	h.connectOnce("n")
+	h.put("n", a)
+	m := measured("a", 2000, h.clk.now())
+	m.DecodeTPSP50 = 125 // 8 ms per token at 16 running
+	h.result("n", m)
+	slow := func(at time.Time) {
+		a.Pace = &wire.Pace{At: at, WindowSeconds: 11, SecondsPerToken: 0.016, Batch: 2.44, ThroughputTPS: 2.44 / 0.016}
+		h.put("n", a)
+	}
+	slow(m.FinishedAt.Add(4 * time.Second))
+	if w := h.worker("a"); w.WeightSource != SourceMeasured || w.PaceFactor != 0 {
+		t.Fatalf("a window holding the burst: source %q factor %v, want the measurement", w.WeightSource, w.PaceFactor)
+	}
+	slow(m.FinishedAt.Add(12 * time.Second))
+	if w := h.worker("a"); w.WeightSource != SourceRescaled || !w.PaceTentative {
+		t.Fatalf("a window after the burst: source %q tentative %v, want a tentative rescale", w.WeightSource, w.PaceTentative)
 	}
 }
