@@ -87,6 +87,7 @@ func TestPassiveReadingInSnapshots(t *testing.T) {
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
 		e := fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0]
 		if p := e.Passive; p != nil {
+			t.Logf("passive: %.0f tok/s over %.2f s at %d running", p.ThroughputTPS, p.WindowSeconds, p.Concurrency)
 			if p.ThroughputTPS <= 0 || p.Concurrency < 8 || p.WindowSeconds < 0.5 {
 				t.Fatalf("passive %+v", p)
 			}

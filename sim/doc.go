@@ -60,7 +60,9 @@
 // llama.cpp as timings.cache_n; NoPrefixCache turns it off. The prompt
 // counters of /metrics count at each engine's moment: vLLM when the first
 // token comes, SGLang when the request ends, llama.cpp only the tokens it
-// computed.
+// computed. So do the generated-token counters: vLLM's at each step,
+// SGLang's (like llama.cpp's) when the request ends; SGLang's
+// time-to-first-token and inter-token histograms count tokens as they go.
 //
 // Length. With ignore_eos, or min_tokens ≥ the max tokens, a response is
 // exactly max tokens long (finish_reason "length"), in the fields each

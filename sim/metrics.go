@@ -127,11 +127,13 @@ func (s *Server) handleSGLangMetrics(w http.ResponseWriter, _ *http.Request) {
 
 	var prompt, cached, gen, done int64
 	var itl itlHist
+	ttft := itlHist{bounds: ttftBuckets}
 	for _, v := range views {
 		itl.add(v.stats.itl)
+		ttft.add(v.stats.ttft)
 		prompt += v.stats.promptFinished
 		cached += v.stats.cachedFinished
-		gen += v.stats.genTokens
+		gen += v.stats.genFinished
 		done += v.stats.finished["stop"] + v.stats.finished["length"] + v.stats.finished["abort"]
 	}
 	model := []promLabel{{"model_name", s.cfg.Model}}
@@ -146,6 +148,8 @@ func (s *Server) handleSGLangMetrics(w http.ResponseWriter, _ *http.Request) {
 	// The tokenizer keeps it, over every rank.
 	p.family("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "histogram")
 	p.histogram("sglang:inter_token_latency_seconds", model, itl)
+	p.family("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "histogram")
+	p.histogram("sglang:time_to_first_token_seconds", model, ttft)
 	writeMetrics(w, p)
 }
 

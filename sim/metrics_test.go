@@ -136,6 +136,17 @@ func TestSGLangMetrics(t *testing.T) {
 			if got := gen.GetMetric()[0].GetCounter().GetValue(); got != 21 {
 				t.Errorf("generation_tokens_total %v, want 21", got)
 			}
+			// The tokenizer counts a request's tokens when it finishes; its
+			// histograms count them as they are sent: one first token per
+			// request, the rest between tokens.
+			holdOne(t, s)
+			mfs = scrape(t, s.URL())
+			ttft := mfs["sglang:time_to_first_token_seconds"].GetMetric()[0].GetHistogram().GetSampleCount()
+			itl := mfs["sglang:inter_token_latency_seconds"].GetMetric()[0].GetHistogram().GetSampleCount()
+			if got := value(t, mfs, "sglang:generation_tokens_total", nil); got != 21 || ttft != 4 || itl < 18 {
+				t.Errorf("with one request running: generation_tokens_total %v (want 21, the finished ones'), "+
+					"time to first token count %d (want 4), inter-token count %d (want 18 and the running one's)", got, ttft, itl)
+			}
 		})
 	}
 }

@@ -38,8 +38,9 @@ type seq struct {
 	chain   chainPos
 	gen     int
 	aborted bool
-	// When it was admitted, got its first and its latest token, and finished.
-	admitted, first, last, ended time.Time
+	// When it was queued and admitted, got its first and its latest token,
+	// and finished.
+	queued, admitted, first, last, ended time.Time
 }
 
 // rank is one data-parallel rank: a continuous-batching loop over its own
@@ -84,6 +85,12 @@ type rankStats struct {
 	maxBatchTok                    int64   // most tokens in one step
 	throughput                     float64 // generated tok/s over the last window; 0 when idle
 	itl                            itlHist // time between a sequence's tokens
+	// genFinished adds a request's tokens when it finishes: SGLang's
+	// tokenizer counts generation_tokens_total then, not as they are made.
+	genFinished int64
+	// ttft is the time from a request's arrival to its first token, one
+	// observation per request (SGLang's tokenizer histogram).
+	ttft itlHist
 	// predicted and predictedSeconds add a request's tokens and the time
 	// from its first token to its last when it finishes (llama.cpp's
 	// on_prediction; an aborted request adds nothing).
@@ -108,7 +115,7 @@ func newRank(idx int, pool int64, rs rankSetup) *rank {
 		idx: idx, pool: pool, maxRunning: rs.maxRunning, budget: rs.budget, mixed: rs.mixed,
 		model: rs.model, freePrefill: rs.freePrefill,
 		kick:  make(chan struct{}, 1),
-		stats: rankStats{finished: map[string]int64{"stop": 0, "length": 0, "abort": 0}},
+		stats: rankStats{finished: map[string]int64{"stop": 0, "length": 0, "abort": 0}, ttft: itlHist{bounds: ttftBuckets}},
 	}
 	if rs.cacheBlock > 0 {
 		r.cache = newPrefixCache(rs.cacheBlock, pool)
@@ -165,6 +172,7 @@ func (r *rank) release(s *seq) {
 // it; otherwise it waits in the FIFO queue. Callers hold mu.
 func (r *rank) enqueue(s *seq) {
 	r.stats.requests++
+	s.queued = time.Now()
 	if len(r.waiting) == 0 && r.fits(s) {
 		r.admit(s)
 	} else {
@@ -356,6 +364,7 @@ func (r *rank) apply(st *step, prefill float64) {
 		s.last = now
 		if s.gen == 1 {
 			s.first = now
+			r.stats.ttft.observe(now.Sub(s.queued))
 			r.stats.promptFirst += s.prompt
 			r.stats.promptComputed += s.prompt - s.cached
 		}
@@ -364,6 +373,7 @@ func (r *rank) apply(st *step, prefill float64) {
 			r.stats.finished[s.finish]++
 			r.stats.promptFinished += s.prompt
 			r.stats.cachedFinished += s.cached
+			r.stats.genFinished += int64(s.gen)
 			r.stats.predicted += int64(s.gen)
 			r.stats.predictedSeconds += s.last.Sub(s.first).Seconds()
 			r.release(s)
@@ -421,6 +431,7 @@ func (r *rank) view() rankView {
 		used: r.used, stats: r.stats, maxSlots: r.maxRunning,
 	}
 	v.stats.itl = r.stats.itl.clone()
+	v.stats.ttft = r.stats.ttft.clone()
 	v.stats.finished = make(map[string]int64, len(r.stats.finished))
 	for k, n := range r.stats.finished {
 		v.stats.finished[k] = n

@@ -26,6 +26,9 @@ type Counters struct {
 	// InterTokenKnown.
 	InterTokenSeconds, InterTokens float64
 	InterTokenKnown                bool
+	// InterTokenLive is MetricsFacts.InterTokenLive: the histogram's sum
+	// over a span, over its length, is the requests decoding in it.
+	InterTokenLive bool
 	// PromptComputed is the prompt tokens read less the prefix cache's
 	// hits, where PromptKnown.
 	PromptComputed float64
@@ -49,5 +52,5 @@ func (c *Client) Counters(ctx context.Context) (Counters, error) {
 	}
 	return Counters{Generated: mf.Generated, Ranks: mf.GeneratedRanks, Load: mf.Load,
 		InterTokenSeconds: mf.InterTokenSeconds, InterTokens: mf.InterTokens, InterTokenKnown: mf.InterTokenKnown,
-		PromptComputed: mf.PromptComputed, PromptKnown: mf.PromptKnown}, nil
+		InterTokenLive: mf.InterTokenLive, PromptComputed: mf.PromptComputed, PromptKnown: mf.PromptKnown}, nil
 }

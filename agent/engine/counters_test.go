@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"maps"
 	"math"
+	"strings"
 	"testing"
 
 	"heft/shared/testutil"
@@ -68,26 +69,80 @@ llamacpp:tokens_predicted_total 2048
 	llamaNoTokens := `# TYPE llamacpp:tokens_predicted_seconds_total counter
 llamacpp:tokens_predicted_seconds_total 31.77
 `
+	sglangNew := strings.NewReplacer("time_per_output_token", "inter_token_latency").Replace(sglangOld)
+	// Only a histogram observed as tokens are sent, whose sum is time and
+	// whose count is tokens, is live: older SGLang's counts chunks, and
+	// llama.cpp's counters move when a request finishes.
 	for _, tt := range []struct {
-		kind, page string
-		known      bool
-		sum, n     float64
+		kind, page  string
+		known, live bool
+		sum, n      float64
 	}{
-		{"vllm", vllmPage, true, 0.5, 30},
-		{"sglang", sglangOld, true, 0.08, 4},
-		{"sglang", vllmPage, false, 0, 0},
-		{"llamacpp", llamaPage, true, 31.77, 2048},
-		{"llamacpp", llamaNoSeconds, false, 0, 0},
-		{"llamacpp", llamaNoTokens, false, 0, 0},
-		{"vllm", llamaPage, false, 0, 0},
+		{"vllm", vllmPage, true, true, 0.5, 30},
+		{"sglang", sglangOld, true, false, 0.08, 4},
+		{"sglang", sglangNew, true, true, 0.08, 4},
+		{"sglang", vllmPage, false, false, 0, 0},
+		{"llamacpp", llamaPage, true, false, 31.77, 2048},
+		{"llamacpp", llamaNoSeconds, false, false, 0, 0},
+		{"llamacpp", llamaNoTokens, false, false, 0, 0},
+		{"vllm", llamaPage, false, false, 0, 0},
 	} {
 		mf, err := ParseMetrics(tt.kind, bytes.NewReader([]byte(tt.page)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if mf.InterTokenKnown != tt.known || math.Abs(mf.InterTokenSeconds-tt.sum) > 1e-12 || mf.InterTokens != tt.n {
-			t.Errorf("%s: inter-token = %v %v %v, want %v %v %v", tt.kind, mf.InterTokenKnown, mf.InterTokenSeconds, mf.InterTokens, tt.known, tt.sum, tt.n)
+		if mf.InterTokenKnown != tt.known || mf.InterTokenLive != tt.live || math.Abs(mf.InterTokenSeconds-tt.sum) > 1e-12 || mf.InterTokens != tt.n {
+			t.Errorf("%s: inter-token = %v (live %v) %v %v, want %v (live %v) %v %v", tt.kind, mf.InterTokenKnown, mf.InterTokenLive,
+				mf.InterTokenSeconds, mf.InterTokens, tt.known, tt.live, tt.sum, tt.n)
 		}
+	}
+}
+
+// SGLang's tokenizer adds a request's tokens to generation_tokens_total
+// only when the request finishes; the tokens it has sent are its
+// inter-token histogram's count (one per token after a request's first,
+// as each chunk is sent) and its time-to-first-token count (one per
+// request). Without both histograms, or with only the older per-chunk
+// mean, the counter is all there is.
+func TestParseMetricsSGLangTokensSent(t *testing.T) {
+	const finished = `# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="m"} 256.0
+`
+	const itl = `# TYPE sglang:inter_token_latency_seconds histogram
+sglang:inter_token_latency_seconds_bucket{le="+Inf",model_name="m"} 1270.0
+sglang:inter_token_latency_seconds_sum{model_name="m"} 25.4
+sglang:inter_token_latency_seconds_count{model_name="m"} 1270.0
+`
+	const ttft = `# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 10.0
+sglang:time_to_first_token_seconds_sum{model_name="m"} 1.5
+sglang:time_to_first_token_seconds_count{model_name="m"} 10.0
+`
+	oldITL := strings.ReplaceAll(itl, "inter_token_latency", "time_per_output_token")
+	for _, tt := range []struct {
+		name, page string
+		want       float64
+	}{
+		{"both histograms", finished + itl + ttft, 1280},
+		{"both histograms, no request finished yet", itl + ttft, 1280},
+		{"no time to first token", finished + itl, 256},
+		{"older per-chunk mean", finished + oldITL + ttft, 256},
+	} {
+		mf, err := ParseMetrics("sglang", strings.NewReader(tt.page))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !mf.GeneratedKnown || mf.Generated != tt.want || mf.GeneratedRanks[0] != tt.want {
+			t.Errorf("%s: generated = %v %v %v, want %v", tt.name, mf.GeneratedKnown, mf.Generated, mf.GeneratedRanks, tt.want)
+		}
+	}
+	// vLLM counts its tokens as it makes them: its counter stands.
+	mf, err := ParseMetrics("vllm", strings.NewReader(strings.ReplaceAll(finished+itl+ttft, "sglang:", "vllm:")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mf.Generated != 256 {
+		t.Errorf("vllm: generated = %v, want its counter's 256", mf.Generated)
 	}
 }
 

@@ -42,7 +42,9 @@ type MetricsFacts struct {
 	Families int
 	// Generated is the engine's generated-tokens counter summed over its
 	// ranks, where GeneratedKnown: the probe compares it with what its
-	// burst received, and passive capacity reads it over a window.
+	// burst received, and passive capacity reads it over a window. For
+	// SGLang, whose counter moves only when a request finishes, it is the
+	// tokens sent so far, from its histograms' counts (generatedAtFinish).
 	Generated      float64
 	GeneratedKnown bool
 	// GeneratedRanks is the counter per rank where the engine labels it
@@ -54,6 +56,12 @@ type MetricsFacts struct {
 	// InterTokenKnown.
 	InterTokenSeconds, InterTokens float64
 	InterTokenKnown                bool
+	// InterTokenLive: the histogram grows as tokens are sent, its sum the
+	// time between two tokens of a request and its count the tokens (vLLM,
+	// SGLang's inter_token_latency_seconds). Its rise over a span, over the
+	// span's length, is then how many requests were decoding (Little's
+	// law); not so for a count of chunks or of finished requests.
+	InterTokenLive bool
 	// PromptComputed is the prompt tokens the engine has read, over its
 	// ranks, less those its prefix cache served, where PromptKnown: the
 	// prefill that shares the steps with decoding (pace.go in agent).
@@ -71,8 +79,18 @@ type metricNames struct {
 	pool      []string // per-rank KV pool in tokens (truthful only)
 	generated []string // counter of generated tokens
 	// interToken is a histogram of the time between two tokens of one
-	// request; its sum over its count is the step time running requests see.
-	interToken []string
+	// request, observed as they are sent; its sum over its count is the
+	// step time running requests see. meanInterToken, where interToken is
+	// missing, is a histogram whose sum over its count is that time too,
+	// but whose count is not tokens (older SGLang).
+	interToken, meanInterToken []string
+	// generatedAtFinish: the generated counter adds a request's tokens
+	// only when it finishes (SGLang's tokenizer), which says nothing of
+	// the tokens of requests still running; where the live interToken and
+	// firstToken (a histogram with one observation per request's first
+	// token) are both there, their counts together are the tokens sent.
+	generatedAtFinish bool
+	firstToken        []string
 	// decodeSeconds, for an engine without that histogram, is a counter of
 	// the seconds finished requests spent decoding, from their first token
 	// to their last, whose tokens the generated counter holds (llama.cpp
@@ -156,10 +174,19 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 		facts.GeneratedRanks[k] = v
 		facts.Generated += v
 	})
-	facts.InterTokenKnown = page.histogram(names.interToken, func(sum, count float64) {
+	interToken := func(sum, count float64) {
 		facts.InterTokenSeconds += sum
 		facts.InterTokens += count
-	})
+	}
+	facts.InterTokenLive = page.histogram(names.interToken, interToken)
+	facts.InterTokenKnown = facts.InterTokenLive || page.histogram(names.meanInterToken, interToken)
+	if names.generatedAtFinish && facts.InterTokenLive {
+		var first float64
+		if page.histogram(names.firstToken, func(_, count float64) { first += count }) {
+			facts.Generated, facts.GeneratedKnown = first+facts.InterTokens, true
+			facts.GeneratedRanks = map[int]float64{0: facts.Generated}
+		}
+	}
 	if !facts.InterTokenKnown && facts.GeneratedKnown {
 		var secs float64
 		if page.each(names.decodeSeconds, func(_ int, v float64) { secs += v }) {

@@ -27,12 +27,22 @@ var sglang = descriptor{
 		waiting:   []string{"sglang:num_queue_reqs"},
 		kvUsage:   []string{"sglang:token_usage"},
 		pool:      []string{"sglang:max_total_num_tokens"},
-		generated: []string{"sglang:generation_tokens_total"},
-		// The tokenizer's histogram, over every rank; older releases
-		// named it time_per_output_token_seconds.
-		interToken: []string{"sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"},
-		prompt:     []string{"sglang:prompt_tokens_total"},
-		cached:     []string{"sglang:cached_tokens_total"},
+		// The tokenizer adds a request's tokens here when it finishes
+		// (observe_one_finished_request), so the agent counts tokens as they
+		// are sent from its two histograms instead (generatedAtFinish).
+		generated:         []string{"sglang:generation_tokens_total"},
+		generatedAtFinish: true,
+		// The tokenizer's histograms, over every rank: each chunk sent adds
+		// its tokens to the count and the time since the last chunk to the
+		// sum; a request's first chunk is one time to first token.
+		interToken: []string{"sglang:inter_token_latency_seconds"},
+		firstToken: []string{"sglang:time_to_first_token_seconds"},
+		// Older releases kept, per chunk sent, the request's mean time per
+		// token so far: its sum over its count is still a time per token,
+		// but its count is chunks and its sum no time.
+		meanInterToken: []string{"sglang:time_per_output_token_seconds"},
+		prompt:         []string{"sglang:prompt_tokens_total"},
+		cached:         []string{"sglang:cached_tokens_total"},
 	},
 	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}

@@ -23,14 +23,25 @@ import (
 // The engine's own counters (read as the agent reads them) show tokens
 // beyond the burst's: the probe stops the burst as soon as it reads them,
 // and no throughput comes back. Without other traffic the same probe
-// measures, and the counters agree with the burst.
+// measures, and the counters agree with the burst. On SGLang, whose
+// generated counter moves only when a request finishes, the users' long
+// requests show only in the tokens its tokenizer has sent.
 func TestSimSharedBurstDiscarded(t *testing.T) {
 	t.Parallel()
+	for _, kind := range []string{wire.EngineVLLM, wire.EngineSGLang} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			sharedBurstDiscarded(t, kind)
+		})
+	}
+}
+
+func sharedBurstDiscarded(t *testing.T, kind string) {
 	for _, watched := range []bool{true, false} {
-		s, client, counters, traffic, stopUsers := sharedSim(t)
+		s, client, counters, traffic, stopUsers := sharedSim(t, kind)
 		var once sync.Once
 		var received atomic.Int64
-		cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 256, CapacityKey: "k", Trigger: wire.ReasonOnDemand,
+		cfg := Config{URL: s.URL(), Kind: kind, Tokens: 256, CapacityKey: "k", Trigger: wire.ReasonOnDemand,
 			Load: client.Load, Counters: counters, ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second,
 			settle: 50 * time.Millisecond,
 			Progress: func(p Progress) {
@@ -71,7 +82,7 @@ func TestSimSharedBurstDiscarded(t *testing.T) {
 // sent onto them.
 func TestSimSharedWarmupStopsEarly(t *testing.T) {
 	t.Parallel()
-	s, client, counters, traffic, _ := sharedSim(t)
+	s, client, counters, traffic, _ := sharedSim(t, wire.EngineVLLM)
 	var once sync.Once
 	var measured atomic.Bool
 	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", Trigger: wire.ReasonRegistration,
@@ -93,13 +104,14 @@ func TestSimSharedWarmupStopsEarly(t *testing.T) {
 	}
 }
 
-// sharedSim is a vLLM heft-sim with room for users beside a burst (as
-// vLLM's default of 256), its engine client, the agent's counter reader,
-// traffic that sends it 11 long-running users, and stopUsers, which ends
-// them (the test's cleanup does too).
-func sharedSim(t *testing.T) (s *sim.Server, client *engine.Client, counters func(context.Context) (float64, error), traffic, stopUsers func()) {
-	s = startSim(t, sim.Config{SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 64})
-	client, err := engine.New(engine.Config{Kind: wire.EngineVLLM, URL: s.URL()}, nil)
+// sharedSim is a heft-sim of the engine kind (vLLM or SGLang) with room
+// for users beside a burst (as vLLM's default of 256), its engine client,
+// the agent's counter reader, traffic that sends it 11 long-running users,
+// and stopUsers, which ends them (the test's cleanup does too).
+func sharedSim(t *testing.T, kind string) (s *sim.Server, client *engine.Client, counters func(context.Context) (float64, error), traffic, stopUsers func()) {
+	flavor := map[string]string{wire.EngineVLLM: sim.FlavorVLLM, wire.EngineSGLang: sim.FlavorSGLang}[kind]
+	s = startSim(t, sim.Config{Flavor: flavor, SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 64})
+	client, err := engine.New(engine.Config{Kind: kind, URL: s.URL()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
