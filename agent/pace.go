@@ -60,6 +60,7 @@ type pace struct {
 	// since are the samples from start on, oldest first: where a sudden
 	// slowdown's span may start.
 	since []paceSample
+	prev  paceSample // the sample before, whatever the window: busy's last interval
 }
 
 // suddenSpan is the shortest newer span that may end a window early,
@@ -76,6 +77,13 @@ type paceSample struct {
 	at                time.Time
 	gen, itlSum, itlN float64
 	prompt            float64 // prompt tokens computed; < 0 where the engine does not say
+	// busy sums, over the intervals between the tracker's samples since
+	// it began, each interval's tokens times the requests decoding in it
+	// (its rise in the histogram's sum over its length, Little's law):
+	// over a span, its rise over the span's tokens is the batch the
+	// tokens saw (wire.Pace's TokenBatch). Only where live.
+	busy float64
+	live bool // the histogram grows as tokens are sent (engine.Counters.InterTokenLive)
 }
 
 // add takes one reading of the counters; it returns the reading a window
@@ -83,14 +91,19 @@ type paceSample struct {
 // reading, its first quarter too) completed, else nil. A counter that went
 // back (a restart) or an engine without the histogram starts over.
 func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
-	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens, prompt: -1}
+	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens, prompt: -1, live: c.InterTokenLive}
 	if c.PromptKnown {
 		s.prompt = c.PromptComputed
 	}
 	if !c.InterTokenKnown {
-		p.start, p.half, p.since = paceSample{}, paceSample{}, p.since[:0]
+		p.start, p.half, p.since, p.prev = paceSample{}, paceSample{}, p.since[:0], paceSample{}
 		return nil
 	}
+	s.busy = p.prev.busy
+	if q := p.prev; q.live && s.live && s.at.After(q.at) && s.itlN >= q.itlN && s.itlSum >= q.itlSum {
+		s.busy += (s.itlN - q.itlN) * (s.itlSum - q.itlSum) / s.at.Sub(q.at).Seconds()
+	}
+	p.prev = s
 	restarted := !p.start.at.IsZero() && (s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum)
 	if p.start.at.IsZero() || restarted || (s.prompt >= 0 && s.prompt < p.start.prompt) {
 		p.start, p.half, p.early, p.quarter = s, paceSample{}, true, restarted
@@ -145,7 +158,7 @@ func (p *pace) next(s paceSample, ranks int) *wire.Pace {
 	// The newest half, read alone, shows a change that the whole window
 	// averages with the time before it (the coordinator's PaceStrong).
 	if h := between(p.half, s, ranks); h != nil {
-		r.Recent = &wire.PaceSpan{WindowSeconds: h.WindowSeconds, SecondsPerToken: h.SecondsPerToken, Batch: h.Batch, PromptTPS: h.PromptTPS}
+		r.Recent = asSpan(h)
 	}
 	p.early = false
 	p.start, p.half = p.half, paceSample{}
@@ -198,10 +211,16 @@ func (p *pace) sudden(s paceSample, ranks int) *wire.Pace {
 	if r == nil {
 		return nil
 	}
-	r.Recent = &wire.PaceSpan{WindowSeconds: newest.WindowSeconds, SecondsPerToken: newest.SecondsPerToken, Batch: newest.Batch, PromptTPS: newest.PromptTPS}
+	r.Recent = asSpan(newest)
 	p.since = append(p.since[:0], p.since[next:]...)
 	p.start, p.half, p.early, p.quarter = p.since[0], paceSample{}, true, true
 	return r
+}
+
+// asSpan is part of a window's reading, as a reading's Recent.
+func asSpan(r *wire.Pace) *wire.PaceSpan {
+	return &wire.PaceSpan{WindowSeconds: r.WindowSeconds, SecondsPerToken: r.SecondsPerToken, Batch: r.Batch,
+		TokenBatch: r.TokenBatch, PromptTPS: r.PromptTPS}
 }
 
 // between is the reading from sample a to sample b, or nil where it holds
@@ -220,6 +239,10 @@ func between(a, b paceSample, ranks int) *wire.Pace {
 	}
 	spt := sum / n
 	tps := gen / span
-	return &wire.Pace{At: b.at.UTC(), WindowSeconds: span, SecondsPerToken: spt,
+	r := &wire.Pace{At: b.at.UTC(), WindowSeconds: span, SecondsPerToken: spt,
 		Batch: tps * spt / float64(max(1, ranks)), ThroughputTPS: tps, PromptTPS: prompt / span}
+	if a.live && b.live && b.busy > a.busy {
+		r.TokenBatch = (b.busy - a.busy) / n / float64(max(1, ranks))
+	}
+	return r
 }

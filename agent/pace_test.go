@@ -102,6 +102,66 @@ func TestPaceReadings(t *testing.T) {
 	}
 }
 
+// Traffic in bursts: 12 requests decoding for 4 s, then nothing for 6 s,
+// read each second. The time between tokens is the 12-request step's,
+// 15 ms, yet Little's law over the whole window averages in the idle
+// seconds and gives 4.8 running: a pace read at 4.8 would look far
+// slower than the engine's at 4.8. TokenBatch weights each second by its
+// tokens and gives the 12 they saw, wherever the bursts fall between two
+// samples; a histogram that does not grow as tokens are sent (older
+// SGLang, llama.cpp) gives none, and Batch stands alone.
+func TestPaceTokenBatchOfBurstyTraffic(t *testing.T) {
+	const step, running = 0.015, 12.0
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		name  string
+		phase float64 // where the first burst starts, in seconds after the first sample
+		live  bool
+		want  float64 // TokenBatch per rank
+		slack float64
+	}{
+		{"bursts on the samples", 0, true, running / 2, 1e-9},
+		// A burst that starts and ends mid-interval shares two intervals
+		// with idle time: they read 12 × 0.5 at half the tokens each.
+		{"bursts between the samples", 0.5, true, running / 2 * (3 + 0.5*0.5 + 0.5*0.5) / 4, 1e-9},
+		{"not live", 0, false, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// busyUntil is the decoding seconds up to second x.
+			busyUntil := func(x float64) float64 {
+				cycles := math.Floor((x - tt.phase) / 10)
+				in := (x - tt.phase) - 10*cycles
+				return 4*cycles + min(4, max(0, in))
+			}
+			p := &pace{window: 10 * time.Second}
+			var got *wire.Pace
+			for sec := 0; sec <= 40; sec++ {
+				busy := busyUntil(float64(sec)) - busyUntil(0)
+				// Each decoding second: 12 requests × 1/15 ms tokens; the
+				// histogram's sum grows by 12 seconds of decoding.
+				tokens := busy * running / step
+				c := engine.Counters{Generated: tokens, InterTokenSeconds: busy * running, InterTokens: tokens,
+					InterTokenKnown: true, InterTokenLive: tt.live}
+				if r := p.add(t0.Add(time.Duration(sec)*time.Second), c, 2); r != nil && r.WindowSeconds == 10 {
+					got = r
+				}
+			}
+			if got == nil {
+				t.Fatal("no whole-window reading in 40 s")
+			}
+			if math.Abs(got.SecondsPerToken-step) > 1e-9 || math.Abs(got.Batch-running*0.4/2) > 1e-9 {
+				t.Errorf("reading %+v, want %.0f ms per token and Batch %.1f (the time average)", got, 1000*step, running*0.4/2)
+			}
+			if math.Abs(got.TokenBatch-tt.want) > tt.slack {
+				t.Errorf("TokenBatch %.3f, want %.3f", got.TokenBatch, tt.want)
+			}
+			if r := got.Recent; r != nil && tt.live && r.TokenBatch <= got.Batch {
+				t.Errorf("newest half %+v: TokenBatch not read", r)
+			}
+		})
+	}
+}
+
 // A slowdown between readings ends the window early: once 2 s or more
 // run more than half again as slow per token as the window before them,
 // the reading goes out with those seconds as its Recent, and the next
@@ -388,5 +448,83 @@ func TestPaceReadsPromptsBesideDecoding(t *testing.T) {
 		if math.Abs(decode/decodeStep-1) > 0.1 {
 			t.Errorf("pace less the prompts' share: %.1f ms, want the decode step %.1f ms within 10 %%", 1000*decode, 1000*decodeStep)
 		}
+	}
+}
+
+// The whole path on a real heft-sim, read each second as the agent does:
+// 12 requests of 150 tokens arrive together, then nothing until they are
+// done and 3 s more. Between its tokens the engine takes its 12-request
+// step, while the window's mean running is far lower: weighed at Batch,
+// the reading would look far slower than the engine is; at TokenBatch it
+// reads the step for the batch its tokens saw. SGLang's flavour checks
+// the tokens it counts as they are sent (its generated counter moves only
+// when a request finishes).
+func TestPaceOfBurstyTrafficOnASim(t *testing.T) {
+	const single, batch16 = 100.0, 800.0
+	k := (16/batch16 - 1/single) / 15
+	step := func(b float64) float64 { return 1/single + (b-1)*k }
+	for _, flavor := range []string{sim.FlavorVLLM, sim.FlavorSGLang} {
+		t.Run(flavor, func(t *testing.T) {
+			t.Parallel()
+			s, err := sim.Start(sim.Config{Flavor: flavor, Model: "test/model", SingleTPS: single, Batch16TPS: batch16}, "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			ctx, cancel := context.WithCancel(t.Context())
+			var users sync.WaitGroup
+			t.Cleanup(func() { cancel(); users.Wait() })
+			users.Go(func() {
+				for ctx.Err() == nil {
+					var burst sync.WaitGroup
+					for range 12 {
+						burst.Go(func() {
+							req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions",
+								strings.NewReader(`{"model":"test/model","messages":[{"role":"user","content":"hi"}],"max_tokens":150,"ignore_eos":true}`))
+							if resp, err := http.DefaultClient.Do(req); err == nil {
+								io.Copy(io.Discard, resp.Body)
+								resp.Body.Close()
+							}
+						})
+					}
+					burst.Wait()
+					select {
+					case <-ctx.Done():
+					case <-time.After(3 * time.Second):
+					}
+				}
+			})
+			kind := map[string]string{sim.FlavorVLLM: "vllm", sim.FlavorSGLang: "sglang"}[flavor]
+			c, err := engine.New(engine.Config{Kind: kind, URL: s.URL()}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := &pace{window: 6 * time.Second}
+			var got []*wire.Pace
+			for deadline := time.Now().Add(30 * time.Second); len(got) < 2 && time.Now().Before(deadline); time.Sleep(time.Second) {
+				cs, err := c.Counters(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r := p.add(time.Now(), cs, 1); r != nil && r.WindowSeconds >= 5.5 {
+					got = append(got, r)
+				}
+			}
+			if len(got) < 2 {
+				t.Fatalf("%d whole-window readings in 30 s", len(got))
+			}
+			worst := 0.0 // how much slower than its step at Batch a reading looked
+			for _, r := range got {
+				t.Logf("%.1f ms per token; batch %.1f (step %.1f ms), token batch %.1f (step %.1f ms); %.0f tok/s",
+					1000*r.SecondsPerToken, r.Batch, 1000*step(r.Batch), r.TokenBatch, 1000*step(r.TokenBatch), r.ThroughputTPS)
+				worst = max(worst, r.SecondsPerToken/step(r.Batch)-1)
+				if r.TokenBatch < 8 || math.Abs(r.SecondsPerToken/step(r.TokenBatch)-1) > 0.15 {
+					t.Errorf("token batch %.1f: %.1f ms per token, want its step %.1f ms within 15 %%", r.TokenBatch, 1000*r.SecondsPerToken, 1000*step(r.TokenBatch))
+				}
+			}
+			if worst < 0.2 {
+				t.Errorf("at the windows' mean batch the readings looked at most %.0f %% slow: the traffic was not bursty enough to test", 100*worst)
+			}
+		})
 	}
 }

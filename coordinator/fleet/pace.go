@@ -161,11 +161,11 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		f.log.Debug("pace reading skipped: prompts took most of the engine's time in its window", "worker", w.id, "prefill_share", share)
 		return ""
 	}
-	spt := p.SecondsPerToken * (1 - share)
-	ref, ok := s.reference(p.Batch)
+	spt, batch := p.SecondsPerToken*(1-share), tokenBatch(p.Batch, p.TokenBatch)
+	ref, ok := s.reference(batch)
 	if !ok {
 		if s.learned < PaceLearn {
-			s.learn(pacePoint{p.Batch, spt})
+			s.learn(pacePoint{batch, spt})
 		}
 		return ""
 	}
@@ -205,7 +205,7 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 			return ""
 		}
 		if s.learned < PaceLearn {
-			s.learn(pacePoint{p.Batch, spt})
+			s.learn(pacePoint{batch, spt})
 		}
 		return ""
 	}
@@ -214,7 +214,7 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		if s.factor == 0 && s.ratio > 1+strong {
 			s.factor, s.tentative = s.ratio, true
 			f.log.Info("engine's pace is far slower than measured; its capacity is rescaled until the next reading confirms it or not",
-				"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", p.Batch, "factor", s.ratio, "prefill_share", share)
+				"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", batch, "factor", s.ratio, "prefill_share", share)
 		}
 		return ""
 	}
@@ -227,13 +227,13 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 		// The GPUs say why: the pace follows the throttle, and a probe
 		// would take the worker out while the fleet is short.
 		f.log.Info("throttled engine runs slower than measured; its capacity is rescaled by its pace",
-			"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", p.Batch, "factor", s.ratio, "prefill_share", share)
+			"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", batch, "factor", s.ratio, "prefill_share", share)
 		return ""
 	}
 	f.log.Info("engine runs slower than measured while it serves; its capacity is rescaled until it is measured again",
-		"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", p.Batch, "factor", s.ratio, "prefill_share", share)
+		"worker", w.id, "seconds_per_token", spt, "reference", ref, "batch", batch, "factor", s.ratio, "prefill_share", share)
 	return fmt.Sprintf("%s: %.1f ms per token at %.1f running per rank, %.1f ms when measured; capacity rescaled to %.0f tok/s",
-		CausePaceSlower, 1000*spt, p.Batch, 1000*ref, m.ThroughputTPS/s.factor)
+		CausePaceSlower, 1000*spt, batch, 1000*ref, m.ThroughputTPS/s.factor)
 }
 
 // recent is p's newest half against the reference: its seconds per token
@@ -249,7 +249,7 @@ func (s *paceState) recent(p *wire.Pace, m *wire.Measurement) (spt, ref, share f
 	if share > MaxPrefillShare {
 		return 0, 0, 0, false
 	}
-	if ref, ok = s.reference(r.Batch); !ok {
+	if ref, ok = s.reference(tokenBatch(r.Batch, r.TokenBatch)); !ok {
 		return 0, 0, 0, false
 	}
 	return r.SecondsPerToken * (1 - share), ref, share, true
@@ -262,7 +262,8 @@ func (s *paceState) recent(p *wire.Pace, m *wire.Measurement) (spt, ref, share f
 // prompts to say. Each span's tokens are its batch per rank times its
 // seconds over its seconds per token, and the time between them, summed,
 // its batch times its seconds (the ranks cancel), so the older half's
-// are the window's less the newest half's. recent has checked p.Recent.
+// are the window's less the newest half's; so is its TokenBatch, where
+// both carry one, each weighted by its tokens. recent has checked p.Recent.
 func (s *paceState) straddles(p *wire.Pace, m *wire.Measurement, recent float64) bool {
 	r := p.Recent
 	secs := p.WindowSeconds - r.WindowSeconds
@@ -276,8 +277,25 @@ func (s *paceState) straddles(p *wire.Pace, m *wire.Measurement, recent float64)
 	if share > MaxPrefillShare {
 		return false
 	}
-	ref, ok := s.reference(sum / secs)
+	batch := sum / secs
+	if p.TokenBatch > 0 && r.TokenBatch > 0 {
+		// Each span's TokenBatch is a mean over its tokens.
+		if b := (p.TokenBatch*all - r.TokenBatch*(all-tokens)) / tokens; b > 0 {
+			batch = b
+		}
+	}
+	ref, ok := s.reference(batch)
 	return ok && recent > sum/tokens*(1-share)/ref*(1+PaceTolerance)
+}
+
+// tokenBatch is the batch a reading's seconds per token belongs to: its
+// TokenBatch where the agent could weigh it by tokens (wire.Pace), else
+// its mean over the window.
+func tokenBatch(batch, byTokens float64) float64 {
+	if byTokens > 0 {
+		return byTokens
+	}
+	return batch
 }
 
 // paceStart is when a pace reading's window began, on the agent's clock

@@ -467,3 +467,46 @@ func TestPaceWindowHoldingTheBurstIsIgnored(t *testing.T) {
 		t.Fatalf("a window after the burst: source %q tentative %v, want a tentative rescale", w.WeightSource, w.PaceTentative)
 	}
 }
+
+// Traffic in bursts: an engine at its measured speed that ran 12
+// requests for 4 s of a 10 s window and nothing the rest reads the
+// 12-request step between its tokens, while Little's law over the window
+// gives 4.8 running. Against a reference learned at 2 running, that reads
+// 35 % slower than it is, and a healthy worker lost weight. The reading's
+// TokenBatch, the 12 its tokens saw, is what it is weighed at; a reading
+// without one (an older agent, an engine whose histogram cannot say)
+// keeps its window's mean.
+func TestPaceBurstyTrafficIsWeighedAtItsTokensBatch(t *testing.T) {
+	// A step that grows steeply with the batch (235 tok/s alone, the
+	// measured 2,000 with 16): 7 ms at 12, 5.2 ms at 4.8 on the reference.
+	step := func(batch float64) float64 { return 0.004 + 0.00025*batch }
+	for _, tt := range []struct {
+		name       string
+		tokenBatch float64
+		rescaled   bool
+	}{
+		{"weighed at its tokens' batch", 12, false},
+		{"no TokenBatch: the window's mean", 0, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, a, _ := twoMeasuredWorkers(t)
+			sec := 0
+			send := func(p wire.Pace) {
+				sec += 5
+				p.At, p.WindowSeconds = h.clk.now().Add(time.Duration(sec)*time.Second), 10
+				a.Pace = &p
+				h.put("n", a)
+			}
+			for range 2 { // steady light traffic teaches the reference its 2-running point
+				send(wire.Pace{SecondsPerToken: step(2), Batch: 2, TokenBatch: 2, ThroughputTPS: 2 / step(2)})
+			}
+			for range 2 {
+				send(wire.Pace{SecondsPerToken: step(12), Batch: 4.8, TokenBatch: tt.tokenBatch, ThroughputTPS: 4.8 / step(12)})
+			}
+			w := h.worker("a")
+			if got := w.WeightSource == SourceRescaled; got != tt.rescaled {
+				t.Fatalf("rescaled %v (factor %v), want %v", got, w.PaceFactor, tt.rescaled)
+			}
+		})
+	}
+}

@@ -282,14 +282,14 @@ func (e *Engine) Validate() error {
 	}
 	if p := e.Pace; p != nil {
 		for name, v := range map[string]float64{"window_seconds": p.WindowSeconds, "seconds_per_token": p.SecondsPerToken,
-			"batch": p.Batch, "throughput_tps": p.ThroughputTPS, "prompt_tps": p.PromptTPS} {
+			"batch": p.Batch, "token_batch": p.TokenBatch, "throughput_tps": p.ThroughputTPS, "prompt_tps": p.PromptTPS} {
 			if err := checkNumber("engine.pace."+name, v); err != nil {
 				return err
 			}
 		}
 		if r := p.Recent; r != nil {
 			for name, v := range map[string]float64{"window_seconds": r.WindowSeconds, "seconds_per_token": r.SecondsPerToken,
-				"batch": r.Batch, "prompt_tps": r.PromptTPS} {
+				"batch": r.Batch, "token_batch": r.TokenBatch, "prompt_tps": r.PromptTPS} {
 				if err := checkNumber("engine.pace.recent."+name, v); err != nil {
 					return err
 				}

@@ -248,7 +248,16 @@ type Pace struct {
 	SecondsPerToken float64 `json:"seconds_per_token"`
 	// Batch is the mean number of requests decoding per rank over the
 	// window: tokens per second × SecondsPerToken / ranks (Little's law).
-	Batch         float64 `json:"batch"`
+	Batch float64 `json:"batch"`
+	// TokenBatch is the mean number decoding per rank as the window's
+	// tokens saw it: Little's law over each interval between the agent's
+	// samples, weighted by the interval's tokens. SecondsPerToken is a
+	// mean over tokens, so this is the batch it belongs to: idle seconds
+	// lower Batch (traffic in bursts reads as a small batch at a busy
+	// batch's pace) but not TokenBatch. 0 where the engine's histogram
+	// does not grow as tokens are sent (older SGLang, llama.cpp), and from
+	// older agents: Batch stands then.
+	TokenBatch    float64 `json:"token_batch,omitempty"`
 	ThroughputTPS float64 `json:"throughput_tps"` // tokens generated / window
 	// PromptTPS is the prompt tokens the engine computed per second over
 	// the window, its prefix cache's hits excluded; 0 where its counters
@@ -268,6 +277,7 @@ type PaceSpan struct {
 	WindowSeconds   float64 `json:"window_seconds"`
 	SecondsPerToken float64 `json:"seconds_per_token"`
 	Batch           float64 `json:"batch"`
+	TokenBatch      float64 `json:"token_batch,omitempty"`
 	PromptTPS       float64 `json:"prompt_tps,omitempty"`
 }
 
