@@ -70,6 +70,8 @@ llamacpp:tokens_predicted_total 2048
 llamacpp:tokens_predicted_seconds_total 31.77
 `
 	sglangNew := strings.NewReplacer("time_per_output_token", "inter_token_latency").Replace(sglangOld)
+	// vLLM before 0.11 kept each token's interval under the older name.
+	vllmOld := strings.NewReplacer("inter_token_latency", "time_per_output_token").Replace(vllmPage)
 	// Only a histogram observed as tokens are sent, whose sum is time and
 	// whose count is tokens, is live: older SGLang's counts chunks, and
 	// llama.cpp's counters move when a request finishes.
@@ -79,6 +81,8 @@ llamacpp:tokens_predicted_seconds_total 31.77
 		sum, n      float64
 	}{
 		{"vllm", vllmPage, true, true, 0.5, 30},
+		{"vllm", vllmOld, true, true, 0.5, 30},
+		{"vllm", vllmPage + strings.ReplaceAll(vllmOld, "0.", "9."), true, true, 0.5, 30}, // the new name wins
 		{"sglang", sglangOld, true, false, 0.08, 4},
 		{"sglang", sglangNew, true, true, 0.08, 4},
 		{"sglang", vllmPage, false, false, 0, 0},

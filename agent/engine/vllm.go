@@ -22,9 +22,13 @@ var vllm = descriptor{
 		waiting:   []string{"vllm:num_requests_waiting"},
 		kvUsage:   []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		generated: []string{"vllm:generation_tokens_total"},
-		// Renamed from time_per_output_token_seconds in vLLM 0.11, which
-		// since means a request's mean, not each token's.
-		interToken: []string{"vllm:inter_token_latency_seconds"},
+		// vLLM 0.11 renamed time_per_output_token_seconds, deprecating the
+		// old name; a request's mean has its own name since
+		// (request_time_per_output_token_seconds). Before, the old name
+		// held what the new one does, each token's interval as it is made
+		// (IterationStats.time_per_output_tokens_iter), so it is read
+		// where the new name is missing.
+		interToken: []string{"vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"},
 		prompt:     []string{"vllm:prompt_tokens_total"},
 		cached:     []string{"vllm:prefix_cache_hits_total"},
 	},
