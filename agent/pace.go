@@ -77,6 +77,7 @@ type paceSample struct {
 	at                time.Time
 	gen, itlSum, itlN float64
 	prompt            float64 // prompt tokens computed; < 0 where the engine does not say
+	first             float64 // requests' first tokens (engine.Counters.FirstTokens); < 0 where not known
 	// busy sums, over the intervals between the tracker's samples since
 	// it began, each interval's tokens times the requests decoding in it
 	// (its rise in the histogram's sum over its length, Little's law):
@@ -91,9 +92,12 @@ type paceSample struct {
 // reading, its first quarter too) completed, else nil. A counter that went
 // back (a restart) or an engine without the histogram starts over.
 func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
-	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens, prompt: -1, live: c.InterTokenLive}
+	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens, prompt: -1, first: -1, live: c.InterTokenLive}
 	if c.PromptKnown {
 		s.prompt = c.PromptComputed
+	}
+	if c.FirstTokensKnown {
+		s.first = c.FirstTokens
 	}
 	if !c.InterTokenKnown {
 		p.start, p.half, p.since, p.prev = paceSample{}, paceSample{}, p.since[:0], paceSample{}
@@ -101,7 +105,7 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 	}
 	s.busy = p.prev.busy
 	if q := p.prev; q.live && s.live && s.at.After(q.at) && s.itlN >= q.itlN && s.itlSum >= q.itlSum {
-		s.busy += (s.itlN - q.itlN) * (s.itlSum - q.itlSum) / s.at.Sub(q.at).Seconds()
+		s.busy += decoded(q, s) * (s.itlSum - q.itlSum) / s.at.Sub(q.at).Seconds()
 	}
 	p.prev = s
 	restarted := !p.start.at.IsZero() && (s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum)
@@ -237,12 +241,27 @@ func between(a, b paceSample, ranks int) *wire.Pace {
 	if n < minPaceTokens || sum <= 0 || gen < 0 || span <= 0 {
 		return nil
 	}
-	spt := sum / n
+	spt := sum / decoded(a, b)
 	tps := gen / span
 	r := &wire.Pace{At: b.at.UTC(), WindowSeconds: span, SecondsPerToken: spt,
 		Batch: tps * spt / float64(max(1, ranks)), ThroughputTPS: tps, PromptTPS: prompt / span}
 	if a.live && b.live && b.busy > a.busy {
-		r.TokenBatch = (b.busy - a.busy) / n / float64(max(1, ranks))
+		r.TokenBatch = (b.busy - a.busy) / decoded(a, b) / float64(max(1, ranks))
 	}
 	return r
+}
+
+// decoded is the tokens made from a to b after requests' first: the
+// inter-token histogram's count, or, where the histogram is live, the
+// first tokens known and more were generated, the generated less the
+// first. vLLM observes one interval per step a request got tokens in,
+// which with speculative decoding gives it several: its histogram's mean
+// is then a step's time, not a token's, and the probe's reference is a
+// token's.
+func decoded(a, b paceSample) float64 {
+	n := b.itlN - a.itlN
+	if a.live && b.live && a.first >= 0 && b.first >= 0 {
+		n = max(n, (b.gen-a.gen)-(b.first-a.first))
+	}
+	return n
 }

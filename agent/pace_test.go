@@ -466,25 +466,13 @@ func TestPaceOfBurstyTrafficOnASim(t *testing.T) {
 	for _, flavor := range []string{sim.FlavorVLLM, sim.FlavorSGLang} {
 		t.Run(flavor, func(t *testing.T) {
 			t.Parallel()
-			s, err := sim.Start(sim.Config{Flavor: flavor, Model: "test/model", SingleTPS: single, Batch16TPS: batch16}, "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			ctx, cancel := context.WithCancel(t.Context())
-			var users sync.WaitGroup
-			t.Cleanup(func() { cancel(); users.Wait() })
+			s, c, ctx, users := paceSim(t, sim.Config{Flavor: flavor, SingleTPS: single, Batch16TPS: batch16})
 			users.Go(func() {
 				for ctx.Err() == nil {
 					var burst sync.WaitGroup
 					for range 12 {
 						burst.Go(func() {
-							req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions",
-								strings.NewReader(`{"model":"test/model","messages":[{"role":"user","content":"hi"}],"max_tokens":150,"ignore_eos":true}`))
-							if resp, err := http.DefaultClient.Do(req); err == nil {
-								io.Copy(io.Discard, resp.Body)
-								resp.Body.Close()
-							}
+							chatUntilDone(ctx, s.URL(), `{"model":"test/model","messages":[{"role":"user","content":"hi"}],"max_tokens":150,"ignore_eos":true}`)
 						})
 					}
 					burst.Wait()
@@ -494,11 +482,6 @@ func TestPaceOfBurstyTrafficOnASim(t *testing.T) {
 					}
 				}
 			})
-			kind := map[string]string{sim.FlavorVLLM: "vllm", sim.FlavorSGLang: "sglang"}[flavor]
-			c, err := engine.New(engine.Config{Kind: kind, URL: s.URL()}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
 			p := &pace{window: 6 * time.Second}
 			var got []*wire.Pace
 			for deadline := time.Now().Add(30 * time.Second); len(got) < 2 && time.Now().Before(deadline); time.Sleep(time.Second) {
@@ -526,5 +509,79 @@ func TestPaceOfBurstyTrafficOnASim(t *testing.T) {
 				t.Errorf("at the windows' mean batch the readings looked at most %.0f %% slow: the traffic was not bursty enough to test", 100*worst)
 			}
 		})
+	}
+}
+
+// Speculative decoding: each step gives a request 3 tokens. vLLM's
+// inter-token histogram holds one interval per step, so its mean is a
+// step's time, three tokens'; SGLang's counts the tokens. The pace is per
+// token either way (the generated counter less the requests' first
+// tokens), as the probe's reference is: 8 requests decoding read the
+// 8-request step per token, not three times it.
+func TestPaceOfSpeculativeDecoding(t *testing.T) {
+	const single, batch16 = 100.0, 800.0
+	k := (16/batch16 - 1/single) / 15
+	step8 := 1/single + 7*k // per token: the sim's step of 3 tokens takes 3 of these
+	for _, flavor := range []string{sim.FlavorVLLM, sim.FlavorSGLang} {
+		t.Run(flavor, func(t *testing.T) {
+			t.Parallel()
+			s, c, ctx, users := paceSim(t, sim.Config{Flavor: flavor, SingleTPS: single, Batch16TPS: batch16, SpecAccept: 3})
+			for range 8 {
+				users.Go(func() {
+					chatUntilDone(ctx, s.URL(), `{"model":"test/model","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
+				})
+			}
+			time.Sleep(500 * time.Millisecond) // all 8 decoding
+			p := &pace{window: 2 * time.Second}
+			var got *wire.Pace
+			for deadline := time.Now().Add(20 * time.Second); got == nil && time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+				cs, err := c.Counters(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = p.add(time.Now(), cs, 1)
+			}
+			if got == nil {
+				t.Fatal("no pace reading in 20 s")
+			}
+			t.Logf("%.2f ms per token at batch %.2f (token batch %.2f); the step per token at 8 is %.2f ms", 1000*got.SecondsPerToken, got.Batch, got.TokenBatch, 1000*step8)
+			if math.Abs(got.SecondsPerToken/step8-1) > 0.1 {
+				t.Errorf("%.2f ms per token, want the step per token at 8, %.2f ms, within 10 %%", 1000*got.SecondsPerToken, 1000*step8)
+			}
+			if math.Abs(got.Batch-8) > 0.8 || math.Abs(got.TokenBatch-8) > 0.8 {
+				t.Errorf("batch %.2f, token batch %.2f; want 8 decoding", got.Batch, got.TokenBatch)
+			}
+		})
+	}
+}
+
+// paceSim starts a heft-sim of cfg (model test/model) with an engine
+// client of its kind; users run under ctx, which the test's cleanup
+// cancels before waiting for them.
+func paceSim(t *testing.T, cfg sim.Config) (s *sim.Server, c *engine.Client, ctx context.Context, users *sync.WaitGroup) {
+	t.Helper()
+	cfg.Model = "test/model"
+	s, err := sim.Start(cfg, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	kind := map[string]string{sim.FlavorVLLM: "vllm", sim.FlavorSGLang: "sglang"}[cfg.Flavor]
+	if c, err = engine.New(engine.Config{Kind: kind, URL: s.URL()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	users = &sync.WaitGroup{}
+	t.Cleanup(func() { cancel(); users.Wait() })
+	return s, c, ctx, users
+}
+
+// chatUntilDone sends one chat request to url and reads its answer to the
+// end, or until ctx ends.
+func chatUntilDone(ctx context.Context, url, body string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
 	}
 }

@@ -91,7 +91,7 @@ func (c Config) IdealBurstSeconds(n, promptTokens, outputTokens int) (float64, e
 				return 0, fmt.Errorf("ideal burst: rank %d has running sequences but nothing to do", i)
 			}
 			decode, prefill := r.model.seconds(len(st.sample), st.prefill)
-			t += decode + prefill
+			t += decode*r.tokensPerSeq(&st) + prefill
 			r.apply(&st, prefill)
 		}
 		worst = max(worst, t)

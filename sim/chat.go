@@ -375,18 +375,30 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *se
 		if p.aborted {
 			return
 		}
-		for ; sent < p.gen; sent++ {
-			if f.MalformedSSE && sent+1 == garbleAt {
+		for sent < p.gen {
+			// One chunk per step: a request's first token alone, then the
+			// tokens each decode step gave it (rank.accept).
+			n := 1
+			if sent > 0 {
+				n = min(rk.accept, p.gen-sent)
+			}
+			from := sent
+			sent += n
+			if f.MalformedSSE && from < garbleAt && garbleAt <= sent {
 				fmt.Fprintf(w, "data: {\"id\":\"%s\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"delta\":{\"content\":\n\n", id)
 			}
-			text := piece(sent)
-			c := choice(delta{Content: &text}, nil)
-			if sent+1 == plan.target {
+			var text strings.Builder
+			for i := from; i < sent; i++ {
+				text.WriteString(piece(i))
+			}
+			content := text.String()
+			c := choice(delta{Content: &content}, nil)
+			if sent == plan.target {
 				c.Choices[0].FinishReason = &plan.finish
 				c.Timings = s.timings(sq.prompt, p)
 			}
 			write(c)
-			if f.DropStreamAfter > 0 && sent+1 == f.DropStreamAfter && sent+1 < plan.target {
+			if f.DropStreamAfter > 0 && from < f.DropStreamAfter && f.DropStreamAfter <= sent && sent < plan.target {
 				_ = rc.Flush()
 				rk.abort(sq)
 				// Closes the connection without the terminating chunk.

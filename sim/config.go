@@ -136,6 +136,14 @@ type Config struct {
 	// SGLang max_running_requests, llama.cpp slots); 0 = flavour default.
 	MaxRunning int
 
+	// SpecAccept, above 1, is speculative decoding: each decode step gives
+	// a running request this many tokens (its accepted drafts and one
+	// more), streamed as one chunk, as vLLM and SGLang do. A step then
+	// takes SpecAccept times as long, so SingleTPS and Batch16TPS stay the
+	// tokens per second delivered. vLLM's inter-token histogram observes
+	// one interval per step; SGLang's adds the step's tokens to its count.
+	SpecAccept int
+
 	Faults Faults
 	Seed   int64 // seeds the natural (early) response lengths
 }
@@ -282,6 +290,9 @@ func (c Config) normalize() (Config, error) {
 	}
 	if c.MaxRunning == 0 {
 		c.MaxRunning = defaultMaxRunning[c.Flavor]
+	}
+	if c.SpecAccept < 0 || c.SpecAccept > 16 {
+		bad("spec-accept must be 0 to 16 tokens per step, got %d", c.SpecAccept)
 	}
 	if math.IsNaN(c.PrefillTPS) || math.IsInf(c.PrefillTPS, 0) || c.PrefillTPS < 0 {
 		bad("prefill-tps must be a number ≥ 0 (0 = prefill is free), got %v", c.PrefillTPS)

@@ -23,6 +23,8 @@ func TestInvalidConfig(t *testing.T) {
 		{"batching free", with(func(c *Config) { c.Batch16TPS = 960 }), "must be below 16 × single-tps"},
 		{"flavor", with(func(c *Config) { c.Flavor = "tgi" }), `unknown flavor "tgi"`},
 		{"dp negative", with(func(c *Config) { c.DP = -1 }), "dp must be between 1 and"},
+		{"spec accept negative", with(func(c *Config) { c.SpecAccept = -1 }), "spec-accept must be 0 to 16"},
+		{"spec accept huge", with(func(c *Config) { c.SpecAccept = 17 }), "spec-accept must be 0 to 16"},
 		{"dp on mlx", with(func(c *Config) { c.Flavor = FlavorMLX; c.DP = 2 }), "flavor mlx has no data parallelism"},
 		{"kv count", with(func(c *Config) { c.DP = 3; c.KVTokens = []int64{1, 2} }), "kv-tokens has 2 values but dp is 3"},
 		{"kv zero", with(func(c *Config) { c.KVTokens = []int64{0} }), "kv-tokens[0] must be positive"},

@@ -64,6 +64,11 @@
 // SGLang's (like llama.cpp's) when the request ends; SGLang's
 // time-to-first-token and inter-token histograms count tokens as they go.
 //
+// Speculative decoding (Config.SpecAccept, --spec-accept N): each decode
+// step gives a request N tokens, streamed as one chunk, and takes N plain
+// steps' time. vLLM's inter-token histogram then holds one interval per
+// step, SGLang's N observations of a share of it.
+//
 // Length. With ignore_eos, or min_tokens ≥ the max tokens, a response is
 // exactly max tokens long (finish_reason "length"), in the fields each
 // engine really reads; mlx and Ollama ignore both, as the real ones do.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	neturl "net/url"
 	"strings"
@@ -198,12 +199,29 @@ func chat(t *testing.T, url string, body map[string]any) (int, nonStream, string
 // tokens received and the wall time from first send to last [DONE].
 func burst(t *testing.T, url string, n, tokens int) (int, time.Duration) {
 	t.Helper()
+	results, wall := burstStreams(t, url, n, tokens, nil)
+	total := 0
+	for i, r := range results {
+		if r.readErr != nil || !r.done || r.tokens != tokens {
+			t.Fatalf("request %d: %+v", i, r)
+		}
+		total += r.tokens
+	}
+	return total, wall
+}
+
+// burstStreams sends n concurrent exact-length streamed requests, with
+// extra fields in each, and returns what each stream delivered and the
+// wall time from first send to last [DONE].
+func burstStreams(t *testing.T, url string, n, tokens int, extra map[string]any) ([]streamResult, time.Duration) {
+	t.Helper()
 	var wg sync.WaitGroup
 	results := make([]streamResult, n)
 	start := time.Now()
 	for i := range n {
 		wg.Go(func() {
 			body := chatBody(tokens, map[string]any{"min_tokens": tokens, "stream": true})
+			maps.Copy(body, extra)
 			resp, err := post(t.Context(), url, body)
 			if err != nil {
 				results[i].readErr = err
@@ -213,15 +231,7 @@ func burst(t *testing.T, url string, n, tokens int) (int, time.Duration) {
 		})
 	}
 	wg.Wait()
-	wall := time.Since(start)
-	total := 0
-	for i, r := range results {
-		if r.readErr != nil || !r.done || r.tokens != tokens {
-			t.Fatalf("request %d: %+v", i, r)
-		}
-		total += r.tokens
-	}
-	return total, wall
+	return results, time.Since(start)
 }
 
 func getBody(t *testing.T, url string) (int, []byte) {

@@ -47,6 +47,27 @@ func (h *itlHist) observe(d time.Duration) {
 	}
 }
 
+// observeTokens is k tokens of one sequence that came together after d:
+// SGLang's tokenizer adds d to the sum and k observations of d/k.
+func (h *itlHist) observeTokens(d time.Duration, k int) {
+	if k <= 1 {
+		h.observe(d)
+		return
+	}
+	if h.counts == nil {
+		h.counts = make([]int64, len(h.buckets()))
+	}
+	h.sum += d.Seconds()
+	h.n += int64(k)
+	each := d.Seconds() / float64(k)
+	for i, le := range h.buckets() {
+		if each <= le {
+			h.counts[i] += int64(k)
+			return
+		}
+	}
+}
+
 func (h itlHist) clone() itlHist {
 	h.counts = append([]int64(nil), h.counts...)
 	return h

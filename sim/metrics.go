@@ -60,6 +60,10 @@ func (s *Server) handleVLLMMetrics(w http.ResponseWriter, _ *http.Request) {
 		func(v rankView) float64 { return float64(v.stats.cacheQueries) })
 	counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
 		func(v rankView) float64 { return float64(v.stats.cacheHits) })
+	p.family("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "histogram")
+	for _, v := range views {
+		p.histogram("vllm:time_to_first_token_seconds", lbl(v), v.stats.ttft)
+	}
 	p.family("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "histogram")
 	for _, v := range views {
 		p.histogram("vllm:inter_token_latency_seconds", lbl(v), v.stats.itl)

@@ -55,6 +55,8 @@ type rank struct {
 	// freePrefill: a prompt is whole the moment it is admitted (no
 	// --prefill-tps, or the prefill-cached fault).
 	freePrefill bool
+	accept      int           // tokens per decode step (rankSetup)
+	itlPerToken bool          // rankSetup
 	cache       *prefixCache  // nil when off
 	kick        chan struct{} // wakes an idle loop
 
@@ -102,6 +104,12 @@ type rankStats struct {
 
 // rankSetup is what every rank of a server shares.
 type rankSetup struct {
+	// accept is the tokens a decode step gives each running sequence
+	// (Config.SpecAccept; 1 without speculative decoding); itlPerToken:
+	// the inter-token histogram counts them all against the step's
+	// interval (SGLang), not one interval per step (vLLM).
+	accept      int
+	itlPerToken bool
 	maxRunning  int
 	budget      int64
 	mixed       bool
@@ -113,7 +121,7 @@ type rankSetup struct {
 func newRank(idx int, pool int64, rs rankSetup) *rank {
 	r := &rank{
 		idx: idx, pool: pool, maxRunning: rs.maxRunning, budget: rs.budget, mixed: rs.mixed,
-		model: rs.model, freePrefill: rs.freePrefill,
+		model: rs.model, freePrefill: rs.freePrefill, accept: max(1, rs.accept), itlPerToken: rs.itlPerToken,
 		kick:  make(chan struct{}, 1),
 		stats: rankStats{finished: map[string]int64{"stop": 0, "length": 0, "abort": 0}, ttft: itlHist{bounds: ttftBuckets}},
 	}
@@ -318,12 +326,16 @@ func (r *rank) loop(ctx context.Context) {
 		}
 		// The step is fixed at its start; arrivals join the next one.
 		r.plan(&st)
+		perSeq := r.tokensPerSeq(&st)
 		r.mu.Unlock()
 
 		if time.Since(next) > maxLag {
 			next = time.Now()
 		}
 		decode, prefill := r.model.seconds(len(st.sample), st.prefill)
+		// A step that gives its requests k tokens each takes as long as k
+		// plain steps: the calibration stays the tokens delivered.
+		decode *= perSeq
 		f := r.model.cold(next)
 		decode, prefill = decode*f, prefill*f
 		next = next.Add(time.Duration((decode + prefill) * float64(time.Second)))
@@ -337,6 +349,28 @@ func (r *rank) loop(ctx context.Context) {
 		r.apply(&st, prefill)
 		r.mu.Unlock()
 	}
+}
+
+// tokensPerSeq is the mean tokens the step gives each sampled sequence:
+// 1, or with speculative decoding up to accept (seqTokens). Callers hold mu.
+func (r *rank) tokensPerSeq(st *step) float64 {
+	if r.accept <= 1 || len(st.sample) == 0 {
+		return 1
+	}
+	n := 0
+	for _, s := range st.sample {
+		n += r.seqTokens(s)
+	}
+	return float64(n) / float64(len(st.sample))
+}
+
+// seqTokens is what a step gives s: its first token alone, from its
+// prompt's step; then up to accept, never past its target.
+func (r *rank) seqTokens(s *seq) int {
+	if s.gen == 0 {
+		return 1
+	}
+	return max(1, min(r.accept, s.target-s.gen))
 }
 
 // apply ends a step: chunks are computed, and each sampled sequence gains a
@@ -355,12 +389,17 @@ func (r *rank) apply(st *step, prefill float64) {
 		if s.state != stateRunning {
 			continue
 		}
-		s.gen++
-		n++
-		r.hold(s, 1)
-		if s.gen > 1 {
-			r.stats.itl.observe(now.Sub(s.last))
+		k := r.seqTokens(s)
+		if s.gen > 0 {
+			if r.itlPerToken {
+				r.stats.itl.observeTokens(now.Sub(s.last), k)
+			} else {
+				r.stats.itl.observe(now.Sub(s.last))
+			}
 		}
+		s.gen += k
+		n += int64(k)
+		r.hold(s, int64(k))
 		s.last = now
 		if s.gen == 1 {
 			s.first = now

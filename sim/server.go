@@ -114,9 +114,11 @@ func Serve(cfg Config, ln net.Listener) (*Server, error) {
 func (c Config) rankSetup(start time.Time) rankSetup {
 	t0, k, _ := calibrate(c.SingleTPS, c.Batch16TPS)
 	rs := rankSetup{
-		maxRunning: c.MaxRunning,
-		budget:     int64(c.MaxBatchedTokens),
-		mixed:      mixedSteps(c.Flavor),
+		accept:      max(1, c.SpecAccept),
+		itlPerToken: c.Flavor == FlavorSGLang,
+		maxRunning:  c.MaxRunning,
+		budget:      int64(c.MaxBatchedTokens),
+		mixed:       mixedSteps(c.Flavor),
 		model: stepModel{
 			t0: t0, k: k, prefillTPS: c.PrefillTPS, start: start, coldFactor: c.ColdFactor,
 			coldFor: time.Duration(c.ColdSeconds * float64(time.Second)), slow: c.Slow,

@@ -26,6 +26,9 @@ type Counters struct {
 	// InterTokenKnown.
 	InterTokenSeconds, InterTokens float64
 	InterTokenKnown                bool
+	// FirstTokens is MetricsFacts.FirstTokens, where FirstTokensKnown.
+	FirstTokens      float64
+	FirstTokensKnown bool
 	// InterTokenLive is MetricsFacts.InterTokenLive: the histogram's sum
 	// over a span, over its length, is the requests decoding in it.
 	InterTokenLive bool
@@ -52,5 +55,6 @@ func (c *Client) Counters(ctx context.Context) (Counters, error) {
 	}
 	return Counters{Generated: mf.Generated, Ranks: mf.GeneratedRanks, Load: mf.Load,
 		InterTokenSeconds: mf.InterTokenSeconds, InterTokens: mf.InterTokens, InterTokenKnown: mf.InterTokenKnown,
-		InterTokenLive: mf.InterTokenLive, PromptComputed: mf.PromptComputed, PromptKnown: mf.PromptKnown}, nil
+		InterTokenLive: mf.InterTokenLive, FirstTokens: mf.FirstTokens, FirstTokensKnown: mf.FirstTokensKnown,
+		PromptComputed: mf.PromptComputed, PromptKnown: mf.PromptKnown}, nil
 }

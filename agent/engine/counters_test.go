@@ -145,8 +145,8 @@ sglang:time_to_first_token_seconds_count{model_name="m"} 10.0
 	if err != nil {
 		t.Fatal(err)
 	}
-	if mf.Generated != 256 {
-		t.Errorf("vllm: generated = %v, want its counter's 256", mf.Generated)
+	if mf.Generated != 256 || !mf.FirstTokensKnown || mf.FirstTokens != 10 {
+		t.Errorf("vllm: generated = %v, first tokens %v %v; want its counter's 256 and 10 first tokens", mf.Generated, mf.FirstTokensKnown, mf.FirstTokens)
 	}
 }
 

@@ -56,6 +56,14 @@ type MetricsFacts struct {
 	// InterTokenKnown.
 	InterTokenSeconds, InterTokens float64
 	InterTokenKnown                bool
+	// FirstTokens counts requests that got their first token (the
+	// time-to-first-token histogram's count), where FirstTokensKnown: the
+	// generated counter less it is the tokens made after requests' first,
+	// which the inter-token histogram's count undercounts where a step
+	// gives a request several (vLLM with speculative decoding observes one
+	// interval per step).
+	FirstTokens      float64
+	FirstTokensKnown bool
 	// InterTokenLive: the histogram grows as tokens are sent, its sum the
 	// time between two tokens of a request and its count the tokens (vLLM,
 	// SGLang's inter_token_latency_seconds). Its rise over a span, over the
@@ -84,13 +92,15 @@ type metricNames struct {
 	// missing, is a histogram whose sum over its count is that time too,
 	// but whose count is not tokens (older SGLang).
 	interToken, meanInterToken []string
+	// firstToken is a histogram with one observation per request's first
+	// token (time to first token).
+	firstToken []string
 	// generatedAtFinish: the generated counter adds a request's tokens
 	// only when it finishes (SGLang's tokenizer), which says nothing of
 	// the tokens of requests still running; where the live interToken and
-	// firstToken (a histogram with one observation per request's first
-	// token) are both there, their counts together are the tokens sent.
+	// firstToken are both there, their counts together are the tokens
+	// sent.
 	generatedAtFinish bool
-	firstToken        []string
 	// decodeSeconds, for an engine without that histogram, is a counter of
 	// the seconds finished requests spent decoding, from their first token
 	// to their last, whose tokens the generated counter holds (llama.cpp
@@ -180,12 +190,10 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 	}
 	facts.InterTokenLive = page.histogram(names.interToken, interToken)
 	facts.InterTokenKnown = facts.InterTokenLive || page.histogram(names.meanInterToken, interToken)
-	if names.generatedAtFinish && facts.InterTokenLive {
-		var first float64
-		if page.histogram(names.firstToken, func(_, count float64) { first += count }) {
-			facts.Generated, facts.GeneratedKnown = first+facts.InterTokens, true
-			facts.GeneratedRanks = map[int]float64{0: facts.Generated}
-		}
+	facts.FirstTokensKnown = page.histogram(names.firstToken, func(_, count float64) { facts.FirstTokens += count })
+	if names.generatedAtFinish && facts.InterTokenLive && facts.FirstTokensKnown {
+		facts.Generated, facts.GeneratedKnown = facts.FirstTokens+facts.InterTokens, true
+		facts.GeneratedRanks = map[int]float64{0: facts.Generated}
 	}
 	if !facts.InterTokenKnown && facts.GeneratedKnown {
 		var secs float64

@@ -29,6 +29,7 @@ var vllm = descriptor{
 		// (IterationStats.time_per_output_tokens_iter), so it is read
 		// where the new name is missing.
 		interToken: []string{"vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"},
+		firstToken: []string{"vllm:time_to_first_token_seconds"},
 		prompt:     []string{"vllm:prompt_tokens_total"},
 		cached:     []string{"vllm:prefix_cache_hits_total"},
 	},

@@ -181,12 +181,24 @@ func TestRunBadEngines(t *testing.T) {
 			failure: wire.CodeProbeFailed, problem: "not an event stream",
 		},
 		{
+			// More tokens by usage than chunks can be speculative decoding
+			// (a step's accepted tokens in one chunk); usage still counts,
+			// and it says more than asked.
 			name: "usage over-reports",
 			stream: func(n int64, w http.ResponseWriter, r *http.Request, req map[string]any) {
 				k := intField(req, "max_tokens")
 				writeStream(w, k, k+3)
 			},
-			failure: wire.CodeProbeIncompleteOutput, problem: "usage says 11 tokens but the stream carried 8",
+			failure: wire.CodeProbeIncompleteOutput, problem: "11 tokens, asked for exactly 8",
+		},
+		{
+			// Fewer tokens than chunks of text: every chunk carries one.
+			name: "usage under-reports",
+			stream: func(n int64, w http.ResponseWriter, r *http.Request, req map[string]any) {
+				k := intField(req, "max_tokens")
+				writeStream(w, k, k-3)
+			},
+			failure: wire.CodeProbeIncompleteOutput, problem: "usage says 5 tokens but the stream carried 8 chunks of text",
 		},
 		{
 			name: "fewer tokens than asked",

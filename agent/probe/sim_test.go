@@ -276,3 +276,32 @@ func BenchmarkProbeOverhead(b *testing.B) {
 	b.ReportMetric(total/float64(b.N)/ideal, "wall/ideal")
 	b.ReportMetric(tps/float64(b.N), "tok/s")
 }
+
+// Speculative decoding: each decode step gives a request several tokens
+// in one streamed chunk (vLLM with a speculative config, SGLang with
+// EAGLE or MTP), so a stream carries fewer chunks than its usage says.
+// That is not a short answer: the probe counts the tokens by usage and
+// measures the engine, and a request's decode rate is its tokens after the
+// first, not its chunks, over the time between its first and last.
+func TestSimSpeculativeDecodingIsMeasured(t *testing.T) {
+	for _, kind := range []string{wire.EngineVLLM, wire.EngineSGLang} {
+		t.Run(kind, func(t *testing.T) {
+			simBubble(t, func(t *testing.T) {
+				cfg := sim.Config{Flavor: kind, SingleTPS: 200, Batch16TPS: 2000, SpecAccept: 3}
+				s, client := bubbleSim(t, cfg)
+				m := mustRun(t, Config{URL: s.URL(), HTTPClient: client, Kind: kind, CapacityKey: "test/spec",
+					ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second})
+				if !m.Valid() || !m.Complete {
+					t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
+				}
+				want := capacity(t, cfg, 16, 128)
+				if !exact(m.ThroughputTPS, want) || !exact(want, 2000) {
+					t.Errorf("throughput %v tok/s, want the sim's %v (2000)", m.ThroughputTPS, want)
+				}
+				if !exact(m.DecodeTPSP50, want/16) {
+					t.Errorf("decode p50 %v tok/s, want %v: tokens, not chunks, per second", m.DecodeTPSP50, want/16)
+				}
+			})
+		})
+	}
+}

@@ -15,7 +15,9 @@ var errDropped = errors.New("stream ended before [DONE]")
 // streamStats is what one streamed chat completion delivered.
 type streamStats struct {
 	// Chunks counts chunks that carried generated text (content or
-	// reasoning). Engines send one per token, so it cross-checks Usage.
+	// reasoning). Engines send one per step: a token each, or with
+	// speculative decoding the tokens a step accepted, so Usage may be
+	// more than Chunks but never less.
 	Chunks int
 	// Usage is completion_tokens from the last usage block, if any.
 	Usage    int
