@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -28,17 +29,20 @@ import (
 // requests show only in the tokens its tokenizer has sent.
 func TestSimSharedBurstDiscarded(t *testing.T) {
 	t.Parallel()
-	for _, kind := range []string{wire.EngineVLLM, wire.EngineSGLang} {
-		t.Run(kind, func(t *testing.T) {
+	for _, tc := range []struct {
+		kind   string
+		accept int // speculative decoding: tokens per step, streamed as one chunk
+	}{{wire.EngineVLLM, 0}, {wire.EngineSGLang, 0}, {wire.EngineVLLM, 3}} {
+		t.Run(fmt.Sprintf("%s/spec-accept=%d", tc.kind, tc.accept), func(t *testing.T) {
 			t.Parallel()
-			sharedBurstDiscarded(t, kind)
+			sharedBurstDiscarded(t, tc.kind, tc.accept)
 		})
 	}
 }
 
-func sharedBurstDiscarded(t *testing.T, kind string) {
+func sharedBurstDiscarded(t *testing.T, kind string, accept int) {
 	for _, watched := range []bool{true, false} {
-		s, client, counters, traffic, stopUsers := sharedSim(t, kind)
+		s, client, counters, traffic, stopUsers := sharedSim(t, kind, accept)
 		var once sync.Once
 		var received atomic.Int64
 		cfg := Config{URL: s.URL(), Kind: kind, Tokens: 256, CapacityKey: "k", Trigger: wire.ReasonOnDemand,
@@ -82,7 +86,7 @@ func sharedBurstDiscarded(t *testing.T, kind string) {
 // sent onto them.
 func TestSimSharedWarmupStopsEarly(t *testing.T) {
 	t.Parallel()
-	s, client, counters, traffic, _ := sharedSim(t, wire.EngineVLLM)
+	s, client, counters, traffic, _ := sharedSim(t, wire.EngineVLLM, 0)
 	var once sync.Once
 	var measured atomic.Bool
 	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", Trigger: wire.ReasonRegistration,
@@ -104,13 +108,14 @@ func TestSimSharedWarmupStopsEarly(t *testing.T) {
 	}
 }
 
-// sharedSim is a heft-sim of the engine kind (vLLM or SGLang) with room
-// for users beside a burst (as vLLM's default of 256), its engine client,
-// the agent's counter reader, traffic that sends it 11 long-running users,
-// and stopUsers, which ends them (the test's cleanup does too).
-func sharedSim(t *testing.T, kind string) (s *sim.Server, client *engine.Client, counters func(context.Context) (float64, error), traffic, stopUsers func()) {
+// sharedSim is a heft-sim of the engine kind (vLLM or SGLang; accept as
+// sim.Config.SpecAccept) with room for users beside a burst (as vLLM's
+// default of 256), its engine client, the agent's counter reader, traffic
+// that sends it 11 long-running users, and stopUsers, which ends them (the
+// test's cleanup does too).
+func sharedSim(t *testing.T, kind string, accept int) (s *sim.Server, client *engine.Client, counters func(context.Context) (float64, error), traffic, stopUsers func()) {
 	flavor := map[string]string{wire.EngineVLLM: sim.FlavorVLLM, wire.EngineSGLang: sim.FlavorSGLang}[kind]
-	s = startSim(t, sim.Config{Flavor: flavor, SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 64})
+	s = startSim(t, sim.Config{Flavor: flavor, SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 64, SpecAccept: accept})
 	client, err := engine.New(engine.Config{Kind: kind, URL: s.URL()}, nil)
 	if err != nil {
 		t.Fatal(err)
