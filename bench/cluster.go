@@ -163,6 +163,9 @@ func (e *env) startSimProcAt(dir, name string, c Calibration, notReady time.Dura
 	if c.Slow.Factor > 1 {
 		args = append(args, "--slow-at", c.Slow.At.String(), "--slow-factor", ftoa(c.Slow.Factor))
 	}
+	if c.SpecAccept > 1 {
+		args = append(args, "--spec-accept", strconv.Itoa(c.SpecAccept))
+	}
 	ch, err := startChild(dir, name+"-sim", bin, args, childIO{Lines: true, Env: env})
 	if err != nil {
 		return nil, err

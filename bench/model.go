@@ -22,6 +22,10 @@ type Calibration struct {
 	MaxRunning int
 	KVTokens   []int64  // KV pool per rank (nil = the sim's default)
 	Slow       sim.Slow // a mid-run throttle (--slow-at, --slow-factor); zero: none
+	// SpecAccept, above 1, is speculative decoding (--spec-accept): each
+	// decode step gives a request this many tokens in one chunk; the
+	// calibration stays the tokens delivered.
+	SpecAccept int
 }
 
 func (c Calibration) ranks() int { return max(c.DP, 1) }
@@ -38,6 +42,9 @@ func (c Calibration) String() string {
 	if c.MaxRunning > 0 {
 		s += fmt.Sprintf(" max-running=%d", c.MaxRunning)
 	}
+	if c.SpecAccept > 1 {
+		s += fmt.Sprintf(" spec-accept=%d", c.SpecAccept)
+	}
 	return s
 }
 
@@ -46,6 +53,7 @@ func (c Calibration) simConfig(model string, cold Cold) sim.Config {
 	return sim.Config{
 		Flavor: c.Flavor, Model: model, SingleTPS: c.SingleTPS, Batch16TPS: c.Batch16TPS,
 		DP: c.ranks(), MaxRunning: c.MaxRunning, KVTokens: c.KVTokens, ColdFactor: cold.Factor, ColdSeconds: cold.Seconds, Seed: 1,
+		SpecAccept: c.SpecAccept,
 	}
 }
 

@@ -13,14 +13,16 @@ import (
 // benchModel is the one model every simulated worker serves.
 const benchModel = "Qwen/Qwen3-8B"
 
-// fidelityWorkers are the five workers of areas 1–3: from a small Mac-like
-// engine up to a big GPU, one with two data-parallel ranks.
+// fidelityWorkers are the six workers of areas 1–3: from a small Mac-like
+// engine up to a big GPU, one with two data-parallel ranks, one with
+// speculative decoding (three tokens a step, streamed as one chunk).
 var fidelityWorkers = []Calibration{
 	{Name: "mac-small", Flavor: sim.FlavorLlamaCpp, SingleTPS: 60, Batch16TPS: 300},
 	{Name: "gpu-mid", Flavor: sim.FlavorSGLang, SingleTPS: 80, Batch16TPS: 900},
 	{Name: "gpu-fast", Flavor: sim.FlavorVLLM, SingleTPS: 100, Batch16TPS: 1200},
 	{Name: "gpu-big", Flavor: sim.FlavorVLLM, SingleTPS: 160, Batch16TPS: 2500},
 	{Name: "gpu-dp2", Flavor: sim.FlavorSGLang, SingleTPS: 80, Batch16TPS: 900, DP: 2},
+	{Name: "gpu-spec", Flavor: sim.FlavorVLLM, SingleTPS: 100, Batch16TPS: 1200, SpecAccept: 3},
 }
 
 // coldStarts are each worker's cold start in area 2: steps 3–4 times
@@ -31,6 +33,7 @@ var coldStarts = map[string]Cold{
 	"gpu-fast":  {Factor: 4, Seconds: 2},
 	"gpu-big":   {Factor: 3.6, Seconds: 2},
 	"gpu-dp2":   {Factor: 3.5, Seconds: 2},
+	"gpu-spec":  {Factor: 4, Seconds: 2},
 }
 
 // longCold is area 2's informative limit case: a cold period that outlasts
