@@ -241,12 +241,13 @@ func between(a, b paceSample, ranks int) *wire.Pace {
 	if n < minPaceTokens || sum <= 0 || gen < 0 || span <= 0 {
 		return nil
 	}
-	spt := sum / decoded(a, b)
+	tokens := decoded(a, b)
+	spt := sum / tokens
 	tps := gen / span
 	r := &wire.Pace{At: b.at.UTC(), WindowSeconds: span, SecondsPerToken: spt,
 		Batch: tps * spt / float64(max(1, ranks)), ThroughputTPS: tps, PromptTPS: prompt / span}
 	if a.live && b.live && b.busy > a.busy {
-		r.TokenBatch = (b.busy - a.busy) / decoded(a, b) / float64(max(1, ranks))
+		r.TokenBatch = (b.busy - a.busy) / tokens / float64(max(1, ranks))
 	}
 	return r
 }

@@ -90,8 +90,8 @@ func (c Config) IdealBurstSeconds(n, promptTokens, outputTokens int) (float64, e
 			if st.empty() {
 				return 0, fmt.Errorf("ideal burst: rank %d has running sequences but nothing to do", i)
 			}
-			decode, prefill := r.model.seconds(len(st.sample), st.prefill)
-			t += decode*r.tokensPerSeq(&st) + prefill
+			decode, prefill := r.stepSeconds(&st)
+			t += decode + prefill
 			r.apply(&st, prefill)
 		}
 		worst = max(worst, t)

@@ -32,28 +32,12 @@ func (h *itlHist) buckets() []float64 {
 	return h.bounds
 }
 
-func (h *itlHist) observe(d time.Duration) {
-	if h.counts == nil {
-		h.counts = make([]int64, len(h.buckets()))
-	}
-	s := d.Seconds()
-	h.sum += s
-	h.n++
-	for i, le := range h.buckets() {
-		if s <= le {
-			h.counts[i]++
-			return
-		}
-	}
-}
+func (h *itlHist) observe(d time.Duration) { h.observeTokens(d, 1) }
 
 // observeTokens is k tokens of one sequence that came together after d:
 // SGLang's tokenizer adds d to the sum and k observations of d/k.
 func (h *itlHist) observeTokens(d time.Duration, k int) {
-	if k <= 1 {
-		h.observe(d)
-		return
-	}
+	k = max(k, 1)
 	if h.counts == nil {
 		h.counts = make([]int64, len(h.buckets()))
 	}

@@ -326,16 +326,12 @@ func (r *rank) loop(ctx context.Context) {
 		}
 		// The step is fixed at its start; arrivals join the next one.
 		r.plan(&st)
-		perSeq := r.tokensPerSeq(&st)
+		decode, prefill := r.stepSeconds(&st)
 		r.mu.Unlock()
 
 		if time.Since(next) > maxLag {
 			next = time.Now()
 		}
-		decode, prefill := r.model.seconds(len(st.sample), st.prefill)
-		// A step that gives its requests k tokens each takes as long as k
-		// plain steps: the calibration stays the tokens delivered.
-		decode *= perSeq
 		f := r.model.cold(next)
 		decode, prefill = decode*f, prefill*f
 		next = next.Add(time.Duration((decode + prefill) * float64(time.Second)))
@@ -351,17 +347,20 @@ func (r *rank) loop(ctx context.Context) {
 	}
 }
 
-// tokensPerSeq is the mean tokens the step gives each sampled sequence:
-// 1, or with speculative decoding up to accept (seqTokens). Callers hold mu.
-func (r *rank) tokensPerSeq(st *step) float64 {
+// stepSeconds is how long a warm step takes: its decode and its prompt
+// chunks. A step that gives its sequences k tokens each (speculative
+// decoding, seqTokens) takes as long as k plain steps, so the calibration
+// stays the tokens delivered. Callers hold mu.
+func (r *rank) stepSeconds(st *step) (decode, prefill float64) {
+	decode, prefill = r.model.seconds(len(st.sample), st.prefill)
 	if r.accept <= 1 || len(st.sample) == 0 {
-		return 1
+		return decode, prefill
 	}
 	n := 0
 	for _, s := range st.sample {
 		n += r.seqTokens(s)
 	}
-	return float64(n) / float64(len(st.sample))
+	return decode * float64(n) / float64(len(st.sample)), prefill
 }
 
 // seqTokens is what a step gives s: its first token alone, from its
