@@ -23,7 +23,25 @@ type chatRequest struct {
 }
 
 type streamOpts struct {
-	IncludeUsage *bool `json:"include_usage"`
+	IncludeUsage         *bool `json:"include_usage"`
+	ContinuousUsageStats *bool `json:"continuous_usage_stats"`
+}
+
+// usageIn says which usage a stream carries: a final chunk of it
+// (include_usage, which vLLM and SGLang take as true once stream_options
+// is sent), and the tokens so far in every chunk (continuous_usage_stats:
+// theirs alone; vLLM's only together with include_usage).
+func (s *Server) usageIn(o *streamOpts) (final, continuous bool) {
+	if o == nil {
+		return false, false
+	}
+	openAI := s.cfg.Flavor == FlavorVLLM || s.cfg.Flavor == FlavorSGLang
+	final = (o.IncludeUsage == nil && openAI) || (o.IncludeUsage != nil && *o.IncludeUsage)
+	continuous = openAI && o.ContinuousUsageStats != nil && *o.ContinuousUsageStats
+	if s.cfg.Flavor == FlavorVLLM {
+		continuous = continuous && final
+	}
+	return final, continuous
 }
 
 type chatMessage struct {
@@ -298,7 +316,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, body)
 		return
 	}
-	s.stream(w, r, rk, sq, plan, id, created, req.StreamOptions != nil && req.StreamOptions.IncludeUsage != nil && *req.StreamOptions.IncludeUsage, end)
+	final, continuous := s.usageIn(req.StreamOptions)
+	s.stream(w, r, rk, sq, plan, id, created, final, continuous, end)
 }
 
 // usage is what the engine reports for a finished sequence; vLLM and
@@ -339,10 +358,10 @@ func (s *Server) timings(prompt int64, p seqProgress) *llamaTimings {
 	return t
 }
 
-// stream writes one SSE chunk per token as the rank produces them; it
-// calls done once the engine has finished the sequence, before flushing
-// its last tokens.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *seq, plan lengthPlan, id string, created int64, includeUsage bool, done func()) {
+// stream writes one SSE chunk per step as the rank produces tokens, each
+// with the usage so far when continuous; it calls done once the engine has
+// finished the sequence, before flushing its last tokens.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *seq, plan lengthPlan, id string, created int64, includeUsage, continuous bool, done func()) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -355,8 +374,20 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *se
 		return chunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.cfg.Model,
 			Choices: []chunkChoice{{Delta: d, FinishReason: finish}}}
 	}
+	soFar := func(c chunk, p seqProgress, sent int) chunk {
+		if continuous {
+			p.gen = sent
+			u := s.usage(sq.prompt, p)
+			c.Usage = &u
+		}
+		return c
+	}
 	empty := ""
-	write(choice(delta{Role: "assistant", Content: &empty}, nil))
+	role := choice(delta{Role: "assistant", Content: &empty}, nil)
+	if s.cfg.Flavor == FlavorVLLM {
+		role = soFar(role, seqProgress{}, 0) // SGLang's come with content only
+	}
+	write(role)
 	_ = rc.Flush()
 
 	f := s.cfg.Faults
@@ -397,7 +428,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, rk *rank, sq *se
 				c.Choices[0].FinishReason = &plan.finish
 				c.Timings = s.timings(sq.prompt, p)
 			}
-			write(c)
+			write(soFar(c, p, sent))
 			if f.DropStreamAfter > 0 && from < f.DropStreamAfter && f.DropStreamAfter <= sent && sent < plan.target {
 				_ = rc.Flush()
 				rk.abort(sq)

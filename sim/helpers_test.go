@@ -96,12 +96,14 @@ func chatBody(maxTokens int, extra map[string]any) map[string]any {
 // streamResult is what a client saw of one streamed response.
 type streamResult struct {
 	status  int
-	tokens  int // chunks carrying content
+	tokens  int   // chunks carrying content
+	soFar   []int // each content chunk's usage.completion_tokens, -1 where it had none
 	text    string
 	finish  string
-	usage   *usage
-	done    bool // saw data: [DONE]
-	garbled int  // data lines that were not JSON
+	usage   *usage // the last usage seen
+	final   *usage // a usage chunk without choices (include_usage)
+	done    bool   // saw data: [DONE]
+	garbled int    // data lines that were not JSON
 	readErr error
 }
 
@@ -139,11 +141,19 @@ func readStream(resp *http.Response, onToken func(n int)) streamResult {
 		}
 		if c.Usage != nil {
 			res.usage = c.Usage
+			if len(c.Choices) == 0 {
+				res.final = c.Usage
+			}
 		}
 		for _, ch := range c.Choices {
 			if ch.Delta.Content != nil && *ch.Delta.Content != "" {
 				res.tokens++
 				res.text += *ch.Delta.Content
+				n := -1
+				if c.Usage != nil {
+					n = c.Usage.CompletionTokens
+				}
+				res.soFar = append(res.soFar, n)
 				if onToken != nil {
 					onToken(res.tokens)
 				}

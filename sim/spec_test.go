@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"testing/synctest"
 )
@@ -57,4 +59,47 @@ func textOf(n int) string {
 		s += piece(i)
 	}
 	return s
+}
+
+// Asked for continuous usage, vLLM and SGLang put the tokens made so far
+// in every chunk, so a client counts a speculative step's tokens as they
+// arrive (1, then 3 a step, then the last one). vLLM gives it only with
+// include_usage, which both take as true when stream_options leaves it
+// out; llama.cpp has no such option.
+func TestContinuousUsage(t *testing.T) {
+	const tokens = 8
+	steps := []int{1, 4, 7, 8}
+	for _, tc := range []struct {
+		flavor string
+		opts   map[string]any
+		soFar  []int // nil: no usage in the chunks
+		final  bool
+	}{
+		{FlavorVLLM, map[string]any{"include_usage": true, "continuous_usage_stats": true}, steps, true},
+		{FlavorVLLM, map[string]any{"continuous_usage_stats": true}, steps, true},
+		{FlavorVLLM, map[string]any{"include_usage": false, "continuous_usage_stats": true}, nil, false},
+		{FlavorVLLM, map[string]any{"include_usage": true}, nil, true},
+		{FlavorSGLang, map[string]any{"include_usage": false, "continuous_usage_stats": true}, steps, false},
+		{FlavorSGLang, map[string]any{"continuous_usage_stats": true}, steps, true},
+		{FlavorLlamaCpp, map[string]any{"include_usage": true, "continuous_usage_stats": true}, nil, true},
+		{FlavorLlamaCpp, map[string]any{"continuous_usage_stats": true}, nil, false},
+	} {
+		t.Run(fmt.Sprintf("%s/%v", tc.flavor, tc.opts), func(t *testing.T) {
+			t.Parallel()
+			cfg := fast(tc.flavor)
+			cfg.SpecAccept = 3
+			s := startSim(t, cfg)
+			r := streamChat(t, s.URL(), chatBody(tokens, map[string]any{"min_tokens": tokens, "ignore_eos": true, "n_predict": tokens, "stream_options": tc.opts}))
+			want := tc.soFar
+			if want == nil {
+				want = []int{-1, -1, -1, -1}
+			}
+			if !slices.Equal(r.soFar, want) {
+				t.Errorf("usage in the chunks %v, want %v", r.soFar, want)
+			}
+			if final := r.final != nil && r.final.CompletionTokens == tokens; final != tc.final || !r.done {
+				t.Errorf("final usage %+v (want one: %v), done %v", r.final, tc.final, r.done)
+			}
+		})
+	}
 }

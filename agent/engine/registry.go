@@ -81,6 +81,11 @@ type OutputForm struct {
 	Exact bool
 	// Fields returns what a request adds to max_tokens = n, nil for none.
 	Fields func(n int) map[string]any
+	// ContinuousUsage: the kind puts the tokens made so far in every
+	// streamed chunk when asked (stream_options.continuous_usage_stats),
+	// so a probe counts tokens as they arrive even where speculative
+	// decoding streams several in one chunk.
+	ContinuousUsage bool
 }
 
 // contextSource is where a kind tells its maximum model length.

@@ -44,7 +44,7 @@ var sglang = descriptor{
 		prompt:         []string{"sglang:prompt_tokens_total"},
 		cached:         []string{"sglang:cached_tokens_total"},
 	},
-	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
+	output: OutputForm{Exact: true, ContinuousUsage: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}
 	}},
 	prefill: OutputForm{Exact: true, Fields: func(n int) map[string]any {

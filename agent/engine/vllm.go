@@ -33,7 +33,7 @@ var vllm = descriptor{
 		prompt:     []string{"vllm:prompt_tokens_total"},
 		cached:     []string{"vllm:prefix_cache_hits_total"},
 	},
-	output: OutputForm{Exact: true, Fields: func(n int) map[string]any {
+	output: OutputForm{Exact: true, ContinuousUsage: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}
 	}},
 	prefill: OutputForm{Exact: true, Fields: func(n int) map[string]any {

@@ -20,15 +20,24 @@ import (
 	"heft/shared/wire"
 )
 
+// continuousUsage asks vLLM and SGLang for the tokens so far in every
+// streamed chunk.
+const continuousUsage = "continuous_usage_stats"
+
 // requestBody builds the chat request every request of a burst sends:
 // max_tokens = tokens plus the fields with which the engine's kind is told
-// an exact length (engine.OutputFor; reference/engines.md §6).
+// an exact length (engine.OutputFor; reference/engines.md §6), and usage
+// in every chunk where the kind gives it.
 func requestBody(form engine.OutputForm, model, prompt string, tokens int) ([]byte, error) {
+	opts := map[string]bool{"include_usage": true}
+	if form.ContinuousUsage {
+		opts[continuousUsage] = true
+	}
 	req := map[string]any{
 		"model":          model,
 		"messages":       []map[string]string{{"role": "user", "content": prompt}},
 		"stream":         true,
-		"stream_options": map[string]bool{"include_usage": true},
+		"stream_options": opts,
 		"max_tokens":     tokens,
 	}
 	if form.Fields != nil {
@@ -48,6 +57,8 @@ type reqResult struct {
 
 // counters are the live progress of a burst, read by the reporter.
 type counters struct {
+	// tokens counts the completion tokens received so far: by the usage
+	// in each chunk where the engine sends it, else a token a chunk.
 	done, tokens atomic.Int64
 	// prompt counts the prompt tokens of finished requests, by usage.
 	prompt atomic.Int64
@@ -111,7 +122,7 @@ func doRequest(ctx context.Context, client *http.Client, url string, body []byte
 		res.Err = fmt.Errorf("engine answered %q, not an event stream: %s", resp.Header.Get("Content-Type"), clip(strings.TrimSpace(string(snippet))))
 		return res
 	}
-	res.Stats, res.Err = readChat(resp.Body, time.Now, func() { c.tokens.Add(1) })
+	res.Stats, res.Err = readChat(resp.Body, time.Now, func(n int) { c.tokens.Add(int64(n)) })
 	if res.Err == nil && res.Stats.HasPromptUsage {
 		c.prompt.Add(int64(res.Stats.PromptUsage))
 	}
@@ -135,6 +146,14 @@ type burstSummary struct {
 	// Fastest is the request that delivered its tokens at the highest
 	// rate, from its sending to its last token: what one stream did.
 	Fastest streamRate
+	// Refusals are the bodies of the engine's 4xx answers: why it refused
+	// a request.
+	Refusals []string
+}
+
+// refused says whether the engine refused a request naming field.
+func (s burstSummary) refused(field string) bool {
+	return slices.ContainsFunc(s.Refusals, func(body string) bool { return strings.Contains(body, field) })
 }
 
 // streamRate is one request's tokens over its whole time, sending to last
@@ -161,6 +180,9 @@ func summarize(results []reqResult, want int) burstSummary {
 		if r.Err != nil {
 			s.Failed++
 			errs.add(errorClass(r.Err), fmt.Sprintf("request %d: %v", i+1, r.Err))
+			if ae := (*answerError)(nil); errors.As(r.Err, &ae) && ae.code >= 400 && ae.code < 500 {
+				s.Refusals = append(s.Refusals, ae.body)
+			}
 			continue
 		}
 		st := r.Stats

@@ -362,6 +362,20 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	if err != nil {
 		return burstSummary{}, false, err
 	}
+	if p.form.ContinuousUsage && warm.Failed == warm.Requests && warm.refused(continuousUsage) {
+		// vLLM before 0.5.1 and early builds of its Rust front end refuse
+		// the field: count the tokens received by chunk there.
+		p.form.ContinuousUsage = false
+		m.Problems = append(m.Problems, "the engine refused stream_options."+continuousUsage+
+			": asked again without it, tokens received during a burst counted a chunk each")
+		if body, err = requestBody(p.form, m.Model, p.cfg.Prompt, p.cfg.Tokens); err != nil {
+			return burstSummary{}, false, fmt.Errorf("probe: build request: %w", err)
+		}
+		start, startCounted = p.readGenerated(ctx, m)
+		if warm, err = p.burst(ctx, PhaseWarmup, chatURL, body, start, startCounted); err != nil {
+			return burstSummary{}, false, err
+		}
+	}
 	before, counted := p.readGenerated(ctx, m)
 	if startCounted && counted {
 		// Traffic that shared the warm-up would share the measured burst

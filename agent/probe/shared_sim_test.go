@@ -32,7 +32,7 @@ func TestSimSharedBurstDiscarded(t *testing.T) {
 	for _, tc := range []struct {
 		kind   string
 		accept int // speculative decoding: tokens per step, streamed as one chunk
-	}{{wire.EngineVLLM, 0}, {wire.EngineSGLang, 0}, {wire.EngineVLLM, 3}} {
+	}{{wire.EngineVLLM, 0}, {wire.EngineSGLang, 0}, {wire.EngineVLLM, 3}, {wire.EngineSGLang, 3}} {
 		t.Run(fmt.Sprintf("%s/spec-accept=%d", tc.kind, tc.accept), func(t *testing.T) {
 			t.Parallel()
 			sharedBurstDiscarded(t, tc.kind, tc.accept)

@@ -2,6 +2,7 @@ package probe
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -110,7 +111,7 @@ func TestReadChat(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tokens := 0
-			st, err := readChat(strings.NewReader(tt.in), time.Now, func() { tokens++ })
+			st, err := readChat(strings.NewReader(tt.in), time.Now, func(n int) { tokens += n })
 			switch {
 			case tt.wantErr != nil:
 				if !errors.Is(err, tt.wantErr) {
@@ -123,14 +124,45 @@ func TestReadChat(t *testing.T) {
 			case err != nil:
 				t.Fatalf("unexpected error %v", err)
 			}
-			if st.Chunks != tt.chunks || tokens != tt.chunks {
-				t.Errorf("chunks = %d (callbacks %d), want %d", st.Chunks, tokens, tt.chunks)
+			if received := max(tt.chunks, tt.usage); st.Chunks != tt.chunks || tokens != received || st.Received != received {
+				t.Errorf("chunks = %d (received %d, told %d), want %d (received %d)", st.Chunks, st.Received, tokens, tt.chunks, received)
 			}
 			if err == nil && (st.Usage != tt.usage || st.HasUsage != tt.hasUsage) {
 				t.Errorf("usage = %d/%v, want %d/%v", st.Usage, st.HasUsage, tt.usage, tt.hasUsage)
 			}
 			if st.Chunks > 0 && (st.FirstToken.IsZero() || st.LastToken.Before(st.FirstToken)) {
 				t.Errorf("token times %v..%v", st.FirstToken, st.LastToken)
+			}
+		})
+	}
+}
+
+// With speculative decoding a chunk carries a step's accepted tokens.
+// Asked for continuous usage, vLLM and SGLang put the tokens so far in
+// every chunk, and the probe is told them as they arrive; without it,
+// only the final usage makes up the chunks' shortfall.
+func TestReadChatCountsTokensByUsage(t *testing.T) {
+	step := func(text string, soFar int) string {
+		return fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":%q}}],"usage":{"prompt_tokens":9,"completion_tokens":%d}}`+"\n\n", text, soFar)
+	}
+	final := `data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":7}}` + "\n\n"
+	role := `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":9,"completion_tokens":0}}` + "\n\n"
+	for _, tt := range []struct {
+		name string
+		in   string
+		told []int
+	}{
+		{"continuous usage", role + step("a", 1) + step("bcd", 4) + step("efg", 7) + final + "data: [DONE]\n\n", []int{1, 3, 3}},
+		{"final usage only", chunk("a") + chunk("bcd") + chunk("efg") + final + "data: [DONE]\n\n", []int{1, 1, 1, 4}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var told []int
+			st, err := readChat(strings.NewReader(tt.in), time.Now, func(n int) { told = append(told, n) })
+			if err != nil || st.Chunks != 3 || st.Usage != 7 || st.Received != 7 {
+				t.Fatalf("err %v, %d chunks, usage %d, received %d", err, st.Chunks, st.Usage, st.Received)
+			}
+			if !reflect.DeepEqual(told, tt.told) {
+				t.Errorf("told %v, want %v", told, tt.told)
 			}
 		})
 	}

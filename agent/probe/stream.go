@@ -19,9 +19,14 @@ type streamStats struct {
 	// speculative decoding the tokens a step accepted, so Usage may be
 	// more than Chunks but never less.
 	Chunks int
-	// Usage is completion_tokens from the last usage block, if any.
+	// Usage is completion_tokens from the last usage block, if any: the
+	// final one, or the tokens so far in each chunk of an engine asked
+	// for continuous usage.
 	Usage    int
 	HasUsage bool
+	// Received is the tokens received so far: Usage where it is more
+	// than Chunks, else Chunks.
+	Received int
 	// FirstToken and LastToken are when the first and last text chunks arrived.
 	FirstToken, LastToken time.Time
 	// Done is when "[DONE]" arrived.
@@ -59,11 +64,12 @@ type chatChunk struct {
 	Error json.RawMessage `json:"error"`
 }
 
-// readChat reads one streamed chat completion up to its "[DONE]". onToken
-// is called for every text chunk as it arrives. Anything the probe cannot
-// read (bad SSE, a chunk that is not a JSON object, an error object, a
-// stream that stops early) is an error.
-func readChat(r io.Reader, now func() time.Time, onToken func()) (streamStats, error) {
+// readChat reads one streamed chat completion up to its "[DONE]".
+// onTokens is told each time Received grows, by how much: with
+// speculative decoding a chunk carries several tokens, which only usage
+// counts. Anything the probe cannot read (bad SSE, a chunk that is not a
+// JSON object, an error object, a stream that stops early) is an error.
+func readChat(r io.Reader, now func() time.Time, onTokens func(n int)) (streamStats, error) {
 	var st streamStats
 	sse := newSSEReader(r)
 	for {
@@ -105,10 +111,13 @@ func readChat(r io.Reader, now func() time.Time, onToken func()) (streamStats, e
 				}
 				st.LastToken = t
 				st.Chunks++
-				if onToken != nil {
-					onToken()
-				}
 			}
+		}
+		if got := max(st.Chunks, st.Usage); got > st.Received {
+			if onTokens != nil {
+				onTokens(got - st.Received)
+			}
+			st.Received = got
 		}
 	}
 }
