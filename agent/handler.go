@@ -110,7 +110,7 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 	h.mu.Lock()
 	for _, e := range h.last.Engines {
 		if e.CapacityKey == req.CapacityKey {
-			model, uuids, maxContext, ranks = e.Model, e.GPUUUIDs, e.MaxContextTokens(), dataParallelRanks(e)
+			model, uuids, maxContext, ranks = e.Model, e.GPUUUIDs, e.MaxContextTokens(), e.DataParallelRanks()
 		}
 	}
 	h.mu.Unlock()
@@ -145,12 +145,6 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 		h.recordProbe(client.URL(), req.CapacityKey, m, err)
 	}
 	return m, err
-}
-
-// dataParallelRanks is how many data-parallel ranks the engine runs, as
-// its launch arguments, log, pools or per-rank load say; 1 when none does.
-func dataParallelRanks(e wire.Engine) int {
-	return max(1, e.ExpectedRanks, len(e.Ranks), len(e.Load.Ranks))
 }
 
 // recordProbe counts a probe's outcome and puts it on the board: a

@@ -113,7 +113,7 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 			}
 			h.passive[e.CapacityKey] = p
 		}
-		p.ranks = dataParallelRanks(*e)
+		p.ranks = e.DataParallelRanks()
 		pc := h.paces[e.CapacityKey]
 		if pc == nil {
 			pc = &pace{window: cmp.Or(h.passiveWindow, h.cfg.Probe.PaceWindow, config.DefaultPaceWindow)}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -30,6 +31,8 @@ type probeArgs struct {
 	json                     bool
 	timeout                  time.Duration
 	wait                     time.Duration // for the engine to be ready
+	busyWait                 time.Duration // for a busy engine to be idle
+	concurrencyGiven         bool
 	// The prefill burst, after the decode burst.
 	prefill                           bool
 	prefillConcurrency, prefillTokens int
@@ -56,6 +59,10 @@ func probeCmd(args []string, stdio IO, openGPUs func(hclog.Logger) (gpu.Source, 
 			fmt.Fprintln(stdio.Err, "heft-agent probe: interrupted; no measurement")
 			return 1
 		}
+		if errors.Is(err, probe.ErrBusy) {
+			fmt.Fprintf(stdio.Err, "heft-agent probe: %s not measured: %v\n", a.url, err)
+			return 1
+		}
 		fmt.Fprintf(stdio.Err, "heft-agent probe: %v\n", err)
 		return 2
 	}
@@ -78,10 +85,12 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 	fs.BoolVar(&a.json, "json", false, "print the measurement as JSON")
 	fs.DurationVar(&a.timeout, "timeout", probe.DefaultBurstTimeout, "how long each burst may take (and the wait for the engine, unless --wait)")
 	fs.DurationVar(&a.wait, "wait", probe.DefaultBurstTimeout, "how long to wait for the engine to be ready (default: --timeout); the wait is shown every few seconds")
+	fs.DurationVar(&a.busyWait, "busy-wait", probe.DefaultBusyWait, "how long to wait for a busy engine to be idle; a burst shared with other traffic is never a measurement")
 	usage := func(w io.Writer) {
 		fmt.Fprintln(w, "usage: heft-agent probe --url URL [--model M] [--engine KIND] [--concurrency 16] [--tokens 128] [--prompt P]")
-		fmt.Fprintln(w, "                         [--prefill [--prefill-concurrency 4] [--prefill-tokens 8192]] [--json] [--timeout D] [--wait D]")
+		fmt.Fprintln(w, "                         [--prefill [--prefill-concurrency 4] [--prefill-tokens 8192]] [--json] [--timeout D] [--wait D] [--busy-wait D]")
 		fmt.Fprintln(w, "\nSends the standard burst twice, keeps the second, and prints what the engine carries.")
+		fmt.Fprintln(w, "It waits for a busy engine to be idle, and sends 16 requests per data-parallel rank unless --concurrency says otherwise.")
 		fmt.Fprintln(w, "With --prefill it then sends the prefill burst twice too, and prints how fast the engine reads prompts.")
 		fmt.Fprintln(w)
 		settings.PrintFlags(w, fs)
@@ -92,6 +101,7 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 	if !flagGiven(fs, "wait") {
 		a.wait = a.timeout // as before --wait: one limit for both
 	}
+	a.concurrencyGiven = flagGiven(fs, "concurrency")
 	var problem string
 	switch {
 	case a.url == "":
@@ -106,6 +116,8 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 		problem = fmt.Sprintf("--timeout must be positive, got %v", a.timeout)
 	case a.wait <= 0:
 		problem = fmt.Sprintf("--wait must be positive, got %v", a.wait)
+	case a.busyWait < 0:
+		problem = fmt.Sprintf("--busy-wait must not be negative, got %v", a.busyWait)
 	case a.prefillConcurrency < 1 || a.prefillConcurrency > probe.MaxPrefillConcurrency:
 		problem = fmt.Sprintf("--prefill-concurrency must be 1..%d, got %d", probe.MaxPrefillConcurrency, a.prefillConcurrency)
 	case a.prefillTokens < probe.MinPrefillTokens || a.prefillTokens > probe.MaxPrefillTokens:
@@ -129,39 +141,57 @@ func (a probeArgs) run(ctx context.Context, stdio IO, openGPUs func(hclog.Logger
 		URL: a.url, Kind: a.kind, Model: a.model,
 		Concurrency: a.concurrency, Tokens: a.tokens, Prompt: a.prompt,
 		CapacityKey: "cli:" + a.url, Trigger: "cli",
+		Busy: probe.BusyWait, BusyWait: a.busyWait,
 		ReadyTimeout: a.wait, BurstTimeout: a.timeout,
 		Progress: view.update, OnWaiting: view.notice,
 		Prefill: a.prefill, PrefillConcurrency: a.prefillConcurrency, PrefillTokens: a.prefillTokens,
 	}
-	if a.prefill {
-		cfg.MaxContextTokens = engineContext(ctx, a.url, a.kind)
-	}
+	var gpus []wire.GPU
 	if src := probeLocalGPUs(a.url, openGPUs); src != nil {
 		defer src.Close()
 		cfg.GPUs = src.Devices
+		gpus, _ = src.Devices(ctx)
+	}
+	unread := ""
+	if c, err := a.engine(ctx); err != nil {
+		unread = fmt.Sprintf("engine not read (%v): not checked for other traffic, and measured with %d requests whatever its data-parallel ranks", err, cfg.Concurrency)
+	} else {
+		// As the agent probes it: idle first, the burst watched for other
+		// traffic, every data-parallel rank at the same load.
+		e := c.Facts(ctx, gpus, nil)
+		cfg.Load, cfg.EngineTree, cfg.GPUUUIDs = c.Load, c.Tree, e.GPUUUIDs
+		cfg.Counters = func(ctx context.Context) (float64, error) {
+			n, err := c.Counters(ctx)
+			return n.Generated, err
+		}
+		cfg.Ranks = e.DataParallelRanks()
+		if !a.concurrencyGiven {
+			cfg.Concurrency = min(probe.DefaultConcurrency*cfg.Ranks, probe.MaxConcurrency)
+		}
+		if a.prefill {
+			cfg.MaxContextTokens = e.MaxContextTokens()
+		}
 	}
 	m, err := probe.Run(ctx, cfg)
 	view.finish()
+	if unread != "" {
+		m.Problems = append(m.Problems, unread)
+	}
 	return m, err
 }
 
-// engineContext reads what the engine can hold (wire.Engine's
-// MaxContextTokens), as the agent would report it, so that prefill
-// prompts stay within it: 0 when the engine cannot be read or says
-// nothing. An engine of unknown kind is detected first.
-func engineContext(ctx context.Context, url, kind string) int64 {
+// engine is a client for the engine at --url, of --engine's kind or the
+// one it answers as.
+func (a probeArgs) engine(ctx context.Context) (*engine.Client, error) {
+	kind := a.kind
 	if kind == "" {
-		k, err := engine.Detect(ctx, url, engine.DefaultTimeout)
+		k, err := engine.Detect(ctx, a.url, engine.DefaultTimeout)
 		if err != nil {
-			return 0
+			return nil, err
 		}
 		kind = k
 	}
-	c, err := engine.New(engine.Config{Kind: kind, URL: url}, nil)
-	if err != nil {
-		return 0
-	}
-	return c.Facts(ctx, nil, nil).MaxContextTokens()
+	return engine.New(engine.Config{Kind: kind, URL: a.url}, nil)
 }
 
 // render prints the measurement, and why the engine could not be

@@ -2,9 +2,13 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"net"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +17,7 @@ import (
 	"heft/agent/gpu"
 	"heft/agent/probe"
 	"heft/shared/logging"
+	"heft/shared/testutil"
 	"heft/sim"
 )
 
@@ -327,4 +332,54 @@ func TestProbeLiveViewPrefill(t *testing.T) {
 	if last := lines[2][strings.LastIndex(lines[2], "\r")+1:]; !strings.HasPrefix(last, "prefill     2/4 requests   16384 prompt tokens") {
 		t.Errorf("prefill line ends with %q", last)
 	}
+}
+
+// The probe command measures an engine as the agent does. A busy engine
+// is waited for (--busy-wait) and, still busy, not measured: a burst
+// beside other requests measures the share it got. A data-parallel
+// engine gets 16 requests per rank unless --concurrency says otherwise.
+func TestProbeMeasuresAsTheAgentDoes(t *testing.T) {
+	t.Run("busy engine: not measured", func(t *testing.T) {
+		s := probeSim(t, sim.Faults{})
+		ctx, cancel := context.WithCancel(t.Context())
+		var users sync.WaitGroup
+		defer users.Wait()
+		defer cancel()
+		for range 2 {
+			users.Go(func() {
+				body := `{"messages":[{"role":"user","content":"a long answer"}],"stream":true,"max_tokens":30000,"min_tokens":30000}`
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", strings.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			})
+		}
+		testutil.Eventually(t, "the users' requests to run", 10*time.Second, func() bool { r, _ := s.InFlight(); return r == 2 })
+		code, out, errOut := probeMain("--url", s.URL(), "--concurrency", "4", "--tokens", "16", "--busy-wait", "1s")
+		if code != 1 || !strings.Contains(errOut, "not measured: engine still busy (2 running, 0 waiting)") || strings.Contains(out, "tok/s") {
+			t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, errOut)
+		}
+	})
+	t.Run("data-parallel engine: 16 requests per rank", func(t *testing.T) {
+		s, err := sim.Start(sim.Config{Flavor: sim.FlavorSGLang, DP: 2, SingleTPS: 2000, Batch16TPS: 16000, Seed: 3}, "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		for _, tc := range []struct {
+			args     []string
+			requests float64
+		}{{nil, 32}, {[]string{"--concurrency", "4"}, 4}} {
+			code, out, errOut := probeMain(append([]string{"--url", s.URL(), "--engine", "sglang", "--tokens", "16", "--json"}, tc.args...)...)
+			var m map[string]any
+			if code != 0 || json.Unmarshal([]byte(out), &m) != nil {
+				t.Fatalf("%v: exit %d\nstdout %s\nstderr %s", tc.args, code, out, errOut)
+			}
+			if m["requests"] != tc.requests || m["ranks"] != 2.0 {
+				t.Errorf("%v: %v requests over %v ranks, want %v over 2", tc.args, m["requests"], m["ranks"], tc.requests)
+			}
+		}
+	})
 }

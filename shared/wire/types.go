@@ -318,6 +318,12 @@ type LogSource struct {
 	Error string `json:"error,omitempty"`
 }
 
+// DataParallelRanks is how many data-parallel ranks the engine runs, as
+// its launch arguments, log, pools or per-rank load say; 1 when none does.
+func (e Engine) DataParallelRanks() int {
+	return max(1, e.ExpectedRanks, len(e.Ranks), len(e.Load.Ranks))
+}
+
 // MaxContextTokens is the longest sequence the worker can really hold: its
 // maximum model length, or the smallest data-parallel rank's KV pool when
 // that is smaller (round-robin dealing can put any request on the smallest
