@@ -134,7 +134,11 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 		},
 		Load: client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids, EngineTree: client.Tree,
 		OnWaiting: func(w probe.Waiting) {
-			h.probeLog.Info("engine not ready; the probe waits", "url", w.URL, "reason", w.Reason,
+			msg := "engine not ready; the probe waits"
+			if w.Busy {
+				msg = "engine busy; the probe waits for it to be idle"
+			}
+			h.probeLog.Info(msg, "url", w.URL, "reason", w.Reason,
 				"waited", w.Waited.Round(time.Second).String(), "waits_up_to", w.Left.Round(time.Second).String()+" more")
 		},
 		Prefill: pc.Prefill, PrefillConcurrency: pc.PrefillConcurrency, PrefillTokens: pc.PrefillTokens,

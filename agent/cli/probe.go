@@ -321,7 +321,7 @@ func (v *probeView) update(p probe.Progress) {
 	v.last = p
 }
 
-// notice says that the engine is not ready yet, on a line of its own:
+// notice says that the engine is not ready or not idle yet, on a line of its own:
 // even under --json off a terminal (on stderr), since a probe that waits
 // in silence looks hung. The live view shows it in its line instead.
 func (v *probeView) notice(w probe.Waiting) {
@@ -358,7 +358,11 @@ func (v *probeView) draw(p probe.Progress) {
 	var line string
 	switch {
 	case p.Phase == probe.PhaseWaitingReady && p.Waiting != nil:
-		line = fmt.Sprintf("%-9s engine not ready (%s)  %5.1f s, up to %s more", probePhaseLabel[p.Phase],
+		state := "not ready"
+		if p.Waiting.Busy {
+			state = "busy"
+		}
+		line = fmt.Sprintf("%-9s engine %s (%s)  %5.1f s, up to %s more", probePhaseLabel[p.Phase], state,
 			wire.Clip(p.Waiting.Reason, 60), p.Elapsed.Seconds(), p.Waiting.Left.Round(time.Second))
 	case p.Phase == probe.PhaseWaitingReady:
 		line = fmt.Sprintf("%-9s for the engine to be ready  %5.1f s", probePhaseLabel[p.Phase], p.Elapsed.Seconds())

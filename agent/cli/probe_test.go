@@ -335,9 +335,10 @@ func TestProbeLiveViewPrefill(t *testing.T) {
 }
 
 // The probe command measures an engine as the agent does. A busy engine
-// is waited for (--busy-wait) and, still busy, not measured: a burst
-// beside other requests measures the share it got. A data-parallel
-// engine gets 16 requests per rank unless --concurrency says otherwise.
+// is waited for (--busy-wait, said as it waits) and, still busy, not
+// measured: a burst beside other requests measures the share it got. A
+// data-parallel engine gets 16 requests per rank unless --concurrency
+// says otherwise.
 func TestProbeMeasuresAsTheAgentDoes(t *testing.T) {
 	t.Run("busy engine: not measured", func(t *testing.T) {
 		s := probeSim(t, sim.Faults{})
@@ -360,6 +361,10 @@ func TestProbeMeasuresAsTheAgentDoes(t *testing.T) {
 		code, out, errOut := probeMain("--url", s.URL(), "--concurrency", "4", "--tokens", "16", "--busy-wait", "1s")
 		if code != 1 || !strings.Contains(errOut, "not measured: engine still busy (2 running, 0 waiting)") || strings.Contains(out, "tok/s") {
 			t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, errOut)
+		}
+		// The wait is told, as a wait for a ready engine is.
+		if want := "engine at " + s.URL() + " busy (2 running, 0 waiting); waiting up to 1s more for it to be idle\n"; !strings.Contains(out, want) {
+			t.Errorf("stdout %q, want the wait announced: %q", out, want)
 		}
 	})
 	t.Run("data-parallel engine: 16 requests per rank", func(t *testing.T) {

@@ -98,12 +98,21 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 	}
 	t := time.NewTicker(poll)
 	defer t.Stop()
+	// The wait is told as a wait for a ready engine is, so that nobody
+	// watches a probe that seems hung: every WaitNoticeEvery, whatever
+	// the load.
+	notices := &waitNotices{every: WaitNoticeEvery}
 	for {
 		waited := time.Since(start)
 		if waited >= p.cfg.BusyWait {
 			m.BusyWaitSeconds = waited.Seconds()
 			return busyError{fmt.Sprintf("engine still busy (%s) after waiting %s for it to be idle (probe_busy %s); not probed",
 				why, waited.Round(time.Second), p.cfg.Busy)}
+		}
+		w := Waiting{URL: p.cfg.URL, Reason: why, Waited: waited, Left: p.cfg.BusyWait - waited, Busy: true}
+		p.report(Progress{Phase: PhaseWaitingReady, Elapsed: waited, Waiting: &w})
+		if p.cfg.OnWaiting != nil && notices.due(time.Now(), "busy") {
+			p.cfg.OnWaiting(w)
 		}
 		select {
 		case <-ctx.Done():

@@ -15,17 +15,22 @@ import (
 // (Config.OnWaiting), besides the first time and when the reason changes.
 const WaitNoticeEvery = 5 * time.Second
 
-// Waiting is a probe waiting for its engine to be ready.
+// Waiting is a probe waiting for its engine to be ready, or (Busy) for a
+// busy engine to be idle.
 type Waiting struct {
 	URL    string
-	Reason string // why the engine is not ready, in a few words: "connection refused"
+	Reason string // why the engine is not ready, in a few words: "connection refused"; or its load
 	Waited time.Duration
 	Left   time.Duration // how much longer the probe waits before it gives up
+	Busy   bool
 }
 
 // String says it as a person reads it: "engine at http://127.0.0.1:8000
 // not ready (connection refused); waiting up to 4m50s more".
 func (w Waiting) String() string {
+	if w.Busy {
+		return fmt.Sprintf("engine at %s busy (%s); waiting up to %s more for it to be idle", w.URL, w.Reason, w.Left.Round(time.Second))
+	}
 	return fmt.Sprintf("engine at %s not ready (%s); waiting up to %s more", w.URL, w.Reason, w.Left.Round(time.Second))
 }
 
