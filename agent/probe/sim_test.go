@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -79,27 +80,41 @@ func simBubble(t *testing.T, body func(t *testing.T)) {
 	synctest.Test(t, body)
 }
 
+// The probe measures a sim at its calibration: 16 requests together, each
+// decoding at a sixteenth of it. With speculative decoding each decode step
+// gives a request several tokens in one streamed chunk (vLLM with a
+// speculative config, SGLang with EAGLE or MTP), so a stream carries fewer
+// chunks than its usage says. That is not a short answer: the probe counts
+// the tokens by usage and measures the engine, and a request's decode rate
+// is its tokens after the first, not its chunks, over the time between its
+// first and last.
 func TestSimThroughputIsCapacityAt16(t *testing.T) {
-	simBubble(t, func(t *testing.T) {
-		cfg := sim.Config{SingleTPS: 200, Batch16TPS: 2000}
-		s, client := bubbleSim(t, cfg)
-		m := mustRun(t, Config{URL: s.URL(), HTTPClient: client, Kind: wire.EngineVLLM, CapacityKey: "test/vllm",
-			ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second})
-		if !m.Valid() || !m.Complete {
-			t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
-		}
-		if m.OutputTokens != 2048 || m.Requests != 16 {
-			t.Errorf("tokens %d requests %d", m.OutputTokens, m.Requests)
-		}
-		want := capacity(t, cfg, 16, 128)
-		if !exact(m.ThroughputTPS, want) || !exact(want, 2000) {
-			t.Errorf("throughput %v tok/s, want the sim's %v (2000)", m.ThroughputTPS, want)
-		}
-		// 16 together, each decodes at a sixteenth of the total.
-		if !exact(m.DecodeTPSP50, want/16) {
-			t.Errorf("decode p50 %v tok/s, want %v", m.DecodeTPSP50, want/16)
-		}
-	})
+	for _, tc := range []struct {
+		kind   string
+		accept int
+	}{{wire.EngineVLLM, 0}, {wire.EngineVLLM, 3}, {wire.EngineSGLang, 3}} {
+		t.Run(fmt.Sprintf("%s/spec-accept=%d", tc.kind, tc.accept), func(t *testing.T) {
+			simBubble(t, func(t *testing.T) {
+				cfg := sim.Config{Flavor: tc.kind, SingleTPS: 200, Batch16TPS: 2000, SpecAccept: tc.accept}
+				s, client := bubbleSim(t, cfg)
+				m := mustRun(t, Config{URL: s.URL(), HTTPClient: client, Kind: tc.kind, CapacityKey: "test/" + tc.kind,
+					ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second})
+				if !m.Valid() || !m.Complete {
+					t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
+				}
+				if m.OutputTokens != 2048 || m.Requests != 16 {
+					t.Errorf("tokens %d requests %d", m.OutputTokens, m.Requests)
+				}
+				want := capacity(t, cfg, 16, 128)
+				if !exact(m.ThroughputTPS, want) || !exact(want, 2000) {
+					t.Errorf("throughput %v tok/s, want the sim's %v (2000)", m.ThroughputTPS, want)
+				}
+				if !exact(m.DecodeTPSP50, want/16) {
+					t.Errorf("decode p50 %v tok/s, want %v: tokens, not chunks, per second", m.DecodeTPSP50, want/16)
+				}
+			})
+		})
+	}
 }
 
 func TestSimColdEngineWarmsUp(t *testing.T) {
@@ -275,33 +290,4 @@ func BenchmarkProbeOverhead(b *testing.B) {
 	}
 	b.ReportMetric(total/float64(b.N)/ideal, "wall/ideal")
 	b.ReportMetric(tps/float64(b.N), "tok/s")
-}
-
-// Speculative decoding: each decode step gives a request several tokens
-// in one streamed chunk (vLLM with a speculative config, SGLang with
-// EAGLE or MTP), so a stream carries fewer chunks than its usage says.
-// That is not a short answer: the probe counts the tokens by usage and
-// measures the engine, and a request's decode rate is its tokens after the
-// first, not its chunks, over the time between its first and last.
-func TestSimSpeculativeDecodingIsMeasured(t *testing.T) {
-	for _, kind := range []string{wire.EngineVLLM, wire.EngineSGLang} {
-		t.Run(kind, func(t *testing.T) {
-			simBubble(t, func(t *testing.T) {
-				cfg := sim.Config{Flavor: kind, SingleTPS: 200, Batch16TPS: 2000, SpecAccept: 3}
-				s, client := bubbleSim(t, cfg)
-				m := mustRun(t, Config{URL: s.URL(), HTTPClient: client, Kind: kind, CapacityKey: "test/spec",
-					ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second})
-				if !m.Valid() || !m.Complete {
-					t.Fatalf("failure %q problems %q", m.Failure, m.Problems)
-				}
-				want := capacity(t, cfg, 16, 128)
-				if !exact(m.ThroughputTPS, want) || !exact(want, 2000) {
-					t.Errorf("throughput %v tok/s, want the sim's %v (2000)", m.ThroughputTPS, want)
-				}
-				if !exact(m.DecodeTPSP50, want/16) {
-					t.Errorf("decode p50 %v tok/s, want %v: tokens, not chunks, per second", m.DecodeTPSP50, want/16)
-				}
-			})
-		})
-	}
 }
