@@ -654,11 +654,10 @@ func scrape(ctx context.Context, url string) (map[string]float64, error) {
 	return out, nil
 }
 
-// busyFamilies are the running and queued requests of each flavour the
-// routing fleet uses.
+// busyFamilies are the running and queued requests of the flavours the
+// routing fleet uses whose gauges are live; SGLang's lag (simBusy).
 var busyFamilies = []string{
 	"vllm:num_requests_running", "vllm:num_requests_waiting",
-	"sglang:num_running_reqs", "sglang:num_queue_reqs",
 	"llamacpp:requests_processing", "llamacpp:requests_deferred",
 }
 
@@ -670,13 +669,11 @@ func (f *routingFleet) waitIdle(ctx context.Context) error {
 		busy := 0.0
 		var err error
 		for _, s := range f.sims {
-			var m map[string]float64
-			if m, err = scrape(ctx, s.url+"/metrics"); err != nil {
+			var n float64
+			if n, err = simBusy(ctx, s.url); err != nil {
 				break
 			}
-			for _, name := range busyFamilies {
-				busy += m[name]
-			}
+			busy += n
 		}
 		if err == nil && busy == 0 {
 			return nil
@@ -686,6 +683,30 @@ func (f *routingFleet) waitIdle(ctx context.Context) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// simBusy is how many requests a sim runs or queues: an SGLang sim's
+// /v1/loads, which reads its ranks as they are (its /metrics gauges are
+// written every 40 decode steps and, idle, every 30 s), else /metrics.
+func simBusy(ctx context.Context, url string) (float64, error) {
+	var loads struct {
+		Loads []struct {
+			Running float64 `json:"num_running_reqs"`
+			Waiting float64 `json:"num_waiting_reqs"`
+		} `json:"loads"`
+	}
+	busy := 0.0
+	if _, err := getJSON(ctx, url, "/v1/loads", &loads); err == nil {
+		for _, l := range loads.Loads {
+			busy += l.Running + l.Waiting
+		}
+		return busy, nil
+	}
+	m, err := scrape(ctx, url+"/metrics")
+	for _, name := range busyFamilies {
+		busy += m[name]
+	}
+	return busy, err
 }
 
 // heldRequests is how many requests the held worker's engine has

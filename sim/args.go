@@ -89,7 +89,7 @@ func (s *Server) sglangArgs() []pyArg {
 		{"chunked_prefill_size", c.MaxBatchedTokens}, {"max_prefill_tokens", 16384}, {"schedule_policy", "fcfs"},
 		{"schedule_conservativeness", 1.0}, {"tp_size", 1}, {"pp_size", 1}, {"stream_interval", 1},
 		{"random_seed", c.Seed}, {"log_level", "info"}, {"enable_metrics", true},
-		{"decode_log_interval", 40}, {"api_key", nil}, {"dp_size", c.DP},
+		{"decode_log_interval", c.DecodeLogInterval}, {"api_key", nil}, {"dp_size", c.DP},
 		{"load_balance_method", "round_robin"}, {"ep_size", 1}, {"enable_dp_attention", c.LogNaming == NamingDPAttention},
 		{"disable_radix_cache", c.NoPrefixCache}, {"enable_cache_report", c.ReportCachedTokens},
 		{"disable_cuda_graph", false}, {"cuda_graph_max_bs", 24},

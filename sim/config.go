@@ -33,6 +33,12 @@ const (
 	NaturalMax = 512
 
 	maxDP = 64
+
+	// SGLang's scheduler writes its load gauges every 40 decode steps
+	// (--decode-log-interval) and, while idle, every 30 s
+	// (_maybe_log_idle_metrics).
+	defaultDecodeLogInterval = 40
+	defaultIdleLogEvery      = 30 * time.Second
 )
 
 var defaultVersions = map[string]string{
@@ -143,6 +149,16 @@ type Config struct {
 	// tokens per second delivered. vLLM's inter-token histogram observes
 	// one interval per step; SGLang's adds the step's tokens to its count.
 	SpecAccept int
+
+	// DecodeLogInterval is SGLang's --decode-log-interval. Its scheduler
+	// writes its load gauges (num_running_reqs, num_queue_reqs, the token
+	// usage, gen_throughput) only on a prefill batch and every this many
+	// decode steps, and once idle only when IdleLogEvery has passed since
+	// the last write; /v1/loads reads the scheduler when asked. 0 =
+	// SGLang's 40. The other flavours' gauges are live.
+	DecodeLogInterval int
+	// IdleLogEvery is that idle interval; 0 = SGLang's 30 s.
+	IdleLogEvery time.Duration
 
 	Faults Faults
 	Seed   int64 // seeds the natural (early) response lengths
@@ -290,6 +306,18 @@ func (c Config) normalize() (Config, error) {
 	}
 	if c.MaxRunning == 0 {
 		c.MaxRunning = defaultMaxRunning[c.Flavor]
+	}
+	switch {
+	case c.DecodeLogInterval < 0:
+		bad("decode-log-interval must be a number of decode steps above 0, got %d", c.DecodeLogInterval)
+	case c.DecodeLogInterval == 0:
+		c.DecodeLogInterval = defaultDecodeLogInterval
+	}
+	switch {
+	case c.IdleLogEvery < 0:
+		bad("the idle gauge interval must not be negative, got %s", c.IdleLogEvery)
+	case c.IdleLogEvery == 0:
+		c.IdleLogEvery = defaultIdleLogEvery
 	}
 	if c.SpecAccept < 0 || c.SpecAccept > 16 {
 		bad("spec-accept must be 0 to 16 tokens per step, got %d", c.SpecAccept)

@@ -64,6 +64,13 @@
 // SGLang's (like llama.cpp's) when the request ends; SGLang's
 // time-to-first-token and inter-token histograms count tokens as they go.
 //
+// Load gauges. vLLM's and llama.cpp's show running and waiting requests
+// as they are. SGLang's scheduler writes its gauges only on a prefill batch
+// (the requests already decoding, not the batch's own), every
+// DecodeLogInterval decode steps (--decode-log-interval, 40) and, once
+// idle, when IdleLogEvery (30 s) has passed since the last write, so they
+// lag both ways; its /v1/loads reads the scheduler as it is.
+//
 // Speculative decoding (Config.SpecAccept, --spec-accept N): each decode
 // step gives a request N tokens, streamed as one chunk, and takes N plain
 // steps' time. vLLM's inter-token histogram then holds one interval per

@@ -24,7 +24,7 @@ func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 	states := make([]any, len(views))
 	for i, v := range views {
 		states[i] = map[string]any{
-			"last_gen_throughput": v.stats.throughput,
+			"last_gen_throughput": v.gauges.throughput,
 			"memory_usage": map[string]any{
 				"weight": weightsGiB, "kvcache": round2(kvGiB(v.pool)),
 				"token_capacity": v.pool, "graph": 0.55,
@@ -46,7 +46,9 @@ func (s *Server) handleModelInfo(w http.ResponseWriter, _ *http.Request) {
 	})
 }
 
-// handleLoads is SGLang's /v1/loads, optionally for one ?dp_rank=N.
+// handleLoads is SGLang's /v1/loads, optionally for one ?dp_rank=N. Its
+// requests and tokens are the scheduler's as they are now
+// (SchedulerLoadInquirer.get_loads); its gen_throughput is the gauge's.
 func (s *Server) handleLoads(w http.ResponseWriter, r *http.Request) {
 	only := -1
 	if q := r.URL.Query().Get("dp_rank"); q != "" {
@@ -68,7 +70,7 @@ func (s *Server) handleLoads(w http.ResponseWriter, r *http.Request) {
 			"num_running_reqs": v.running, "num_waiting_reqs": v.waiting,
 			"num_used_tokens": v.used, "num_total_tokens": v.used + v.pending,
 			"max_total_num_tokens": v.pool, "token_usage": float64(v.used) / float64(v.pool),
-			"gen_throughput": v.stats.throughput, "cache_hit_rate": hitRate(v),
+			"gen_throughput": v.gauges.throughput, "cache_hit_rate": hitRate(v),
 			"utilization":          float64(v.running) / float64(s.cfg.MaxRunning),
 			"max_running_requests": s.cfg.MaxRunning,
 			"memory": map[string]any{

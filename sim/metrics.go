@@ -95,7 +95,8 @@ func (s *Server) handleVLLMMetrics(w http.ResponseWriter, _ *http.Request) {
 }
 
 // handleSGLangMetrics serves SGLang's scheduler gauges (dp_rank label only
-// when DP > 1) and tokenizer counters (model_name only).
+// when DP > 1), as its scheduler last wrote them, and tokenizer counters
+// (model_name only), which move as each chunk is sent or request ends.
 func (s *Server) handleSGLangMetrics(w http.ResponseWriter, _ *http.Request) {
 	views := s.views()
 	p := &promText{format: promFloat}
@@ -114,15 +115,15 @@ func (s *Server) handleSGLangMetrics(w http.ResponseWriter, _ *http.Request) {
 		}
 	}
 	perRank("sglang:num_running_reqs", "The number of running requests.", "gauge",
-		func(v rankView) float64 { return float64(v.running) })
+		func(v rankView) float64 { return float64(v.gauges.running) })
 	perRank("sglang:num_used_tokens", "The number of used tokens.", "gauge",
-		func(v rankView) float64 { return float64(v.used) })
+		func(v rankView) float64 { return float64(v.gauges.used) })
 	perRank("sglang:token_usage", "The token usage.", "gauge",
-		func(v rankView) float64 { return float64(v.used) / float64(v.pool) })
+		func(v rankView) float64 { return float64(v.gauges.used) / float64(v.pool) })
 	perRank("sglang:gen_throughput", "The generation throughput (token/s).", "gauge",
-		func(v rankView) float64 { return v.stats.throughput })
+		func(v rankView) float64 { return v.gauges.throughput })
 	perRank("sglang:num_queue_reqs", "The number of requests in the waiting queue.", "gauge",
-		func(v rankView) float64 { return float64(v.waiting) })
+		func(v rankView) float64 { return float64(v.gauges.waiting) })
 	perRank("sglang:cache_hit_rate", "The prefix cache hit rate.", "gauge", hitRate)
 	perRank("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", "gauge",
 		func(v rankView) float64 { return float64(v.pool) })

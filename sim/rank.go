@@ -59,6 +59,9 @@ type rank struct {
 	itlPerToken bool          // rankSetup
 	cache       *prefixCache  // nil when off
 	kick        chan struct{} // wakes an idle loop
+	// logEvery and idleLogEvery: rankSetup's.
+	logEvery     int
+	idleLogEvery time.Duration
 
 	mu       sync.Mutex
 	running  []*seq
@@ -66,6 +69,22 @@ type rank struct {
 	reserved int64 // sum of reserve over running
 	used     int64 // sum of held over running
 	stats    rankStats
+	// gauges are the load gauges as last written (logEvery > 0), and
+	// decodeSteps counts decode steps for the next write.
+	gauges      gauges
+	decodeSteps int
+}
+
+// gauges are what an SGLang scheduler last wrote to its load gauges, which
+// its /metrics and /server_info show. gen throughput is the tokens per
+// second between two decode writes, as SGLang logs it.
+type gauges struct {
+	running, waiting int
+	used             int64
+	throughput       float64
+	at               time.Time // the last write of any kind
+	decodeAt         time.Time // the last decode write
+	decodeGen        int64     // genTokens then
 }
 
 // rankStats are the counters and gauges the metrics endpoints show. Each
@@ -116,15 +135,23 @@ type rankSetup struct {
 	model       stepModel
 	freePrefill bool
 	cacheBlock  int // 0 = no prefix cache
+	// logEvery > 0: the load gauges are written as SGLang's scheduler
+	// writes them (logGauges), every logEvery decode steps, and while
+	// idle every idleLogEvery.
+	logEvery     int
+	idleLogEvery time.Duration
 }
 
 func newRank(idx int, pool int64, rs rankSetup) *rank {
 	r := &rank{
 		idx: idx, pool: pool, maxRunning: rs.maxRunning, budget: rs.budget, mixed: rs.mixed,
 		model: rs.model, freePrefill: rs.freePrefill, accept: max(1, rs.accept), itlPerToken: rs.itlPerToken,
-		kick:  make(chan struct{}, 1),
+		kick:     make(chan struct{}, 1),
+		logEvery: rs.logEvery, idleLogEvery: rs.idleLogEvery,
 		stats: rankStats{finished: map[string]int64{"stop": 0, "length": 0, "abort": 0}, ttft: itlHist{bounds: ttftBuckets}},
 	}
+	now := time.Now()
+	r.gauges.at, r.gauges.decodeAt = now, now
 	if rs.cacheBlock > 0 {
 		r.cache = newPrefixCache(rs.cacheBlock, pool)
 	}
@@ -326,6 +353,7 @@ func (r *rank) loop(ctx context.Context) {
 		}
 		// The step is fixed at its start; arrivals join the next one.
 		r.plan(&st)
+		r.logGauges(&st)
 		decode, prefill := r.stepSeconds(&st)
 		r.mu.Unlock()
 
@@ -345,6 +373,41 @@ func (r *rank) loop(ctx context.Context) {
 		r.apply(&st, prefill)
 		r.mu.Unlock()
 	}
+}
+
+// logGauges writes the load gauges when a step starts, as SGLang's
+// scheduler does (scheduler_metrics_mixin, metrics_reporter): a prefill
+// batch writes the requests already decoding, its own not yet among them,
+// and the queue; every logEvery-th decode step writes the batch, the
+// queue and the decode throughput since the last such write. In between
+// the gauges stand still, so they can show requests that have ended or
+// miss one that has begun. A step of the sim that gives some sequences
+// their first token is SGLang's prefill batch. Callers hold mu.
+func (r *rank) logGauges(st *step) {
+	if r.logEvery == 0 {
+		return
+	}
+	now := time.Now()
+	fresh := 0
+	for _, s := range r.running {
+		if s.gen == 0 {
+			fresh++
+		}
+	}
+	if len(st.chunks) > 0 || slices.ContainsFunc(st.sample, func(s *seq) bool { return s.gen == 0 }) {
+		r.gauges.running, r.gauges.waiting, r.gauges.used, r.gauges.at = len(r.running)-fresh, len(r.waiting), r.used, now
+		return
+	}
+	r.decodeSteps++
+	if r.decodeSteps%r.logEvery != 0 {
+		return
+	}
+	g := &r.gauges
+	if dt := now.Sub(g.decodeAt).Seconds(); dt > 0 {
+		g.throughput = float64(r.stats.genTokens-g.decodeGen) / dt
+	}
+	g.running, g.waiting, g.used, g.at = len(r.running), len(r.waiting), r.used, now
+	g.decodeAt, g.decodeGen = now, r.stats.genTokens
 }
 
 // stepSeconds is how long a warm step takes: its decode and its prompt
@@ -452,6 +515,9 @@ type rankView struct {
 	stats    rankStats
 	seqs     []seqView // running, in admission order
 	maxSlots int
+	// gauges are the load gauges as the metrics show them: the scheduler's
+	// last write (SGLang), else running, waiting and used as they are.
+	gauges gauges
 }
 
 type seqView struct {
@@ -467,6 +533,17 @@ func (r *rank) view() rankView {
 	v := rankView{
 		idx: r.idx, pool: r.pool, running: len(r.running), waiting: len(r.waiting),
 		used: r.used, stats: r.stats, maxSlots: r.maxRunning,
+	}
+	switch now := time.Now(); {
+	case r.logEvery == 0:
+		v.gauges = gauges{running: v.running, waiting: v.waiting, used: v.used, throughput: r.stats.throughput, at: now}
+	case v.running+v.waiting == 0 && now.Sub(r.gauges.at) > r.idleLogEvery:
+		// SGLang's idle loop writes them once the interval has passed:
+		// whenever that was, a reader sees them written by now.
+		r.gauges.running, r.gauges.waiting, r.gauges.used, r.gauges.throughput, r.gauges.at = 0, 0, r.used, 0, now
+		fallthrough
+	default:
+		v.gauges = r.gauges
 	}
 	v.stats.itl = r.stats.itl.clone()
 	v.stats.ttft = r.stats.ttft.clone()

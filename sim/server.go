@@ -125,6 +125,9 @@ func (c Config) rankSetup(start time.Time) rankSetup {
 		},
 		freePrefill: c.PrefillTPS == 0 || c.Faults.PrefillCached,
 	}
+	if c.Flavor == FlavorSGLang {
+		rs.logEvery, rs.idleLogEvery = c.DecodeLogInterval, c.IdleLogEvery
+	}
 	if !c.NoPrefixCache {
 		rs.cacheBlock = prefixBlock(c.Flavor)
 	}

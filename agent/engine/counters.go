@@ -39,7 +39,7 @@ type Counters struct {
 }
 
 // Counters scrapes /metrics for the generated-tokens counter and the
-// load. Kinds without /metrics (mlx-lm, Ollama) give ErrNoMetrics; a page
+// load (the live one where the kind's gauges are late: SGLang's). Kinds without /metrics (mlx-lm, Ollama) give ErrNoMetrics; a page
 // without the counter (an engine started without metrics, or too old)
 // an error saying so.
 func (c *Client) Counters(ctx context.Context) (Counters, error) {
@@ -53,7 +53,13 @@ func (c *Client) Counters(ctx context.Context) (Counters, error) {
 	if !mf.GeneratedKnown {
 		return Counters{}, fmt.Errorf("%s /metrics has no %s", c.kind.name, c.kind.metrics.generated[0])
 	}
-	return Counters{Generated: mf.Generated, Ranks: mf.GeneratedRanks, Load: mf.Load,
+	load := mf.Load
+	if live := c.kind.metrics.liveLoad; live != nil {
+		if l, ok := live(ctx, c); ok {
+			load = withKVUsage(l, mf.Load)
+		}
+	}
+	return Counters{Generated: mf.Generated, Ranks: mf.GeneratedRanks, Load: load,
 		InterTokenSeconds: mf.InterTokenSeconds, InterTokens: mf.InterTokens, InterTokenKnown: mf.InterTokenKnown,
 		InterTokenLive: mf.InterTokenLive, FirstTokens: mf.FirstTokens, FirstTokensKnown: mf.FirstTokensKnown,
 		PromptComputed: mf.PromptComputed, PromptKnown: mf.PromptKnown}, nil

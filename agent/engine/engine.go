@@ -84,6 +84,34 @@ type Client struct {
 	listen    []netip.AddrPort
 	listenAt  time.Time
 	warned    map[string]bool
+	// unserved holds when an optional endpoint last answered that it is
+	// not served (mayAsk).
+	unserved map[string]time.Time
+}
+
+// notServedFor is how long an optional endpoint that answered "not
+// served" is left alone: asked every second, it would fill the engine's
+// access log with 404s; asked again after this, an engine upgraded in
+// place is seen.
+const notServedFor = 5 * time.Minute
+
+// mayAsk reports whether path has not answered "not served" within
+// notServedFor.
+func (c *Client) mayAsk(path string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, seen := c.unserved[path]
+	return !seen || time.Since(at) >= notServedFor
+}
+
+// notServed notes that path answered "not served".
+func (c *Client) notServed(path string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.unserved == nil {
+		c.unserved = map[string]time.Time{}
+	}
+	c.unserved[path] = time.Now()
 }
 
 // New validates the kind and URL and returns a client.
@@ -203,8 +231,6 @@ type reading struct {
 	// its endpoints say (running.go), and where from.
 	running    int
 	runningSrc string
-	// loadsRead: SGLang's /v1/loads was read already.
-	loadsRead bool
 	// modelLens are /v1/models' max_model_len by model, where listed.
 	modelLens map[string]int64
 	// maxModelLen is the maximum model length the kind's own endpoints

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -83,6 +84,10 @@ type metricNames struct {
 	rankLabel string
 	running   []string
 	waiting   []string
+	// liveLoad, where set, reads the load as the engine has it now, for a
+	// kind whose running and waiting gauges are written late (SGLang's);
+	// ok false where it cannot, and the gauges stand.
+	liveLoad  func(ctx context.Context, c *Client) (l wire.Load, ok bool)
 	kvUsage   []string // a 0..1 fraction
 	pool      []string // per-rank KV pool in tokens (truthful only)
 	generated []string // counter of generated tokens

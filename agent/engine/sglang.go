@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -13,9 +15,10 @@ import (
 )
 
 // SGLang (reference/engines.md §2): /server_info for its launch
-// arguments, version and per-rank KV pools; /metrics with
-// --enable-metrics (label dp_rank="k"), else /v1/loads (newest), else
-// /get_load for the load. It takes min_tokens and ignore_eos like vLLM.
+// arguments, version and per-rank KV pools; /v1/loads (newest), else
+// /get_load, for the load as it is, and /metrics with --enable-metrics
+// (label dp_rank="k") for its late gauges and counters. It takes
+// min_tokens and ignore_eos like vLLM.
 var sglang = descriptor{
 	name:     wire.EngineSGLang,
 	port:     30000,
@@ -25,8 +28,12 @@ var sglang = descriptor{
 		rankLabel: "dp_rank",
 		running:   []string{"sglang:num_running_reqs"},
 		waiting:   []string{"sglang:num_queue_reqs"},
-		kvUsage:   []string{"sglang:token_usage"},
-		pool:      []string{"sglang:max_total_num_tokens"},
+		liveLoad: func(ctx context.Context, c *Client) (wire.Load, bool) {
+			l, err := c.sglangLiveLoad(ctx)
+			return l.load, err == nil && l.load.Known
+		},
+		kvUsage: []string{"sglang:token_usage"},
+		pool:    []string{"sglang:max_total_num_tokens"},
 		// The tokenizer adds a request's tokens here when it finishes
 		// (observe_one_finished_request), so the agent counts tokens as they
 		// are sent from its two histograms instead (generatedAtFinish).
@@ -94,18 +101,15 @@ func (a sglangAdapter) read(ctx context.Context, c *Client, r *reading) {
 		r.version = info.Version
 		r.args, r.argsSrc = info.Args, SourceServerInfo
 	}
+	var live loadsReply
 	if !r.down {
-		a.readLoad(ctx, c, r)
+		live = a.readLoad(ctx, c, r)
 	}
-	if r.running == 0 && info.Running > 0 {
+	switch {
+	case info.Running > 0:
 		r.running, r.runningSrc = info.Running, SourceServerInfo+" effective_max_running_requests_per_dp"
-	}
-	if r.running == 0 && !r.down && !r.loadsRead {
-		// Older builds say it only in /v1/loads, which the metrics made
-		// unnecessary for the load.
-		if l, err := c.sglangLoads(ctx); err == nil && l.running > 0 {
-			r.running, r.runningSrc = l.running, SourceLoads+" max_running_requests"
-		}
+	case live.running > 0: // older builds say it only in /v1/loads
+		r.running, r.runningSrc = live.running, SourceLoads+" max_running_requests"
 	}
 	if len(r.pools) > 0 || err != nil {
 		return
@@ -117,57 +121,98 @@ func (a sglangAdapter) read(ctx context.Context, c *Client, r *reading) {
 	}
 }
 
-// readLoad reads the load and per-rank pools: /metrics, and /v1/loads or
-// /get_load for what the metrics lack.
-func (sglangAdapter) readLoad(ctx context.Context, c *Client, r *reading) {
+// readLoad reads the load and per-rank pools: /metrics, then the live
+// load (sglangLiveLoad), whose requests win over the gauges', and whose
+// pools serve where the metrics have none. It returns the live reading.
+func (sglangAdapter) readLoad(ctx context.Context, c *Client, r *reading) loadsReply {
 	mf, err := c.scrape(ctx)
 	r.note(err)
 	r.load = mf.Load
 	if len(mf.Ranks) > 0 {
 		r.pools, r.poolsSrc = mf.Ranks, SourceMetrics
 	}
-	if r.down || (mf.Load.Known && len(mf.Ranks) > 0) {
-		return
+	if r.down {
+		return loadsReply{}
 	}
-	l, err := c.sglangLoads(ctx)
+	l, err := c.sglangLiveLoad(ctx)
 	r.note(err)
-	if err == nil {
-		r.loadsRead = true
-		if !r.load.Known {
-			r.load = l.load
-		}
-		if len(r.pools) == 0 && len(l.pools) > 0 {
-			r.pools, r.poolsSrc = l.pools, SourceLoads
-		}
-		if l.running > 0 {
-			r.running, r.runningSrc = l.running, SourceLoads+" max_running_requests"
-		}
-	} else if errors.Is(err, errNotServed) && !r.load.Known {
-		l, err := c.sglangGetLoad(ctx)
-		r.note(err)
-		if err == nil {
-			r.load = l
-		}
+	if l.load.Known {
+		r.load = withKVUsage(l.load, mf.Load)
 	}
+	if len(r.pools) == 0 && len(l.pools) > 0 {
+		r.pools, r.poolsSrc = l.pools, SourceLoads
+	}
+	return l
 }
 
-// load reads /metrics, else /v1/loads, else /get_load.
+// load reads the live load, else the gauges of /metrics.
 func (sglangAdapter) load(ctx context.Context, c *Client) (wire.Load, error) {
-	mf, err := c.scrape(ctx)
-	if err == nil && mf.Load.Known {
-		return mf.Load, nil
-	}
-	if err != nil && !errors.Is(err, errNotServed) {
-		return wire.Load{}, err
-	}
-	l, lerr := c.sglangLoads(ctx)
-	if lerr == nil {
+	l, lerr := c.sglangLiveLoad(ctx)
+	if lerr == nil && l.load.Known {
 		return l.load, nil
 	}
-	if !errors.Is(lerr, errNotServed) {
-		return wire.Load{}, lerr
+	mf, err := c.scrape(ctx)
+	switch {
+	case err == nil && mf.Load.Known:
+		return mf.Load, nil
+	case lerr == nil:
+		return l.load, nil
+	case err != nil && !errors.Is(err, errNotServed):
+		return wire.Load{}, err
 	}
-	return c.sglangGetLoad(ctx)
+	return wire.Load{}, lerr
+}
+
+// sglangLiveLoad reads the load as SGLang's scheduler has it when asked:
+// /v1/loads (newest), else /get_load. Its /metrics gauges are written
+// only on a prefill batch, every --decode-log-interval (40) decode steps
+// and, once idle, every 30 s (the scheduler's metrics reporter), so they
+// can miss a request that has just begun and show, for half a minute,
+// requests that have ended: a probe would wait that long for an engine
+// already idle, and a drained worker stay out of the gateways as long.
+// An endpoint the engine does not serve is not asked again for
+// notServedFor.
+func (c *Client) sglangLiveLoad(ctx context.Context) (loadsReply, error) {
+	if c.mayAsk("/v1/loads") {
+		l, err := c.sglangLoads(ctx)
+		if !unavailable(err) {
+			return l, err
+		}
+		c.notServed("/v1/loads")
+	}
+	if c.mayAsk("/get_load") {
+		l, err := c.sglangGetLoad(ctx)
+		if !unavailable(err) {
+			return loadsReply{load: l}, err
+		}
+		c.notServed("/get_load")
+	}
+	return loadsReply{}, fmt.Errorf("neither /v1/loads nor /get_load: %w", errNotServed)
+}
+
+// unavailable reports an endpoint the engine does not serve, or refuses
+// without a key (SGLang's --api-key covers /v1/loads, not /metrics).
+func unavailable(err error) bool {
+	var se *statusError
+	return errors.Is(err, errNotServed) ||
+		errors.As(err, &se) && (se.status == http.StatusUnauthorized || se.status == http.StatusForbidden)
+}
+
+// withKVUsage fills in each rank's KV usage from the gauges where the live
+// load (/get_load) has none.
+func withKVUsage(live, gauges wire.Load) wire.Load {
+	if live.KVUsage > 0 || gauges.KVUsage == 0 {
+		return live
+	}
+	usage := map[int]float64{}
+	for _, r := range gauges.Ranks {
+		usage[r.DPRank] = r.KVUsage
+	}
+	ranks := slices.Clone(live.Ranks)
+	for i := range ranks {
+		ranks[i].KVUsage = usage[ranks[i].DPRank]
+	}
+	return sumLoad(ranks)
 }
 
 func allEqual(ranks []wire.Rank) bool {

@@ -107,6 +107,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (cfg sim.Config, listen
 	fs.IntVar(&cfg.PromptTokens, "prompt-tokens", 0, "tokens of every prompt, whatever its text (default: counted from its words)")
 	fs.IntVar(&cfg.MaxRunning, "max-running", 0, "running sequences per rank (default: per flavour)")
 	fs.IntVar(&cfg.SpecAccept, "spec-accept", 0, "speculative decoding: tokens each decode step gives a request, streamed as one chunk (0 or 1: one)")
+	fs.IntVar(&cfg.DecodeLogInterval, "decode-log-interval", 0, "sglang: its scheduler writes its load gauges on each prefill batch and every N decode steps (0: SGLang's 40), and every 30 s while idle")
 	fs.Int64Var(&cfg.Seed, "seed", 0, "seed for natural response lengths")
 	fs.BoolVar(&cfg.Faults.IgnoreMinTokens, "fault-ignore-min-tokens", false, "fault: ignore min_tokens and ignore_eos")
 	fs.IntVar(&cfg.Faults.UsageExtra, "fault-usage-extra", 0, "fault: add this to every reported completion_tokens")
