@@ -17,6 +17,15 @@ import (
 // default; the agent's probe.passive_window setting replaces it.
 const PassiveWindow = config.DefaultPassiveWindow
 
+// passiveStill is how long a generated-tokens counter that moves as tokens
+// are made (not as requests finish) may stand still while the load reads
+// saturated. An engine with requests running makes tokens every step; a
+// counter still for this long beside gauges that show work means the
+// gauges are stale (vLLM keeps its stats when every request is aborted at
+// once: vllm issues #22545 and #29928) or the engine has stalled. Neither
+// is a capacity: the window starts over, and none ends on a still sample.
+const passiveStill = 2 * time.Second
+
 // passive turns an engine's own counters, read while it is saturated in
 // service, into wire.Passive readings: no burst is sent. A sample that is
 // not saturated (or a counter that went back: a restart) starts over.
@@ -26,9 +35,11 @@ type passive struct {
 	ranks   int
 
 	start, last passiveSample
-	minRunning  int
-	rates       []float64
-	latest      *wire.Passive
+	// moved is the last sample at which the counter had moved.
+	moved      passiveSample
+	minRunning int
+	rates      []float64
+	latest     *wire.Passive
 }
 
 type passiveSample struct {
@@ -54,11 +65,16 @@ func (p *passive) saturated(l wire.Load) (running int, ok bool) {
 // completed, else nil (Latest keeps the newest).
 func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 	running, ok := p.saturated(c.Load)
+	still := c.GeneratedLive && c.Generated == p.moved.gen
+	if still && !p.start.at.IsZero() && at.Sub(p.moved.at) >= passiveStill {
+		ok = false
+	}
 	if !ok || p.start.at.IsZero() || c.Generated < p.last.gen {
 		p.rates = p.rates[:0]
-		p.start, p.last, p.minRunning = passiveSample{}, passiveSample{}, 0
+		p.start, p.last, p.moved, p.minRunning = passiveSample{}, passiveSample{}, passiveSample{}, 0
 		if ok {
-			p.start, p.last, p.minRunning = passiveSample{at, c.Generated}, passiveSample{at, c.Generated}, running
+			first := passiveSample{at, c.Generated}
+			p.start, p.last, p.moved, p.minRunning = first, first, first, running
 		}
 		return nil
 	}
@@ -66,8 +82,11 @@ func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 		p.rates = append(p.rates, (c.Generated-p.last.gen)/dt)
 	}
 	p.last, p.minRunning = passiveSample{at, c.Generated}, min(p.minRunning, running)
+	if !still {
+		p.moved = p.last
+	}
 	span := p.last.at.Sub(p.start.at)
-	if span < p.window || len(p.rates) == 0 {
+	if span < p.window || len(p.rates) == 0 || still {
 		return nil
 	}
 	lo, hi, sum := math.Inf(1), 0.0, 0.0

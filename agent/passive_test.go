@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"heft/agent/engine"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
 )
@@ -60,6 +61,73 @@ func TestPassiveReadings(t *testing.T) {
 	}
 }
 
+// A counter that moves as tokens are made and stands still for 2 s while
+// the gauges read saturated (vLLM's stats after every request was aborted
+// at once) is no capacity: the window starts over, and none ends on a
+// still sample. A counter that moves only as requests finish (llama.cpp)
+// may stand still in a saturated window.
+func TestPassiveStillCounter(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	run := func(live bool, gen func(s int) float64, upTo int) (readings []*wire.Passive) {
+		p := &passive{window: 30 * time.Second, perRank: 16, ranks: 1}
+		for s := 0; s <= upTo; s++ {
+			if r := p.add(at(s), engine.Counters{Generated: gen(s), GeneratedLive: live, Load: busyLoad(20)}); r != nil {
+				readings = append(readings, r)
+			}
+		}
+		return readings
+	}
+	// 1,800 tok/s, but the counter stands still from 10 s to 13 s: the
+	// engine was idle, its gauges stale.
+	stalled := func(s int) float64 {
+		switch {
+		case s <= 10:
+			return float64(s) * 1800
+		case s <= 13:
+			return 10 * 1800
+		}
+		return float64(s-3) * 1800
+	}
+	got := run(true, stalled, 45)
+	if len(got) != 1 || got[0].ThroughputTPS != 1800 || !got[0].At.Equal(at(43)) {
+		t.Errorf("live counter: readings %+v, want one of 1,800 tok/s, its window from 13 s to 43 s", got)
+	}
+	// The same counter standing still at the end of the window: no reading
+	// ends on it.
+	tail := func(s int) float64 { return float64(min(s, 29)) * 1800 }
+	if got := run(true, tail, 31); len(got) != 0 {
+		t.Errorf("live counter still at the window's end: readings %+v, want none", got)
+	}
+	// A counter of finished requests moves in jumps: 9,000 tokens every
+	// 5 s is 1,800 tok/s, and its still seconds are no stall.
+	jumps := func(s int) float64 { return float64(s/5*5) * 1800 }
+	if got := run(false, jumps, 30); len(got) != 1 || got[0].ThroughputTPS != 1800 {
+		t.Errorf("finish counter: readings %+v, want one of 1,800 tok/s", got)
+	}
+}
+
+// users sends n streamed requests of 5,000 tokens of model test/model to
+// s; they run until the test ends or leave is called, when every client
+// goes at once.
+func users(t *testing.T, s *sim.Server, n int) (leave func()) {
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	leave = func() { cancel(); wg.Wait() }
+	t.Cleanup(leave)
+	body := []byte(`{"model":"test/model","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
+	for range n {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", bytes.NewReader(body))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body) // until they leave
+				resp.Body.Close()
+			}
+		})
+	}
+	return leave
+}
+
 // The whole agent: an engine kept saturated by its users (every rank at
 // the burst's per-rank load, more waiting) gets a passive reading in its
 // snapshots, with no burst sent.
@@ -71,19 +139,7 @@ func TestPassiveReadingInSnapshots(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	fc, _ := startAgentOn(t, s, wire.EngineSGLang, nil, withPassiveWindow(500*time.Millisecond))
 
-	ctx, cancel := context.WithCancel(t.Context())
-	var users sync.WaitGroup
-	t.Cleanup(func() { cancel(); users.Wait() })
-	body := []byte(`{"model":"test/model","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
-	for range 12 { // 4 running per rank, 4 waiting
-		users.Go(func() {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", bytes.NewReader(body))
-			if resp, err := http.DefaultClient.Do(req); err == nil {
-				io.Copy(io.Discard, resp.Body) // until cancel
-				resp.Body.Close()
-			}
-		})
-	}
+	users(t, s, 12) // 4 running per rank, 4 waiting
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
 		e := fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0]
 		if p := e.Passive; p != nil {
@@ -95,4 +151,47 @@ func TestPassiveReadingInSnapshots(t *testing.T) {
 		}
 	}
 	t.Fatal("no passive reading within a minute of saturation")
+}
+
+// vLLM keeps its stats when every request is aborted at once (vllm issues
+// #22545 and #29928; heft-sim's StaleGaugesOnAbort): its gauges go on
+// showing a saturated engine that makes no token. The agent takes no
+// passive reading from that; its reading from the real saturation stands.
+func TestPassiveStaleGauges(t *testing.T) {
+	cfg := sim.Config{Model: "test/model", SingleTPS: 200, Batch16TPS: 1600, MaxRunning: 4}
+	cfg.Faults.StaleGaugesOnAbort = true
+	s, err := sim.Start(cfg, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	fc, _ := startAgentOn(t, s, wire.EngineVLLM, nil, withPassiveWindow(500*time.Millisecond))
+
+	leave := users(t, s, 8) // 4 running, 4 waiting
+	var saturated *wire.Passive
+	for deadline := time.Now().Add(time.Minute); saturated == nil && time.Now().Before(deadline); {
+		saturated = fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0].Passive
+	}
+	if saturated == nil || saturated.ThroughputTPS <= 0 {
+		t.Fatalf("no passive reading within a minute of saturation: %+v", saturated)
+	}
+	leave()
+	testutil.Eventually(t, "the aborted requests to leave the engine", 10*time.Second, func() bool { r, w := s.InFlight(); return r+w == 0 })
+	aborted := time.Now()
+	for time.Since(aborted) < 4*time.Second {
+		e := fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0]
+		if p := e.Passive; p != nil && p.At.After(aborted) {
+			t.Fatalf("a passive reading after every request was aborted: %.0f tok/s over %.1f s at %d running (load %+v)",
+				p.ThroughputTPS, p.WindowSeconds, p.Concurrency, e.Load)
+		}
+	}
+	resp, err := http.Get(s.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauges, err := engine.ParseMetrics(wire.EngineVLLM, resp.Body)
+	resp.Body.Close()
+	if err != nil || gauges.Load.Running != 4 || gauges.Load.Waiting != 4 {
+		t.Errorf("the gauges read %+v (%v), want the aborted 4 running and 4 waiting still on them", gauges.Load, err)
+	}
 }

@@ -183,6 +183,12 @@ type Faults struct {
 	// ones, which /metrics and the other endpoints keep serving: a log
 	// that is not this engine's current run (vllm and sglang).
 	LogKVTokens []int64
+
+	// StaleGaugesOnAbort (vllm): the load gauges are written when a step
+	// ends, as vLLM's stats are, and not when requests are aborted, so
+	// once every request is aborted at once they go on showing them until
+	// a step runs again (vllm issues #22545 and #29928).
+	StaleGaugesOnAbort bool
 }
 
 // stepModel is the cost model of one rank: a step that gives b sequences a
@@ -318,6 +324,9 @@ func (c Config) normalize() (Config, error) {
 		bad("the idle gauge interval must not be negative, got %s", c.IdleLogEvery)
 	case c.IdleLogEvery == 0:
 		c.IdleLogEvery = defaultIdleLogEvery
+	}
+	if c.Faults.StaleGaugesOnAbort && c.Flavor != FlavorVLLM {
+		bad("the stale-gauges-on-abort fault is vLLM's; flavor %s has none", c.Flavor)
 	}
 	if c.SpecAccept < 0 || c.SpecAccept > 16 {
 		bad("spec-accept must be 0 to 16 tokens per step, got %d", c.SpecAccept)

@@ -69,7 +69,9 @@
 // (the requests already decoding, not the batch's own), every
 // DecodeLogInterval decode steps (--decode-log-interval, 40) and, once
 // idle, when IdleLogEvery (30 s) has passed since the last write, so they
-// lag both ways; its /v1/loads reads the scheduler as it is.
+// lag both ways; its /v1/loads reads the scheduler as it is. The
+// StaleGaugesOnAbort fault makes vLLM's written when a step ends, as old
+// vLLM's stats are: requests all aborted at once stay on them.
 //
 // Speculative decoding (Config.SpecAccept, --spec-accept N): each decode
 // step gives a request N tokens, streamed as one chunk, and takes N plain
@@ -88,8 +90,9 @@
 // exact-length fields, over-report completion or prompt tokens, fail every
 // Nth request, cut or garble streams, stay unready after start, truncate
 // prompts silently, serve every prompt as if cached, reject prompts
-// above a length with the flavour's context error, or print other pools
-// in the start-up log than the metrics serve.
+// above a length with the flavour's context error, print other pools
+// in the start-up log than the metrics serve, or keep aborted requests on
+// vLLM's gauges.
 //
 // Meetings. A benchmark marks its load with the X-Heft-Load header
 // (LoadHeader, its value a label such as the gateway); GET

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -76,4 +78,63 @@ func TestSGLangGaugesLate(t *testing.T) {
 			t.Errorf("%s after the requests ended the gauge shows %v running, want 0 (the idle write)", time.Since(ended), r)
 		}
 	})
+}
+
+// vLLM writes its stats when a step ends. In the versions of vllm issues
+// #22545 and #29928, requests that were all aborted at once stayed on its
+// gauges until a step ran again (Faults.StaleGaugesOnAbort); without the
+// fault the gauges follow the requests.
+func TestVLLMGaugesStaleOnAbort(t *testing.T) {
+	for _, stale := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stale=%v", stale), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := Config{SingleTPS: 200, Batch16TPS: 2000, MaxRunning: 2}
+				cfg.Faults.StaleGaugesOnAbort = stale
+				s := bubbleSim(t, cfg)
+				ctx, cancel := context.WithCancel(t.Context())
+				started := make(chan struct{}, 3)
+				var users sync.WaitGroup
+				for range 3 { // two run, one waits
+					users.Go(func() {
+						resp, err := post(ctx, s.URL(), chatBody(5000, map[string]any{"ignore_eos": true, "stream": true}))
+						if err == nil {
+							readStream(resp, func(n int) {
+								if n == 1 {
+									started <- struct{}{}
+								}
+							})
+						}
+					})
+				}
+				<-started
+				<-started
+				cancel()
+				users.Wait()
+				synctest.Wait()
+				gauges := func() (running, waiting float64) {
+					mfs := scrape(t, s.URL())
+					sel := map[string]string{"engine": "0"}
+					return value(t, mfs, "vllm:num_requests_running", sel), value(t, mfs, "vllm:num_requests_waiting", sel)
+				}
+				if r, w := s.InFlight(); r+w != 0 {
+					t.Fatalf("%d running and %d waiting after every client left", r, w)
+				}
+				wantR, wantW := 0.0, 0.0
+				if stale {
+					wantR, wantW = 2, 1
+				}
+				if r, w := gauges(); r != wantR || w != wantW {
+					t.Errorf("after the aborts the gauges show %v running, %v waiting; want %v, %v", r, w, wantR, wantW)
+				}
+				time.Sleep(time.Minute)
+				if r, w := gauges(); r != wantR || w != wantW {
+					t.Errorf("a minute later the gauges show %v running, %v waiting; want %v, %v", r, w, wantR, wantW)
+				}
+				chat(t, s.URL(), chatBody(3, map[string]any{"min_tokens": 3}))
+				if r, w := gauges(); r != 0 || w != 0 {
+					t.Errorf("after a request ran its steps the gauges show %v running, %v waiting; want 0, 0", r, w)
+				}
+			})
+		})
+	}
 }

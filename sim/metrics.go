@@ -37,9 +37,9 @@ func (s *Server) handleVLLMMetrics(w http.ResponseWriter, _ *http.Request) {
 		}
 	}
 	gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-		func(v rankView) float64 { return float64(v.running) })
+		func(v rankView) float64 { return float64(v.gauges.running) })
 	gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-		func(v rankView) float64 { return float64(v.waiting) })
+		func(v rankView) float64 { return float64(v.gauges.waiting) })
 	p.family("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.", "gauge")
 	for _, v := range views {
 		p.sample("vllm:engine_sleep_state", lbl(v, promLabel{"sleep_state", "awake"}), 1)
@@ -47,7 +47,7 @@ func (s *Server) handleVLLMMetrics(w http.ResponseWriter, _ *http.Request) {
 		p.sample("vllm:engine_sleep_state", lbl(v, promLabel{"sleep_state", "discard_all"}), 0)
 	}
 	gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-		func(v rankView) float64 { return float64(v.used) / float64(v.pool) })
+		func(v rankView) float64 { return float64(v.gauges.used) / float64(v.pool) })
 	p.family("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", "counter")
 	for _, v := range views {
 		p.sample("vllm:num_preemptions_total", lbl(v), 0)

@@ -59,9 +59,10 @@ type rank struct {
 	itlPerToken bool          // rankSetup
 	cache       *prefixCache  // nil when off
 	kick        chan struct{} // wakes an idle loop
-	// logEvery and idleLogEvery: rankSetup's.
+	// logEvery, idleLogEvery and stepGauges: rankSetup's.
 	logEvery     int
 	idleLogEvery time.Duration
+	stepGauges   bool
 
 	mu       sync.Mutex
 	running  []*seq
@@ -73,6 +74,10 @@ type rank struct {
 	// decodeSteps counts decode steps for the next write.
 	gauges      gauges
 	decodeSteps int
+	// abortedInStep: a request was aborted while a step ran. vLLM takes
+	// aborts in between steps and writes no stats for them, so under
+	// stepGauges that step leaves the gauges as the one before wrote them.
+	abortedInStep bool
 }
 
 // gauges are what an SGLang scheduler last wrote to its load gauges, which
@@ -140,6 +145,9 @@ type rankSetup struct {
 	// idle every idleLogEvery.
 	logEvery     int
 	idleLogEvery time.Duration
+	// stepGauges: the load gauges are written when a step ends, and only
+	// then (Faults.StaleGaugesOnAbort).
+	stepGauges bool
 }
 
 func newRank(idx int, pool int64, rs rankSetup) *rank {
@@ -147,7 +155,7 @@ func newRank(idx int, pool int64, rs rankSetup) *rank {
 		idx: idx, pool: pool, maxRunning: rs.maxRunning, budget: rs.budget, mixed: rs.mixed,
 		model: rs.model, freePrefill: rs.freePrefill, accept: max(1, rs.accept), itlPerToken: rs.itlPerToken,
 		kick:     make(chan struct{}, 1),
-		logEvery: rs.logEvery, idleLogEvery: rs.idleLogEvery,
+		logEvery: rs.logEvery, idleLogEvery: rs.idleLogEvery, stepGauges: rs.stepGauges,
 		stats: rankStats{finished: map[string]int64{"stop": 0, "length": 0, "abort": 0}, ttft: itlHist{bounds: ttftBuckets}},
 	}
 	now := time.Now()
@@ -238,6 +246,7 @@ func (r *rank) abort(s *seq) {
 		r.running = slices.DeleteFunc(r.running, func(x *seq) bool { return x == s })
 		r.release(s)
 	}
+	r.abortedInStep = true
 	s.state, s.aborted = stateDone, true
 	r.stats.finished["abort"]++
 	close(s.done)
@@ -488,6 +497,10 @@ func (r *rank) apply(st *step, prefill float64) {
 	}
 	r.running = slices.DeleteFunc(r.running, func(x *seq) bool { return x.state != stateRunning })
 	r.admitWaiting()
+	if r.stepGauges && !r.abortedInStep {
+		r.gauges.running, r.gauges.waiting, r.gauges.used, r.gauges.at = len(r.running), len(r.waiting), r.used, now
+	}
+	r.abortedInStep = false
 
 	sts := &r.stats
 	sts.genTokens += n
@@ -515,8 +528,9 @@ type rankView struct {
 	stats    rankStats
 	seqs     []seqView // running, in admission order
 	maxSlots int
-	// gauges are the load gauges as the metrics show them: the scheduler's
-	// last write (SGLang), else running, waiting and used as they are.
+	// gauges are the load gauges as the metrics show them: their last
+	// write (SGLang; vLLM with Faults.StaleGaugesOnAbort), else running,
+	// waiting and used as they are.
 	gauges gauges
 }
 
@@ -535,9 +549,9 @@ func (r *rank) view() rankView {
 		used: r.used, stats: r.stats, maxSlots: r.maxRunning,
 	}
 	switch now := time.Now(); {
-	case r.logEvery == 0:
+	case r.logEvery == 0 && !r.stepGauges:
 		v.gauges = gauges{running: v.running, waiting: v.waiting, used: v.used, throughput: r.stats.throughput, at: now}
-	case v.running+v.waiting == 0 && now.Sub(r.gauges.at) > r.idleLogEvery:
+	case r.logEvery > 0 && v.running+v.waiting == 0 && now.Sub(r.gauges.at) > r.idleLogEvery:
 		// SGLang's idle loop writes them once the interval has passed:
 		// whenever that was, a reader sees them written by now.
 		r.gauges.running, r.gauges.waiting, r.gauges.used, r.gauges.throughput, r.gauges.at = 0, 0, r.used, 0, now

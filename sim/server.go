@@ -125,8 +125,11 @@ func (c Config) rankSetup(start time.Time) rankSetup {
 		},
 		freePrefill: c.PrefillTPS == 0 || c.Faults.PrefillCached,
 	}
-	if c.Flavor == FlavorSGLang {
+	switch {
+	case c.Flavor == FlavorSGLang:
 		rs.logEvery, rs.idleLogEvery = c.DecodeLogInterval, c.IdleLogEvery
+	case c.Flavor == FlavorVLLM && c.Faults.StaleGaugesOnAbort:
+		rs.stepGauges = true
 	}
 	if !c.NoPrefixCache {
 		rs.cacheBlock = prefixBlock(c.Flavor)

@@ -13,8 +13,11 @@ import (
 // engine; read twice, some time apart, it is what the engine delivered
 // in between.
 type Counters struct {
-	// Generated is the generated-tokens counter over every rank.
-	Generated float64
+	// Generated is the generated-tokens counter over every rank, and
+	// GeneratedLive whether it moves as tokens are made
+	// (MetricsFacts.GeneratedLive).
+	Generated     float64
+	GeneratedLive bool
 	// Ranks is the counter per data-parallel rank where the engine
 	// labels it by rank; otherwise rank 0 holds the total.
 	Ranks map[int]float64
@@ -59,7 +62,7 @@ func (c *Client) Counters(ctx context.Context) (Counters, error) {
 			load = withKVUsage(l, mf.Load)
 		}
 	}
-	return Counters{Generated: mf.Generated, Ranks: mf.GeneratedRanks, Load: load,
+	return Counters{Generated: mf.Generated, GeneratedLive: mf.GeneratedLive, Ranks: mf.GeneratedRanks, Load: load,
 		InterTokenSeconds: mf.InterTokenSeconds, InterTokens: mf.InterTokens, InterTokenKnown: mf.InterTokenKnown,
 		InterTokenLive: mf.InterTokenLive, FirstTokens: mf.FirstTokens, FirstTokensKnown: mf.FirstTokensKnown,
 		PromptComputed: mf.PromptComputed, PromptKnown: mf.PromptKnown}, nil

@@ -17,10 +17,11 @@ var llamaCpp = descriptor{
 	programs: []string{"llama-server", "llama_server"},
 	health:   "/health",
 	metrics: &metricNames{
-		running:   []string{"llamacpp:requests_processing"},
-		waiting:   []string{"llamacpp:requests_deferred"},
-		kvUsage:   []string{"llamacpp:kv_cache_usage_ratio"},
-		generated: []string{"llamacpp:tokens_predicted_total"},
+		running:           []string{"llamacpp:requests_processing"},
+		waiting:           []string{"llamacpp:requests_deferred"},
+		kvUsage:           []string{"llamacpp:kv_cache_usage_ratio"},
+		generated:         []string{"llamacpp:tokens_predicted_total"},
+		generatedAtFinish: true,
 		// Both counters grow when a request finishes (on_prediction).
 		decodeSeconds: []string{"llamacpp:tokens_predicted_seconds_total"},
 		// Prompt tokens evaluated: a cached prefix is not among them.

@@ -48,6 +48,10 @@ type MetricsFacts struct {
 	// tokens sent so far, from its histograms' counts (generatedAtFinish).
 	Generated      float64
 	GeneratedKnown bool
+	// GeneratedLive: Generated moves as tokens are made (vLLM's counter,
+	// SGLang's histograms), not as requests finish (llama.cpp's counter,
+	// SGLang's before it had an inter-token histogram).
+	GeneratedLive bool
 	// GeneratedRanks is the counter per rank where the engine labels it
 	// by rank (vLLM engine="k"); one entry, rank 0, otherwise.
 	GeneratedRanks map[int]float64
@@ -101,7 +105,7 @@ type metricNames struct {
 	// token (time to first token).
 	firstToken []string
 	// generatedAtFinish: the generated counter adds a request's tokens
-	// only when it finishes (SGLang's tokenizer), which says nothing of
+	// only when it finishes (SGLang's tokenizer, llama.cpp), which says nothing of
 	// the tokens of requests still running; where the live interToken and
 	// firstToken are both there, their counts together are the tokens
 	// sent.
@@ -196,8 +200,9 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 	facts.InterTokenLive = page.histogram(names.interToken, interToken)
 	facts.InterTokenKnown = facts.InterTokenLive || page.histogram(names.meanInterToken, interToken)
 	facts.FirstTokensKnown = page.histogram(names.firstToken, func(_, count float64) { facts.FirstTokens += count })
+	facts.GeneratedLive = facts.GeneratedKnown && !names.generatedAtFinish
 	if names.generatedAtFinish && facts.InterTokenLive && facts.FirstTokensKnown {
-		facts.Generated, facts.GeneratedKnown = facts.FirstTokens+facts.InterTokens, true
+		facts.Generated, facts.GeneratedKnown, facts.GeneratedLive = facts.FirstTokens+facts.InterTokens, true, true
 		facts.GeneratedRanks = map[int]float64{0: facts.Generated}
 	}
 	if !facts.InterTokenKnown && facts.GeneratedKnown {

@@ -118,6 +118,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (cfg sim.Config, listen
 	fs.IntVar(&cfg.Faults.TruncatePrompt, "fault-truncate-prompt", 0, "fault: silently keep only the first N prompt tokens (usage says N)")
 	fs.IntVar(&cfg.Faults.PromptUsageExtra, "fault-prompt-usage-extra", 0, "fault: add this to every reported prompt_tokens")
 	fs.BoolVar(&cfg.Faults.PrefillCached, "fault-prefill-cached", false, "fault: serve every prompt as if cached (no prefill time)")
+	fs.BoolVar(&cfg.Faults.StaleGaugesOnAbort, "fault-stale-gauges-on-abort", false, "fault (vllm): the load gauges are written when a step ends, so requests all aborted at once stay on them until the next step")
 	fs.IntVar(&cfg.Faults.RejectLong, "fault-reject-long", 0, "fault: reject prompts above N tokens with the flavour's context-length error")
 	fs.StringVar(&logKV, "fault-log-kv-tokens", "", "fault: the start-up log prints these pools (comma-separated, as --kv-tokens) while the metrics keep the real ones")
 	if code, ok := settings.ParseFlags(fs, args, usage, stdout, stderr); !ok {
