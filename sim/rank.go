@@ -396,21 +396,21 @@ func (r *rank) logGauges(st *step) {
 	if r.logEvery == 0 {
 		return
 	}
-	now := time.Now()
-	fresh := 0
-	for _, s := range r.running {
-		if s.gen == 0 {
-			fresh++
-		}
-	}
 	if len(st.chunks) > 0 || slices.ContainsFunc(st.sample, func(s *seq) bool { return s.gen == 0 }) {
-		r.gauges.running, r.gauges.waiting, r.gauges.used, r.gauges.at = len(r.running)-fresh, len(r.waiting), r.used, now
+		decoding := 0
+		for _, s := range r.running {
+			if s.gen > 0 {
+				decoding++
+			}
+		}
+		r.gauges.running, r.gauges.waiting, r.gauges.used, r.gauges.at = decoding, len(r.waiting), r.used, time.Now()
 		return
 	}
 	r.decodeSteps++
 	if r.decodeSteps%r.logEvery != 0 {
 		return
 	}
+	now := time.Now()
 	g := &r.gauges
 	if dt := now.Sub(g.decodeAt).Seconds(); dt > 0 {
 		g.throughput = float64(r.stats.genTokens-g.decodeGen) / dt

@@ -42,9 +42,10 @@ type Counters struct {
 }
 
 // Counters scrapes /metrics for the generated-tokens counter and the
-// load (the live one where the kind's gauges are late: SGLang's). Kinds without /metrics (mlx-lm, Ollama) give ErrNoMetrics; a page
-// without the counter (an engine started without metrics, or too old)
-// an error saying so.
+// load (the live one where the kind's gauges are late: SGLang's). Kinds
+// without /metrics (mlx-lm, Ollama) give ErrNoMetrics; a page without the
+// counter (an engine started without metrics, or too old) an error saying
+// so.
 func (c *Client) Counters(ctx context.Context) (Counters, error) {
 	if c.kind.metrics == nil {
 		return Counters{}, fmt.Errorf("%s: %w", c.kind.name, ErrNoMetrics)

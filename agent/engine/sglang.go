@@ -28,12 +28,13 @@ var sglang = descriptor{
 		rankLabel: "dp_rank",
 		running:   []string{"sglang:num_running_reqs"},
 		waiting:   []string{"sglang:num_queue_reqs"},
+		kvUsage:   []string{"sglang:token_usage"},
+		pool:      []string{"sglang:max_total_num_tokens"},
+		// The gauges are written late; /v1/loads reads the scheduler.
 		liveLoad: func(ctx context.Context, c *Client) (wire.Load, bool) {
 			l, err := c.sglangLiveLoad(ctx)
 			return l.load, err == nil && l.load.Known
 		},
-		kvUsage: []string{"sglang:token_usage"},
-		pool:    []string{"sglang:max_total_num_tokens"},
 		// The tokenizer adds a request's tokens here when it finishes
 		// (observe_one_finished_request), so the agent counts tokens as they
 		// are sent from its two histograms instead (generatedAtFinish).
