@@ -132,7 +132,7 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 			c, err := client.Counters(ctx)
 			return c.Generated, err
 		},
-		Load: client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids, EngineTree: client.Tree,
+		Stir: client.Stir, Load: client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids, EngineTree: client.Tree,
 		OnWaiting: func(w probe.Waiting) {
 			msg := "engine not ready; the probe waits"
 			if w.Busy {

@@ -5,11 +5,13 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"heft/agent/engine"
+	"heft/agent/probe"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
@@ -193,5 +195,36 @@ func TestPassiveStaleGauges(t *testing.T) {
 	resp.Body.Close()
 	if err != nil || gauges.Load.Running != 4 || gauges.Load.Waiting != 4 {
 		t.Errorf("the gauges read %+v (%v), want the aborted 4 running and 4 waiting still on them", gauges.Load, err)
+	}
+}
+
+// The agent wires the stale-load watch into its probes: a scheduled probe
+// of a vLLM whose users were all aborted at once, its gauges still showing
+// them, measures once they and its counters have stood still for
+// probe.StaleLoadAfter, where it used to defer for as long as nobody sent
+// the engine a request.
+func TestScheduledProbeOfStaleLoad(t *testing.T) {
+	t.Parallel()
+	cfg := sim.Config{Model: "test/model", SingleTPS: 200, Batch16TPS: 1600}
+	cfg.Faults.StaleGaugesOnAbort = true
+	s, err := sim.Start(cfg, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	fc, eng := startAgentOn(t, s, wire.EngineVLLM, nil)
+
+	leave := users(t, s, 6)
+	for fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0].Load.Running != 6 {
+		// until the gauges show all six
+	}
+	leave()
+	testutil.Eventually(t, "the aborted requests to leave the engine", 10*time.Second, func() bool { r, w := s.InFlight(); return r+w == 0 })
+	start := time.Now()
+	fc.Send(t, &wire.ProbeRequest{RequestID: "r1", CapacityKey: eng.CapacityKey, Reason: wire.ReasonScheduled})
+	res := fc.NextWithin(t, wire.TypeProbeResult, probe.StaleLoadAfter+time.Minute).ProbeResult
+	m := res.Measurement
+	if !m.Valid() || m.LoadBefore.Running != 6 || !strings.Contains(strings.Join(m.Problems, "; "), "stood still") {
+		t.Fatalf("after %v: valid %v, load before %+v, problems %q (result %+v)", time.Since(start).Round(time.Second), m.Valid(), m.LoadBefore, m.Problems, res)
 	}
 }

@@ -164,6 +164,7 @@ func (a probeArgs) run(ctx context.Context, stdio IO, openGPUs func(hclog.Logger
 			n, err := c.Counters(ctx)
 			return n.Generated, err
 		}
+		cfg.Stir = c.Stir
 		cfg.Ranks = e.DataParallelRanks()
 		if !a.concurrencyGiven {
 			cfg.Concurrency = min(probe.DefaultConcurrency*cfg.Ranks, probe.MaxConcurrency)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"heft/shared/wire"
@@ -67,4 +68,22 @@ func (c *Client) Counters(ctx context.Context) (Counters, error) {
 		InterTokenSeconds: mf.InterTokenSeconds, InterTokens: mf.InterTokens, InterTokenKnown: mf.InterTokenKnown,
 		InterTokenLive: mf.InterTokenLive, FirstTokens: mf.FirstTokens, FirstTokensKnown: mf.FirstTokensKnown,
 		PromptComputed: mf.PromptComputed, PromptKnown: mf.PromptKnown}, nil
+}
+
+// ErrCountersAtFinish: the kind's counters move only as requests finish
+// (llama.cpp's), so their standing still says nothing of its load.
+var ErrCountersAtFinish = errors.New("its token counters move only as requests finish")
+
+// Stir reads what moves at every step of an engine that has requests
+// running: its generated and prompt tokens together. Kinds whose counters
+// move only as requests finish give ErrCountersAtFinish.
+func (c *Client) Stir(ctx context.Context) (float64, error) {
+	cs, err := c.Counters(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if !cs.GeneratedLive {
+		return 0, fmt.Errorf("%s: %w", c.kind.name, ErrCountersAtFinish)
+	}
+	return cs.Generated + cs.PromptComputed, nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"heft/shared/wire"
@@ -39,6 +40,18 @@ const busyPoll = time.Second
 // a moment before the gateway sends it the next: at any load worth
 // routing, a request arrives well within two seconds.
 const IdleSettle = 2 * time.Second
+
+// StaleLoadAfter is how long a load that reads busy must stand still,
+// with the engine's token counters (Config.Stir), before a probe takes it
+// for a load the engine stopped updating. vLLM writes its gauges when a
+// step ends; once every request is aborted at once no step runs, and they
+// keep the last load until the next request (vllm issues #22545 and
+// #29928): without this a probe of such an engine waits for nothing. An
+// engine with requests running moves its counters at every step, so only
+// a prefill that holds them and the load still this long looks the same;
+// a burst sent then meets that request, and the counter check discards
+// the burst once its tokens show.
+const StaleLoadAfter = 30 * time.Second
 
 // settlePoll is how often the engine's load is read while it settles.
 const settlePoll = 250 * time.Millisecond
@@ -102,6 +115,7 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 	// watches a probe that seems hung: every WaitNoticeEvery, whatever
 	// the load.
 	notices := &waitNotices{every: WaitNoticeEvery}
+	still := p.stillness()
 	for {
 		waited := time.Since(start)
 		if waited >= p.cfg.BusyWait {
@@ -142,10 +156,102 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 				return nil
 			}
 			why = stirred
+		case still.stale(ctx, l):
+			p.noteStale(m, l)
+			m.BusyWaitSeconds = time.Since(start).Seconds()
+			m.LoadBefore = l
+			return ctx.Err()
 		default:
 			why = busyLoad(l)
 		}
 	}
+}
+
+// stillness watches a load that reads busy for one the engine stopped
+// updating: the load and the engine's counters (Config.Stir) standing
+// still for StaleLoadAfter.
+type stillness struct {
+	read  func(ctx context.Context) (float64, error)
+	after time.Duration
+	load  wire.Load
+	stir  float64
+	since time.Time // zero: nothing read yet to compare with
+}
+
+func (p *prober) stillness() *stillness {
+	return &stillness{read: p.cfg.Stir, after: cmp.Or(p.cfg.staleAfter, StaleLoadAfter)}
+}
+
+// stale reports whether load, just read, and the counters have stood still
+// since the first of an unbroken run of such reads, for s.after or more. A
+// counter that cannot be read breaks the run: no proof of stillness.
+func (s *stillness) stale(ctx context.Context, load wire.Load) bool {
+	if s.read == nil {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	stir, err := s.read(rctx)
+	cancel()
+	now := time.Now()
+	switch {
+	case err != nil:
+		s.since = time.Time{}
+		return false
+	case s.since.IsZero() || stir != s.stir || !sameLoad(load, s.load):
+		s.load, s.stir, s.since = load, stir, now
+		return false
+	}
+	return now.Sub(s.since) >= s.after
+}
+
+func sameLoad(a, b wire.Load) bool {
+	return a.Known == b.Known && a.Running == b.Running && a.Waiting == b.Waiting && a.KVUsage == b.KVUsage &&
+		slices.Equal(a.Ranks, b.Ranks)
+}
+
+// staleLoad watches an engine whose load reads busy until it or its
+// counters move (false), or until they have stood still for
+// StaleLoadAfter (true). An engine that is busy moves within a step or
+// two, so the watch costs a probe of one about a poll; where Stir is not
+// set or cannot be read, there is no watch.
+func (p *prober) staleLoad(ctx context.Context, load wire.Load) (bool, error) {
+	still := p.stillness()
+	if still.read == nil {
+		return false, nil
+	}
+	if still.stale(ctx, load); still.since.IsZero() {
+		return false, ctx.Err()
+	}
+	t := time.NewTicker(cmp.Or(p.cfg.busyPoll, busyPoll))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-t.C:
+		}
+		l, err := p.readLoad(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return false, ctx.Err()
+		case err != nil || l.Running+l.Waiting == 0:
+			return false, nil
+		}
+		since := still.since
+		if still.stale(ctx, l) {
+			return true, nil
+		}
+		if !still.since.Equal(since) {
+			return false, ctx.Err() // it moved
+		}
+	}
+}
+
+// noteStale says in m why the probe took a busy-looking engine for idle.
+func (p *prober) noteStale(m *wire.Measurement, load wire.Load) {
+	m.Problems = append(m.Problems, fmt.Sprintf("the engine's load read %s, but it and its token counters stood still for %s: "+
+		"taken as a load the engine stopped updating (vLLM keeps its last after every request is aborted), and probed as idle",
+		busyLoad(load), cmp.Or(p.cfg.staleAfter, StaleLoadAfter)))
 }
 
 // settle watches an engine just read idle for the settle time: it

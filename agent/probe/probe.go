@@ -99,10 +99,16 @@ type Config struct {
 	// more than the burst received means other traffic shared the engine
 	// (mid-burst, only where Load also shows more requests than the
 	// burst's), and Run returns ErrBusy, not a number.
-	Counters  func(ctx context.Context) (float64, error)
-	busyPoll  time.Duration // how often a waiting probe reads the load; tests shorten it
-	settle    time.Duration // how long an idle engine must stay idle; tests shorten it
-	watchPoll time.Duration // how often a burst reads the engine's counter; tests shorten it
+	Counters func(ctx context.Context) (float64, error)
+	// Stir, optional, reads what moves at every step of an engine with
+	// requests running (engine.Client.Stir): a load that reads busy while
+	// it and this stand still for StaleLoadAfter is a load the engine
+	// stopped updating, and the probe takes the engine for idle.
+	Stir       func(ctx context.Context) (float64, error)
+	staleAfter time.Duration // StaleLoadAfter; tests shorten it
+	busyPoll   time.Duration // how often a waiting probe reads the load; tests shorten it
+	settle     time.Duration // how long an idle engine must stay idle; tests shorten it
+	watchPoll  time.Duration // how often a burst reads the engine's counter; tests shorten it
 	// Load, optional, reads the engine's load just before the probe.
 	Load func(ctx context.Context) (wire.Load, error)
 	// GPUs, optional, is sampled every 200ms during the measured burst.
@@ -334,6 +340,12 @@ func (p *prober) checkIdle(ctx context.Context, m *wire.Measurement) error {
 	default:
 		m.LoadBefore = load
 		if load.Running+load.Waiting > 0 {
+			if stale, err := p.staleLoad(ctx, load); err != nil || stale {
+				if stale {
+					p.noteStale(m, load)
+				}
+				return err
+			}
 			return p.onBusy(ctx, m, busyLoad(load))
 		}
 		// Idle at this instant is not idle: a gateway's next request

@@ -128,17 +128,21 @@ func sharedSim(t *testing.T, kind string, accept int) (s *sim.Server, client *en
 	var users sync.WaitGroup
 	stopUsers = func() { cancel(); users.Wait() }
 	t.Cleanup(stopUsers)
-	traffic = func() {
-		body := []byte(`{"model":"` + sim.DefaultModel + `","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
-		for range 11 {
-			users.Go(func() {
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL()+"/v1/chat/completions", bytes.NewReader(body))
-				if resp, err := http.DefaultClient.Do(req); err == nil {
-					io.Copy(io.Discard, resp.Body) // until cancel
-					resp.Body.Close()
-				}
-			})
-		}
-	}
+	traffic = func() { streamUsers(ctx, &users, s.URL(), 11) }
 	return s, client, counters, traffic, stopUsers
+}
+
+// streamUsers starts n users, each streaming one long request to the
+// engine at url until ctx ends.
+func streamUsers(ctx context.Context, users *sync.WaitGroup, url string, n int) {
+	body := []byte(`{"model":"` + sim.DefaultModel + `","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
+	for range n {
+		users.Go(func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(body))
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body) // until ctx ends
+				resp.Body.Close()
+			}
+		})
+	}
 }

@@ -74,7 +74,14 @@ func Start(t *testing.T, token string) *Coordinator {
 // others.
 func (fc *Conn) Next(t *testing.T, typ string) *wire.Envelope {
 	t.Helper()
-	deadline := time.After(30 * time.Second)
+	return fc.NextWithin(t, typ, 30*time.Second)
+}
+
+// NextWithin is Next with a deadline of its own, for a message that is
+// slow to come by design.
+func (fc *Conn) NextWithin(t *testing.T, typ string, d time.Duration) *wire.Envelope {
+	t.Helper()
+	deadline := time.After(d)
 	for {
 		select {
 		case env := <-fc.msgs:
