@@ -8,7 +8,9 @@ import (
 	"testing"
 )
 
-// holdOne keeps one long request running on the sim until the test ends.
+// holdOne keeps one long request running on the sim until the test ends,
+// or until its 2,000 tokens are out: the sim must be slow enough for the
+// test's reads to come first.
 func holdOne(t *testing.T, s *Server) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
@@ -98,7 +100,10 @@ func TestSGLangMetrics(t *testing.T) {
 		t.Run(strings.Repeat("dp", dp), func(t *testing.T) {
 			t.Parallel()
 			pools := []int64{24094, 2925}[:dp]
-			s := startSim(t, Config{Flavor: FlavorSGLang, SingleTPS: 20000, Batch16TPS: 160000, DP: dp, KVTokens: pools})
+			// At 200 tok/s holdOne's request runs for 10 s: a loaded machine
+			// scrapes well before it ends (at 20,000 it ended within 0.1 s,
+			// and a scrape under load once saw it finished).
+			s := startSim(t, Config{Flavor: FlavorSGLang, SingleTPS: 200, Batch16TPS: 1600, DP: dp, KVTokens: pools})
 			for range 3 {
 				chat(t, s.URL(), chatBody(7, map[string]any{"min_tokens": 7}))
 			}
