@@ -539,6 +539,12 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 		c.end(CloseNodeCredential, d.Close, dropNodeRefused, true)
 		return false
 	}
+	// Registration and Connect happen in one order for racing connections
+	// of a node, so the hub and the fleet agree on which one is current.
+	// The welcome is queued inside that order too: an agent that opens
+	// another connection once it has read it (a restart) finds this one
+	// registered, and supersedes it rather than being superseded by it.
+	h.helloMu.Lock()
 	c.enqueue(welcome) // first, before any action the fleet sends
 	c.node = hello.Node
 	// No ping before now: the reader, which takes the pong, waits while
@@ -548,10 +554,7 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 	c.credential = d.Credential
 	c.pingSoon()
 	c.qmu.Unlock()
-	// Registration and Connect happen in one order for racing connections
-	// of a node, so the hub and the fleet agree on which one is current.
 	hello.Measurements = offerable(hello.Measurements, log)
-	h.helloMu.Lock()
 	old := h.register(c)
 	actions := s.fleet.Connect(c.node, c.id, *hello)
 	h.helloMu.Unlock()
