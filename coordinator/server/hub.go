@@ -544,6 +544,7 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 	// The welcome is queued inside that order too: an agent that opens
 	// another connection once it has read it (a restart) finds this one
 	// registered, and supersedes it rather than being superseded by it.
+	hello.Measurements = offerable(hello.Measurements, log) // outside the lock every hello waits on
 	h.helloMu.Lock()
 	c.enqueue(welcome) // first, before any action the fleet sends
 	c.node = hello.Node
@@ -554,7 +555,6 @@ func (h *hub) hello(c *agentConn, hello *wire.Hello, log hclog.Logger) bool {
 	c.credential = d.Credential
 	c.pingSoon()
 	c.qmu.Unlock()
-	hello.Measurements = offerable(hello.Measurements, log)
 	old := h.register(c)
 	actions := s.fleet.Connect(c.node, c.id, *hello)
 	h.helloMu.Unlock()
