@@ -43,8 +43,13 @@ var (
 	llamaCellsRE  = regexp.MustCompile(`\(\s*(\d+) cells,`)
 	llamaNCtxRE   = regexp.MustCompile(`^(?:llama_context|llama_new_context_with_model): n_ctx\s+=\s+(\d+)\s*$`)
 	llamaBuildRE  = regexp.MustCompile(`^build: (\d+) \(`)
-	ollamaCtxRE   = regexp.MustCompile(`(?:^|\s)--ctx-size\s+(\d+)(?:\s|"|$)`)
-	ollamaVerRE   = regexp.MustCompile(`msg="Listening on \S+ \(version ([^)\s]+)\)"`)
+	ollamaCtxRE   = regexp.MustCompile(`(?:^|\s)--ctx-size\s+(\d+)(?:\s|"|$)|[{ ]KvSize:(\d+)[ }]`)
+	// Ollama starts a model's runner: "starting llama server" (to 2025),
+	// "starting runner" with the model (2026; without --model it is a GPU
+	// discovery runner), and from 2026 hands it the KV size in its load
+	// requests ("load request="{Operation:commit ... KvSize:16384 ...}").
+	ollamaRunnerStartRE = regexp.MustCompile(`msg="starting llama server"|msg="starting runner" cmd="[^"]* --model |msg=load request="\{Operation:commit `)
+	ollamaVerRE         = regexp.MustCompile(`msg="Listening on \S+ \(version ([^)\s]+)\)"`)
 	// Ollama's runner is loaded ("llama runner started in 2.51 seconds";
 	// 2024: "Starting llama main loop"); 2024 llama-server's JSON log says
 	// "model loaded".
@@ -57,8 +62,36 @@ var (
 	llamaCppLog = llamaGrammar(wire.EngineLlamaCpp, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx)
 	// The cells are what the cache holds; n_ctx is asked for; --ctx-size
 	// is what Ollama asked its runner for.
-	ollamaLog = llamaGrammar(wire.EngineOllama, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize)
+	ollamaLog = ollamaGrammar()
 )
+
+// ollamaGrammar is llama.cpp's grammar plus Ollama's own pool: the
+// --ctx-size it starts a runner with (the runner sizes its KV cache to it,
+// over all --parallel slots), which is all an Ollama-engine runner shows.
+func ollamaGrammar() enginelog.Grammar {
+	g := llamaGrammar(wire.EngineOllama, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize)
+	g.CommandLine = func(line string) (enginelog.Event, bool) {
+		if !ollamaRunnerStartRE.MatchString(line) {
+			return enginelog.Event{}, false
+		}
+		n, err := strconv.ParseInt(ollamaCtxSize(line), 10, 64)
+		if err != nil {
+			return enginelog.Event{}, false
+		}
+		return enginelog.Event{Kind: enginelog.EventPool, Format: FormatOllamaCtxSize, KVTokens: n, TPRank: -1}, true
+	}
+	g.PoolLines += `, or Ollama's runner's "--ctx-size N" or load request's "KvSize:N"`
+	return g
+}
+
+// ollamaCtxSize is the KV size an Ollama line gives its runner, "" for none.
+func ollamaCtxSize(line string) string {
+	m := ollamaCtxRE.FindStringSubmatch(line)
+	if m == nil {
+		return ""
+	}
+	return m[1] + m[2]
+}
 
 func llamaGrammar(kind string, formats ...string) enginelog.Grammar {
 	return enginelog.Grammar{
@@ -101,11 +134,12 @@ func parseLlama(seg string) (enginelog.Event, bool) {
 				return ev, true
 			}
 		}
-	case strings.Contains(seg, `msg="starting llama server"`):
+	case strings.Contains(seg, `msg="starting llama server"`),
+		strings.Contains(seg, `msg="starting runner"`) && strings.Contains(seg, " --model "):
 		// Ollama starts a runner per model load: a new start-up.
 		ev.Kind, ev.Args = enginelog.EventLaunchArgs, map[string]string{}
-		if m := ollamaCtxRE.FindStringSubmatch(seg); m != nil {
-			ev.Args["ctx_size"] = m[1]
+		if n := ollamaCtxSize(seg); n != "" {
+			ev.Args["ctx_size"] = n
 		}
 		return ev, true
 	case strings.Contains(seg, "server is listening on ") && strings.HasSuffix(seg, "starting the main loop"),

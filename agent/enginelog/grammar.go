@@ -12,8 +12,10 @@ type Grammar struct {
 	// line's segments (vLLM names the process at a line's start only). It
 	// returns the segment's event, if any, and the rank its prefix names.
 	Segment func(seg string, first bool, line *Proc) (Event, Proc, bool)
-	// CommandLine reads a whole line as a command line a launch script
-	// echoed (EventDPSize, EventRouter); nil when the kind has none.
+	// CommandLine reads a whole line for an event beside its segments'
+	// (after them): a command line a launch script echoed (EventDPSize,
+	// EventRouter), or the pool on the command line a server starts its
+	// runner with (Ollama). nil when the kind has none.
 	CommandLine func(line string) (Event, bool)
 	// Formats are the kind's pool formats, best first: lines of several
 	// formats for one rank give the best one's figure.
