@@ -40,6 +40,7 @@ type options struct {
 	reread  <-chan struct{}
 	// passiveWindow replaces the passive and the pace window (tests).
 	passiveWindow time.Duration
+	staleAfter    time.Duration // replaces probe.StaleLoadAfter in snapshots (tests)
 }
 
 // WithReload reads token_file again on each receive from ch (heft-agent
@@ -64,6 +65,12 @@ func WithProbeHook(fn func(wire.ProbeRequest)) Option {
 // withPassiveWindow shortens the passive capacity and pace windows (tests).
 func withPassiveWindow(d time.Duration) Option {
 	return func(o *options) { o.passiveWindow = d }
+}
+
+// withStaleAfter shortens how long a busy load and its counters stand
+// still before snapshots call the load stale (tests).
+func withStaleAfter(d time.Duration) Option {
+	return func(o *options) { o.staleAfter = d }
 }
 
 // withEnv reads systemd's notify variables from getenv instead of the
@@ -155,7 +162,7 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger, opts ...Op
 	}
 
 	handler := NewHandler(cfg, col, gpus, board, logger)
-	handler.onProbe, handler.passiveWindow = o.onProbe, o.passiveWindow
+	handler.onProbe, handler.passiveWindow, handler.staleAfter = o.onProbe, o.passiveWindow, o.staleAfter
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { handler.keepFresh(ctx, cfg.PollInterval) })

@@ -45,6 +45,7 @@ type Handler struct {
 	passive       map[string]*passive // passive capacity per capacity key (passive.go)
 	paces         map[string]*pace    // pace readings per capacity key (pace.go)
 	passiveWindow time.Duration       // tests: replaces both the passive and the pace window; 0: the config's
+	staleAfter    time.Duration       // tests: replaces probe.StaleLoadAfter in snapshots
 }
 
 // NewHandler returns the Handler over a collector and a GPU source; cfg

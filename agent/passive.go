@@ -8,6 +8,7 @@ import (
 
 	"heft/agent/config"
 	"heft/agent/engine"
+	"heft/agent/probe"
 	"heft/shared/wire"
 )
 
@@ -40,6 +41,7 @@ type passive struct {
 	minRunning int
 	rates      []float64
 	latest     *wire.Passive
+	stillLoad  stillLoad
 }
 
 type passiveSample struct {
@@ -106,6 +108,32 @@ func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 	return r
 }
 
+// stillLoad watches, in snapshots, a load that reads busy for one the
+// engine stopped updating: the load and its token counters (generated
+// and prompt, where they move as tokens are made) standing still
+// together. A probe runs the same watch before it defers (probe.Config.Stir).
+type stillLoad struct {
+	load  wire.Load
+	stir  float64
+	since time.Time // zero: no busy reading to compare with
+}
+
+// still returns how long c's load and counters have stood still as of at;
+// 0 while they move, where the load reads idle, or where the kind's
+// counters move only as requests finish (no proof then).
+func (w *stillLoad) still(at time.Time, c engine.Counters) time.Duration {
+	stir := c.Generated + c.PromptComputed
+	switch {
+	case !c.GeneratedLive || c.Load.Running+c.Load.Waiting == 0:
+		*w = stillLoad{}
+		return 0
+	case w.since.IsZero() || stir != w.stir || !c.Load.Same(w.load):
+		*w = stillLoad{load: c.Load, stir: stir, since: at}
+		return 0
+	}
+	return at.Sub(w.since)
+}
+
 // passiveReadings keeps one passive and one pace tracker per capacity key
 // and fills each engine's Passive and Pace in a snapshot, reading the
 // counters only of engines that run requests or whose pace window runs
@@ -142,7 +170,7 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 		// The counters are read while the engine works or a pace window
 		// runs (one extra /metrics read then), not while it idles.
 		c, read := engine.Counters{Load: e.Load}, true
-		if saturated || e.Load.Running > 0 || !pc.start.at.IsZero() {
+		if saturated || e.Load.Running+e.Load.Waiting > 0 || !pc.start.at.IsZero() {
 			read = false
 			if client, found := h.col.Engine(e.CapacityKey); found {
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -155,6 +183,11 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 			now := time.Now()
 			p.add(now, c)
 			pc.add(now, c, p.ranks)
+			if d := p.stillLoad.still(now, c); d >= cmp.Or(h.staleAfter, probe.StaleLoadAfter) {
+				e.Load.StaleSeconds = d.Seconds()
+			}
+		} else {
+			p.stillLoad = stillLoad{} // no proof of stillness
 		}
 		if pc.latest != nil {
 			r := *pc.latest

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"io"
 	"net/http"
@@ -167,12 +168,18 @@ func TestPassiveStaleGauges(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	fc, _ := startAgentOn(t, s, wire.EngineVLLM, nil, withPassiveWindow(500*time.Millisecond))
+	const staleAfter = time.Second
+	fc, _ := startAgentOn(t, s, wire.EngineVLLM, nil, withPassiveWindow(500*time.Millisecond), withStaleAfter(staleAfter))
 
 	leave := users(t, s, 8) // 4 running, 4 waiting
 	var saturated *wire.Passive
-	for deadline := time.Now().Add(time.Minute); saturated == nil && time.Now().Before(deadline); {
-		saturated = fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0].Passive
+	busy := time.Now()
+	for deadline := time.Now().Add(time.Minute); (saturated == nil || time.Since(busy) < 3*staleAfter) && time.Now().Before(deadline); {
+		e := fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0]
+		if e.Load.StaleSeconds > 0 { // the gauges hold 4 and 4 all along; the counters move
+			t.Fatalf("a saturated engine's load called stale: %+v", e.Load)
+		}
+		saturated = cmp.Or(saturated, e.Passive)
 	}
 	if saturated == nil || saturated.ThroughputTPS <= 0 {
 		t.Fatalf("no passive reading within a minute of saturation: %+v", saturated)
@@ -180,12 +187,22 @@ func TestPassiveStaleGauges(t *testing.T) {
 	leave()
 	testutil.Eventually(t, "the aborted requests to leave the engine", 10*time.Second, func() bool { r, w := s.InFlight(); return r+w == 0 })
 	aborted := time.Now()
-	for time.Since(aborted) < 4*time.Second {
+	var stale wire.Load
+	for time.Since(aborted) < 4*staleAfter || stale.StaleSeconds == 0 {
+		if time.Since(aborted) > 20*staleAfter {
+			t.Fatalf("the stale load never called stale in snapshots; last %+v", stale)
+		}
 		e := fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0]
 		if p := e.Passive; p != nil && p.At.After(aborted) {
 			t.Fatalf("a passive reading after every request was aborted: %.0f tok/s over %.1f s at %d running (load %+v)",
 				p.ThroughputTPS, p.WindowSeconds, p.Concurrency, e.Load)
 		}
+		if e.Load.StaleSeconds > 0 {
+			stale = e.Load
+		}
+	}
+	if stale.Running == 0 || stale.StaleSeconds < staleAfter.Seconds() {
+		t.Errorf("snapshots called %+v stale, want the aborted requests, still for %v or more", stale, staleAfter)
 	}
 	resp, err := http.Get(s.URL() + "/metrics")
 	if err != nil {
@@ -198,6 +215,17 @@ func TestPassiveStaleGauges(t *testing.T) {
 	if err != nil || gauges.Load.Running == 0 {
 		t.Errorf("the gauges read %+v (%v), want aborted requests still on them", gauges.Load, err)
 	}
+	// One request moves the engine: its load is news again.
+	one, err := http.Post(s.URL()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"test/model","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, one.Body)
+	one.Body.Close()
+	testutil.Eventually(t, "a snapshot whose load is not called stale", 5*time.Second, func() bool {
+		return fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0].Load.StaleSeconds == 0
+	})
 }
 
 // The agent wires the stale-load watch into its probes: a scheduled probe
@@ -226,7 +254,49 @@ func TestScheduledProbeOfStaleLoad(t *testing.T) {
 	fc.Send(t, &wire.ProbeRequest{RequestID: "r1", CapacityKey: eng.CapacityKey, Reason: wire.ReasonScheduled})
 	res := fc.NextWithin(t, wire.TypeProbeResult, probe.StaleLoadAfter+time.Minute).ProbeResult
 	m := res.Measurement
-	if !m.Valid() || m.LoadBefore.Running == 0 || !strings.Contains(strings.Join(m.Problems, "; "), "stood still") {
+	if !m.Valid() || m.LoadBefore.Running == 0 || m.LoadBefore.StaleSeconds < probe.StaleLoadAfter.Seconds() ||
+		!strings.Contains(strings.Join(m.Problems, "; "), "stood still") {
 		t.Fatalf("after %v: valid %v, load before %+v, problems %q (result %+v)", time.Since(start).Round(time.Second), m.Valid(), m.LoadBefore, m.Problems, res)
+	}
+}
+
+// A busy load is called stale only once it and the live counters have
+// stood still together; any move, an idle read, or counters that move
+// only as requests finish start over.
+func TestStillLoad(t *testing.T) {
+	t0 := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	busy := wire.Load{Known: true, Running: 6, KVUsage: 0.4}
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	read := func(gen, prompt float64, l wire.Load) engine.Counters {
+		return engine.Counters{Generated: gen, PromptComputed: prompt, GeneratedLive: true, Load: l}
+	}
+	var w stillLoad
+	steps := []struct {
+		name string
+		s    int
+		c    engine.Counters
+		want time.Duration
+	}{
+		{"first read", 0, read(100, 50, busy), 0},
+		{"still", 10, read(100, 50, busy), 10 * time.Second},
+		{"still longer", 31, read(100, 50, busy), 31 * time.Second},
+		{"a token", 32, read(101, 50, busy), 0},
+		{"still again", 40, read(101, 50, busy), 8 * time.Second},
+		{"a prompt token", 41, read(101, 51, busy), 0},
+		{"still again", 45, read(101, 51, busy), 4 * time.Second},
+		{"the load moves", 46, read(101, 51, wire.Load{Known: true, Running: 5, KVUsage: 0.4}), 0},
+		{"its KV usage moves", 47, read(101, 51, wire.Load{Known: true, Running: 5, KVUsage: 0.3}), 0},
+		{"still again", 50, read(101, 51, wire.Load{Known: true, Running: 5, KVUsage: 0.3}), 3 * time.Second},
+		{"idle", 51, read(101, 51, wire.Load{Known: true}), 0},
+		{"busy after idle", 52, read(101, 51, busy), 0},
+		{"still", 60, read(101, 51, busy), 8 * time.Second},
+		{"finish counter", 61, engine.Counters{Generated: 101, PromptComputed: 51, Load: busy}, 0},
+		{"live again", 62, read(101, 51, busy), 0},
+		{"still", 63, read(101, 51, busy), time.Second},
+	}
+	for _, st := range steps {
+		if got := w.still(at(st.s), st.c); got != st.want {
+			t.Errorf("at %ds (%s): still %v, want %v", st.s, st.name, got, st.want)
+		}
 	}
 }

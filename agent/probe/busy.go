@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"heft/shared/wire"
@@ -157,9 +156,8 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 			}
 			why = stirred
 		case still.stale(ctx, l):
-			p.noteStale(m, l)
+			p.noteStale(m, l, time.Since(still.since))
 			m.BusyWaitSeconds = time.Since(start).Seconds()
-			m.LoadBefore = l
 			return ctx.Err()
 		default:
 			why = busyLoad(l)
@@ -197,61 +195,60 @@ func (s *stillness) stale(ctx context.Context, load wire.Load) bool {
 	case err != nil:
 		s.since = time.Time{}
 		return false
-	case s.since.IsZero() || stir != s.stir || !sameLoad(load, s.load):
+	case s.since.IsZero() || stir != s.stir || !load.Same(s.load):
 		s.load, s.stir, s.since = load, stir, now
 		return false
 	}
 	return now.Sub(s.since) >= s.after
 }
 
-func sameLoad(a, b wire.Load) bool {
-	return a.Known == b.Known && a.Running == b.Running && a.Waiting == b.Waiting && a.KVUsage == b.KVUsage &&
-		slices.Equal(a.Ranks, b.Ranks)
-}
-
 // staleLoad watches an engine whose load reads busy until it or its
-// counters move (false), or until they have stood still for
-// StaleLoadAfter (true). An engine that is busy moves within a step or
+// counters move (0), or until they have stood still for StaleLoadAfter
+// (how long they have). An engine that is busy moves within a step or
 // two, so the watch costs a probe of one about a poll; where Stir is not
 // set or cannot be read, there is no watch.
-func (p *prober) staleLoad(ctx context.Context, load wire.Load) (bool, error) {
+func (p *prober) staleLoad(ctx context.Context, load wire.Load) (stillFor time.Duration, err error) {
 	still := p.stillness()
 	if still.read == nil {
-		return false, nil
+		return 0, nil
 	}
 	if still.stale(ctx, load); still.since.IsZero() {
-		return false, ctx.Err()
+		return 0, ctx.Err()
 	}
 	t := time.NewTicker(cmp.Or(p.cfg.busyPoll, busyPoll))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return false, ctx.Err()
+			return 0, ctx.Err()
 		case <-t.C:
 		}
 		l, err := p.readLoad(ctx)
 		switch {
 		case ctx.Err() != nil:
-			return false, ctx.Err()
+			return 0, ctx.Err()
 		case err != nil || l.Running+l.Waiting == 0:
-			return false, nil
+			return 0, nil
 		}
 		since := still.since
 		if still.stale(ctx, l) {
-			return true, nil
+			return time.Since(since), nil
 		}
 		if !still.since.Equal(since) {
-			return false, ctx.Err() // it moved
+			return 0, ctx.Err() // it moved
 		}
 	}
 }
 
-// noteStale says in m why the probe took a busy-looking engine for idle.
-func (p *prober) noteStale(m *wire.Measurement, load wire.Load) {
+// noteStale records in m the load the probe took for one the engine
+// stopped updating, with how long it stood still, and says why it
+// probed a busy-looking engine as idle.
+func (p *prober) noteStale(m *wire.Measurement, load wire.Load, stillFor time.Duration) {
+	m.LoadBefore = load
+	m.LoadBefore.StaleSeconds = stillFor.Seconds()
 	m.Problems = append(m.Problems, fmt.Sprintf("the engine's load read %s, but it and its token counters stood still for %s: "+
 		"taken as a load the engine stopped updating (vLLM keeps its last after every request is aborted), and probed as idle",
-		busyLoad(load), cmp.Or(p.cfg.staleAfter, StaleLoadAfter)))
+		busyLoad(load), stillFor.Round(time.Second)))
 }
 
 // settle watches an engine just read idle for the settle time: it

@@ -340,9 +340,9 @@ func (p *prober) checkIdle(ctx context.Context, m *wire.Measurement) error {
 	default:
 		m.LoadBefore = load
 		if load.Running+load.Waiting > 0 {
-			if stale, err := p.staleLoad(ctx, load); err != nil || stale {
-				if stale {
-					p.noteStale(m, load)
+			if stillFor, err := p.staleLoad(ctx, load); err != nil || stillFor > 0 {
+				if stillFor > 0 {
+					p.noteStale(m, load, stillFor)
 				}
 				return err
 			}

@@ -20,7 +20,7 @@ func fullMessages() map[string]any {
 		KernelVersion: "6.8.0-48-generic", Arch: "amd64", CPUModel: "AMD EPYC 9654 96-Core Processor", CPUCores: 192,
 		MemoryTotal: 1 << 40, MemoryAvailable: 1 << 39, UnifiedMemory: true}
 	proc := GPUProcess{PID: 4242, Name: "python3", UsedMemory: 20 << 30, Foreign: true}
-	load := Load{Known: true, Running: 3, Waiting: 1, KVUsage: 0.25,
+	load := Load{Known: true, Running: 3, Waiting: 1, KVUsage: 0.25, StaleSeconds: 31.5,
 		Ranks: []RankLoad{{DPRank: 1, Running: 3, Waiting: 1, KVUsage: 0.25}}}
 	measurement := Measurement{CapacityKey: "gpu-a:sglang:Qwen/Qwen3-8B:3f9c", Node: "gpu-a", EngineKind: EngineSGLang,
 		EngineURL: "http://127.0.0.1:30000", Model: "Qwen/Qwen3-8B",

@@ -7,7 +7,10 @@
 // the message.
 package wire
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // ProtocolVersion is bumped on any change an older peer cannot read.
 const ProtocolVersion = 1
@@ -353,6 +356,19 @@ type Load struct {
 	Waiting int        `json:"waiting"`
 	KVUsage float64    `json:"kv_usage"` // 0..1, the busiest rank
 	Ranks   []RankLoad `json:"ranks,omitempty"`
+	// StaleSeconds, where set, is how long this load and the engine's
+	// token counters have stood still together, 30 s or more: requests
+	// running make tokens at every step, so it is a load the engine
+	// stopped updating (vLLM keeps its last after every request is
+	// aborted), not work.
+	StaleSeconds float64 `json:"stale_seconds,omitempty"`
+}
+
+// Same reports whether l and o read the same requests and KV usage,
+// rank by rank (StaleSeconds aside).
+func (l Load) Same(o Load) bool {
+	return l.Known == o.Known && l.Running == o.Running && l.Waiting == o.Waiting && l.KVUsage == o.KVUsage &&
+		slices.Equal(l.Ranks, o.Ranks)
 }
 
 // RankLoad is the load of one data-parallel rank.
