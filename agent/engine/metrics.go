@@ -9,6 +9,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -121,6 +122,10 @@ type metricNames struct {
 	// ends, SGLang when its request finishes, llama.cpp those evaluated);
 	// cached, where the engine has it, those its prefix cache served.
 	prompt, cached []string
+	// cacheInfo is a family whose block_size label gives the KV block
+	// size: a cached family whose HELP says it counts blocks (vLLM 0.8's
+	// gpu_prefix_cache_hits) is counted in blocks of that size.
+	cacheInfo string
 }
 
 // ErrNoMetrics is returned for an engine kind that has no /metrics
@@ -213,6 +218,7 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 	}
 	var cached float64
 	page.each(names.cached, func(_ int, v float64) { cached += v })
+	cached *= page.cachedUnit(names)
 	facts.PromptKnown = page.each(names.prompt, func(_ int, v float64) { facts.PromptComputed += v })
 	facts.PromptComputed = max(0, facts.PromptComputed-cached)
 	if known || len(ranks) > 0 {
@@ -278,6 +284,35 @@ func (p *metricsPage) each(list []string, fn func(rank int, v float64)) bool {
 		return true
 	}
 	return false
+}
+
+// defaultBlockSize is vLLM's KV block size where the page does not say.
+const defaultBlockSize = 16
+
+// cachedUnit is how many tokens one unit of the kind's cached counter
+// (the first family the page holds, as each reads it) stands for: one,
+// or a KV block's where its HELP says it counts blocks.
+func (p *metricsPage) cachedUnit(names metricNames) float64 {
+	for _, name := range names.cached {
+		mf, ok := p.families[name]
+		if !ok {
+			continue
+		}
+		if !strings.Contains(mf.GetHelp(), "blocks") {
+			return 1
+		}
+		if info, ok := p.families[names.cacheInfo]; ok {
+			for _, m := range info.GetMetric() {
+				for _, lp := range m.GetLabel() {
+					if n, err := strconv.Atoi(lp.GetValue()); lp.GetName() == "block_size" && err == nil && n > 0 && n <= 1024 {
+						return float64(n)
+					}
+				}
+			}
+		}
+		return defaultBlockSize
+	}
+	return 1
 }
 
 // histogram calls fn with the sum and count of every usable series of the

@@ -186,3 +186,39 @@ func BenchmarkParseMetrics(b *testing.B) {
 		}
 	}
 }
+
+// The prompt tokens vLLM computed are those it read less its prefix
+// cache's hits, under whichever name its version counts them: 0.10 on
+// prefix_cache_hits (and the deprecated gpu_ name beside it, read once),
+// 0.9 gpu_prefix_cache_hits in tokens, 0.8 the same name in blocks of
+// cache_config_info's block_size (16 where the page does not say).
+func TestVLLMPrefixCacheHitsByVersion(t *testing.T) {
+	const (
+		prompt   = "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} 10000\n"
+		newHits  = "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 3000\n"
+		tokHits  = "# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached tokens.\n# TYPE vllm:gpu_prefix_cache_hits_total counter\nvllm:gpu_prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 3000\n"
+		blkHits  = "# HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached blocks.\n# TYPE vllm:gpu_prefix_cache_hits_total counter\nvllm:gpu_prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 200\n"
+		info32   = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"32\",enable_prefix_caching=\"True\"} 1.0\n"
+		infoNone = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{block_size=\"None\",enable_prefix_caching=\"True\"} 1.0\n"
+	)
+	tests := []struct {
+		name string
+		page string
+		want float64
+	}{
+		{"no prefix cache counter", prompt, 10000},
+		{"0.10: prefix_cache_hits beside the deprecated name", prompt + newHits + tokHits, 7000},
+		{"0.9: gpu_prefix_cache_hits in tokens", prompt + tokHits, 7000},
+		{"0.8: in blocks of cache_config_info's size", prompt + blkHits + info32, 10000 - 200*32},
+		{"0.8: in blocks, no usable block size", prompt + blkHits + infoNone, 10000 - 200*16},
+	}
+	for _, tc := range tests {
+		f, err := ParseMetrics(wire.EngineVLLM, strings.NewReader(tc.page))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if !f.PromptKnown || f.PromptComputed != tc.want {
+			t.Errorf("%s: prompt computed %v (known %v), want %v", tc.name, f.PromptComputed, f.PromptKnown, tc.want)
+		}
+	}
+}

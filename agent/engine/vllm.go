@@ -31,7 +31,12 @@ var vllm = descriptor{
 		interToken: []string{"vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"},
 		firstToken: []string{"vllm:time_to_first_token_seconds"},
 		prompt:     []string{"vllm:prompt_tokens_total"},
-		cached:     []string{"vllm:prefix_cache_hits_total"},
+		// Before 0.10, V1 counted its prefix cache's hits as
+		// gpu_prefix_cache_hits only: in blocks in 0.8 (its HELP says
+		// so), in tokens after. 0.10 added prefix_cache_hits and kept the
+		// old name beside it until 0.12; only one is read.
+		cached:    []string{"vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"},
+		cacheInfo: "vllm:cache_config_info",
 	},
 	output: OutputForm{Exact: true, ContinuousUsage: true, Fields: func(n int) map[string]any {
 		return map[string]any{"min_tokens": n, "ignore_eos": true}
