@@ -44,12 +44,15 @@ var (
 	llamaNCtxRE   = regexp.MustCompile(`^(?:llama_context|llama_new_context_with_model): n_ctx\s+=\s+(\d+)\s*$`)
 	llamaBuildRE  = regexp.MustCompile(`^build: (\d+) \(`)
 	ollamaCtxRE   = regexp.MustCompile(`(?:^|\s)--ctx-size\s+(\d+)(?:\s|"|$)|[{ ]KvSize:(\d+)[ }]`)
-	// Ollama starts a model's runner: "starting llama server" (to 2025),
+	// The lines on which Ollama gives a model's runner its KV size: the
+	// runner's command line, "starting llama server" (to 2025) or
 	// "starting runner" with the model (2026; without --model it is a GPU
-	// discovery runner), and from 2026 hands it the KV size in its load
-	// requests ("load request="{Operation:commit ... KvSize:16384 ...}").
-	ollamaRunnerStartRE = regexp.MustCompile(`msg="starting llama server"|msg="starting runner" cmd="[^"]* --model |msg=load request="\{Operation:commit `)
-	ollamaVerRE         = regexp.MustCompile(`msg="Listening on \S+ \(version ([^)\s]+)\)"`)
+	// discovery runner, and from 2026 the size is not on it), and the load
+	// request it commits (2026: "load request="{Operation:commit ...
+	// KvSize:16384 ...}"; the fit and alloc requests before it may try
+	// other sizes).
+	ollamaSizeLineRE = regexp.MustCompile(`msg="starting llama server"|msg="starting runner" cmd="[^"]* --model |msg=load request="\{Operation:commit `)
+	ollamaVerRE      = regexp.MustCompile(`msg="Listening on \S+ \(version ([^)\s]+)\)"`)
 	// Ollama's runner is loaded ("llama runner started in 2.51 seconds";
 	// 2024: "Starting llama main loop"); 2024 llama-server's JSON log says
 	// "model loaded".
@@ -71,7 +74,7 @@ var (
 func ollamaGrammar() enginelog.Grammar {
 	g := llamaGrammar(wire.EngineOllama, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize)
 	g.CommandLine = func(line string) (enginelog.Event, bool) {
-		if !ollamaRunnerStartRE.MatchString(line) {
+		if !ollamaSizeLineRE.MatchString(line) {
 			return enginelog.Event{}, false
 		}
 		n, err := strconv.ParseInt(ollamaCtxSize(line), 10, 64)
