@@ -42,10 +42,11 @@ var vllmLog = enginelog.Grammar{
 	BlockFormat:  FormatVLLMBlocks,
 	BlockSizeKey: "block_size",
 	// vLLM's block size on CUDA when none is given.
-	DefaultBlockSize: 16,
-	DPKey:            "data_parallel_size",
-	ServerPort:       "port",
-	MultiNodeKeys:    []string{"nnodes", "node_rank", "data_parallel_size_local", "data_parallel_start_rank", "data_parallel_rank", "headless"},
+	DefaultBlockSize:  16,
+	DPKey:             "data_parallel_size",
+	ArgsOmitDefaultDP: true,
+	ServerPort:        "port",
+	MultiNodeKeys:     []string{"nnodes", "node_rank", "data_parallel_size_local", "data_parallel_start_rank", "data_parallel_rank", "headless"},
 }
 
 var (
@@ -118,7 +119,8 @@ func splitVLLM(seg string) (p enginelog.Proc, msg string, hasProc, hasHeader boo
 
 // takeVLLMName reads a process name: "EngineCore_DP1", "Worker_DP0_TP1",
 // and v0.8.3 to v0.10.1's "EngineCore_1", whose bare number is the DP rank
-// (that naming exists only with data parallelism).
+// (a single engine is "EngineCore_0" there too: launch args without
+// data_parallel_size settle that it is the only rank; Grammar.ArgsOmitDefaultDP).
 func takeVLLMName(p *enginelog.Proc, name string) {
 	parts := strings.Split(name, "_")
 	for i, part := range parts {

@@ -36,6 +36,12 @@ type Grammar struct {
 	DefaultBlockSize int64
 	// DPKey is the launch argument that gives the data-parallel size.
 	DPKey string
+	// ArgsOmitDefaultDP: the launch args, read whole, leave DPKey out when
+	// the data-parallel size is the default 1 (vLLM's "non-default args",
+	// or a Namespace from before data parallelism), so a start-up whose
+	// args were read and lack it has one rank, whatever its prefixes say
+	// (v0.8.3 to v0.10.1 name a single engine "EngineCore_0").
+	ArgsOmitDefaultDP bool
 	// ServerPort, when set, is the launch argument naming the server's
 	// port: launch args with another port in one start-up are another
 	// server in the same log, not a restart.

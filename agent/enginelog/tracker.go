@@ -357,7 +357,11 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 		return f, false
 	}
 	f.ExpectedRanks, f.ExpectedFrom = g.expectedRanks(t.gr.DPKey, f.DPSize)
-	if f.DPSize == 0 && g.cmdlineDP == 0 && (g.dpNamed || g.cmdlineDPUnknown) {
+	// Launch args read whole that leave the DP size at its default say one
+	// rank, unless a line names a higher one (then they contradict it).
+	argsSayOne := t.gr.ArgsOmitDefaultDP && g.argsSeen && g.argsErr == "" &&
+		f.DPSize == 0 && g.topRank <= 0 && !g.cmdlineDPUnknown
+	if f.DPSize == 0 && g.cmdlineDP == 0 && !argsSayOne && (g.dpNamed || g.cmdlineDPUnknown) {
 		f.RankCountUnknown = "the log shows data parallelism (" + g.dpEvidence() + ") but not how many ranks there are " +
 			"(no launch args or command line giving the DP size): completeness is unknown"
 	}

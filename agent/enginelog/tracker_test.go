@@ -275,6 +275,7 @@ func TestTrackerConcurrent(t *testing.T) {
 func TestRankNamings(t *testing.T) {
 	pool := func(prefix string, n int) string { return vll(prefix, fmt.Sprintf("GPU KV cache size: %d tokens", n)) }
 	args := "(APIServer pid=1) INFO 12-11 09:13:58 [utils.py:253] non-default args: {'model': 'm', 'data_parallel_size': 2}"
+	one := "(APIServer pid=1) INFO 09-03 00:35:55 [utils.py:326] non-default args: {'model': 'm', 'tensor_parallel_size': 2}"
 	tests := []struct {
 		name  string
 		lines []string
@@ -283,6 +284,12 @@ func TestRankNamings(t *testing.T) {
 	}{
 		{"EngineCore_<n> of v0.8.3 to v0.10.1", []string{args, pool("(EngineCore_0 pid=5) ", 9000), pool("(EngineCore_1 pid=6) ", 8000)}, ranks(0, 9000, 1, 8000), true},
 		{"EngineCore_1 alone is rank 1", []string{pool("(EngineCore_1 pid=6) ", 8000)}, ranks(1, 8000), false},
+		// v0.10.1 names a single engine EngineCore_0 too (two whole logs of
+		// v0.10.1.1, testdata/engines/wild): launch args without
+		// data_parallel_size say it is the only rank.
+		{"EngineCore_0 with args lacking data_parallel_size is one engine", []string{one, pool("(EngineCore_0 pid=5) ", 9000)}, ranks(0, 9000), true},
+		{"EngineCore_0 without args may be DP rank 0", []string{pool("(EngineCore_0 pid=5) ", 9000)}, ranks(0, 9000), false},
+		{"EngineCore_1 contradicts args lacking data_parallel_size", []string{one, pool("(EngineCore_1 pid=6) ", 8000)}, ranks(1, 8000), false},
 		{"Ray nests its prefix before vLLM's", []string{args, pool("(EngineCore_DP1 pid=7) (RayWorkerWrapper pid=9, ip=10.0.0.2) ", 7000), pool("(EngineCore_DP0 pid=6) ", 7100)}, ranks(0, 7100, 1, 7000), true},
 		{"VllmWorker rank is a TP rank", []string{args, pool("(EngineCore_0 pid=5) (VllmWorker rank=1 pid=8) ", 9000), pool("(EngineCore_1 pid=6) ", 9000)}, ranks(0, 9000, 1, 9000), true},
 	}
