@@ -72,6 +72,9 @@ var (
 	vllmEngineInitRE  = regexp.MustCompile(`^Initializing an? (?:V\d+ )?LLM engine \(v([^)\s]+)\)`)
 	vllmInitModelRE   = regexp.MustCompile(`(?:^|[ ,(])model='([^']*)'`)
 	vllmInitServedRE  = regexp.MustCompile(`[ ,(]served_model_name=([^,\s)]+)`)
+	// parallel_state.py: "rank 1 in world size 2 is assigned as DP rank 1,
+	// PP rank 0, TP rank 0, EP rank 1".
+	vllmAssignedDPRE = regexp.MustCompile(`^rank \d+ in world size \d+ is assigned as DP rank (\d+),`)
 )
 
 // splitVLLM finds vLLM's logger header and process prefixes in a segment.
@@ -97,6 +100,11 @@ func splitVLLM(seg string) (p enginelog.Proc, msg string, hasProc, hasHeader boo
 	for _, m := range all {
 		one := enginelog.NoProc()
 		takeVLLMName(&one, seg[m[2]:m[3]])
+		if seg[m[2]:m[3]] == "DPEngineCoreActor" {
+			// The Ray DP backend's engine core actor: its name carries
+			// no rank; the tracker learns it from the actor's own lines.
+			p.Actor = strings.TrimSpace(seg[m[0]:m[1]])
+		}
 		if m[4] >= 0 {
 			one.Take("TP" + seg[m[4]:m[5]])
 		}
@@ -185,9 +193,23 @@ func parseVLLM(msg string, hasHeader bool, p enginelog.Proc) (enginelog.Event, b
 	}
 	ev, ok := vllmMessage(msg)
 	if !ok {
-		return enginelog.Event{}, false
+		if p.Actor == "" || p.HasDP {
+			return enginelog.Event{}, false
+		}
+		m := vllmAssignedDPRE.FindStringSubmatch(msg)
+		if m == nil {
+			return enginelog.Event{}, false
+		}
+		dp, err := strconv.Atoi(m[1])
+		if err != nil || dp > 1<<16 {
+			return enginelog.Event{}, false
+		}
+		return enginelog.Event{Kind: enginelog.EventActorRank, DPRank: dp, TPRank: -1, Actor: p.Actor}, true
 	}
 	ev.DPRank, ev.TPRank, ev.DPNamed = p.DP, p.TP, p.DPOnly
+	if !p.HasDP {
+		ev.Actor = p.Actor
+	}
 	return ev, true
 }
 

@@ -33,6 +33,11 @@ const (
 	// workers ("python -m sglang_router.launch_server --dp N"): N separate
 	// servers whose lines carry TP tags only. DPSize is N, -1 if unknown.
 	EventRouter
+	// EventActorRank: a line of a Ray actor whose name carries no rank
+	// (vLLM's DPEngineCoreActor, --data-parallel-backend=ray) says which
+	// DP rank it runs; Actor names the actor, DPRank is the rank. Later
+	// lines of that actor belong to that rank.
+	EventActorRank
 )
 
 func (k EventKind) String() string {
@@ -53,6 +58,8 @@ func (k EventKind) String() string {
 		return "dp_size"
 	case EventRouter:
 		return "router"
+	case EventActorRank:
+		return "actor_rank"
 	}
 	return "unknown"
 }
@@ -84,6 +91,10 @@ type Event struct {
 	// parallelism (vLLM's EngineCore_<n> of v0.8.3 to v0.10.1, an SGLang
 	// DP<n> tag), so the engine runs more than one rank.
 	DPNamed bool
+	// Actor is the prefix of the Ray actor that printed the line when its
+	// name carries no rank ("DPEngineCoreActor pid=5439, ip=10.0.0.2"):
+	// the tracker gives the line the rank an EventActorRank named for it.
+	Actor string
 }
 
 // maxRankValue bounds a rank number read from a prefix; larger ones are
@@ -190,6 +201,9 @@ type Proc struct {
 	// an SGLang DP tag), unlike vLLM's EngineCore_DP0 of a single engine.
 	DPOnly bool
 	Bad    bool // a rank number out of range: skip the line
+	// Actor: the line came from a Ray actor whose name carries no rank
+	// (see Event.Actor); "" otherwise.
+	Actor string
 }
 
 // NoProc is a prefix that names no rank.

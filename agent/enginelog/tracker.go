@@ -48,7 +48,15 @@ type Tracker struct {
 	pendingDP int
 	// prev is the start-up the current one replaced, when it had pools.
 	prev *generation
+	// actorDP is the DP rank each Ray actor whose name carries no rank
+	// said it runs (EventActorRank), by the actor's prefix; bounded by
+	// maxActors.
+	actorDP map[string]int
 }
+
+// maxActors bounds Tracker.actorDP: a log names as many engine actors as
+// it has DP ranks, at most wire.MaxRanks per start-up.
+const maxActors = 4096
 
 type generation struct {
 	begun                 bool
@@ -135,6 +143,21 @@ func (t *Tracker) Reset() {
 }
 
 func (t *Tracker) apply(ev Event) {
+	if ev.Actor != "" {
+		if ev.Kind == EventActorRank {
+			if t.actorDP == nil {
+				t.actorDP = map[string]int{}
+			}
+			if _, ok := t.actorDP[ev.Actor]; ok || len(t.actorDP) < maxActors {
+				t.actorDP[ev.Actor] = ev.DPRank
+			}
+			t.rank(ev.DPRank, true)
+			return
+		}
+		if dp, ok := t.actorDP[ev.Actor]; ok {
+			ev.DPRank = dp
+		}
+	}
 	switch ev.Kind {
 	case EventVersion:
 		t.startup(t.gen.versionSeen)

@@ -291,6 +291,17 @@ func TestRankNamings(t *testing.T) {
 		{"EngineCore_0 without args may be DP rank 0", []string{pool("(EngineCore_0 pid=5) ", 9000)}, ranks(0, 9000), false},
 		{"EngineCore_1 contradicts args lacking data_parallel_size", []string{one, pool("(EngineCore_1 pid=6) ", 8000)}, ranks(1, 8000), false},
 		{"Ray nests its prefix before vLLM's", []string{args, pool("(EngineCore_DP1 pid=7) (RayWorkerWrapper pid=9, ip=10.0.0.2) ", 7000), pool("(EngineCore_DP0 pid=6) ", 7100)}, ranks(0, 7100, 1, 7000), true},
+		// v0.10.1.1 names a single engine EngineCore_0 too (dennislee22/vLLM-benchmarking's logs):
+		// launch args without data_parallel_size say it is the only rank.
+		{"EngineCore_0 with args lacking data_parallel_size is one engine", []string{one, pool("(EngineCore_0 pid=5) ", 9000)}, ranks(0, 9000), true},
+		{"EngineCore_0 without args may be DP rank 0", []string{pool("(EngineCore_0 pid=5) ", 9000)}, ranks(0, 9000), false},
+		{"EngineCore_1 contradicts args lacking data_parallel_size", []string{one, pool("(EngineCore_1 pid=6) ", 8000)}, ranks(1, 8000), false},
+		// --data-parallel-backend=ray (kuberay#4366): the engine core actors' names carry no rank;
+		// each says its DP rank in parallel_state's line, and its pool belongs to that rank.
+		{"DPEngineCoreActor takes the DP rank it was assigned", []string{args,
+			vll("(APIServer pid=1) (DPEngineCoreActor pid=7, ip=10.0.0.2) ", "rank 1 in world size 2 is assigned as DP rank 1, PP rank 0, TP rank 0, EP rank 1"),
+			vll("(APIServer pid=1) (DPEngineCoreActor pid=6) ", "rank 0 in world size 2 is assigned as DP rank 0, PP rank 0, TP rank 0, EP rank 0"),
+			pool("(APIServer pid=1) (DPEngineCoreActor pid=7, ip=10.0.0.2) ", 938544), pool("(APIServer pid=1) (DPEngineCoreActor pid=6) ", 938000)}, ranks(0, 938000, 1, 938544), true},
 		{"VllmWorker rank is a TP rank", []string{args, pool("(EngineCore_0 pid=5) (VllmWorker rank=1 pid=8) ", 9000), pool("(EngineCore_1 pid=6) ", 9000)}, ranks(0, 9000, 1, 9000), true},
 	}
 	for _, tc := range tests {
