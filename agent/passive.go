@@ -41,7 +41,7 @@ type passive struct {
 	minRunning int
 	rates      []float64
 	latest     *wire.Passive
-	stillLoad  stillLoad
+	stillLoad  probe.StillLoad
 }
 
 type passiveSample struct {
@@ -108,30 +108,18 @@ func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 	return r
 }
 
-// stillLoad watches, in snapshots, a load that reads busy for one the
-// engine stopped updating: the load and its token counters (generated
-// and prompt, where they move as tokens are made) standing still
-// together. A probe runs the same watch before it defers (probe.Config.Stir).
-type stillLoad struct {
-	load  wire.Load
-	stir  float64
-	since time.Time // zero: no busy reading to compare with
-}
-
-// still returns how long c's load and counters have stood still as of at;
-// 0 while they move, where the load reads idle, or where the kind's
-// counters move only as requests finish (no proof then).
-func (w *stillLoad) still(at time.Time, c engine.Counters) time.Duration {
-	stir := c.Generated + c.PromptComputed
-	switch {
-	case !c.GeneratedLive || c.Load.Running+c.Load.Waiting == 0:
-		*w = stillLoad{}
-		return 0
-	case w.since.IsZero() || stir != w.stir || !c.Load.Same(w.load):
-		*w = stillLoad{load: c.Load, stir: stir, since: at}
+// stillFor follows, in snapshots, a load that reads busy for one the
+// engine stopped updating, by the rule a probe keeps before it defers
+// (probe.StillLoad): it returns how long c's load and counters have stood
+// still as of at; 0 while they move, where the load reads idle, or where
+// the kind's counters move only as requests finish (no proof then).
+func stillFor(w *probe.StillLoad, at time.Time, c engine.Counters) time.Duration {
+	stir, live := c.Stir()
+	if !live || c.Load.Running+c.Load.Waiting == 0 {
+		w.Reset()
 		return 0
 	}
-	return at.Sub(w.since)
+	return w.Observe(at, c.Load, stir)
 }
 
 // passiveReadings keeps one passive and one pace tracker per capacity key
@@ -183,11 +171,11 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 			now := time.Now()
 			p.add(now, c)
 			pc.add(now, c, p.ranks)
-			if d := p.stillLoad.still(now, c); d >= cmp.Or(h.staleAfter, probe.StaleLoadAfter) {
+			if d := stillFor(&p.stillLoad, now, c); d >= cmp.Or(h.staleAfter, probe.StaleLoadAfter) {
 				e.Load.StaleSeconds = d.Seconds()
 			}
 		} else {
-			p.stillLoad = stillLoad{} // no proof of stillness
+			p.stillLoad.Reset() // no proof of stillness
 		}
 		if pc.latest != nil {
 			r := *pc.latest

@@ -270,7 +270,7 @@ func TestStillLoad(t *testing.T) {
 	read := func(gen, prompt float64, l wire.Load) engine.Counters {
 		return engine.Counters{Generated: gen, PromptComputed: prompt, GeneratedLive: true, Load: l}
 	}
-	var w stillLoad
+	var w probe.StillLoad
 	steps := []struct {
 		name string
 		s    int
@@ -295,7 +295,7 @@ func TestStillLoad(t *testing.T) {
 		{"still", 63, read(101, 51, busy), time.Second},
 	}
 	for _, st := range steps {
-		if got := w.still(at(st.s), st.c); got != st.want {
+		if got := stillFor(&w, at(st.s), st.c); got != st.want {
 			t.Errorf("at %ds (%s): still %v, want %v", st.s, st.name, got, st.want)
 		}
 	}

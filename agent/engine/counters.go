@@ -70,6 +70,13 @@ func (c *Client) Counters(ctx context.Context) (Counters, error) {
 		PromptComputed: mf.PromptComputed, PromptKnown: mf.PromptKnown}, nil
 }
 
+// Stir is what moves at every step of an engine with requests running:
+// its generated and prompt tokens together. live is false where the
+// kind's counters move only as requests finish (GeneratedLive).
+func (c Counters) Stir() (stir float64, live bool) {
+	return c.Generated + c.PromptComputed, c.GeneratedLive
+}
+
 // ErrCountersAtFinish: the kind's counters move only as requests finish
 // (llama.cpp's), so their standing still says nothing of its load.
 var ErrCountersAtFinish = errors.New("its token counters move only as requests finish")
@@ -82,8 +89,9 @@ func (c *Client) Stir(ctx context.Context) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if !cs.GeneratedLive {
+	stir, live := cs.Stir()
+	if !live {
 		return 0, fmt.Errorf("%s: %w", c.kind.name, ErrCountersAtFinish)
 	}
-	return cs.Generated + cs.PromptComputed, nil
+	return stir, nil
 }

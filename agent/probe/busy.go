@@ -156,7 +156,7 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 			}
 			why = stirred
 		case still.stale(ctx, l):
-			p.noteStale(m, l, time.Since(still.since))
+			p.noteStale(m, l, time.Since(still.run.Since()))
 			m.BusyWaitSeconds = time.Since(start).Seconds()
 			return ctx.Err()
 		default:
@@ -165,15 +165,42 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 	}
 }
 
+// StillLoad follows a load that reads busy together with what moves at
+// every step of an engine running requests (engine.Counters.Stir): how
+// long both have stood still. A busy engine moves within a step; a load
+// the engine stopped updating stands still. The probe's watch and the
+// agent's snapshots keep the same rule with it.
+type StillLoad struct {
+	load  wire.Load
+	stir  float64
+	since time.Time // zero: no reading to compare with
+}
+
+// Observe takes one reading, made at at, and returns how long the load and
+// stir have stood still as of it: 0 where either moved, and the run
+// starts over from this reading.
+func (w *StillLoad) Observe(at time.Time, load wire.Load, stir float64) time.Duration {
+	if w.since.IsZero() || stir != w.stir || !load.Same(w.load) {
+		*w = StillLoad{load: load, stir: stir, since: at}
+		return 0
+	}
+	return at.Sub(w.since)
+}
+
+// Reset ends the run: a reading that proves nothing (an idle load, a
+// counter that cannot be read).
+func (w *StillLoad) Reset() { *w = StillLoad{} }
+
+// Since is when the current run began; zero after Reset.
+func (w *StillLoad) Since() time.Time { return w.since }
+
 // stillness watches a load that reads busy for one the engine stopped
 // updating: the load and the engine's counters (Config.Stir) standing
 // still for StaleLoadAfter.
 type stillness struct {
 	read  func(ctx context.Context) (float64, error)
 	after time.Duration
-	load  wire.Load
-	stir  float64
-	since time.Time // zero: nothing read yet to compare with
+	run   StillLoad
 }
 
 func (p *prober) stillness() *stillness {
@@ -190,16 +217,11 @@ func (s *stillness) stale(ctx context.Context, load wire.Load) bool {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	stir, err := s.read(rctx)
 	cancel()
-	now := time.Now()
-	switch {
-	case err != nil:
-		s.since = time.Time{}
-		return false
-	case s.since.IsZero() || stir != s.stir || !load.Same(s.load):
-		s.load, s.stir, s.since = load, stir, now
+	if err != nil {
+		s.run.Reset()
 		return false
 	}
-	return now.Sub(s.since) >= s.after
+	return s.run.Observe(time.Now(), load, stir) >= s.after
 }
 
 // staleLoad watches an engine whose load reads busy until it or its
@@ -212,7 +234,7 @@ func (p *prober) staleLoad(ctx context.Context, load wire.Load) (stillFor time.D
 	if still.read == nil {
 		return 0, nil
 	}
-	if still.stale(ctx, load); still.since.IsZero() {
+	if still.stale(ctx, load); still.run.Since().IsZero() {
 		return 0, ctx.Err()
 	}
 	t := time.NewTicker(cmp.Or(p.cfg.busyPoll, busyPoll))
@@ -230,11 +252,11 @@ func (p *prober) staleLoad(ctx context.Context, load wire.Load) (stillFor time.D
 		case err != nil || l.Running+l.Waiting == 0:
 			return 0, nil
 		}
-		since := still.since
+		since := still.run.Since()
 		if still.stale(ctx, l) {
 			return time.Since(since), nil
 		}
-		if !still.since.Equal(since) {
+		if !still.run.Since().Equal(since) {
 			return 0, ctx.Err() // it moved
 		}
 	}
