@@ -248,10 +248,15 @@ func (a *fixedAgent) Held() []wire.CachedMeasurement { return nil }
 func (a *fixedAgent) sessionsSince(t0 time.Time) []time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return timesSince(a.sessions, t0)
+}
+
+// timesSince returns the times at or after t0.
+func timesSince(times []time.Time, t0 time.Time) []time.Time {
 	var out []time.Time
-	for _, s := range a.sessions {
-		if !s.Before(t0) {
-			out = append(out, s)
+	for _, t := range times {
+		if !t.Before(t0) {
+			out = append(out, t)
 		}
 	}
 	return out

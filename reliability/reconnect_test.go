@@ -224,13 +224,7 @@ func (d *dialLog) client() *http.Client {
 func (d *dialLog) since(t0 time.Time) []time.Time {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []time.Time
-	for _, t := range d.times {
-		if !t.Before(t0) {
-			out = append(out, t)
-		}
-	}
-	return out
+	return timesSince(d.times, t0)
 }
 
 // densestWindow is the largest number of sorted times within any window
