@@ -87,7 +87,7 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 			f.applyKeyless(n, e, s.GPUs, len(s.Engines), now, seen)
 			continue
 		}
-		if owner, ok := f.owner[e.CapacityKey]; ok && owner != nodeName {
+		if owner, ok := f.keyOwner(e.CapacityKey); ok && owner != nodeName {
 			// A capacity key names one node's engine; another node listing
 			// it is either misconfigured or posing as that engine.
 			f.claimsRefused++
@@ -131,6 +131,19 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 	f.refreshNode(n, now)
 	f.notify()
 	return acts
+}
+
+// keyOwner is the node a capacity key belongs to: its owner, else the
+// node of a worker by that ID (a keyless engine's placeholder, which is
+// never claimed: "unkeyed:" + node + ":" + URL passes the key grammar).
+func (f *Fleet) keyOwner(key string) (string, bool) {
+	if owner, ok := f.owner[key]; ok {
+		return owner, true
+	}
+	if w := f.workers[key]; w != nil {
+		return w.node, true
+	}
+	return "", false
 }
 
 // applyKeyless applies an engine listed without a capacity key: to the

@@ -463,6 +463,28 @@ func TestCapacityKeyStaysWithItsNode(t *testing.T) {
 	}
 }
 
+// A keyless engine's placeholder worker is named "unkeyed:" + node + ":" +
+// URL, which passes the key grammar but is never claimed: another node
+// listing that name as its key is refused like any key of another node's,
+// rather than rewriting the placeholder's model and URL as its own.
+func TestPlaceholderIDStaysWithItsNode(t *testing.T) {
+	h := newHarness(t)
+	h.connect("gpu-a")
+	h.put("gpu-a", engine("", "http://10.0.0.1:8000", "m"))
+	id := "unkeyed:gpu-a:http://10.0.0.1:8000"
+	if w := h.worker(id); w.Node != "gpu-a" {
+		t.Fatalf("placeholder %+v", w)
+	}
+	h.connect("evil")
+	h.put("evil", engine(id, "http://10.9.9.9:8000", "evil-model"))
+	if w := h.worker(id); w.Node != "gpu-a" || w.Model != "m" || w.URL != "http://10.0.0.1:8000" {
+		t.Fatalf("another node rewrote the placeholder: node %s model %s url %s", w.Node, w.Model, w.URL)
+	}
+	if st := h.f.Stats(); st.ClaimsRefused != 1 {
+		t.Errorf("claims refused %d, want 1", st.ClaimsRefused)
+	}
+}
+
 // A probe result is taken only as the answer to a request this fleet sent
 // that node for that worker: not without one, not twice, not late.
 func TestProbeResultOnlyForARequest(t *testing.T) {

@@ -136,8 +136,9 @@ func (s *paceState) learn(pt pacePoint) {
 // says how fast one request decoded.
 func (s *paceState) reset(m *wire.Measurement) {
 	*s = paceState{measured: m.FinishedAt, last: s.last}
-	if m.DecodeTPSP50 > 0 && m.Concurrency > 0 {
-		s.points = []pacePoint{{batch: float64(m.Concurrency) / float64(max(1, m.Ranks)), spt: 1 / m.DecodeTPSP50}}
+	// 1/x of a finite x can still be +Inf (x = 5e-324): no point then.
+	if spt := 1 / m.DecodeTPSP50; m.DecodeTPSP50 > 0 && finite(spt) && m.Concurrency > 0 {
+		s.points = []pacePoint{{batch: float64(m.Concurrency) / float64(max(1, m.Ranks)), spt: spt}}
 	}
 }
 
@@ -168,6 +169,9 @@ func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 			s.learn(pacePoint{batch, spt})
 		}
 		return ""
+	}
+	if !finite(spt / ref) {
+		return "" // no engine reads so far from its reference; nor may a stored ratio be +Inf
 	}
 	s.ratio = spt / ref
 	// The window's newest half, far slower alone, is a change the whole

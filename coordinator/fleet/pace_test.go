@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"encoding/json"
 	"maps"
 	"math"
 	"slices"
@@ -509,4 +510,28 @@ func TestPaceBurstyTrafficIsWeighedAtItsTokensBatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Numbers the wire lets through as finite but no engine gives must not
+// make a pace point or ratio of +Inf, which no worker record can be saved
+// with (JSON has no Inf).
+func TestPaceRefusesNumbersNoEngineGives(t *testing.T) {
+	var s paceState
+	m := measured("k", 500, t0)
+	m.DecodeTPSP50 = 5e-324 // 1/x is +Inf
+	s.reset(&m)
+	if _, err := json.Marshal(WorkerRecord{ID: "k", Node: "n", Pace: s.record()}); err != nil || len(s.points) != 0 {
+		t.Fatalf("a burst point from decode_tps_p50 5e-324: points %v, record %v", s.points, err)
+	}
+
+	h, a, _ := twoMeasuredWorkers(t, func(m *wire.Measurement) { m.DecodeTPSP50 = 1e300 })
+	a.Pace = &wire.Pace{At: h.clk.now(), WindowSeconds: 10, SecondsPerToken: 1e10, Batch: 16, ThroughputTPS: 1}
+	h.put("n", a)
+	h.f.mu.Lock()
+	ratio, rec := h.f.workers["a"].pace.ratio, h.f.workers["a"].pace.record()
+	h.f.mu.Unlock()
+	if _, err := json.Marshal(WorkerRecord{ID: "a", Node: "n", Pace: rec}); err != nil || math.IsInf(ratio, 0) {
+		t.Fatalf("a reading 1e10 s per token against 1e-300: ratio %v, record %v", ratio, err)
+	}
+
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,12 @@ func tokenEqual(got, want string) bool {
 	}
 	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
 	return subtle.ConstantTimeCompare(g[:], w[:]) == 1
+}
+
+// anyToken reports whether got is one of the tokens in list (one per line
+// during a rotation, settings.SplitTokens).
+func anyToken(got, list string) bool {
+	return slices.ContainsFunc(settings.SplitTokens(list), func(t string) bool { return tokenEqual(got, t) })
 }
 
 func bearer(r *http.Request) string {

@@ -166,6 +166,30 @@ func TestReadersThatNeverReadLetGo(t *testing.T) {
 // /api/v1/nodes says which names have no credential and where each node
 // connects from: it takes the viewer or the admin token even when other
 // reads are open. Before: open without a token.
+// An admin's request is not counted against max_api_requests during a
+// token rotation either, when the admin token file holds two tokens, one a
+// line: with every slot taken, both tokens are still answered.
+func TestAdminIsNotCountedDuringARotation(t *testing.T) {
+	const next = "admin-token-next-0123456789abcdef0123"
+	opts := testOptions()
+	opts.Tokens.Admin = adminToken + "\n" + next
+	opts.MaxAPIRequests = 1
+	ts := startServer(t, opts, nil)
+	api := ts.caps[connAPI]
+	if !api.take() { // the only slot, held by someone's read
+		t.Fatal("no slot to take")
+	}
+	defer api.release()
+	for _, tok := range []string{adminToken, next} {
+		if status, body, _ := ts.do(t, "GET", "/api/v1/workers", tok, nil); status != http.StatusOK {
+			t.Errorf("an admin's read with every API slot held: %d %s", status, body)
+		}
+	}
+	if status, _, _ := ts.do(t, "GET", "/api/v1/workers", viewerToken, nil); status != http.StatusServiceUnavailable {
+		t.Errorf("a viewer's read with every API slot held: %d, want 503", status)
+	}
+}
+
 func TestNodeListNeedsAToken(t *testing.T) {
 	for _, viewer := range []string{"", viewerToken} {
 		opts := testOptions()

@@ -442,6 +442,9 @@ func (l *Load) Validate() error {
 	if err := checkNumber("load.kv_usage", l.KVUsage); err != nil {
 		return err
 	}
+	if err := checkNumber("load.stale_seconds", l.StaleSeconds); err != nil {
+		return err
+	}
 	if len(l.Ranks) > MaxRanks {
 		return invalid("load has %d ranks, at most %d", len(l.Ranks), MaxRanks)
 	}

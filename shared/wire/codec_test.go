@@ -193,7 +193,8 @@ func TestPoolCheckAndLogSourceChecked(t *testing.T) {
 		"log source huge error": func(e *Engine) {
 			e.LogSource = &LogSource{Spec: "docker:vllm", Error: strings.Repeat("x", MaxStringBytes+1)}
 		},
-		"log source negative lines": func(e *Engine) { e.LogSource = &LogSource{Spec: "docker:vllm", Lines: -1} },
+		"log source negative lines":   func(e *Engine) { e.LogSource = &LogSource{Spec: "docker:vllm", Lines: -1} },
+		"load negative stale seconds": func(e *Engine) { e.Load.StaleSeconds = -5 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := validSnapshot()
