@@ -60,6 +60,10 @@ func (r *eventReader) next() (event, error) {
 			}
 			data.WriteString(value)
 			has = true
+			// The scanner bounds a line; this, the event its lines make.
+			if data.Len() > maxBody {
+				return event{}, fmt.Errorf("%w: an event of over %d bytes", ErrGarbage, maxBody)
+			}
 		}
 	}
 	if err := r.sc.Err(); err != nil {

@@ -181,11 +181,19 @@ func (s *Server) set(name string, cla *endpointv3.ClusterLoadAssignment) (bool, 
 	return true, v, nil
 }
 
+// current is what was last published for cluster name; nil before that.
+func (s *Server) current(name string) *endpointv3.ClusterLoadAssignment {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clusters[name]
+}
+
 // Cluster is the target of one model's cluster on a server.
 type Cluster struct {
 	s           *Server
 	model, name string
 	stateFile   string
+	resolver    *target.Resolver // keeps each address's last good IP:port
 
 	mu    sync.Mutex
 	saved []byte // the state file's content as last written
@@ -193,7 +201,7 @@ type Cluster struct {
 
 // Cluster returns the target that serves model as cluster name.
 func (s *Server) Cluster(model, name string) *Cluster {
-	return &Cluster{s: s, model: model, name: name}
+	return &Cluster{s: s, model: model, name: name, resolver: target.NewResolver(nil)}
 }
 
 // KeepingState makes c keep what it publishes in path (Config.StateFile;
@@ -215,24 +223,64 @@ func (c *Cluster) Model() string { return c.model }
 
 // Assignment builds the ClusterLoadAssignment of m's serving workers.
 func Assignment(ctx context.Context, name string, m target.Model) (*endpointv3.ClusterLoadAssignment, float64, error) {
+	cla, rounding, _, err := assign(ctx, name, m, target.NewResolver(nil), nil)
+	return cla, rounding, err
+}
+
+// assign is Assignment through r, and what it drops because another worker
+// resolves to the same IP:port. A failed lookup is no evidence against an
+// engine: r falls back to the last good address, and while a serving
+// worker has none, prev's endpoints (what was published last) that no
+// worker claims are kept, since one of them may be that worker.
+func assign(ctx context.Context, name string, m target.Model, r *target.Resolver,
+	prev *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoadAssignment, float64, []string, error) {
 	m, _ = target.Clean(m)
-	serving := m.Serving()
-	fs := make([]float64, len(serving))
-	for i, b := range serving {
-		fs[i] = b.Weight
+	rs, dropped, err := r.ResolveAll(ctx, m.Backends)
+	var fs []float64
+	for _, b := range rs {
+		if b.Serving {
+			fs = append(fs, b.Weight)
+		}
 	}
 	ints, rounding := scale.Ints(fs, MaxWeight)
 	var eps []*endpointv3.LbEndpoint
-	var errs []error
-	for i, b := range serving {
-		a, err := target.Resolve(ctx, b.Address)
-		if err != nil {
-			errs = append(errs, target.Failf(target.ReasonResolve, "worker %s: %v", b.WorkerID, err))
+	claimed := map[netip.AddrPort]bool{}
+	unresolved := false
+	i := 0
+	for _, b := range rs {
+		claimed[b.Addr] = true
+		if !b.Serving {
 			continue
 		}
-		eps = append(eps, endpoint(a, uint32(ints[i])))
+		w := ints[i]
+		i++
+		if !b.Addr.IsValid() {
+			unresolved = true
+			continue
+		}
+		eps = append(eps, endpoint(b.Addr, uint32(w)))
 	}
-	return assignment(name, eps), rounding, errors.Join(errs...)
+	if unresolved {
+		for _, l := range prev.GetEndpoints() {
+			for _, e := range l.GetLbEndpoints() {
+				if a, err := endpointAddr(e); err == nil && !claimed[a] {
+					claimed[a] = true
+					eps = append(eps, e)
+				}
+			}
+		}
+	}
+	return assignment(name, eps), rounding, dropped, err
+}
+
+// endpointAddr is the IP:port e is at.
+func endpointAddr(e *endpointv3.LbEndpoint) (netip.AddrPort, error) {
+	sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+	a, err := netip.ParseAddr(sa.GetAddress())
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("endpoint %q: %w", sa.GetAddress(), err)
+	}
+	return netip.AddrPortFrom(a, uint16(sa.GetPortValue())), nil
 }
 
 // endpoint is one healthy endpoint at a with weight w.
@@ -261,8 +309,8 @@ func assignment(name string, eps []*endpointv3.LbEndpoint) *endpointv3.ClusterLo
 // Apply implements target.Target.
 func (c *Cluster) Apply(ctx context.Context, m target.Model) (target.Result, error) {
 	_, dropped := target.Clean(m)
-	cla, rounding, rerr := Assignment(ctx, c.name, m)
-	res := target.Result{RoundingError: rounding, Dropped: dropped}
+	cla, rounding, collided, rerr := assign(ctx, c.name, m, c.resolver, c.s.current(c.name))
+	res := target.Result{RoundingError: rounding, Dropped: append(dropped, collided...)}
 	for _, l := range cla.Endpoints {
 		res.Serving += len(l.LbEndpoints)
 	}

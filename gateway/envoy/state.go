@@ -46,13 +46,12 @@ func encodeState(model string, cla *endpointv3.ClusterLoadAssignment) ([]byte, e
 	st := savedState{Cluster: cla.GetClusterName(), Model: model, Endpoints: []savedEndpoint{}}
 	for _, l := range cla.GetEndpoints() {
 		for _, e := range l.GetLbEndpoints() {
-			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
-			a, err := netip.ParseAddr(sa.GetAddress())
+			a, err := endpointAddr(e)
 			if err != nil {
-				return nil, fmt.Errorf("endpoint %q: %w", sa.GetAddress(), err)
+				return nil, err
 			}
 			st.Endpoints = append(st.Endpoints, savedEndpoint{
-				Address: netip.AddrPortFrom(a, uint16(sa.GetPortValue())).String(),
+				Address: a.String(),
 				Weight:  e.GetLoadBalancingWeight().GetValue(),
 			})
 		}

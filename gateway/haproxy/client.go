@@ -9,6 +9,12 @@ import (
 	"time"
 )
 
+// runner sends one runtime API command and returns HAProxy's answer; a
+// test gives its own.
+type runner interface {
+	run(ctx context.Context, cmd string) (string, error)
+}
+
 // client speaks HAProxy's runtime API (the "stats socket") in its
 // non-interactive mode: one connection per command, which HAProxy answers
 // and closes.

@@ -45,10 +45,11 @@ type Config struct {
 
 // HAProxy is the target of one backend.
 type HAProxy struct {
-	cfg Config
-	c   client
-	opt planOptions
-	log hclog.Logger
+	cfg      Config
+	c        runner
+	opt      planOptions
+	resolver *target.Resolver // keeps each address's last good IP:port
+	log      hclog.Logger
 }
 
 // New checks cfg.
@@ -66,8 +67,9 @@ func New(cfg Config, logger hclog.Logger) (*HAProxy, error) {
 		cfg.Timeout = 3 * time.Second
 	}
 	h := &HAProxy{
-		cfg: cfg,
-		c:   newClient(cfg.Socket, cfg.Timeout),
+		cfg:      cfg,
+		c:        newClient(cfg.Socket, cfg.Timeout),
+		resolver: target.NewResolver(nil),
 		opt: planOptions{Backend: cfg.Backend, Slots: cfg.Slots, ByWeight: cfg.Order == OrderWeight,
 			AddServers: cfg.AddServers, MaxConn: cfg.MaxConn},
 	}
@@ -165,33 +167,27 @@ func (h *HAProxy) Apply(ctx context.Context, m target.Model) (target.Result, err
 	var res target.Result
 	var errs []error
 	m, res.Dropped = target.Clean(m) // never a command with an address no gateway may be given
-	ws := make([]want, 0, len(m.Backends))
-	for _, b := range m.Backends {
-		a, err := target.Resolve(ctx, b.Address)
-		if err != nil {
-			errs = append(errs, target.Failf(target.ReasonResolve, "worker %s: %v", b.WorkerID, err))
-			continue
-		}
-		ws = append(ws, want{Backend: b, Addr: a})
+	rs, dropped, err := h.resolver.ResolveAll(ctx, m.Backends)
+	res.Dropped = append(res.Dropped, dropped...)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	ws := make([]want, len(rs))
+	for i, r := range rs {
+		ws[i] = want{Backend: r.Backend, Addr: r.Addr}
 	}
 	servers, err := h.read(ctx)
 	if err != nil {
-		return res, err
+		return res, errors.Join(append(errs, err)...)
 	}
 	p := makePlan(servers, ws, h.opt)
 	res.RoundingError, res.Serving = p.rounding, p.serving
 	errs = append(errs, p.problems...)
-	for _, cmd := range p.cmds {
-		ans, err := h.c.run(ctx, cmd)
-		if err != nil {
-			errs = append(errs, target.Fail(target.ReasonUnreachable, err))
-			return res, errors.Join(errs...)
-		}
-		if !answerOK(ans) {
-			errs = append(errs, target.Failf(target.ReasonRejected, "haproxy refused %q: %s", cmd, clip(ans)))
-			continue
-		}
-		res.Changes = append(res.Changes, cmd)
+	changes, refused, err := h.send(ctx, p.cmds)
+	res.Changes = changes
+	errs = append(errs, refused...)
+	if err != nil {
+		return res, errors.Join(append(errs, err)...)
 	}
 	for _, cmd := range p.soft {
 		ans, err := h.c.run(ctx, cmd)
@@ -214,6 +210,48 @@ func (h *HAProxy) Apply(ctx context.Context, m target.Model) (target.Result, err
 		}
 	}
 	return res, errors.Join(errs...)
+}
+
+// send sends cmds in order and returns those HAProxy took and why each
+// other was refused; it stops at the first that gets no answer (err).
+//
+// When HAProxy refuses a server's address change (or its adding), the
+// rest of that server's commands are not sent: it is left as it was. Its
+// weight and "state ready" would make it serve at its old address, which
+// may be a worker heft drained; putting it in maintenance instead could
+// take out a worker it still serves.
+func (h *HAProxy) send(ctx context.Context, cmds []string) (changes []string, refused []error, err error) {
+	addrRefused := map[string]bool{} // by server ref
+	for _, cmd := range cmds {
+		ref := serverRef(cmd)
+		if addrRefused[ref] {
+			continue
+		}
+		ans, err := h.c.run(ctx, cmd)
+		if err != nil {
+			return changes, refused, target.Fail(target.ReasonUnreachable, err)
+		}
+		if !answerOK(ans) {
+			refused = append(refused, target.Failf(target.ReasonRejected, "haproxy refused %q: %s", cmd, clip(ans)))
+			if strings.Contains(cmd, " addr ") || strings.HasPrefix(cmd, "add server ") {
+				addrRefused[ref] = true
+			}
+			continue
+		}
+		changes = append(changes, cmd)
+	}
+	return changes, refused, nil
+}
+
+// serverRef is the "backend/server" a command is about: its one word with
+// a '/', which HAProxy's names cannot hold.
+func serverRef(cmd string) string {
+	for _, f := range strings.Fields(cmd) {
+		if strings.Contains(f, "/") {
+			return f
+		}
+	}
+	return ""
 }
 
 // Served implements syncer.Reader: the backend's servers that take new

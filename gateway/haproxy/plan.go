@@ -16,7 +16,8 @@ import (
 const maxWeight = render.HAProxyMaxWeight
 
 // want is a backend with its resolved address and its weight in HAProxy's
-// range.
+// range. Addr is the zero AddrPort when the address never resolved
+// (target.Resolved).
 type want struct {
 	target.Backend
 	Addr netip.AddrPort
@@ -94,9 +95,27 @@ func scaleWeights(ws []want) float64 {
 // Servers that carry no worker: free slots go to maintenance, servers heft
 // added are put in maintenance and deleted, and every other server (one
 // heft does not know) is left as it is.
+//
+// A serving worker whose address never resolved could be on any of heft's
+// servers, and a failed lookup is no evidence against its engine: then
+// heft's servers that no resolved worker claims and that are not in
+// maintenance are left as they are (by weight, every slot is, since the
+// order moves workers between slots).
+//
+// ws holds one want per IP:port (target.Resolver.ResolveAll).
 func makePlan(servers []server, ws []want, o planOptions) plan {
 	var p plan
 	p.rounding = scaleWeights(ws)
+	var resolved []want
+	unresolved := false // a serving worker's server is unknown
+	for _, w := range ws {
+		if w.Addr.IsValid() {
+			resolved = append(resolved, w)
+		} else if w.Serving {
+			unresolved = true
+		}
+	}
+	ws = resolved
 	var slots []int
 	for i, s := range servers {
 		if o.isSlot(s.Name) {
@@ -106,13 +125,31 @@ func makePlan(servers []server, ws []want, o planOptions) plan {
 	slices.SortFunc(slots, func(a, b int) int { return cmp.Compare(servers[a].ID, servers[b].ID) })
 
 	var assign map[int]*want
-	if o.ByWeight {
+	switch {
+	case o.ByWeight && unresolved:
+		assign = leaveOwned(servers, o)
+	case o.ByWeight:
 		assign = p.assignByWeight(slots, ws, o)
-	} else {
-		assign = p.assignByAddress(servers, slots, ws, o)
+	default:
+		assign = p.assignByAddress(servers, slots, ws, unresolved, o)
 	}
 	p.converge(servers, assign, o)
 	return p
+}
+
+// leaveAsIs, assigned to a server, leaves it as it is: it may carry a
+// serving worker whose address does not resolve now.
+var leaveAsIs = &want{}
+
+// leaveOwned leaves every server heft owns as it is.
+func leaveOwned(servers []server, o planOptions) map[int]*want {
+	assign := map[int]*want{}
+	for i, s := range servers {
+		if o.isSlot(s.Name) || o.isAdded(s.Name) {
+			assign[i] = leaveAsIs
+		}
+	}
+	return assign
 }
 
 // assignByWeight gives the slots, in ID order, to the serving workers
@@ -145,8 +182,10 @@ func (p *plan) assignByWeight(slots []int, ws []want, o planOptions) map[int]*wa
 
 // assignByAddress gives each worker the servers at its address (one of
 // heft's own per address), then a free slot to each serving worker still
-// without one, or a server added for it (the commands go into p).
-func (p *plan) assignByAddress(servers []server, slots []int, ws []want, o planOptions) map[int]*want {
+// without one, or a server added for it (the commands go into p). With
+// unresolved, heft's servers that no worker claims and that are not in
+// maintenance are left as they are, and are not free.
+func (p *plan) assignByAddress(servers []server, slots []int, ws []want, unresolved bool, o planOptions) map[int]*want {
 	assign := map[int]*want{} // server index → worker
 	byAddr := map[netip.AddrPort][]int{}
 	for i, s := range servers {
@@ -164,6 +203,13 @@ func (p *plan) assignByAddress(servers []server, slots []int, ws []want, o planO
 			inSlot = inSlot || own
 			assign[si] = w
 			placed[w.Addr] = true
+		}
+	}
+	if unresolved {
+		for i, s := range servers {
+			if assign[i] == nil && !s.maint() && (o.isSlot(s.Name) || o.isAdded(s.Name)) {
+				assign[i] = leaveAsIs
+			}
 		}
 	}
 	var free []int
@@ -217,6 +263,10 @@ func (p *plan) converge(servers []server, assign map[int]*want, o planOptions) {
 		ref := o.Backend + "/" + s.Name
 		w := assign[i]
 		switch {
+		case w == leaveAsIs:
+			if !s.maint() && !s.drain() && s.Weight > 0 {
+				p.serving++
+			}
 		case w == nil && o.isAdded(s.Name):
 			if !s.maint() {
 				maints = append(maints, "set server "+ref+" state maint")

@@ -163,6 +163,13 @@ func (f *File) put(ctx context.Context, modelName string, ds []Deployment) ([]st
 	}
 	if f.commandPending {
 		if err := filewrite.Run(ctx, f.command, f.timeout); err != nil {
+			// LiteLLM runs what the file said before: put that back, so the
+			// next put, by this heft-sync or one restarted, writes and runs
+			// the command again.
+			if old != nil && !bytes.Equal(old, data) && filewrite.Atomic(f.path, old, 0o644) == nil {
+				f.commandPending = false
+				return changes, target.Failf(target.ReasonCommand, "the command failed, so the last good %s is back (tried again at the next sync): %v", f.path, err)
+			}
 			return changes, target.Failf(target.ReasonCommand, "%s is written but the command failed (tried again at the next sync): %v", f.path, err)
 		}
 		f.commandPending = false

@@ -120,6 +120,52 @@ func TestCommandFailureIsRetried(t *testing.T) {
 	}
 }
 
+// A command that fails after a change puts the last good file back, so a
+// heft-sync restarted before the retry, which remembers nothing of the
+// failure, still writes the change and runs the command.
+func TestCommandFailureSurvivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	path, flag, ran := filepath.Join(dir, "m.yaml"), filepath.Join(dir, "fail"), filepath.Join(dir, "ran")
+	command := []string{"sh", "-c", "test ! -e " + flag + " && touch " + ran}
+	open := func() target.Target {
+		f, err := litellm.NewFile(path, command, 0, hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tg, _ := f.Target(litellm.Config{Model: model})
+		return tg
+	}
+	one := []coord.Worker{gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1)}
+	two := append(one, gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 1))
+	apply := func(tg target.Target, ws []coord.Worker) error {
+		m, _ := target.ForModel(model, ws)
+		_, err := tg.Apply(context.Background(), m)
+		return err
+	}
+	if err := apply(open(), one); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(path)
+	os.WriteFile(flag, nil, 0o644)
+	if err := apply(open(), two); target.Reason(err) != target.ReasonCommand {
+		t.Fatalf("the apply whose command fails: %v", err)
+	}
+	if after, _ := os.ReadFile(path); string(after) != string(before) {
+		t.Fatalf("after the failed command the file is\n%s\nwant the last good one\n%s", after, before)
+	}
+	os.Remove(flag)
+	os.Remove(ran)
+	if err := apply(open(), two); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(ran); err != nil {
+		t.Fatal("the restarted heft-sync did not run the command")
+	}
+	if got := len(read(t, path).ModelList); got != 2 {
+		t.Fatalf("%d deployments, want 2", got)
+	}
+}
+
 func TestNewFileRefusesBadPaths(t *testing.T) {
 	for _, p := range []string{"relative.yaml", "/no/such/folder/x.yaml"} {
 		if _, err := litellm.NewFile(p, nil, 0, hclog.NewNullLogger()); err == nil {

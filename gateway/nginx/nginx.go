@@ -43,6 +43,12 @@ type Config struct {
 	Timeout  time.Duration // per command (default 30 s)
 }
 
+// oneAtATime orders the applies of every upstream heft-sync writes: two
+// in one nginx check and reload one configuration, and a reload while the
+// other's new file waits for its check would load that file, or fail
+// unseen (the reload signal is sent either way).
+var oneAtATime sync.Mutex
+
 // Nginx is the target of one upstream.
 type Nginx struct {
 	cfg Config
@@ -122,6 +128,8 @@ func Render(cfg Config, m target.Model) ([]byte, float64, error) {
 func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	oneAtATime.Lock()
+	defer oneAtATime.Unlock()
 	var res target.Result
 	m, res.Dropped = target.Clean(m)
 	m, res.Dropped = n.leaveOutRefused(m, res.Dropped)
@@ -189,6 +197,14 @@ func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error
 		return res, nil
 	}
 	if err := filewrite.Run(ctx, n.cfg.Reload, n.cfg.Timeout); err != nil {
+		// nginx runs what the file said before: put that back, so the file
+		// says what nginx runs and the next apply, by this heft-sync or one
+		// restarted, writes and reloads again. A flag in memory alone is
+		// lost with a restart, and nginx kept the old state for good.
+		if old != nil && !bytes.Equal(old, data) && n.restore(old) == nil {
+			n.reloadPending = false
+			return res, target.Failf(target.ReasonReload, "the reload failed, so the last good %s is back (tried again at the next sync): %v", n.cfg.File, err)
+		}
 		n.reloadPending = true
 		return res, target.Failf(target.ReasonReload, "%s is written but the reload failed (tried again at the next sync): %v", n.cfg.File, err)
 	}
@@ -216,7 +232,9 @@ func withoutComments(data []byte) []byte {
 	var out []byte
 	for line := range bytes.Lines(data) {
 		if i := bytes.IndexByte(line, '#'); i >= 0 {
-			line = append(bytes.TrimRight(line[:i], " \t"), '\n')
+			// Not append(line[:i], …): that would write into data.
+			out = append(append(out, bytes.TrimRight(line[:i], " \t")...), '\n')
+			continue
 		}
 		out = append(out, line...)
 	}

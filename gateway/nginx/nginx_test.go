@@ -1,9 +1,12 @@
 package nginx_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -190,28 +193,55 @@ func TestAllHeldAndNoWorkers(t *testing.T) {
 	}
 }
 
-// A reload that fails is tried again at the next apply even though the
-// file no longer changes.
+// A reload that fails puts the last good file back, so the file says what
+// nginx runs: the next apply writes and reloads again, whether by the same
+// heft-sync or by one restarted, which remembers nothing of the failure.
 func TestReloadFailureIsRetried(t *testing.T) {
-	a := gwtest.NewUpstream(t, "a")
+	a, b := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b")
 	r := start(t, "upstream qwen { server "+a.Addr+"; }\n")
 	flag := filepath.Join(r.nx.Dir, "fail-reload")
-	if err := os.WriteFile(flag, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	n, err := nginx.New(nginx.Config{Model: model, File: r.nx.Upstream, Upstream: "qwen", Check: r.nx.Check(),
-		Reload: []string{"sh", "-c", "test ! -e " + flag + " && " + strings.Join(r.nx.Reload(), " ")}}, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
+	failing := func() *nginx.Nginx {
+		t.Helper()
+		n, err := nginx.New(nginx.Config{Model: model, File: r.nx.Upstream, Upstream: "qwen", Check: r.nx.Check(),
+			Reload: []string{"sh", "-c", "test ! -e " + flag + " && " + strings.Join(r.nx.Reload(), " ")}}, hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
 	m := desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1))
-	if _, err := n.Apply(context.Background(), m); target.Reason(err) != target.ReasonReload {
-		t.Fatalf("first apply: %v", err)
-	}
-	os.Remove(flag)
-	res, err := n.Apply(context.Background(), m)
-	if err != nil || len(res.Changes) != 1 || res.Changes[0] != "reloaded nginx" {
-		t.Fatalf("the retry: %+v %v", res, err)
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restarted %t", restart), func(t *testing.T) {
+			n := failing()
+			if _, err := n.Apply(context.Background(), m); err != nil {
+				t.Fatalf("the apply before: %v", err)
+			}
+			before, _ := os.ReadFile(r.nx.Upstream)
+			if err := os.WriteFile(flag, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// Both workers: a new state the reload fails to load.
+			m = desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), gwtest.Worker(model, b.Addr, view.StateAdmitted, 1))
+			if _, err := n.Apply(context.Background(), m); target.Reason(err) != target.ReasonReload {
+				t.Fatalf("the apply whose reload fails: %v", err)
+			}
+			if after, _ := os.ReadFile(r.nx.Upstream); !bytes.Equal(after, before) {
+				t.Fatalf("after the failed reload the file is %q, want the last good one %q", after, before)
+			}
+			os.Remove(flag)
+			if restart {
+				n = failing()
+			}
+			res, err := n.Apply(context.Background(), m)
+			if err != nil || !slices.Contains(res.Changes, "reloaded nginx") {
+				t.Fatalf("the retry: %+v %v", res, err)
+			}
+			testutil.Eventually(t, "nginx to send to both workers", 10*time.Second, func() bool {
+				got := gwtest.Split(t, "http://"+r.nx.Front+"/", 20)
+				return got["a"] > 0 && got["b"] > 0
+			})
+			m = desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1))
+		})
 	}
 }
 

@@ -34,15 +34,15 @@ func Ints(ws []float64, hi int) ([]int, float64) {
 	bestErr := math.Inf(1)
 	cur := make([]int, len(ws))
 	for largest := 1; largest <= hi; largest++ {
-		s := float64(largest) / top
 		for i, w := range ws {
 			if !ok(w) {
 				cur[i] = 1
 				continue
 			}
-			cur[i] = min(hi, max(1, int(math.Round(w*s))))
+			// w/top first: w·largest could overflow.
+			cur[i] = min(hi, max(1, int(math.Round(w/top*float64(largest)))))
 		}
-		if e := ShareError(ws, cur); e < bestErr-1e-12 {
+		if e := ShareError(ws, cur); best == nil || e < bestErr-1e-12 {
 			bestErr = e
 			best = append(best[:0], cur...)
 		}
@@ -54,11 +54,19 @@ func Ints(ws []float64, hi int) ([]int, float64) {
 // |(n_i/Σn) / (w_i/Σw) − 1|. A worker whose share is 3 % too large or too
 // small has an error of 0.03.
 func ShareError(ws []float64, ns []int) float64 {
+	// Shares of the weights over the largest: a sum of huge weights could
+	// overflow to +Inf and make every error +Inf.
+	top := 0.0
+	for _, w := range ws {
+		if ok(w) {
+			top = max(top, w)
+		}
+	}
 	var sw float64
 	var sn int
 	for i, w := range ws {
 		if ok(w) {
-			sw += w
+			sw += w / top
 			sn += ns[i]
 		}
 	}
@@ -70,7 +78,7 @@ func ShareError(ws []float64, ns []int) float64 {
 		if !ok(w) {
 			continue
 		}
-		e := math.Abs((float64(ns[i])/float64(sn))/(w/sw) - 1)
+		e := math.Abs((float64(ns[i])/float64(sn))/(w/top/sw) - 1)
 		worst = max(worst, e)
 	}
 	return worst

@@ -26,10 +26,17 @@ func TestInts(t *testing.T) {
 		{name: "a ratio the range cannot hold keeps every worker at 1 or more", ws: []float64{1000, 1}, hi: 256, want: []int{256, 1}, maxErr: 3},
 		{name: "a weight of 0 becomes 1", ws: []float64{1, 0}, hi: 100, want: []int{1, 1}},
 		{name: "nothing", ws: nil, hi: 256, want: nil, exactly: true},
+		// Their sum overflows a float64: every share error was +Inf, no
+		// scale was chosen and the callers indexed an empty result.
+		{name: "weights whose sum overflows", ws: []float64{1e308, 1e308}, hi: 256, want: []int{1, 1}, exactly: true},
+		{name: "huge weights keep their ratio", ws: []float64{1e308, 5e307, 2.5e307}, hi: 256, want: []int{4, 2, 1}, exactly: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			got, e := Ints(c.ws, c.hi)
+			if len(got) != len(c.ws) {
+				t.Fatalf("Ints(%v, %d) = %v: %d weights for %d", c.ws, c.hi, got, len(got), len(c.ws))
+			}
 			if c.want != nil && !slices.Equal(got, c.want) {
 				t.Fatalf("Ints(%v, %d) = %v, want %v", c.ws, c.hi, got, c.want)
 			}

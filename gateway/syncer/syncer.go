@@ -9,8 +9,10 @@ package syncer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -148,19 +150,32 @@ func (s *Syncer) SetPending(nodes []string) {
 
 // weigh offers the last state to every target (s.evalMu held).
 func (s *Syncer) weigh() {
+	for _, r := range s.runners {
+		s.weighFor(r)
+	}
+}
+
+// weighFor offers the last state to r (s.evalMu held).
+func (s *Syncer) weighFor(r *runner) {
 	var models []string
 	for _, w := range s.workers {
 		if !slices.Contains(models, w.Model) {
 			models = append(models, w.Model)
 		}
 	}
-	mayDrop := belowFloor(s.workers)
-	now := s.now()
-	for _, r := range s.runners {
-		m, problems := target.ForSelection(r.t.Model(), target.SelectionOf(r.t), s.workers)
-		s.m.workers.WithLabelValues(r.t.Name()).Set(float64(len(m.Backends)))
-		s.m.setAside.WithLabelValues(r.t.Name()).Set(float64(len(problems)))
-		r.offer(m, problems, models, now, mayDrop, s.pending)
+	m, problems := target.ForSelection(r.t.Model(), target.SelectionOf(r.t), s.workers)
+	s.m.workers.WithLabelValues(r.t.Name()).Set(float64(len(m.Backends)))
+	s.m.setAside.WithLabelValues(r.t.Name()).Set(float64(len(problems)))
+	r.offer(m, problems, models, s.now(), belowFloor(s.workers), s.pending)
+}
+
+// retrySeed offers the last state to r again while r waits to read what
+// its gateway serves: a quiet coordinator offers nothing new.
+func (s *Syncer) retrySeed(r *runner) {
+	s.evalMu.Lock()
+	defer s.evalMu.Unlock()
+	if !r.seedFailing.IsZero() && !r.seeded && s.workers != nil {
+		s.weighFor(r)
 	}
 }
 
@@ -224,7 +239,11 @@ type runner struct {
 
 	wake    chan struct{}
 	dropped map[string]bool // the workers the last apply left out (run's goroutine only)
-	seeded  bool            // the gateway's servers were asked for, once (s.evalMu held)
+	// seeded: the gateway's servers were read, or need not be; while a
+	// read fails, seedFailing is when the first failed and seedTried the
+	// last try (s.evalMu held, all three).
+	seeded                 bool
+	seedFailing, seedTried time.Time
 
 	mu          sync.Mutex
 	pending     *target.Model // the newest desired state, not yet taken
@@ -245,8 +264,12 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 	var seed []target.Served
 	haveSeed := false
 	if len(m.Backends) > 0 && !r.seeded {
-		seed, haveSeed = r.readSeed(m)
-		r.seeded = true
+		var err error
+		if seed, haveSeed, err = r.readSeed(m, now); err == nil {
+			r.seeded = true
+		} else if r.waitForSeed(m, now, err) {
+			return
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -283,19 +306,26 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 
 // readSeed reads what the gateway serves now, with each server's address
 // written as the coordinator writes it where they resolve alike. ok is
-// false when the target could not say: the floor then starts from the
-// coordinator's state alone.
-func (r *runner) readSeed(m target.Model) (seed []target.Served, ok bool) {
+// false for a target that cannot say (the floor then starts from the
+// coordinator's state alone); err, for one whose read failed. A failed
+// read is tried again at most every resync interval (errSeedLater).
+func (r *runner) readSeed(m target.Model, now time.Time) (seed []target.Served, ok bool, err error) {
 	rd, is := target.As[Reader](r.t)
 	if !is {
-		return nil, false
+		return nil, false, nil
 	}
+	if !r.seedTried.IsZero() && now.Sub(r.seedTried) < r.s.resync {
+		return nil, false, errSeedLater
+	}
+	r.seedTried = now
 	ctx, cancel := context.WithTimeout(context.Background(), min(seedTimeout, r.s.timeout))
 	defer cancel()
-	seed, err := rd.Served(ctx)
-	if err != nil {
-		r.log.Warn("could not read what the gateway serves now; a worker it serves that the coordinator has not measured yet is taken out of it", "error", err)
-		return nil, false
+	if seed, err = rd.Served(ctx); err != nil {
+		return nil, false, err
+	}
+	if !r.seedFailing.IsZero() {
+		r.log.Info("read what the gateway serves; heft-sync applies the coordinator's state from now on")
+		r.seedFailing = time.Time{}
 	}
 	names := addressesOf(ctx, m)
 	for i := range seed {
@@ -304,7 +334,48 @@ func (r *runner) readSeed(m target.Model) (seed []target.Served, ok bool) {
 	if len(seed) > 0 {
 		r.log.Info("read what the gateway serves before heft-sync's first change", "servers", len(seed))
 	}
-	return seed, true
+	return seed, true, nil
+}
+
+// unanswered reports a gateway that did not answer a read.
+func unanswered(err error) bool {
+	return target.Reason(err) == target.ReasonUnreachable || errors.Is(err, context.DeadlineExceeded)
+}
+
+// errSeedLater is a read of the gateway's servers not tried yet again.
+var errSeedLater = errors.New("not tried again yet")
+
+// waitForSeed says whether m must wait, the gateway left as it is,
+// because what it serves could not be read. Without that read the floor
+// knows nothing of what the gateway serves, so m could take out servers a
+// restarted coordinator lists as not measured yet. While the gateway does
+// not answer (HAProxy's socket away for a restart, a read that timed out),
+// m waits: for good while it serves nothing (applying it could only take
+// traffic away), else for keep_unlisted (what the floor would have kept
+// them for). A gateway that answered with what cannot be read (a file
+// heft-sync writes again) does not wait. Either way m is then applied
+// with the floor starting from the coordinator's state.
+func (r *runner) waitForSeed(m target.Model, now time.Time, err error) bool {
+	if !errors.Is(err, errSeedLater) && !unanswered(err) {
+		r.log.Warn("could not read what the gateway serves now; a worker it serves that the coordinator has not measured yet is taken out of it", "error", err)
+		r.seeded = true
+		return false
+	}
+	if r.seedFailing.IsZero() {
+		r.seedFailing = now
+		r.log.Warn("cannot read what the gateway serves; until it can, heft-sync changes nothing in it that could take a worker out",
+			"error", err, "for_at_most", r.s.floor.KeepUnlisted.String())
+	}
+	if !errors.Is(err, errSeedLater) {
+		r.fail(fmt.Errorf("reading what the gateway serves before the first change: %w", err))
+	}
+	if len(m.Serving()) == 0 || now.Sub(r.seedFailing) < r.s.floor.KeepUnlisted {
+		return true
+	}
+	r.log.Warn("still cannot read what the gateway serves; applying the coordinator's state, the floor starting from it",
+		"since", r.seedFailing.Format(time.RFC3339), "error", err)
+	r.seeded = true
+	return false
 }
 
 // workerAddresses are m's worker addresses as written, and each one's
@@ -397,6 +468,8 @@ func (r *runner) run(ctx context.Context) {
 				r.apply(ctx, *want, true)
 			case !checked:
 				check()
+			default:
+				r.s.retrySeed(r)
 			}
 		}
 	}
@@ -405,7 +478,7 @@ func (r *runner) run(ctx context.Context) {
 func (r *runner) apply(ctx context.Context, m target.Model, resync bool) {
 	name := r.t.Name()
 	actx, cancel := context.WithTimeout(ctx, r.s.timeout)
-	res, err := r.t.Apply(actx, m)
+	res, err := r.applyOrRecover(actx, m)
 	cancel()
 	if ctx.Err() != nil {
 		return
@@ -446,6 +519,19 @@ func (r *runner) apply(ctx context.Context, m target.Model, resync bool) {
 	}
 	r.healthy, r.applied, r.lastErr, r.lastSuccess = true, true, "", now
 	r.mu.Unlock()
+}
+
+// applyOrRecover applies m, a panic in the target's code becoming its
+// failure: one target's bug must not stop heft-sync's others, nor have
+// systemd restart it into the same state again and again.
+func (r *runner) applyOrRecover(ctx context.Context, m target.Model) (res target.Result, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("the target's apply panicked; the gateway keeps what it had", "panic", p, "stack", string(debug.Stack()))
+			res, err = target.Result{}, target.Failf(target.ReasonOther, "apply panicked: %v", p)
+		}
+	}()
+	return r.t.Apply(ctx, m)
 }
 
 // noteDropped counts and logs the workers an apply left out: each once

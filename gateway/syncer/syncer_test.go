@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,6 +93,40 @@ func TestFailuresAreCountedByReason(t *testing.T) {
 	}
 }
 
+// panicking is a target whose apply panics, as an index out of range in a
+// driver would.
+type panicking struct {
+	fake
+	calls atomic.Int32
+}
+
+func (p *panicking) Name() string { return "panicking:qwen" }
+func (p *panicking) Apply(context.Context, target.Model) (target.Result, error) {
+	p.calls.Add(1)
+	var none []int
+	_ = none[0]
+	return target.Result{}, nil
+}
+
+// A target whose apply panics fails alone, and is tried again; the other
+// targets go on.
+func TestAPanickingTargetFailsAlone(t *testing.T) {
+	bad, good := &panicking{}, &fake{}
+	m := NewMetrics([]string{bad.Name(), good.Name()})
+	s := New([]target.Target{bad, good}, m, 20*time.Millisecond, hclog.NewNullLogger())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	s.Update(snap(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1)))
+	htest.Eventually(t, "the other target's resyncs", 5*time.Second, func() bool { return good.count() >= 3 })
+	htest.Eventually(t, "the panicking target tried again", 5*time.Second, func() bool { return bad.calls.Load() >= 3 })
+	st := s.Status()
+	if st.Targets[0].Healthy || !strings.Contains(st.Targets[0].LastError, "panicked: runtime error: index out of range") || !st.Targets[1].Healthy {
+		t.Fatalf("status %+v", st)
+	}
+}
+
 func TestReasons(t *testing.T) {
 	err := errors.Join(target.Failf(target.ReasonNoSlot, "a"), errors.New("plain"), target.Failf(target.ReasonNoSlot, "b"))
 	if got := reasons(err); len(got) != 1 || got[0] != target.ReasonNoSlot {
@@ -165,39 +200,110 @@ func (r *reading) Served(context.Context) ([]target.Served, error) {
 }
 
 // The first state lists every worker as measuring: with a gateway that
-// says what it serves, the first apply keeps those workers serving; with
-// one that cannot say, they are drained, as before there was a seed.
+// says what it serves, the first apply keeps those workers serving, and
+// the gateway is read once.
 func TestFirstApplyKeepsWhatTheGatewayServes(t *testing.T) {
 	const a, b = "10.0.0.1:8000", "10.0.0.2:8000"
-	first := snap(gwtest.Worker("m", a, view.StateMeasuring, 0), gwtest.Worker("m", b, view.StateMeasuring, 0))
-	for _, tc := range []struct {
-		name    string
-		err     error
-		serving int
-	}{{"reads", nil, 2}, {"cannot read", errors.New("socket gone"), 0}} {
-		t.Run(tc.name, func(t *testing.T) {
-			g := &reading{served: []target.Served{{Address: a, Weight: 30, Owned: true}, {Address: b, Weight: 10, Owned: true}}, err: tc.err}
-			m := NewMetrics([]string{g.Name()})
-			s := New([]target.Target{g}, m, time.Hour, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { s.Run(ctx); close(done) }()
-			defer func() { cancel(); <-done }()
-			s.Update(first)
-			htest.Eventually(t, "the first apply", 5*time.Second, func() bool { return g.count() >= 1 })
-			g.mu.Lock()
-			applied, reads := g.applied[0], g.reads
-			g.mu.Unlock()
-			if got := serving(applied); len(got) != tc.serving || (tc.serving > 0 && got[a] != 3*got[b]) {
-				t.Fatalf("first apply serves %v, want %d servers as the gateway had them", got, tc.serving)
-			}
-			s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1), gwtest.Worker("m", b, view.StateMeasuring, 0)))
-			g.mu.Lock()
-			reads = g.reads - reads
-			g.mu.Unlock()
-			if reads != 0 {
-				t.Fatalf("the gateway was read %d more times after the first state", reads)
-			}
-		})
+	g := &reading{served: []target.Served{{Address: a, Weight: 30, Owned: true}, {Address: b, Weight: 10, Owned: true}}}
+	s := runReading(t, g, time.Hour, DefaultFloor())
+	s.Update(snap(gwtest.Worker("m", a, view.StateMeasuring, 0), gwtest.Worker("m", b, view.StateMeasuring, 0)))
+	htest.Eventually(t, "the first apply", 5*time.Second, func() bool { return g.count() >= 1 })
+	g.mu.Lock()
+	applied, reads := g.applied[0], g.reads
+	g.mu.Unlock()
+	if got := serving(applied); len(got) != 2 || got[a] != 3*got[b] {
+		t.Fatalf("first apply serves %v, want both servers as the gateway had them", got)
 	}
+	s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1), gwtest.Worker("m", b, view.StateMeasuring, 0)))
+	g.mu.Lock()
+	reads = g.reads - reads
+	g.mu.Unlock()
+	if reads != 0 {
+		t.Fatalf("the gateway was read %d more times after the first state", reads)
+	}
+}
+
+// While the gateway does not answer the read of what it serves (HAProxy's
+// socket away for a restart), heft-sync, which then knows nothing of it,
+// changes nothing that could take a worker out: a state that serves
+// nothing waits for the read, tried again every resync, and one that
+// serves a worker waits for keep_unlisted. Applying either at once emptied
+// or shrank the gateway. A gateway that answers with what cannot be read
+// (a file heft-sync writes again) is applied at once, as before.
+func TestNothingTakenOutBeforeTheGatewayIsRead(t *testing.T) {
+	const a, b = "10.0.0.1:8000", "10.0.0.2:8000"
+	measuring := snap(gwtest.Worker("m", a, view.StateMeasuring, 0), gwtest.Worker("m", b, view.StateMeasuring, 0))
+	served := []target.Served{{Address: a, Weight: 30, Owned: true}, {Address: b, Weight: 10, Owned: true}}
+	gone := target.Fail(target.ReasonUnreachable, errors.New("socket gone"))
+
+	t.Run("until it is read", func(t *testing.T) {
+		g := &reading{served: served, err: gone}
+		s := runReading(t, g, 50*time.Millisecond, DefaultFloor())
+		s.Update(measuring)
+		htest.Eventually(t, "reads tried again", 5*time.Second, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.reads >= 3 })
+		if n := g.count(); n != 0 {
+			t.Fatalf("%d applies while the gateway could not be read, want none", n)
+		}
+		if st := s.Status(); st.Status != "degraded" || !strings.Contains(st.Targets[0].LastError, "socket gone") {
+			t.Fatalf("status %+v, want degraded with the read's error", st)
+		}
+		g.mu.Lock()
+		g.err = nil // the socket is back; the coordinator says nothing new
+		g.mu.Unlock()
+		htest.Eventually(t, "the first apply", 5*time.Second, func() bool { return g.count() >= 1 })
+		g.mu.Lock()
+		applied := g.applied[0]
+		g.mu.Unlock()
+		if got := serving(applied); len(got) != 2 || got[a] != 3*got[b] {
+			t.Fatalf("first apply serves %v, want both servers as the gateway had them", got)
+		}
+	})
+
+	t.Run("a state that serves a worker waits for keep_unlisted", func(t *testing.T) {
+		g := &reading{served: served, err: gone}
+		s := runReading(t, g, 50*time.Millisecond, Floor{MinServing: 1, KeepUnlisted: 700 * time.Millisecond})
+		begin := time.Now()
+		s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1), gwtest.Worker("m", b, view.StateMeasuring, 0)))
+		htest.Eventually(t, "an apply once keep_unlisted passed", 5*time.Second, func() bool { return g.count() >= 1 })
+		if waited := time.Since(begin); waited < 700*time.Millisecond {
+			t.Fatalf("applied after %s, want keep_unlisted (700ms) first", waited)
+		}
+		g.mu.Lock()
+		applied := g.applied[0]
+		g.mu.Unlock()
+		if got := serving(applied); len(got) != 1 || got[a] == 0 {
+			t.Fatalf("the apply serves %v, want the admitted worker", got)
+		}
+	})
+
+	t.Run("a state that serves nothing waits for good", func(t *testing.T) {
+		g := &reading{served: served, err: gone}
+		s := runReading(t, g, 50*time.Millisecond, Floor{MinServing: 1, KeepUnlisted: 100 * time.Millisecond})
+		s.Update(measuring)
+		htest.Eventually(t, "reads tried again past keep_unlisted", 5*time.Second, func() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.reads >= 6 })
+		if n := g.count(); n != 0 {
+			t.Fatalf("%d applies of a state that serves nothing, with the gateway unread", n)
+		}
+	})
+}
+
+// A gateway that answers what cannot be read (an nginx file without the
+// upstream, before heft-sync's first write) is applied at once.
+func TestUnreadableGatewayIsAppliedAtOnce(t *testing.T) {
+	const a = "10.0.0.1:8000"
+	g := &reading{err: errors.New(`no upstream "qwen" in the file`)}
+	s := runReading(t, g, time.Hour, DefaultFloor())
+	s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1)))
+	htest.Eventually(t, "the first apply", 5*time.Second, func() bool { return g.count() >= 1 })
+}
+
+func runReading(t *testing.T, g *reading, resync time.Duration, f Floor) *Syncer {
+	m := NewMetrics([]string{g.Name()})
+	s := New([]target.Target{g}, m, resync, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
+	s.SetFloor(f)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s
 }

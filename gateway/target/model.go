@@ -183,8 +183,23 @@ func Address(w view.Worker) (addr, scheme string, err error) {
 
 // Resolve turns host:port into an IP address and port, preferring IPv4,
 // for gateways that take only IP addresses (HAProxy's runtime API, Envoy
-// EDS).
+// EDS). A gateway driver resolves through a Resolver instead, which keeps
+// the last good answer.
 func Resolve(ctx context.Context, addr string) (netip.AddrPort, error) {
+	return resolve(ctx, addr, lookupDefault)
+}
+
+// LookupFunc looks a host name up: net.DefaultResolver's LookupNetIP for
+// "ip" unless a test gives its own.
+type LookupFunc func(ctx context.Context, host string) ([]netip.Addr, error)
+
+func lookupDefault(ctx context.Context, host string) ([]netip.Addr, error) {
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+}
+
+// resolve is Resolve with lookup for host names; an IP literal is never
+// looked up.
+func resolve(ctx context.Context, addr string, lookup LookupFunc) (netip.AddrPort, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return netip.AddrPort{}, err
@@ -199,7 +214,7 @@ func Resolve(ctx context.Context, addr string) (netip.AddrPort, error) {
 		}
 		return netip.AddrPortFrom(ip.Unmap(), uint16(p)), nil
 	}
-	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	ips, err := lookup(ctx, host)
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("resolve %s: %w", host, err)
 	}

@@ -1,0 +1,97 @@
+package envoy_test
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"heft/gateway/gwtest"
+	"heft/gateway/target"
+	"heft/shared/view"
+)
+
+// A DNS outage on the gateway host is no evidence about any engine: the
+// cluster keeps every endpoint at its last good address, in what Envoy
+// gets and in the state file, and the failed lookups are still reported.
+func TestDNSOutageKeepsEndpoints(t *testing.T) {
+	dns := gwtest.NewDNS(map[string]string{"gpu-a.heft.test": "10.0.0.1", "gpu-b.heft.test": "10.0.0.2"})
+	s := startServer(t)
+	c := s.Cluster(model, "qwen").KeepingState(filepath.Join(t.TempDir(), "qwen.json")).UseLookup(dns.Lookup)
+	m := desired(
+		gwtest.Worker(model, "gpu-a.heft.test:8000", view.StateAdmitted, 1),
+		gwtest.Worker(model, "gpu-b.heft.test:8000", view.StateAdmitted, 1))
+	if res, err := c.Apply(context.Background(), m); err != nil || res.Serving != 2 {
+		t.Fatalf("before the outage: %+v %v", res, err)
+	}
+	dns.SetDown(true)
+	res, err := c.Apply(context.Background(), m)
+	if target.Reason(err) != target.ReasonResolve || res.Serving != 2 || len(res.Changes) != 0 {
+		t.Fatalf("during the outage: %+v %v; want both endpoints, no change and the resolve error", res, err)
+	}
+	if w := firstAssignment(t, s.Addr(), "qwen"); len(w) != 2 || w["10.0.0.1:8000"] == 0 || w["10.0.0.2:8000"] == 0 {
+		t.Fatalf("Envoy got %v", w)
+	}
+	if got, err := c.Served(context.Background()); err != nil || len(got) != 2 {
+		t.Fatalf("the state file holds %v, %v", got, err)
+	}
+	// Evidence about an engine still acts: held, b leaves its last good address.
+	res, err = c.Apply(context.Background(), desired(
+		gwtest.Worker(model, "gpu-a.heft.test:8000", view.StateAdmitted, 1),
+		gwtest.Worker(model, "gpu-b.heft.test:8000", view.StateHeld, 0)))
+	if target.Reason(err) != target.ReasonResolve || res.Serving != 1 {
+		t.Fatalf("b held during the outage: %+v %v; want only a", res, err)
+	}
+}
+
+// A restarted heft-sync during a DNS outage knows no address for the
+// names: the endpoints it published before, as its state file keeps them,
+// stay, while a worker the coordinator holds still goes.
+func TestDNSOutageAfterRestartKeepsEndpoints(t *testing.T) {
+	dns := gwtest.NewDNS(map[string]string{"gpu-a.heft.test": "10.0.0.1", "gpu-b.heft.test": "10.0.0.2"})
+	state := filepath.Join(t.TempDir(), "qwen.json")
+	named := func(host string) view.Worker {
+		return gwtest.Worker(model, host+":8000", view.StateAdmitted, 1)
+	}
+	before := startServer(t).Cluster(model, "qwen").KeepingState(state).UseLookup(dns.Lookup)
+	if res, err := before.Apply(context.Background(), desired(named("gpu-a.heft.test"), named("gpu-b.heft.test"),
+		gwtest.Worker(model, "10.0.0.3:8000", view.StateAdmitted, 1))); err != nil || res.Serving != 3 {
+		t.Fatalf("before the outage: %+v %v", res, err)
+	}
+
+	dns.SetDown(true)
+	s := startServer(t)
+	after := s.Cluster(model, "qwen").KeepingState(state).UseLookup(dns.Lookup)
+	res, err := after.Apply(context.Background(), desired(named("gpu-a.heft.test"), named("gpu-b.heft.test"),
+		gwtest.Worker(model, "10.0.0.3:8000", view.StateHeld, 0)))
+	if target.Reason(err) != target.ReasonResolve {
+		t.Fatalf("apply: %v, want the resolve error", err)
+	}
+	w := firstAssignment(t, s.Addr(), "qwen")
+	if res.Serving != 2 || len(w) != 2 || w["10.0.0.1:8000"] == 0 || w["10.0.0.2:8000"] == 0 {
+		t.Fatalf("serving %d, Envoy got %v: want the two named workers and not the held one", res.Serving, w)
+	}
+	if got, err := after.Served(context.Background()); err != nil || len(got) != 2 {
+		t.Fatalf("the state file holds %v, %v", got, err)
+	}
+}
+
+// Two serving workers whose addresses resolve to one IP:port are one
+// endpoint, never two: the smaller worker ID's, the other reported.
+func TestResolvedCollisionIsOneEndpoint(t *testing.T) {
+	dns := gwtest.NewDNS(map[string]string{"localhost": "127.0.0.1"})
+	s := startServer(t)
+	c := s.Cluster(model, "qwen").UseLookup(dns.Lookup)
+	res, err := c.Apply(context.Background(), desired(
+		gwtest.Worker(model, "127.0.0.1:8000", view.StateAdmitted, 1),
+		gwtest.Worker(model, "localhost:8000", view.StateAdmitted, 3)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := firstAssignment(t, s.Addr(), "qwen"); res.Serving != 1 || len(w) != 1 || w["127.0.0.1:8000"] == 0 {
+		t.Fatalf("serving %d, Envoy got %v: want one endpoint", res.Serving, w)
+	}
+	if len(res.Dropped) != 1 || !strings.HasPrefix(res.Dropped[0], "worker w-localhost:8000 left out:") {
+		t.Fatalf("dropped %q", res.Dropped)
+	}
+}

@@ -1,0 +1,10 @@
+package envoy
+
+import "heft/gateway/target"
+
+// UseLookup makes c look names up with lookup (a test's fake DNS) and
+// returns c.
+func (c *Cluster) UseLookup(lookup target.LookupFunc) *Cluster {
+	c.resolver = target.NewResolver(lookup)
+	return c
+}

@@ -1,0 +1,130 @@
+package haproxy_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+
+	"heft/gateway/gwtest"
+	"heft/gateway/haproxy"
+	"heft/gateway/target"
+	"heft/shared/view"
+)
+
+// A backend of slots only: every worker is one of heft's.
+const cfgSlots = `global
+    stats socket {{socket}} level admin
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+frontend fe
+    bind {{front}}
+    default_backend qwen
+backend qwen
+    balance roundrobin
+    server-template heft 1-3 127.0.0.1:9 disabled
+`
+
+func port(addr string) string { _, p, _ := net.SplitHostPort(addr); return p }
+
+// A DNS outage on the gateway host is a control-plane fault, not evidence
+// about any engine: the workers named by DNS keep their servers, at their
+// last good addresses, and the failed lookups are still reported.
+func TestDNSOutageKeepsServers(t *testing.T) {
+	a, b := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b")
+	dns := gwtest.NewDNS(map[string]string{"gpu-a.heft.test": "127.0.0.1", "gpu-b.heft.test": "127.0.0.1"})
+	hx := gwtest.StartHAProxy(t, cfgSlots)
+	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
+	h.UseLookup(dns.Lookup)
+	m := desired(
+		gwtest.Worker(model, "gpu-a.heft.test:"+port(a.Addr), view.StateAdmitted, 1),
+		gwtest.Worker(model, "gpu-b.heft.test:"+port(b.Addr), view.StateAdmitted, 1))
+	apply(t, h, m)
+	if split := gwtest.Split(t, "http://"+hx.Front+"/", 20); split["a"] != 10 || split["b"] != 10 {
+		t.Fatalf("before the outage: %v", split)
+	}
+
+	dns.SetDown(true)
+	res, err := h.Apply(context.Background(), m) // a resync: the same desired state
+	if target.Reason(err) != target.ReasonResolve || len(res.Changes) != 0 {
+		t.Fatalf("during the outage: changes %v, error %v; want no change and the resolve error", res.Changes, err)
+	}
+	if split := gwtest.Split(t, "http://"+hx.Front+"/", 20); split["a"] != 10 || split["b"] != 10 {
+		t.Fatalf("a DNS outage (engines healthy) cost requests: %v", split)
+	}
+	// Evidence about an engine still acts: held, b leaves its last good address.
+	_, err = h.Apply(context.Background(), desired(
+		gwtest.Worker(model, "gpu-a.heft.test:"+port(a.Addr), view.StateAdmitted, 1),
+		gwtest.Worker(model, "gpu-b.heft.test:"+port(b.Addr), view.StateHeld, 0)))
+	if target.Reason(err) != target.ReasonResolve {
+		t.Fatalf("apply: %v", err)
+	}
+	if split := gwtest.Split(t, "http://"+hx.Front+"/", 10); split["a"] != 10 {
+		t.Fatalf("held during the outage, b still serves: %v", split)
+	}
+}
+
+// A restarted heft-sync during a DNS outage knows no address for the
+// names: the servers no resolved worker claims are left as they are, while
+// a worker the coordinator holds is still drained.
+func TestDNSOutageAfterRestartLeavesServers(t *testing.T) {
+	a, b, c := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b"), gwtest.NewUpstream(t, "c")
+	dns := gwtest.NewDNS(map[string]string{"gpu-a.heft.test": "127.0.0.1", "gpu-b.heft.test": "127.0.0.1"})
+	hx := gwtest.StartHAProxy(t, cfgSlots)
+	named := func(c string) view.Worker {
+		return gwtest.Worker(model, "gpu-"+c+".heft.test:"+port(map[string]string{"a": a.Addr, "b": b.Addr}[c]), view.StateAdmitted, 1)
+	}
+	before := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
+	before.UseLookup(dns.Lookup)
+	apply(t, before, desired(named("a"), named("b"), gwtest.Worker(model, c.Addr, view.StateAdmitted, 1)))
+	if split := gwtest.Split(t, "http://"+hx.Front+"/", 30); split["a"] != 10 || split["b"] != 10 || split["c"] != 10 {
+		t.Fatalf("before the outage: %v", split)
+	}
+
+	dns.SetDown(true)
+	after := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"}) // nothing resolved yet
+	after.UseLookup(dns.Lookup)
+	res, err := after.Apply(context.Background(), desired(named("a"), named("b"), gwtest.Worker(model, c.Addr, view.StateHeld, 0)))
+	if target.Reason(err) != target.ReasonResolve {
+		t.Fatalf("apply: %v, want the resolve error", err)
+	}
+	t.Logf("changes %v, serving %d", res.Changes, res.Serving)
+	if split := gwtest.Split(t, "http://"+hx.Front+"/", 20); split["a"] != 10 || split["b"] != 10 {
+		t.Fatalf("a DNS outage took out workers: %v", split)
+	}
+	if res.Serving != 2 {
+		t.Errorf("serving %d, want 2", res.Serving)
+	}
+}
+
+// Two workers whose address texts differ but resolve to one IP:port share
+// one server: the admitted one keeps it, whether the other is an old
+// offline worker of the same engine (by name, and a smaller worker ID) or
+// a held worker whose DNS name starts to resolve there.
+func TestResolvedCollisionKeepsServing(t *testing.T) {
+	a := gwtest.NewUpstream(t, "a")
+	dns := gwtest.NewDNS(map[string]string{"0-old.heft.test": "127.0.0.1", "zz.evil.test": "10.66.0.9"})
+	hx := gwtest.StartHAProxy(t, cfgSlots)
+	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
+	h.UseLookup(dns.Lookup)
+	m := desired(
+		gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), // 127.0.0.1:P
+		gwtest.Worker(model, "0-old.heft.test:"+port(a.Addr), view.StateOffline, 0),
+		gwtest.Worker(model, "zz.evil.test:"+port(a.Addr), view.StateHeld, 0))
+	for i, step := range []func(){func() {}, func() {}, func() { dns.Set("zz.evil.test", "127.0.0.1") }} {
+		step()
+		res, err := h.Apply(context.Background(), m)
+		if err != nil {
+			t.Fatalf("apply %d: %v", i, err)
+		}
+		if !strings.Contains(strings.Join(res.Dropped, "\n"), "worker w-0-old.heft.test:"+port(a.Addr)+" left out") {
+			t.Errorf("apply %d: dropped %q, want the offline worker", i, res.Dropped)
+		}
+		if split := gwtest.Split(t, "http://"+hx.Front+"/", 10); split["a"] != 10 {
+			t.Fatalf("apply %d (changes %v): the admitted worker got %v", i, res.Changes, split)
+		}
+	}
+}

@@ -1,0 +1,6 @@
+package haproxy
+
+import "heft/gateway/target"
+
+// UseLookup makes h look names up with lookup (a test's fake DNS).
+func (h *HAProxy) UseLookup(lookup target.LookupFunc) { h.resolver = target.NewResolver(lookup) }
