@@ -117,12 +117,20 @@
 //     one model whose launch arguments name the same data-parallel address
 //     (vLLM data_parallel_address:data_parallel_rpc_port or
 //     master_addr:master_port, SGLang dist_init_addr) with a local size,
-//     start rank, headless flag or node rank are one deployment. Each
-//     node's worker is judged, held and shown on the union of their ranks
-//     (dp_deployment, info, names the nodes and their ranks); ranks no node
-//     has reported, or nodes that disagree on the size or report one rank
-//     twice, are dp_deployment_mismatch (warning), naming the nodes, after
-//     DeploymentGrace saying the node has not reported rather than not yet.
+//     start rank, headless flag or node rank name one deployment. Each
+//     node's worker is judged, held and shown on the union of its ranks
+//     and those of the workers it joins (dp_deployment, info, names the
+//     nodes and their ranks). Any node may name any address, so a worker
+//     joins another node's ranks only where its own launch arguments
+//     leave room for them: same data_parallel_size, ranks inside it and
+//     inside the claimant's own range, and none that a worker joined
+//     before claims (the worker itself first, then a head whose gateway
+//     address, checked as its node's, is on the data-parallel host, then
+//     by first seen). A node naming the deployment later can neither hold
+//     its workers nor lift their hold. Workers not joined, and ranks no
+//     node has reported, are dp_deployment_mismatch (warning), naming the
+//     nodes, after DeploymentGrace saying the node has not reported
+//     rather than not yet.
 //   - The log's pools against the engine's own per-rank pools where those
 //     are truthful (Engine.PoolCheck: SGLang's /metrics, /v1/loads,
 //     /server_info; never vLLM's cache_config_info, a sum over ranks):
