@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"heft/shared/wire"
 )
@@ -88,11 +89,11 @@ func (llamaAdapter) load(ctx context.Context, c *Client) (wire.Load, error) {
 	mf, merr := c.scrape(ctx)
 	if merr != nil {
 		if errors.Is(merr, errNotServed) {
-			return wire.Load{}, errors.New("llama-server serves neither /slots nor /metrics; start it with --slots or --metrics")
+			return wire.Load{}, fmt.Errorf("llama-server serves neither /slots nor /metrics; start it with --slots or --metrics (%w)", errNotServed)
 		}
 		return wire.Load{}, merr
 	}
-	return mf.Load, nil
+	return mf.LoadOf()
 }
 
 // llamaProps is the part of llama-server's /props heft reads.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,6 +43,10 @@ type MetricsFacts struct {
 	Models []string
 	// Families is how many metric families the page held.
 	Families int
+	// LoadUnreadable: the page has the kind's load series, but none of
+	// their samples can be used, so Load is not known though the engine
+	// has one (LoadOf).
+	LoadUnreadable bool
 	// Generated is the engine's generated-tokens counter summed over its
 	// ranks, where GeneratedKnown: the probe compares it with what its
 	// burst received, and passive capacity reads it over a window. For
@@ -128,6 +133,25 @@ type metricNames struct {
 	cacheInfo string
 }
 
+// errLoadUnreadable is a load the engine serves that cannot be read.
+var errLoadUnreadable = errors.New("its /metrics has load series, but no sample of them can be used (NaN, negative, or a rank label that is no number)")
+
+// LoadOf is the load a scrape gives: an error where it has load series
+// that cannot be read.
+func (mf MetricsFacts) LoadOf() (wire.Load, error) {
+	if mf.LoadUnreadable {
+		return wire.Load{}, errLoadUnreadable
+	}
+	return mf.Load, nil
+}
+
+// LoadNotServed reports a Load error that says the engine serves no load
+// at all (no /metrics, no load endpoint), rather than a load that could
+// not be read this time.
+func LoadNotServed(err error) bool {
+	return errors.Is(err, errNotServed) || errors.Is(err, ErrNoMetrics)
+}
+
 // ErrNoMetrics is returned for an engine kind that has no /metrics
 // (mlx-lm's server, Ollama).
 var ErrNoMetrics = errors.New("this engine kind has no /metrics endpoint")
@@ -168,18 +192,17 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 		}
 		return ranks[k]
 	}
-	known := page.each(names.running, func(k int, v float64) {
+	known := false
+	page.each(names.running, func(k int, v float64) {
 		if v <= maxCount {
-			rank(k).Running = int(v)
+			rank(k).Running, known = int(v), true
 		}
 	})
-	if page.each(names.waiting, func(k int, v float64) {
+	page.each(names.waiting, func(k int, v float64) {
 		if v <= maxCount {
-			rank(k).Waiting = int(v)
+			rank(k).Waiting, known = int(v), true
 		}
-	}) {
-		known = true
-	}
+	})
 	page.each(names.kvUsage, func(k int, v float64) {
 		rank(k).KVUsage = min(v, 1)
 	})
@@ -190,7 +213,10 @@ func ParseMetrics(kind string, r io.Reader) (MetricsFacts, error) {
 		}
 	})
 
-	facts := MetricsFacts{Families: len(families)}
+	// Load series with samples none of which can be used (NaN, negative,
+	// absurd, a rank label that is no number) say the engine has a load
+	// heft cannot read: not that it has none.
+	facts := MetricsFacts{Families: len(families), LoadUnreadable: !known && page.holds(append(names.running, names.waiting...))}
 	facts.GeneratedKnown = page.each(names.generated, func(k int, v float64) {
 		if facts.GeneratedRanks == nil {
 			facts.GeneratedRanks = map[int]float64{}
@@ -278,12 +304,20 @@ func (p *metricsPage) each(list []string, fn func(rank int, v float64)) bool {
 			}
 			seen[k] = v
 		}
+		if len(seen) == 0 {
+			continue // nothing usable: not a reading of it
+		}
 		for k, v := range seen {
 			fn(k, v)
 		}
 		return true
 	}
 	return false
+}
+
+// holds reports whether the page has samples of a family in list.
+func (p *metricsPage) holds(list []string) bool {
+	return slices.ContainsFunc(list, func(name string) bool { return len(p.families[name].GetMetric()) > 0 })
 }
 
 // defaultBlockSize is vLLM's KV block size where the page does not say.

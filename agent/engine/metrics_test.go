@@ -136,6 +136,36 @@ func TestParseMetricsErrors(t *testing.T) {
 	}
 }
 
+// Series whose every sample is unusable (NaN, negative, a rank label
+// that is no number) are not a reading: the load is not known and says it
+// cannot be read (a busy engine must not look idle), and a counter so
+// written is not known (a probe must not take 0 for its count).
+func TestUnusableSeriesAreNotReadings(t *testing.T) {
+	for name, value := range map[string]string{
+		"rank label no number": `{engine="core-0"} 12`,
+		"NaN":                  `{engine="0"} NaN`,
+		"negative":             `{engine="0"} -3`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			page := "vllm:num_requests_running" + value + "\nvllm:num_requests_waiting" + value + "\nvllm:generation_tokens_total" + value + "\n"
+			got, err := ParseMetrics("vllm", strings.NewReader(page))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Load.Known || !got.LoadUnreadable || got.GeneratedKnown {
+				t.Fatalf("load %+v, unreadable %v, generated known %v: want unknown, unreadable, not known", got.Load, got.LoadUnreadable, got.GeneratedKnown)
+			}
+			if _, err := got.LoadOf(); err == nil {
+				t.Fatal("LoadOf gave no error")
+			}
+		})
+	}
+	got, err := ParseMetrics("vllm", strings.NewReader("vllm:cache_config_info{block_size=\"16\"} 1\n"))
+	if err != nil || got.LoadUnreadable || got.Load.Known {
+		t.Fatalf("a page without load series: %+v, %v; want unknown, not unreadable", got.Load, err)
+	}
+}
+
 // FuzzParseMetrics checks that no page, however broken, panics the reader
 // or yields facts the wire would refuse. Seeds: every metrics fixture,
 // plus the corpus in testdata/fuzz/FuzzParseMetrics.

@@ -153,6 +153,9 @@ func (sglangAdapter) load(ctx context.Context, c *Client) (wire.Load, error) {
 		return l.load, nil
 	}
 	mf, err := c.scrape(ctx)
+	if err == nil && mf.LoadUnreadable {
+		err = errLoadUnreadable
+	}
 	switch {
 	case err == nil && mf.Load.Known:
 		return mf.Load, nil

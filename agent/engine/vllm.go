@@ -95,5 +95,5 @@ func (vllmAdapter) load(ctx context.Context, c *Client) (wire.Load, error) {
 	if err != nil {
 		return wire.Load{}, err
 	}
-	return mf.Load, nil
+	return mf.LoadOf()
 }

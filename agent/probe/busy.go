@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"heft/agent/engine"
 	"heft/shared/wire"
 )
 
@@ -82,6 +83,10 @@ func busyLoad(l wire.Load) string {
 	return fmt.Sprintf("%d running, %d waiting", l.Running, l.Waiting)
 }
 
+func unreadLoad(err error) string {
+	return fmt.Sprintf("its load could not be read: %v", err)
+}
+
 // onBusy decides what a probe does with an engine found busy (why says
 // how): return a busyError, or wait (after a drain) until it has settled
 // idle.
@@ -137,8 +142,9 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil:
-			// Keep waiting on the last load read: a flaky /metrics is no
-			// proof that the engine became idle.
+			// Keep waiting: a flaky /metrics is no proof that the engine
+			// became idle.
+			why = unreadLoad(err)
 		case l.Running+l.Waiting == 0:
 			// A drained engine gets no new requests from the gateways:
 			// the settle is for one they still route to, and would only
@@ -294,6 +300,8 @@ func (p *prober) settle(ctx context.Context) (stirred string, err error) {
 		switch {
 		case ctx.Err() != nil:
 			return "", ctx.Err()
+		case err != nil && !engine.LoadNotServed(err):
+			return unreadLoad(err), nil
 		case err == nil && l.Running+l.Waiting > 0:
 			return busyLoad(l), nil
 		}

@@ -3,11 +3,15 @@ package probe
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"heft/agent/engine"
 	"heft/shared/wire"
 )
 
@@ -252,4 +256,52 @@ func TestRunSharedBurstDiscarded(t *testing.T) {
 			t.Fatalf("valid %v problems %q", m.Valid(), m.Problems)
 		}
 	})
+}
+
+// An engine serving users whose load the agent cannot read through its
+// real client: /metrics past the client's timeout (a busy event loop),
+// answering 500, or with load series none of whose samples can be used
+// (a rank label that is no number). Told passive-only and idle_only, the
+// scheduled probe sends nothing: none of these is proof of idle. Before,
+// each was probed, and the result stored as valid.
+func TestUnreadableLoadIsNotIdle(t *testing.T) {
+	for _, tc := range []struct{ name, why string }{
+		{"slow", "no answer within"},
+		{"500", "answered 500"},
+		{"unusable", "no sample of them can be used"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeEngine{}
+			mux := http.NewServeMux()
+			mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+				switch tc.name {
+				case "500":
+					http.Error(w, "Internal Server Error", http.StatusInternalServerError)
+					return
+				case "slow":
+					select {
+					case <-time.After(2 * time.Second):
+					case <-r.Context().Done():
+						return
+					}
+				}
+				fmt.Fprint(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine=\"core-0\"} 12\n"+
+					"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"core-0\"} 7\n")
+			})
+			mux.Handle("/", f.handler())
+			srv := httptest.NewServer(mux)
+			defer srv.Close()
+			c, err := engine.New(engine.Config{Kind: wire.EngineVLLM, URL: srv.URL, Timeout: 200 * time.Millisecond}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := quick(srv.URL)
+			cfg.Load, cfg.Stir = c.Load, c.Stir
+			cfg.Busy, cfg.RequireIdle, cfg.IdleOnly, cfg.Trigger = BusyPassiveOnly, true, true, wire.ReasonScheduled
+			_, err = Run(t.Context(), cfg)
+			if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), tc.why) || f.chats.Load() != 0 {
+				t.Fatalf("Run: %v, %d chat requests; want deferred (%q), none sent", err, f.chats.Load(), tc.why)
+			}
+		})
+	}
 }

@@ -318,8 +318,10 @@ func (p *prober) run(ctx context.Context, m *wire.Measurement) error {
 }
 
 // checkIdle reads the engine's load just before the probe. A busy engine
-// is waited for, drained or left alone as Config.Busy says (busy.go); a
-// load that cannot be read is noted, not fatal.
+// is waited for, drained or left alone as Config.Busy says (busy.go), and
+// so is one whose load cannot be read now (a /metrics that timed out,
+// answered 500 or does not parse): that is no proof it is idle. Only an
+// engine that serves no load at all is probed with a note.
 func (p *prober) checkIdle(ctx context.Context, m *wire.Measurement) error {
 	if p.cfg.Load == nil {
 		return nil
@@ -328,6 +330,8 @@ func (p *prober) checkIdle(ctx context.Context, m *wire.Measurement) error {
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
+	case err != nil && !engine.LoadNotServed(err):
+		return p.onBusy(ctx, m, unreadLoad(err))
 	case err != nil:
 		m.Problems = append(m.Problems, fmt.Sprintf("engine load unknown: %v", err))
 	case load.Validate() != nil:

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"heft/agent/engine"
 	"heft/shared/testutil"
 	"heft/shared/wire"
 )
@@ -453,14 +454,28 @@ func TestRunIdle(t *testing.T) {
 			t.Fatalf("valid %v busy %v load %+v", m.Valid(), m.Busy, m.LoadBefore)
 		}
 	})
-	t.Run("unknown load is probed with a note", func(t *testing.T) {
+	t.Run("an engine that serves no load is probed with a note", func(t *testing.T) {
 		f := newFake(t, nil)
 		cfg := quick(f.URL())
 		cfg.RequireIdle = true
-		cfg.Load = func(ctx context.Context) (wire.Load, error) { return wire.Load{}, errors.New("no /metrics") }
+		cfg.Load = func(ctx context.Context) (wire.Load, error) {
+			return wire.Load{}, fmt.Errorf("mlx: %w", engine.ErrNoMetrics)
+		}
 		m := mustRun(t, cfg)
 		if !m.Valid() || !hasProblem(m, "no /metrics") {
 			t.Fatalf("valid %v problems %q", m.Valid(), m.Problems)
+		}
+	})
+	t.Run("a load that cannot be read now is no proof of idle", func(t *testing.T) {
+		f := newFake(t, nil)
+		cfg := quick(f.URL())
+		cfg.RequireIdle = true
+		cfg.Load = func(ctx context.Context) (wire.Load, error) {
+			return wire.Load{}, errors.New("GET /metrics answered 500")
+		}
+		_, err := Run(t.Context(), cfg)
+		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "could not be read: GET /metrics answered 500") || f.chats.Load() != 0 {
+			t.Fatalf("Run: %v, %d chat requests; want deferred, none", err, f.chats.Load())
 		}
 	})
 }
