@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/net/netutil"
 
 	"heft/agent/collect"
 	"heft/agent/metrics"
@@ -139,9 +140,20 @@ func (w *watcher) handler(logger hclog.Logger) http.Handler {
 	return mux
 }
 
+// How the agent's own server treats its clients (Prometheus, a
+// supervisor's health check): whoever can reach the listen address must
+// not be able to hold the agent's file descriptors, which it needs for its
+// engines and the coordinator. Tests shorten serveIdle.
+var (
+	serveIdle     = time.Minute
+	serveMaxConns = 64 // one scrape needs one
+)
+
 // serve serves w on ln until ctx ends, then shuts the server down.
 func (w *watcher) serve(ctx context.Context, ln net.Listener, logger hclog.Logger) {
+	ln = netutil.LimitListener(ln, serveMaxConns)
 	srv := &http.Server{Handler: w.handler(logger), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: serveIdle,
 		ErrorLog: logger.StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})}
 	done := make(chan struct{})
 	go func() {

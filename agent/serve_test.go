@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -263,6 +264,73 @@ func TestHealthStuck(t *testing.T) {
 	w.h.lastAt = start.Add(150 * time.Second)
 	if _, code := w.health(start.Add(4 * time.Minute)); code != http.StatusOK {
 		t.Errorf("a snapshot 90 s ago: %d", code)
+	}
+}
+
+// Whoever can reach the agent's listen address cannot hold its file
+// descriptors: a kept-alive client that stops asking is let go after
+// serveIdle, and only serveMaxConns are served at once (the rest wait to
+// be accepted). Before, 300 idle clients were held for good.
+func TestServerLetsIdleClientsGo(t *testing.T) {
+	oldIdle, oldMax := serveIdle, serveMaxConns
+	serveIdle, serveMaxConns = 300*time.Millisecond, 2
+	t.Cleanup(func() { serveIdle, serveMaxConns = oldIdle, oldMax })
+	w := &watcher{node: "n", coordURL: "ws://c/api/v1/agent", h: &Handler{}, board: status.New(), started: time.Now(), stuckAfter: time.Hour}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { w.serve(ctx, ln, hclog.NewNullLogger()); close(served) }()
+	t.Cleanup(func() { cancel(); <-served })
+
+	ask := func(c net.Conn) error {
+		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return err
+	}
+	var conns []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns = append(conns, c)
+	}
+	for _, c := range conns[:2] {
+		if err := ask(c); err != nil {
+			t.Fatalf("a client within the cap: %v", err)
+		}
+	}
+	// The third waits to be accepted while two are held...
+	_ = conns[2].SetDeadline(time.Now().Add(100 * time.Millisecond))
+	if err := ask(conns[2]); err == nil {
+		t.Fatal("a third client was served with two held")
+	}
+	// ...and the two idle ones are let go, after which it is served.
+	for _, c := range conns[:2] {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("an idle client after %s: read %d, %v; want the connection closed", serveIdle, n, err)
+		}
+	}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := ask(c); err != nil {
+		t.Fatalf("a client once the idle ones were let go: %v", err)
 	}
 }
 

@@ -54,6 +54,9 @@ type Tracker struct {
 	actorDP map[string]int
 }
 
+// maxPorts bounds the server ports one start-up remembers.
+const maxPorts = 64
+
 // maxActors bounds Tracker.actorDP: a log names as many engine actors as
 // it has DP ranks, at most wire.MaxRanks per start-up.
 const maxActors = 4096
@@ -170,8 +173,12 @@ func (t *Tracker) apply(ev Event) {
 		if g := t.gen; t.gr.ServerPort != "" && g.argsSeen && port != "" && len(g.ports) > 0 && !slices.Contains(g.ports, port) && !g.ready {
 			// Another server's launch args (a router's worker, or two
 			// engines writing to one log), not a restart: a restart
-			// serves on the same port.
-			g.ports = append(g.ports, port)
+			// serves on the same port. Past maxPorts, "several" is all
+			// that the count says, and a log of endless ports costs no
+			// more.
+			if len(g.ports) < maxPorts {
+				g.ports = append(g.ports, port)
+			}
 			return
 		}
 		t.startup(t.gen.argsSeen)

@@ -362,6 +362,17 @@ func TestSeveralServers(t *testing.T) {
 	if f.Restarts != 1 || !slices.Equal(f.Ranks, ranks(0, 8000)) {
 		t.Fatalf("%+v", f)
 	}
+	// A log of endless ports (corrupt, or hostile) is several servers; the
+	// tracker remembers a bounded number of them, where it kept every one
+	// and scanned them all at each line.
+	lines := make([]string, 5000)
+	for i := range lines {
+		lines[i] = srv(10000 + i)
+	}
+	f, err := enginelog.Read(gram(t, "sglang"), strings.NewReader(strings.Join(lines, "\n")))
+	if !errors.Is(err, enginelog.ErrSeveralServers) || f.Servers != 64 {
+		t.Fatalf("5,000 ports: err %v, servers %d; want several, 64 remembered", err, f.Servers)
+	}
 }
 
 // argparse reads "--dp 4" as --dp-size 4; "--dp $N" hides the size.

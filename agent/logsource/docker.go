@@ -182,7 +182,7 @@ func demux(r io.Reader, fn func(stream byte, payload []byte)) error {
 		}
 		size := int64(binary.BigEndian.Uint32(head[4:]))
 		keep := min(size, maxFrame)
-		buf = buf[:keep]
+		buf = slices.Grow(buf[:0], int(keep))[:keep] // a frame may outgrow the last
 		if _, err := io.ReadFull(r, buf); err != nil {
 			return fmt.Errorf("docker log stream: frame of %d bytes: %w", size, err)
 		}

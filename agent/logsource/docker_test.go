@@ -380,3 +380,30 @@ func TestDockerFallbackToJSONFile(t *testing.T) {
 		t.Fatal("the test's socket path exists")
 	}
 }
+
+// Frames of every size demux keeps whole: Docker's own (split at 16 KiB),
+// one longer than its first buffer (a Docker-compatible daemon that does
+// not split: it made demux slice past its buffer and crash the agent), and
+// one past maxFrame, cut there, after which the next frame still reads.
+func TestDemuxFramesOfEverySize(t *testing.T) {
+	var stream strings.Builder
+	frame := func(n int, b byte) {
+		var head [8]byte
+		head[0] = streamStdout
+		binary.BigEndian.PutUint32(head[4:], uint32(n))
+		stream.Write(head[:])
+		stream.WriteString(strings.Repeat(string(b), n))
+	}
+	sizes := []int{16 << 10, 40000, maxFrame + 5, 7}
+	for i, n := range sizes {
+		frame(n, 'a'+byte(i))
+	}
+	var got []string
+	err := demux(strings.NewReader(stream.String()), func(_ byte, p []byte) {
+		got = append(got, fmt.Sprintf("%c×%d", p[0], len(p)))
+	})
+	want := []string{"a×16384", "b×40000", fmt.Sprintf("c×%d", maxFrame), "d×7"}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("demux: %v, frames %v; want %v", err, got, want)
+	}
+}

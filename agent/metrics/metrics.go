@@ -131,9 +131,16 @@ var allReasons = slices.DeleteFunc(gpu.DecodeClockEventReasons(^uint64(0)), func
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.read()
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	// A label value must be UTF-8, and a series that is not would stop
+	// the whole scrape there (the collector panics, promhttp recovers):
+	// a log path found through /proc can be any bytes.
+	metric := func(d *prometheus.Desc, kind prometheus.ValueType, v float64, labels ...string) {
+		for i, l := range labels {
+			labels[i] = strings.ToValidUTF8(l, "\uFFFD")
+		}
+		ch <- prometheus.MustNewConstMetric(d, kind, v, labels...)
 	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) { metric(d, prometheus.GaugeValue, v, labels...) }
 	gauge(c.build, 1, s.Node, s.Version)
 	gauge(c.connected, boolValue(s.Connected), s.Node)
 
@@ -175,10 +182,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		labels := []string{s.Node, e.Kind, e.URL}
 		gauge(c.engineUp, boolValue(e.Up), labels...)
 		if e.Log != "" {
-			ch <- prometheus.MustNewConstMetric(c.logLines, prometheus.CounterValue, float64(e.LogLines), append(labels, e.Log)...)
+			metric(c.logLines, prometheus.CounterValue, float64(e.LogLines), append(slices.Clone(labels), e.Log)...)
 		}
 		for _, o := range Outcomes {
-			ch <- prometheus.MustNewConstMetric(c.probesByEvent, prometheus.CounterValue, float64(e.Probes[o]), append(labels, o)...)
+			metric(c.probesByEvent, prometheus.CounterValue, float64(e.Probes[o]), append(slices.Clone(labels), o)...)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"bytes"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -144,5 +145,31 @@ func TestNoGPUs(t *testing.T) {
 	out = string(scrape(t, s))
 	if strings.Contains(out, "heft_gpu_") || !strings.Contains(out, `heft_agent_coordinator_connected{node="gpu-a"} 0`) {
 		t.Errorf("exposition:\n%s", out)
+	}
+}
+
+// A label value that is not UTF-8 (a Latin-1 log file name that discover
+// finds through /proc) is written with U+FFFD in its place: it used to
+// stop the scrape at that series, dropping every later engine's while the
+// page still answered 200.
+func TestLabelsThatAreNotUTF8(t *testing.T) {
+	read := func() State {
+		return State{Node: "n1", Version: "v", Engines: []Engine{
+			{Kind: "vllm", URL: "http://127.0.0.1:8000", Log: "/var/log/vllm-caf\xe9.log", LogLines: 3},
+			{Kind: "sglang", URL: "http://127.0.0.1:30000", Log: "/var/log/sglang.log", LogLines: 5},
+		}}
+	}
+	srv := httptest.NewServer(Handler(read, nil))
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{"log=\"/var/log/vllm-caf\ufffd.log\"", `heft_agent_engine_log_lines_total{kind="sglang"`, `heft_agent_probes_total{kind="sglang"`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("the scrape lacks %s:\n%s", want, body)
+		}
 	}
 }
