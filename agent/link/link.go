@@ -46,6 +46,8 @@ const (
 	closeGrace = time.Second
 	// maxOutbox bounds the probe messages kept for the coordinator.
 	maxOutbox = 64
+	// maxHeartbeatSeconds bounds the heartbeat a Welcome may ask for.
+	maxHeartbeatSeconds = 3600
 )
 
 // Handler is what the link asks of the rest of the agent.
@@ -80,6 +82,7 @@ type Config struct {
 	Host         wire.Host
 	TLS          *tls.Config // nil: system roots
 	// HTTPClient dials the coordinator; nil: one of its own with TLS.
+	// The link uses a copy that refuses redirects.
 	// Tests pass one whose connections are in memory.
 	HTTPClient *http.Client
 	// Status receives the link's state (status.AreaCoordinator, named by
@@ -197,18 +200,25 @@ func newLink(ctx context.Context, cfg Config, h Handler, logger hclog.Logger) (*
 		logger = hclog.NewNullLogger()
 	}
 	logger = logger.Named("link")
-	client := cfg.HTTPClient
-	if client == nil {
+	var client *http.Client
+	if cfg.HTTPClient != nil {
+		c := *cfg.HTTPClient // a copy: the caller's client keeps its redirect policy
+		client = &c
+	} else {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = cfg.TLS
 		client = &http.Client{Transport: tr}
 	}
+	client.CheckRedirect = refuseRedirect
 	if cfg.Credentials == nil {
 		cfg.Credentials = &memCredentials{}
 	}
 	cred, err := cfg.Credentials.Load()
 	if err != nil {
 		return nil, fmt.Errorf("link: %w", err)
+	}
+	if others := otherNodes(cfg.Credentials); len(others) > 0 {
+		logger.Info("state_dir also keeps the credentials of other node names: kept, not presented", "node", cfg.Node, "other_nodes", others)
 	}
 	board := cfg.Status
 	if board == nil {
@@ -291,7 +301,43 @@ func (l *link) enrolled(cred string) {
 			"node", l.cfg.Node, "error", err)
 		return
 	}
-	l.log.Info("enrolled: the coordinator handed this node its credential, kept in state_dir", "node", l.cfg.Node)
+	args := []any{"node", l.cfg.Node}
+	if others := otherNodes(l.cfg.Credentials); len(others) > 0 {
+		args = append(args, "other_nodes_kept", others)
+	}
+	l.log.Info("enrolled: the coordinator handed this node its credential, kept in state_dir", args...)
+}
+
+// otherNodes returns the other node names whose credentials c keeps, if
+// it says: a node.name changed by mistake can be changed back.
+func otherNodes(c Credentials) []string {
+	if o, ok := c.(interface{ otherNodes() []string }); ok {
+		return o.otherNodes()
+	}
+	return nil
+}
+
+// refuseRedirect keeps the dial at coordinator.url: net/http would carry
+// the node credential header (and, to the same host, the agent token) to
+// wherever a redirect points.
+func refuseRedirect(req *http.Request, _ []*http.Request) error {
+	e := &redirectError{to: wsURL(req.URL)}
+	if req.Response != nil {
+		e.status = req.Response.StatusCode
+	}
+	return e
+}
+
+// wsURL writes u as coordinator.url takes it (ws://, wss://), without a password.
+func wsURL(u *url.URL) string {
+	c := *u
+	switch c.Scheme {
+	case "http":
+		c.Scheme = "ws"
+	case "https":
+		c.Scheme = "wss"
+	}
+	return c.Redacted()
 }
 
 func (l *link) run() error {

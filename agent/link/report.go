@@ -40,8 +40,13 @@ func (l *link) welcomed(w *wire.Welcome) {
 func (l *link) failure(err error) status.Failure {
 	f := status.Failure{Err: fmt.Sprint(err)}
 	var refused *refusedError
+	var redirect *redirectError
 	var closed websocket.CloseError
 	switch {
+	case errors.As(err, &redirect):
+		f.Reason, f.Error = ReasonNotEndpoint, true
+		f.Msg = "coordinator URL redirects elsewhere; not followed, so the credentials stay here: set coordinator.url to the final URL"
+		f.Args = []any{"redirect_to", redirect.to}
 	case errors.As(err, &refused):
 		f.Error = true
 		switch refused.status {
@@ -83,3 +88,14 @@ type dialError struct{ err error }
 
 func (e *dialError) Error() string { return "dial: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
+
+// redirectError is a dial the coordinator URL answered with a redirect,
+// which the link does not follow.
+type redirectError struct {
+	status int
+	to     string
+}
+
+func (e *redirectError) Error() string {
+	return fmt.Sprintf("coordinator URL redirected (%d) to %s; not followed: set coordinator.url to the final URL", e.status, e.to)
+}

@@ -1,9 +1,12 @@
 package link
 
 import (
+	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,5 +121,59 @@ func TestRefusalsByCloseCode(t *testing.T) {
 		if f.Reason != tc.reason || f.Error != tc.error || f.Msg == "" {
 			t.Errorf("close %d: %+v, want reason %s, error %v", tc.code, f, tc.reason, tc.error)
 		}
+	}
+}
+
+// A coordinator URL that redirects is not followed, so the agent token and
+// node credential go nowhere else: the log says once where it points and
+// what to set, and the agent retries with backoff. A client passed in the
+// Config gets the same policy, on a copy: the caller's is left as it was.
+func TestRedirectIsNotFollowed(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		t.Run(fmt.Sprintf("client_from_config=%v", own), func(t *testing.T) {
+			var followed, dials atomic.Int64
+			other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				followed.Add(1)
+				http.NotFound(w, r)
+			}))
+			defer other.Close()
+			front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				dials.Add(1)
+				http.Redirect(w, r, other.URL+AgentPath, http.StatusTemporaryRedirect)
+			}))
+			defer front.Close()
+
+			cfg := testConfig(&fakeCoord{})
+			cfg.URL = "ws" + strings.TrimPrefix(front.URL, "http") + AgentPath
+			cfg.Credentials = &memCredentials{cred: "node-secret-credential"}
+			cfg.Status = status.New()
+			if own {
+				tr := http.DefaultTransport.(*http.Transport).Clone()
+				defer tr.CloseIdleConnections()
+				cfg.HTTPClient = &http.Client{Transport: tr}
+			}
+			r := start(t, cfg, newFakeHandler())
+			testutil.Eventually(t, "three dials", 15*time.Second, func() bool { return dials.Load() >= 3 })
+			r.stop(t)
+
+			if n := followed.Load(); n != 0 {
+				t.Errorf("the redirect was followed %d times", n)
+			}
+			const msg = "coordinator URL redirects elsewhere"
+			if n := r.log.count(msg); n != 1 {
+				t.Errorf("%d lines %q over %d dials, want 1", n, msg, dials.Load())
+			}
+			log := r.log.String()
+			if !strings.Contains(log, "[ERROR]") || !strings.Contains(log, "redirect_to=ws"+strings.TrimPrefix(other.URL, "http")+AgentPath) {
+				t.Errorf("the error line does not name the redirect target; log:\n%s", log)
+			}
+			if it, _ := cfg.Status.Get(status.AreaCoordinator, cfg.URL); it.Reason != ReasonNotEndpoint ||
+				!strings.Contains(it.Error, "coordinator answered 307") || !strings.Contains(it.Error, "set coordinator.url to the final URL") {
+				t.Errorf("board says %+v", it)
+			}
+			if own && cfg.HTTPClient.CheckRedirect != nil {
+				t.Error("the caller's client was changed")
+			}
+		})
 	}
 }

@@ -81,6 +81,10 @@ func (l *link) session() error {
 	})
 	cancel()
 	if err != nil {
+		var redirect *redirectError
+		if errors.As(err, &redirect) { // refused by refuseRedirect, so no resp
+			return &refusedError{status: redirect.status, err: err}
+		}
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			return &refusedError{status: resp.StatusCode, err: err}
 		}
@@ -239,7 +243,9 @@ func (s *session) dispatch(env *wire.Envelope) error {
 	case wire.TypeWelcome:
 		s.l.welcomed(env.Welcome)
 		if sec := env.Welcome.SnapshotSeconds; sec > 0 {
-			s.heartbeat.Store(int64(time.Duration(sec) * time.Second))
+			// Clamped before converting: a huge value would overflow to a
+			// negative heartbeat, a snapshot on every poll.
+			s.heartbeat.Store(int64(time.Duration(min(sec, maxHeartbeatSeconds)) * time.Second))
 		}
 		if c := env.Welcome.NodeCredential; c != "" {
 			s.l.enrolled(c)

@@ -153,3 +153,25 @@ func waitDials(t *testing.T, f *fakeCoord, n int) {
 	t.Helper()
 	testutil.Eventually(t, fmt.Sprintf("%d dials", n), 24*time.Hour, func() bool { return len(f.dialTimes()) >= n })
 }
+
+// A Welcome asking for a heartbeat too long for a time.Duration gets the
+// longest the agent takes (an hour), not an overflowed negative one that
+// would send a snapshot on every poll.
+func TestWelcomeHeartbeatIsClamped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newPipeCoord(t)
+		cfg := testConfig(f)
+		cfg.SnapshotEvery, cfg.PollEvery = 2*time.Hour, time.Second
+		start(t, cfg, newFakeHandler())
+		fc := f.accept(t)
+		first := fc.nextOf(t, wire.TypeSnapshot).Snapshot.At
+		fc.send(t, &wire.Welcome{CoordinatorVersion: "c1", SnapshotSeconds: 9_223_372_037}) // × 1e9 ns passes MaxInt64
+		s := fc.next(t)
+		if s.Type != wire.TypeSnapshot {
+			t.Fatalf("got %q, want a heartbeat snapshot", s.Type)
+		}
+		if gap := s.Snapshot.At.Sub(first); gap != maxHeartbeatSeconds*time.Second {
+			t.Errorf("heartbeat came %v after the first snapshot, want %v", gap, maxHeartbeatSeconds*time.Second)
+		}
+	})
+}
