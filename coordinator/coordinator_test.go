@@ -245,6 +245,9 @@ func TestAgentToWeightAndRestart(t *testing.T) {
 	if e := wt.Workers[0]; e.ID != key || e.Weight != 1 || e.Throughput == nil || *e.Throughput != 992 {
 		t.Fatalf("weights %+v", wt)
 	}
+	if _, body := r.do(t, "GET", path, "", ""); !strings.Contains(string(body), `"state":"admitted"`) {
+		t.Errorf("the weights entry of an admitted worker does not say so: %s", body)
+	}
 
 	status, body := r.do(t, "POST", "/api/v1/workers/"+key+"/pin", adminToken, `{"weight":1.5}`)
 	var w view.Worker

@@ -3,9 +3,11 @@
 package cli
 
 import (
+	"flag"
 	"fmt"
 	"io"
 
+	"heft/shared/settings"
 	"heft/shared/version"
 )
 
@@ -72,7 +74,19 @@ func usage(w io.Writer) {
 	fmt.Fprintln(w, "run 'heft-agent <command> --help' for a command's flags")
 }
 
+// runVersion is `heft-agent version`: no flags and no arguments, so
+// --help prints its usage and anything else is a usage error (2), as for
+// every subcommand.
 func runVersion(args []string, stdio IO) int {
+	fs := flag.NewFlagSet("heft-agent version", flag.ContinueOnError)
+	usage := func(w io.Writer) {
+		fmt.Fprintln(w, "usage: heft-agent version")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "Prints the agent's version (as heft-agent --version does) and exits 0.")
+	}
+	if code, ok := settings.ParseFlags(fs, args, usage, stdio.Out, stdio.Err); !ok {
+		return code
+	}
 	fmt.Fprintf(stdio.Out, "heft-agent %s\n", version.Version)
 	return 0
 }

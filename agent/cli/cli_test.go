@@ -26,6 +26,9 @@ func TestMainCommandLine(t *testing.T) {
 		{[]string{"run", "--help"}, 0, "usage: heft-agent run", ""},
 		{[]string{"inspect", "--help"}, 0, "usage: heft-agent inspect", ""},
 		{[]string{"run", "--bogus"}, 2, "", "heft-agent run: unknown flag: --bogus\n\nusage: heft-agent run"},
+		{[]string{"version", "--help"}, 0, "usage: heft-agent version", ""},
+		{[]string{"version", "x"}, 2, "", "heft-agent version: unexpected argument \"x\"\n\nusage: heft-agent version"},
+		{[]string{"version", "--bogus"}, 2, "", "heft-agent version: unknown flag: --bogus\n\nusage: heft-agent version"},
 	} {
 		var out, errOut bytes.Buffer
 		code := Main(tc.args, strings.NewReader(""), &out, &errOut)

@@ -109,7 +109,7 @@ func parsePools(args []string, stdio IO) (a poolsArgs, code int, ok bool) {
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
 	sourceFlags(fs, &a.src)
 	usage := func(w io.Writer) {
-		fmt.Fprintln(w, "usage: heft-agent pools [--engine vllm|sglang|llamacpp|ollama] --log FILE [--json]")
+		fmt.Fprintln(w, "usage: heft-agent pools [--engine vllm|sglang|llamacpp|ollama|mlx] --log FILE [--json]")
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "Reads an engine's start-up log and prints each data-parallel rank's KV pool.")
 		fmt.Fprintln(w, "FILE may also be a glob (the newest match), journald:UNIT, docker:CONTAINER or k8s:NAMESPACE/POD/CONTAINER.")

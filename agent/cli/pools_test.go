@@ -134,7 +134,7 @@ func TestPoolsErrors(t *testing.T) {
 	}
 	// Help goes to stdout, as on every heft command.
 	if code, out, errOut := poolsRun("--help"); code != 0 || errOut != "" ||
-		!strings.Contains(out, "usage: heft-agent pools [--engine vllm|sglang|llamacpp|ollama] --log FILE [--json]") || !strings.Contains(out, "--log SOURCE") {
+		!strings.Contains(out, "usage: heft-agent pools [--engine vllm|sglang|llamacpp|ollama|mlx] --log FILE [--json]") || !strings.Contains(out, "--log SOURCE") {
 		t.Errorf("--help: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

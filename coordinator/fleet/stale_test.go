@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -181,5 +182,50 @@ func TestReleasedOutlierStaysStaleNoLonger(t *testing.T) {
 	h.f.Tick()
 	if b := h.worker("b"); b.State != view.StateOffline || b.Weight != nil {
 		t.Fatalf("b at stale_weight_ttl: %s weight %v, want offline", b.State, b.Weight)
+	}
+}
+
+// The weight table marks a worker whose agent is away: its entry says
+// "state":"stale" (decode and prefill tables alike), never passing for a
+// fresh one, while the other worker's says "admitted". Each entry carries
+// its engine's max_running, null while the agent has not said it.
+func TestStaleWorkerWeightEntrySaysStale(t *testing.T) {
+	h := newHarness(t)
+	away := engine("k", "http://1:8000", "m")
+	away.MaxRunning = 48
+	h.admitPrefill("n", away, 640, 8000)
+	h.admitPrefill("n2", engine("k2", "http://2:8000", "m"), 640, 8000)
+	h.disconnect("n")
+	h.clk.advance(time.Minute)
+	h.f.Tick()
+	if w := h.worker("k"); w.State != view.StateStale {
+		t.Fatalf("agent away a minute: state %s, want stale", w.State)
+	}
+	for _, kind := range []string{view.WeightDecode, view.WeightPrefill} {
+		wt, ok, err := h.f.WeightsOf("m", kind)
+		if !ok || err != nil || len(wt.Workers) != 2 {
+			t.Fatalf("%s table: ok %v err %v %+v, want both workers (fail static)", kind, ok, err, wt)
+		}
+		body, err := json.Marshal(wt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Workers []map[string]any `json:"workers"`
+		}
+		if err := json.Unmarshal(body, &doc); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{"k": view.StateStale, "k2": view.StateAdmitted}
+		wantRunning := map[string]any{"k": 48.0, "k2": nil}
+		for _, e := range doc.Workers {
+			id, _ := e["id"].(string)
+			if e["state"] != want[id] {
+				t.Errorf("%s table: %s has \"state\":%v, want %q\n%s", kind, id, e["state"], want[id], body)
+			}
+			if running, ok := e["max_running"]; !ok || running != wantRunning[id] {
+				t.Errorf("%s table: %s has \"max_running\":%v (present %v), want %v", kind, id, running, ok, wantRunning[id])
+			}
+		}
 	}
 }

@@ -152,8 +152,9 @@ func (f *Fleet) Worker(id string) (view.Worker, bool) {
 	return f.view(w), true
 }
 
-// Weights returns a model's weight table: its admitted workers with their
-// weights, sorted by node and URL. ok is false for a model no worker
+// Weights returns a model's weight table: its serving workers (admitted,
+// and stale ones, each entry with its state) with their weights, sorted by
+// node and URL. ok is false for a model no worker
 // serves; a known model with no admitted worker has an empty table.
 func (f *Fleet) Weights(model string) (view.Weights, bool) {
 	w, ok, _ := f.WeightsOf(model, view.WeightDecode)
@@ -161,7 +162,7 @@ func (f *Fleet) Weights(model string) (view.Weights, bool) {
 }
 
 // WeightsOf returns a model's table of one kind of weight: view.WeightDecode
-// (as Weights) or view.WeightPrefill, the admitted workers with a valid
+// (as Weights) or view.WeightPrefill, the serving workers with a valid
 // prefill measurement and their prefill weights. An unknown kind is an
 // error wrapping ErrInvalid.
 func (f *Fleet) WeightsOf(model, kind string) (view.Weights, bool, error) {
@@ -193,7 +194,11 @@ func (f *Fleet) WeightsOf(model, kind string) (view.Weights, bool, error) {
 	for _, w := range in {
 		_, pinned := pins[w.id]
 		e := view.WeightEntry{ID: w.id, Node: w.node, URL: w.eng.URL, Address: Address(w.eng), Weight: *weightOf(w), Pinned: pinned,
-			MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, weightOf(w)), MaxContextTokens: maxContext(w.pools())}
+			State: w.state, MaxConcurrency: MaxConcurrency(w.eng.MaxRunning, weightOf(w)), MaxContextTokens: maxContext(w.pools())}
+		if w.eng.MaxRunning > 0 {
+			n := w.eng.MaxRunning
+			e.MaxRunning = &n
+		}
 		if m := f.newest(w.id); m != nil {
 			tps, at := m.ThroughputTPS, m.FinishedAt
 			if prefill {

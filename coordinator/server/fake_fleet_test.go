@@ -224,7 +224,7 @@ func (f *fakeFleet) WeightsOf(model, kind string) (view.Weights, bool, error) {
 		}
 		found = true
 		if w.State == view.StateAdmitted && w.PrefillWeight != nil {
-			out.Workers = append(out.Workers, view.WeightEntry{ID: w.ID, Node: w.Node, URL: w.URL, Weight: *w.PrefillWeight,
+			out.Workers = append(out.Workers, view.WeightEntry{ID: w.ID, Node: w.Node, URL: w.URL, Weight: *w.PrefillWeight, State: w.State,
 				Throughput: w.PrefillTPS, MaxContextTokens: w.MaxContextTokens})
 		}
 	}
@@ -310,7 +310,7 @@ func (f *fakeFleet) Weights(model string) (view.Weights, bool) {
 		}
 		found = true
 		if w.State == view.StateAdmitted && w.Weight != nil {
-			out.Workers = append(out.Workers, view.WeightEntry{ID: w.ID, Node: w.Node, URL: w.URL, Weight: *w.Weight})
+			out.Workers = append(out.Workers, view.WeightEntry{ID: w.ID, Node: w.Node, URL: w.URL, Weight: *w.Weight, State: w.State})
 		}
 	}
 	return out, found

@@ -12,11 +12,15 @@ import (
 	"heft/gateway/nginx"
 	"heft/gateway/syncer"
 	"heft/gateway/target"
+	"heft/shared/settings"
 )
 
 // Check does once what the run will do, step by step, and returns the exit
 // code: 0 every step passed, 1 a step failed (each failure is logged as
-// "check failed" with its step), 2 the configuration is wrong. The steps:
+// "check failed" with its step), settings.ExitConfig (78, as for every heft
+// binary) the configuration is wrong: config.Load's problems reach Main's
+// settings.Exit before Check runs, and the configuration step's here. The
+// steps:
 //
 //   - configuration: the file, the token file and the TLS files load;
 //   - coordinator: GET /api/v1/workers answers with the token;
@@ -34,13 +38,13 @@ func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
 	cc, err := coordinatorConfig(cfg)
 	if err != nil {
 		failed("configuration", err)
-		return 2
+		return settings.ExitConfig
 	}
 	defer cc.Client.CloseIdleConnections()
 	built, err := Build(cfg, logger)
 	if err != nil {
 		failed("configuration", err)
-		return 2
+		return settings.ExitConfig
 	}
 	defer built.Close()
 	code := 0

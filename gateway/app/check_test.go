@@ -13,6 +13,7 @@ import (
 	"heft/gateway/app"
 	"heft/gateway/config"
 	"heft/gateway/gwtest"
+	"heft/shared/settings"
 	"heft/shared/testutil"
 )
 
@@ -117,5 +118,43 @@ func TestCheckRunsEveryStep(t *testing.T) {
 	code, out = r.check(t, "viewer-secret", r.nx.Check())
 	if code != 1 || !strings.Contains(out, "step=coordinator") {
 		t.Fatalf("coordinator down: code %d\n%s", code, out)
+	}
+}
+
+// Every configuration problem --check finds exits 78 (EX_CONFIG), as for
+// every heft binary: one config.Load reports (an unknown key) and one only
+// building the targets finds (an nginx file in a folder that does not
+// exist: the check's configuration step).
+func TestCheckBadConfigurationIs78(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte("viewer-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	coordinator := fmt.Sprintf("[coordinator]\nurl = \"http://127.0.0.1:1\"\ntoken_file = %q\n", tokenFile)
+	nginx := fmt.Sprintf("[[nginx]]\nmodel = \"m\"\nfile = %q\nupstream = \"qwen\"\nreload = [\"true\"]\n",
+		filepath.Join(dir, "no-such-folder", "up.conf"))
+	env := func(string) string { return "" }
+	for _, c := range []struct {
+		name, file string
+		want       []string
+	}{
+		{"unknown key", "bogus_key = 1\n" + coordinator, []string{"bogus_key"}},
+		{"unbuildable target", coordinator + nginx, []string{`"step":"configuration"`, "its folder does not exist"}},
+	} {
+		path := filepath.Join(dir, "heft-sync.toml")
+		if err := os.WriteFile(path, []byte(c.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb testutil.SyncBuffer
+		code := app.Main(context.Background(), []string{"--config", path, "--check", "--log-json"}, env, &out, &errb)
+		if code != settings.ExitConfig {
+			t.Errorf("%s: code %d, want %d\n%s", c.name, code, settings.ExitConfig, errb.String())
+		}
+		for _, w := range c.want {
+			if !strings.Contains(errb.String(), w) {
+				t.Errorf("%s: no %q on stderr\n%s", c.name, w, errb.String())
+			}
+		}
 	}
 }

@@ -108,7 +108,7 @@ func (c *Config) command() settings.Command {
 		EnvPrefix: EnvPrefix,
 		Version:   true,
 		Settings: []settings.Setting{
-			settings.Bool("check", &c.CheckOnly, "do once what the run will do (coordinator and token, models, each gateway's check) and exit: 0 ok, 1 a step failed, 2 bad configuration").FlagOnly(),
+			settings.Bool("check", &c.CheckOnly, "do once what the run will do (coordinator and token, models, each gateway's check) and exit: 0 ok, 1 a step failed, 78 bad configuration").FlagOnly(),
 			settings.String("listen", &c.Listen, "host:port of heft-sync's /metrics and /healthz").Meta("ADDR"),
 			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),

@@ -189,7 +189,8 @@ const (
 	WeightPrefill = "prefill"
 )
 
-// WeightEntry is one admitted worker in a model's weight table.
+// WeightEntry is one serving worker in a model's weight table: admitted,
+// or stale (its agent away, still routed at its last weight).
 type WeightEntry struct {
 	ID      string  `json:"id"`
 	Node    string  `json:"node"`
@@ -197,11 +198,15 @@ type WeightEntry struct {
 	Address string  `json:"address"`
 	Weight  float64 `json:"weight"`
 	Pinned  bool    `json:"pinned"`
+	// State is the worker's state, StateAdmitted or StateStale: a weight
+	// whose agent is away is shown as stale, never as fresh.
+	State string `json:"state"`
 	// Throughput is the measured throughput the weight comes from: decode
 	// tok/s, or prompt tok/s for the prefill weight.
 	Throughput *float64   `json:"throughput_tps"`
 	MeasuredAt *time.Time `json:"measured_at"`
-	// MaxConcurrency as in Worker.
+	// MaxRunning and MaxConcurrency as in Worker.
+	MaxRunning       *int   `json:"max_running"`
 	MaxConcurrency   *int   `json:"max_concurrency"`
 	MaxContextTokens *int64 `json:"max_context_tokens"`
 }

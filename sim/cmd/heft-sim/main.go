@@ -4,9 +4,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strconv"
@@ -152,5 +154,38 @@ func parseFlags(args []string, stdout, stderr io.Writer) (cfg sim.Config, listen
 		}
 		cfg.Slow = sim.Slow{Factor: f} // from the start; Start checks it
 	}
+	if err := checkFlags(cfg); err != nil {
+		fmt.Fprintf(stderr, "heft-sim: %v\n\n", err)
+		usage(stderr)
+		return cfg, "", settings.ExitUsage, false
+	}
 	return cfg, listen, 0, true
+}
+
+// checkFlags finds the bad flag values of cfg, a usage error (2) as on
+// every heft binary: --single-tps and --batch16-tps missing or not a
+// positive number, and every value sim.Start would refuse besides the two
+// calibration numbers together. What is left for Start to refuse (1) is a
+// calibration it cannot simulate (--batch16-tps below --single-tps, or 16
+// times it or more), a port in use, a log it cannot write.
+func checkFlags(cfg sim.Config) error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"single-tps", cfg.SingleTPS}, {"batch16-tps", cfg.Batch16TPS}} {
+		if !(f.v > 0) || math.IsInf(f.v, 0) {
+			errs = append(errs, fmt.Errorf("--%s is required: a positive number of tok/s, got %v", f.name, f.v))
+		}
+	}
+	// The calibration is the only part of the config that reads
+	// SingleTPS and Batch16TPS: with one the sim can always simulate, an
+	// error is some other flag's. IdealBurstSeconds validates the config
+	// as Start does, without listening.
+	probe := cfg
+	probe.SingleTPS, probe.Batch16TPS = 100, 1000
+	if _, err := probe.IdealBurstSeconds(1, 1, 1); err != nil && strings.HasPrefix(err.Error(), "sim config: ") {
+		errs = append(errs, errors.New(strings.TrimPrefix(err.Error(), "sim config: ")))
+	}
+	return errors.Join(errs...)
 }

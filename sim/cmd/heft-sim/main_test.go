@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -51,6 +52,11 @@ func TestRunServesUntilCancelled(t *testing.T) {
 }
 
 func TestRunRejectsBadInput(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -60,8 +66,15 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, 2, "heft-sim: unknown flag: --nope\n\nheft-sim runs"},
 		{"bad kv", []string{"--single-tps", "60", "--batch16-tps", "600", "--kv-tokens", "12k"}, 2, `"12k" is not a whole number`},
 		{"extra args", []string{"serve"}, 2, `unexpected argument "serve"`},
+		// A bad flag value is 2 with the usage, as on every heft binary; a
+		// calibration the sim cannot simulate is 1.
 		{"invalid calibration", []string{"--single-tps", "60", "--batch16-tps", "30"}, 1, "must be at least single-tps"},
-		{"missing calibration", nil, 1, "single-tps must be a positive number"},
+		{"missing calibration", nil, 2, "--single-tps is required"},
+		{"negative calibration", []string{"--single-tps", "-60", "--batch16-tps", "600"}, 2, "--single-tps is required: a positive number"},
+		{"unknown flavor", []string{"--flavor", "tgi", "--single-tps", "60", "--batch16-tps", "600"}, 2, `unknown flavor "tgi"`},
+		{"bad dp", []string{"--flavor", "mlx", "--dp", "2", "--single-tps", "60", "--batch16-tps", "600"}, 2, "flavor mlx has no data parallelism"},
+		{"port in use", []string{"--listen", busy.Addr().String(), "--single-tps", "60", "--batch16-tps", "600"}, 1, "sim listen:"},
+		{"bad cold factor", []string{"--cold-factor", "0.5", "--single-tps", "60", "--batch16-tps", "600"}, 2, "cold-factor must be a number ≥ 1, got 0.5\n\nheft-sim runs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr testutil.SyncBuffer
@@ -100,7 +113,7 @@ func TestVersionFlags(t *testing.T) {
 
 func TestPrefillFlags(t *testing.T) {
 	var stderr testutil.SyncBuffer
-	cfg, _, _, ok := parseFlags([]string{"--single-tps", "60", "--batch16-tps", "600", "--prefill-tps", "9000",
+	cfg, _, _, ok := parseFlags([]string{"--single-tps", "60", "--batch16-tps", "600", "--dp", "2", "--prefill-tps", "9000",
 		"--max-batched-tokens", "4096", "--max-model-len", "32768", "--no-prefix-cache", "--report-cached-tokens",
 		"--fault-truncate-prompt", "100", "--fault-prompt-usage-extra", "3", "--fault-prefill-cached", "--fault-reject-long", "2000",
 		"--fault-log-kv-tokens", "24094, 2925"}, io.Discard, &stderr)
