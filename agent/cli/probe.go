@@ -106,6 +106,8 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 	switch {
 	case a.url == "":
 		problem = "--url is required, e.g. --url http://127.0.0.1:8000"
+	case !httpURL(a.url):
+		problem = fmt.Sprintf("--url %q is not an http(s) URL, e.g. http://127.0.0.1:8000", a.url)
 	case a.kind != "" && !engine.Known(a.kind):
 		problem = fmt.Sprintf("--engine %q is not one of %s", a.kind, strings.Join(wire.EngineKinds, ", "))
 	case a.concurrency < 1 || a.concurrency > probe.MaxConcurrency:
@@ -126,7 +128,13 @@ func parseProbe(args []string, stdio IO) (a probeArgs, code int, ok bool) {
 		return a, 0, true
 	}
 	fmt.Fprintf(stdio.Err, "heft-agent probe: %s\n", problem)
+	usage(stdio.Err) // a usage error: the problem, then the usage (cli.md)
 	return a, 2, false
+}
+
+func httpURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
 }
 
 // run measures the engine, showing progress where a person is looking:

@@ -225,8 +225,8 @@ func TestProbeBadFlags(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			code, _, errOut := probeMain(tt.args...)
-			if code != 2 || !strings.Contains(errOut, tt.want) {
-				t.Fatalf("exit %d stderr %q, want 2 and %q", code, errOut, tt.want)
+			if code != 2 || !strings.Contains(errOut, tt.want) || !strings.Contains(errOut, "usage: heft-agent probe") {
+				t.Fatalf("exit %d stderr %q, want 2, %q and the usage", code, errOut, tt.want)
 			}
 		})
 	}
