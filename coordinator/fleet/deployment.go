@@ -125,6 +125,12 @@ type member struct {
 	// checked is its node's (SetAddressRefusals), is on the
 	// data-parallel address's host.
 	head bool
+	// live: its agent is connected. A worker whose node went away stays
+	// listed until forgotten (a day); its ranks must not keep out those
+	// of a live one (the same engine back under a corrected node name, or
+	// on another host). A hostile node gains from this only while the
+	// node whose ranks it claims is away.
+	live bool
 }
 
 // candidates lists the workers naming w's deployment, w first; nil when w
@@ -146,7 +152,7 @@ func (f *Fleet) naming(w *worker, s span) []member {
 			continue
 		}
 		if os, ok := spanOf(o.eng); ok && os.addr == s.addr {
-			out = append(out, member{w: o, s: os, head: !os.headless && f.addressOn(o, os.host)})
+			out = append(out, member{w: o, s: os, head: !os.headless && f.addressOn(o, os.host), live: f.connected(o)})
 		}
 	}
 	return out
@@ -185,11 +191,12 @@ type joinSet struct {
 // size, or which reports ranks outside its own range contradicts w or
 // itself and is not joined. Members that remain are taken in an order a
 // late or hostile node cannot jump: w itself, then a head that the
-// server's address check ties to the data-parallel address, then by when
-// each was first seen; one claiming a rank (by its range or its reports)
-// that a member taken before it claims is not joined. So a node that
-// names the deployment later can neither widen it, nor add a rank, nor
-// take a rank over: what was warranted before it came (a hold included)
+// server's address check ties to the data-parallel address, then the
+// workers whose agents are connected, then by when each was first seen;
+// one claiming a rank (by its range or its reports) that a member taken
+// before it claims is not joined. So a live node that names the
+// deployment later can neither widen it, nor add a rank, nor take a live
+// node's rank over: what was warranted before it came (a hold included)
 // stays, and the warning names it. What no rule here can tell apart is a
 // node claiming ranks no other node has claimed yet, before the node that
 // runs them reports: it is believed, and its claim wins over the real
@@ -218,14 +225,18 @@ func (f *Fleet) deployment(w *worker) *joinSet {
 			w.node, strings.Join(slices.Compact(nodes), ", "))}
 		return d
 	}
-	slices.SortFunc(others, func(a, b member) int {
-		if a.head != b.head {
-			if a.head {
-				return -1
-			}
-			return 1
+	first := func(a, b bool) int { // true first
+		switch {
+		case a == b:
+			return 0
+		case a:
+			return -1
 		}
-		return cmp.Or(a.w.firstSeen.Compare(b.w.firstSeen), strings.Compare(a.w.node, b.w.node), strings.Compare(a.w.id, b.w.id))
+		return 1
+	}
+	slices.SortFunc(others, func(a, b member) int {
+		return cmp.Or(first(a.head, b.head), first(a.live, b.live), a.w.firstSeen.Compare(b.w.firstSeen),
+			strings.Compare(a.w.node, b.w.node), strings.Compare(a.w.id, b.w.id))
 	})
 	for _, m := range others {
 		if why := refusal(own, m, claimed, w.node); why != "" {

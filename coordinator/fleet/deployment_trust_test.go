@@ -141,13 +141,7 @@ func TestDeploymentHostileNodeCannotLift(t *testing.T) {
 // reports, so only the rules, not the order nodes were first seen in,
 // keep the third node out.
 func TestDeploymentReviewReproductions(t *testing.T) {
-	h := newHarness(t)
-	h.connect("gpu-a")
-	h.put("gpu-a", dpNode("head", "http://10.0.0.1:8000", 0, false, 9000, 9000))
-	h.result("gpu-a", measured("head", 500, h.clk.now()))
-	h.connect("gpu-b")
-	h.put("gpu-b", dpNode("tail", "http://10.0.0.2:8000", 2, true, 9000, 9000))
-	h.result("gpu-b", measured("tail", 500, h.clk.now()))
+	h := headAndTail(t, [2]int64{9000, 9000}, [2]int64{9000, 9000})
 	evil := engine("evil", "http://10.9.9.9:8000", "m", 1)
 	evil.Ranks[0].DPRank = 4
 	evil.LaunchArgs = []string{"data_parallel_address=10.0.0.1", "data_parallel_rpc_port=13345", "data_parallel_size=4", "headless=true"}
@@ -157,13 +151,7 @@ func TestDeploymentReviewReproductions(t *testing.T) {
 		t.Errorf("poisoned: weights %v, want head and tail", wt)
 	}
 
-	h = newHarness(t)
-	h.connect("gpu-a")
-	h.put("gpu-a", dpNode("head", "http://10.0.0.1:8000", 0, false, 373696, 373552))
-	h.result("gpu-a", measured("head", 500, h.clk.now()))
-	h.connect("gpu-b")
-	h.put("gpu-b", dpNode("tail", "http://10.0.0.2:8000", 2, true, 373600, 46704))
-	h.result("gpu-b", measured("tail", 500, h.clk.now()))
+	h = headAndTail(t, [2]int64{373696, 373552}, [2]int64{373600, 46704})
 	evil = engine("evil", "http://10.9.9.9:8000", "m", 1)
 	evil.LaunchArgs = []string{"data_parallel_address=10.0.0.1", "data_parallel_rpc_port=13345", "data_parallel_size=4", "headless=true"}
 	h.connect("evil")
@@ -219,4 +207,41 @@ func TestDeploymentWithoutSizeJoinsNothing(t *testing.T) {
 	if m, ok := warning(w, wire.CodeDeploymentMismatch); !ok || !strings.Contains(m.Message, "do not say data_parallel_size") {
 		t.Fatalf("%+v", w.Warnings)
 	}
+}
+
+// The starved tail of a held DP4 deployment goes away, and the engine,
+// fixed, comes back under another node name (node.name corrected, or
+// another host) with even pools. The old worker stays listed, offline,
+// until forgotten: its stale starved rank must not keep the head held,
+// nor keep out the live tail's ranks.
+func TestDeploymentLiveNodeWinsOverAnOfflineOne(t *testing.T) {
+	h := headAndTail(t, [2]int64{373696, 373552}, [2]int64{373600, 46704})
+	if w := h.worker("head"); w.State != view.StateHeld {
+		t.Fatalf("before: head %s, want held for the starved rank", w.State)
+	}
+	h.disconnect("gpu-b")
+	h.clk.advance(time.Second)
+	h.connect("gpu-b2")
+	h.put("gpu-b2", dpNode("tail2", "http://10.0.0.2:8000", 2, true, 373600, 373600))
+	h.result("gpu-b2", measured("tail2", 500, h.clk.now()))
+	h.snapshot("gpu-a")
+	for _, id := range []string{"head", "tail2"} {
+		if w := h.worker(id); w.State != view.StateAdmitted || len(w.Ranks) != 4 {
+			t.Errorf("%s: %s on ranks %v, want admitted on the four live ranks", id, w.State, w.Ranks)
+		}
+	}
+}
+
+// headAndTail is an honest vLLM DP4 deployment over two nodes, measured:
+// the head (gpu-a, DP 0–1) and a headless tail (gpu-b, DP 2–3) with the
+// given pools.
+func headAndTail(t *testing.T, head, tail [2]int64) *harness {
+	h := newHarness(t)
+	h.connect("gpu-a")
+	h.put("gpu-a", dpNode("head", "http://10.0.0.1:8000", 0, false, head[0], head[1]))
+	h.result("gpu-a", measured("head", 500, h.clk.now()))
+	h.connect("gpu-b")
+	h.put("gpu-b", dpNode("tail", "http://10.0.0.2:8000", 2, true, tail[0], tail[1]))
+	h.result("gpu-b", measured("tail", 500, h.clk.now()))
+	return h
 }

@@ -125,12 +125,14 @@ func makePlan(servers []server, ws []want, o planOptions) plan {
 	slices.SortFunc(slots, func(a, b int) int { return cmp.Compare(servers[a].ID, servers[b].ID) })
 
 	var assign map[int]*want
-	switch {
-	case o.ByWeight && unresolved:
-		assign = leaveOwned(servers, o)
-	case o.ByWeight:
+	if o.ByWeight && !unresolved {
 		assign = p.assignByWeight(slots, ws, o)
-	default:
+	} else {
+		// By weight too while a serving worker's server is unknown: the
+		// weight order would move workers between slots, maybe off the
+		// one that carries it, so each resolved worker keeps the server
+		// at its address (a held one is drained there, weights change)
+		// and only the servers no resolved worker is at stay as they are.
 		assign = p.assignByAddress(servers, slots, ws, unresolved, o)
 	}
 	p.converge(servers, assign, o)
@@ -140,17 +142,6 @@ func makePlan(servers []server, ws []want, o planOptions) plan {
 // leaveAsIs, assigned to a server, leaves it as it is: it may carry a
 // serving worker whose address does not resolve now.
 var leaveAsIs = &want{}
-
-// leaveOwned leaves every server heft owns as it is.
-func leaveOwned(servers []server, o planOptions) map[int]*want {
-	assign := map[int]*want{}
-	for i, s := range servers {
-		if o.isSlot(s.Name) || o.isAdded(s.Name) {
-			assign[i] = leaveAsIs
-		}
-	}
-	return assign
-}
 
 // assignByWeight gives the slots, in ID order, to the serving workers
 // heaviest first; a worker past the last slot is a problem.

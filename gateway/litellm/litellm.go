@@ -63,6 +63,7 @@ type File struct {
 	// of one that has applied nothing yet are kept as the file has them.
 	names          map[string]bool
 	commandPending bool
+	commandFailing bool // the last command failed
 }
 
 // Validate returns every problem with cfg that needs no look at the disk.
@@ -165,14 +166,18 @@ func (f *File) put(ctx context.Context, modelName string, ds []Deployment) ([]st
 		if err := filewrite.Run(ctx, f.command, f.timeout); err != nil {
 			// LiteLLM runs what the file said before: put that back, so the
 			// next put, by this heft-sync or one restarted, writes and runs
-			// the command again.
-			if old != nil && !bytes.Equal(old, data) && filewrite.Atomic(f.path, old, 0o644) == nil {
+			// the command again. Only the first failure of a run does: a
+			// command that keeps failing would otherwise swap the file at
+			// every sync.
+			failing := f.commandFailing
+			f.commandFailing = true
+			if !failing && old != nil && !bytes.Equal(old, data) && filewrite.Atomic(f.path, old, 0o644) == nil {
 				f.commandPending = false
 				return changes, target.Failf(target.ReasonCommand, "the command failed, so the last good %s is back (tried again at the next sync): %v", f.path, err)
 			}
 			return changes, target.Failf(target.ReasonCommand, "%s is written but the command failed (tried again at the next sync): %v", f.path, err)
 		}
-		f.commandPending = false
+		f.commandPending, f.commandFailing = false, false
 		changes = append(changes, "ran the command")
 	}
 	return changes, nil

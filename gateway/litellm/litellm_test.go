@@ -166,6 +166,42 @@ func TestCommandFailureSurvivesARestart(t *testing.T) {
 	}
 }
 
+// A command that keeps failing does not swap the file at every sync: the
+// first failure puts the last good file back, the next ones leave the new
+// one for the next try.
+func TestCommandThatKeepsFailingLeavesTheFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "m.yaml")
+	ok, err := litellm.NewFile(path, nil, 0, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := ok.Target(litellm.Config{Model: model})
+	one, _ := target.ForModel(model, []coord.Worker{gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1)})
+	if _, err := first.Apply(context.Background(), one); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(path)
+	f, err := litellm.NewFile(path, []string{"false"}, 0, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, _ := f.Target(litellm.Config{Model: model})
+	two, _ := target.ForModel(model, []coord.Worker{gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1),
+		gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 1)})
+	var files []string
+	for range 4 {
+		if _, err := tg.Apply(context.Background(), two); target.Reason(err) != target.ReasonCommand {
+			t.Fatalf("apply: %v", err)
+		}
+		data, _ := os.ReadFile(path)
+		files = append(files, string(data))
+	}
+	if files[0] != string(before) || files[1] == files[0] || files[2] != files[1] || files[3] != files[1] {
+		t.Fatalf("the file after each failed command:\n%s", strings.Join(files, "\n---\n"))
+	}
+}
+
 func TestNewFileRefusesBadPaths(t *testing.T) {
 	for _, p := range []string{"relative.yaml", "/no/such/folder/x.yaml"} {
 		if _, err := litellm.NewFile(p, nil, 0, hclog.NewNullLogger()); err == nil {

@@ -201,8 +201,10 @@ func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error
 		// says what nginx runs and the next apply, by this heft-sync or one
 		// restarted, writes and reloads again. A flag in memory alone is
 		// lost with a restart, and nginx kept the old state for good.
-		if old != nil && !bytes.Equal(old, data) && n.restore(old) == nil {
-			n.reloadPending = false
+		// Only the first failure of a run puts it back: a reload that keeps
+		// failing would otherwise swap the file at every sync.
+		if !n.reloadPending && old != nil && !bytes.Equal(old, data) && n.restore(old) == nil {
+			n.reloadPending = true
 			return res, target.Failf(target.ReasonReload, "the reload failed, so the last good %s is back (tried again at the next sync): %v", n.cfg.File, err)
 		}
 		n.reloadPending = true

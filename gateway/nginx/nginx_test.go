@@ -245,6 +245,32 @@ func TestReloadFailureIsRetried(t *testing.T) {
 	}
 }
 
+// A reload that keeps failing does not swap the file at every sync: the
+// first failure puts the last good file back, the next ones leave the new
+// one for the next try.
+func TestReloadThatKeepsFailingLeavesTheFile(t *testing.T) {
+	a, b := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b")
+	r := start(t, "upstream qwen { server "+a.Addr+"; }\n")
+	n, err := nginx.New(nginx.Config{Model: model, File: r.nx.Upstream, Upstream: "qwen", Check: r.nx.Check(),
+		Reload: []string{"false"}}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(r.nx.Upstream)
+	m := desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), gwtest.Worker(model, b.Addr, view.StateAdmitted, 1))
+	var files []string
+	for range 4 {
+		if _, err := n.Apply(context.Background(), m); target.Reason(err) != target.ReasonReload {
+			t.Fatalf("apply: %v", err)
+		}
+		data, _ := os.ReadFile(r.nx.Upstream)
+		files = append(files, string(data))
+	}
+	if files[0] != string(before) || files[1] == files[0] || files[2] != files[1] || files[3] != files[1] {
+		t.Fatalf("the file after each failed reload:\n%s", strings.Join(files, "\n---\n"))
+	}
+}
+
 func TestNewRefusesBadConfig(t *testing.T) {
 	dir := t.TempDir()
 	for _, c := range []nginx.Config{

@@ -308,13 +308,15 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 // written as the coordinator writes it where they resolve alike. ok is
 // false for a target that cannot say (the floor then starts from the
 // coordinator's state alone); err, for one whose read failed. A failed
-// read is tried again at most every resync interval (errSeedLater).
+// read is tried again about every resync interval (errSeedLater).
 func (r *runner) readSeed(m target.Model, now time.Time) (seed []target.Served, ok bool, err error) {
 	rd, is := target.As[Reader](r.t)
 	if !is {
 		return nil, false, nil
 	}
-	if !r.seedTried.IsZero() && now.Sub(r.seedTried) < r.s.resync {
+	// Half a resync: the ticks that retry it come a resync apart, give or
+	// take, and must not skip every other one.
+	if !r.seedTried.IsZero() && now.Sub(r.seedTried) < r.s.resync/2 {
 		return nil, false, errSeedLater
 	}
 	r.seedTried = now
