@@ -264,7 +264,7 @@ func TestNothingTakenOutBeforeTheGatewayIsRead(t *testing.T) {
 		s := runReading(t, g, 50*time.Millisecond, Floor{MinServing: 1, KeepUnlisted: 700 * time.Millisecond})
 		begin := time.Now()
 		s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1), gwtest.Worker("m", b, view.StateMeasuring, 0)))
-		htest.Eventually(t, "an apply once keep_unlisted passed", 5*time.Second, func() bool { return g.count() >= 1 })
+		htest.Eventually(t, "an apply once keep_unlisted passed", 15*time.Second, func() bool { return g.count() >= 1 })
 		if waited := time.Since(begin); waited < 700*time.Millisecond {
 			t.Fatalf("applied after %s, want keep_unlisted (700ms) first", waited)
 		}
