@@ -112,6 +112,23 @@ func newAddrPolicy(allow []AllowRule) *addrPolicy {
 	return p
 }
 
+// makeRoom drops the expired answers, else one (p.mu held). Clearing the
+// whole cache let one agent that cycles names send every node's lookups
+// to the resolver again.
+func (p *addrPolicy) makeRoom(now time.Time) {
+	for h, r := range p.cache {
+		if !now.Before(r.until) {
+			delete(p.cache, h)
+		}
+	}
+	for h := range p.cache {
+		if len(p.cache) < resolveCached {
+			return
+		}
+		delete(p.cache, h)
+	}
+}
+
 // serving records a port the coordinator serves on.
 func (p *addrPolicy) serving(port uint16) {
 	p.mu.Lock()
@@ -226,8 +243,8 @@ func (p *addrPolicy) lookup(host string) ([]netip.Addr, error) {
 		addrs[i] = addrs[i].Unmap()
 	}
 	p.mu.Lock()
-	if len(p.cache) >= resolveCached {
-		clear(p.cache)
+	if _, known := p.cache[host]; !known && len(p.cache) >= resolveCached {
+		p.makeRoom(now)
 	}
 	p.cache[host] = resolved{addrs: addrs, err: err, until: now.Add(resolveTTL)}
 	p.mu.Unlock()

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -125,5 +126,35 @@ func TestHubRefusesAddressesNotTheNodes(t *testing.T) {
 	got := ts.fleet.addressRefusals("gpu-a")
 	if len(got) != 2 || !strings.Contains(got["gpu-a/self"], "coordinator's own") || !strings.Contains(got["gpu-a/sink"], "10.6.6.6") {
 		t.Errorf("refusals = %v, want gpu-a/self (the coordinator's own) and gpu-a/sink", got)
+	}
+}
+
+// The cache of answers is bounded without being cleared whole: one agent
+// cycling names past the bound evicts one answer per new name, not every
+// node's (before, every cached name was looked up again).
+func TestResolveCacheEvictsOneAtATime(t *testing.T) {
+	p := newAddrPolicy(nil)
+	lookups := 0
+	p.resolve = func(context.Context, string) ([]netip.Addr, error) {
+		lookups++
+		return []netip.Addr{netip.MustParseAddr("10.0.0.5")}, nil
+	}
+	name := func(i int) string { return fmt.Sprintf("n%d.example", i) }
+	for i := range resolveCached {
+		if _, err := p.lookup(name(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const cycled = 100
+	for i := range cycled {
+		p.lookup(fmt.Sprintf("cycled-%d.example", i))
+	}
+	lookups = 0
+	for i := range resolveCached {
+		p.lookup(name(i))
+	}
+	t.Logf("%d of %d names looked up again after %d new ones", lookups, resolveCached, cycled)
+	if lookups > resolveCached/4 || len(p.cache) > resolveCached {
+		t.Fatalf("%d of %d names looked up again after %d new ones; %d cached (bound %d)", lookups, resolveCached, cycled, len(p.cache), resolveCached)
 	}
 }
