@@ -47,10 +47,23 @@ func Main(ctx context.Context, args []string, env func(string) string, stdout, s
 	}
 	if err := Run(ctx, cfg, logger); err != nil {
 		logger.Error("stopped", "error", err)
+		if isConfig(err) {
+			return settings.ExitConfig // systemd's unit does not restart it (RestartPreventExitStatus)
+		}
 		return 1
 	}
 	return 0
 }
+
+// configError is a configuration problem found after config.Load: a token
+// or CA file, the coordinator's URL, a gateway table that cannot be built.
+// Restarting cannot fix it, so heft-sync exits settings.ExitConfig, as
+// --check does.
+type configError struct{ error }
+
+func (e configError) Unwrap() error { return e.error }
+
+func isConfig(err error) bool { return errors.As(err, new(configError)) }
 
 // Built is what the configuration becomes.
 type Built struct {
@@ -72,7 +85,7 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 	var errs []error
 	add := func(t target.Target, err error, sel target.Selection) {
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, configError{err})
 			return
 		}
 		b.Targets = append(b.Targets, target.WithSelection(t, sel))
@@ -95,7 +108,7 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 			}
 		}
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, err) // a port in use: not the configuration's fault
 			continue
 		}
 		add(s.Cluster(e.Model, e.ClusterName()).KeepingState(e.StateFile), nil, e.Selection)
@@ -109,7 +122,7 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 			}
 		}
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, configError{err})
 			continue
 		}
 		t, err := f.Target(l.Config)
@@ -128,11 +141,11 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 func coordinatorConfig(cfg config.Config) (coord.Config, error) {
 	token, err := cfg.Token()
 	if err != nil {
-		return coord.Config{}, err
+		return coord.Config{}, configError{err}
 	}
 	tlsCfg, err := cfg.TLS()
 	if err != nil {
-		return coord.Config{}, err
+		return coord.Config{}, configError{err}
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.TLSClientConfig = tlsCfg
@@ -161,7 +174,7 @@ func Run(ctx context.Context, cfg config.Config, logger hclog.Logger) error {
 	follower, err := coord.New(cc, sy.Hooks(), logger)
 	if err != nil {
 		built.Close()
-		return err
+		return configError{err}
 	}
 
 	ln, err := net.Listen("tcp", cfg.Listen)

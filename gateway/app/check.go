@@ -44,6 +44,9 @@ func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
 	built, err := Build(cfg, logger)
 	if err != nil {
 		failed("configuration", err)
+		if !isConfig(err) {
+			return 1 // an Envoy table's listen address in use
+		}
 		return settings.ExitConfig
 	}
 	defer built.Close()

@@ -3,10 +3,12 @@ package app_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -121,11 +123,13 @@ func TestCheckRunsEveryStep(t *testing.T) {
 	}
 }
 
-// Every configuration problem --check finds exits 78 (EX_CONFIG), as for
-// every heft binary: one config.Load reports (an unknown key) and one only
-// building the targets finds (an nginx file in a folder that does not
-// exist: the check's configuration step).
-func TestCheckBadConfigurationIs78(t *testing.T) {
+// Every configuration problem exits 78 (EX_CONFIG), as for every heft
+// binary, from --check and from the service alike: one config.Load reports
+// (an unknown key) and one only building the targets finds (an nginx file
+// in a folder that does not exist: the check's configuration step). The
+// service exited 1 for the second, and systemd restarted it in a loop. A
+// port in use is no configuration problem: 1, restarted.
+func TestBadConfigurationIs78(t *testing.T) {
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte("viewer-secret\n"), 0o600); err != nil {
@@ -134,22 +138,39 @@ func TestCheckBadConfigurationIs78(t *testing.T) {
 	coordinator := fmt.Sprintf("[coordinator]\nurl = \"http://127.0.0.1:1\"\ntoken_file = %q\n", tokenFile)
 	nginx := fmt.Sprintf("[[nginx]]\nmodel = \"m\"\nfile = %q\nupstream = \"qwen\"\nreload = [\"true\"]\n",
 		filepath.Join(dir, "no-such-folder", "up.conf"))
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	litellm := fmt.Sprintf("[[litellm]]\nmodel = \"m\"\nfile = %q\n", filepath.Join(dir, "models.yaml"))
 	env := func(string) string { return "" }
 	for _, c := range []struct {
 		name, file string
+		service    bool // without --check
+		code       int
 		want       []string
 	}{
-		{"unknown key", "bogus_key = 1\n" + coordinator, []string{"bogus_key"}},
-		{"unbuildable target", coordinator + nginx, []string{`"step":"configuration"`, "its folder does not exist"}},
+		{"unknown key", "bogus_key = 1\n" + coordinator, false, settings.ExitConfig, []string{"bogus_key"}},
+		{"unbuildable target", coordinator + nginx, false, settings.ExitConfig, []string{`"step":"configuration"`, "its folder does not exist"}},
+		{"service: unknown key", "bogus_key = 1\n" + coordinator, true, settings.ExitConfig, []string{"bogus_key"}},
+		{"service: unbuildable target", coordinator + nginx, true, settings.ExitConfig, []string{`"@message":"stopped"`, "its folder does not exist"}},
+		{"service: listen in use", fmt.Sprintf("listen = %q\n", busy.Addr()) + coordinator + litellm, true, 1, []string{"address already in use"}},
 	} {
 		path := filepath.Join(dir, "heft-sync.toml")
 		if err := os.WriteFile(path, []byte(c.file), 0o600); err != nil {
 			t.Fatal(err)
 		}
+		args := []string{"--config", path, "--log-json"}
+		if !c.service {
+			args = append(args, "--check")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		var out, errb testutil.SyncBuffer
-		code := app.Main(context.Background(), []string{"--config", path, "--check", "--log-json"}, env, &out, &errb)
-		if code != settings.ExitConfig {
-			t.Errorf("%s: code %d, want %d\n%s", c.name, code, settings.ExitConfig, errb.String())
+		code := app.Main(ctx, args, env, &out, &errb)
+		cancel()
+		if code != c.code {
+			t.Errorf("%s: code %d, want %d\n%s", c.name, code, c.code, errb.String())
 		}
 		for _, w := range c.want {
 			if !strings.Contains(errb.String(), w) {

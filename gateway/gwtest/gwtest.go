@@ -287,7 +287,14 @@ type Upstream struct {
 // NewUpstream starts one.
 func NewUpstream(t testing.TB, name string) *Upstream {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return NewUpstreamAt(t, name, "127.0.0.1:0")
+}
+
+// NewUpstreamAt is NewUpstream listening at addr (another loopback
+// address, for an engine a DNS name moves to).
+func NewUpstreamAt(t testing.TB, name, addr string) *Upstream {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

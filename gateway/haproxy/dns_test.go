@@ -100,6 +100,45 @@ func TestDNSOutageAfterRestartLeavesServers(t *testing.T) {
 	}
 }
 
+// A worker whose DNS answer changes moves off its old address even while
+// another worker's name has never resolved and no slot is free: it keeps
+// the slot it had, re-addressed (or drained there, when the coordinator
+// holds it). That slot was left as it was, since it could have carried the
+// unresolved worker, so the moved worker stayed at its old address.
+func TestMovedNameLeavesItsOldAddressWhileAnotherIsUnresolved(t *testing.T) {
+	for _, state := range []string{view.StateAdmitted, view.StateHeld} {
+		t.Run(state, func(t *testing.T) {
+			a, b, c := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b"), gwtest.NewUpstream(t, "c")
+			moved := gwtest.NewUpstreamAt(t, "b-moved", "127.0.0.2:"+port(b.Addr))
+			dns := gwtest.NewDNS(map[string]string{"gpu-b.heft.test": "127.0.0.1"})
+			hx := gwtest.StartHAProxy(t, cfgSlots) // 3 slots
+			h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
+			h.UseLookup(dns.Lookup)
+			named := "gpu-b.heft.test:" + port(b.Addr)
+			apply(t, h, desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1),
+				gwtest.Worker(model, named, view.StateAdmitted, 1), gwtest.Worker(model, c.Addr, view.StateAdmitted, 1)))
+			if split := gwtest.Split(t, "http://"+hx.Front+"/", 30); split["b"] != 10 {
+				t.Fatalf("before the move: %v", split)
+			}
+
+			dns.Set("gpu-b.heft.test", "127.0.0.2")
+			res, err := h.Apply(context.Background(), desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1),
+				gwtest.Worker(model, named, state, 1), gwtest.Worker(model, c.Addr, view.StateAdmitted, 1),
+				gwtest.Worker(model, "gpu-x.heft.test:8000", view.StateAdmitted, 1))) // never resolves
+			if target.Reason(err) != target.ReasonResolve || strings.Contains(err.Error(), "has no server") {
+				t.Fatalf("apply (changes %v): %v, want only the unresolved name's error", res.Changes, err)
+			}
+			split := gwtest.Split(t, "http://"+hx.Front+"/", 30)
+			if split["b"] != 0 || split["a"] == 0 || split["c"] == 0 {
+				t.Fatalf("after the move (changes %v): %v, want none at b's old address", res.Changes, split)
+			}
+			if serving := state == view.StateAdmitted; (split["b-moved"] > 0) != serving || moved.Hits() > 0 != serving {
+				t.Fatalf("after the move (changes %v): %v, want b at its new address only if it serves", res.Changes, split)
+			}
+		})
+	}
+}
+
 // Two workers whose address texts differ but resolve to one IP:port share
 // one server: the admitted one keeps it, whether the other is an old
 // offline worker of the same engine (by name, and a smaller worker ID) or

@@ -174,7 +174,7 @@ func (h *HAProxy) Apply(ctx context.Context, m target.Model) (target.Result, err
 	}
 	ws := make([]want, len(rs))
 	for i, r := range rs {
-		ws[i] = want{Backend: r.Backend, Addr: r.Addr}
+		ws[i] = want{Backend: r.Backend, Addr: r.Addr, Prev: r.Prev}
 	}
 	servers, err := h.read(ctx)
 	if err != nil {

@@ -21,6 +21,7 @@ const maxWeight = render.HAProxyMaxWeight
 type want struct {
 	target.Backend
 	Addr netip.AddrPort
+	Prev netip.AddrPort // its address before its DNS answer changed (target.Resolved)
 	Int  int
 }
 
@@ -83,10 +84,11 @@ func scaleWeights(ws []want) float64 {
 //
 // Which server carries which worker:
 //   - by address (the default): a server whose address is a worker's
-//     carries it, whether listed in the file or a slot; a serving worker
-//     without one goes into a free slot (a slot no worker's address holds),
-//     or, with AddServers, into a server added for it. A worker that is not
-//     serving and has no server needs none.
+//     carries it, whether listed in the file or a slot; a worker whose DNS
+//     answer changed keeps the slot at its old address; a serving worker
+//     still without one goes into a free slot (a slot no worker's address
+//     holds), or, with AddServers, into a server added for it. A worker
+//     that is not serving and has no server needs none.
 //   - by weight: the slots, in server ID order, carry the serving workers
 //     heaviest first, re-addressed as the order changes, so that "balance
 //     first" fills the fastest worker first. Servers listed in the file are
@@ -194,6 +196,23 @@ func (p *plan) assignByAddress(servers []server, slots []int, ws []want, unresol
 			inSlot = inSlot || own
 			assign[si] = w
 			placed[w.Addr] = true
+		}
+	}
+	// A worker whose DNS answer changed keeps the slot at its old address,
+	// which no worker claims now: heft put it there. Else, with a name
+	// unresolved, that slot was left as it is, and the worker, without a
+	// free slot, stayed at its old address (a held one was not drained).
+	for i := range ws {
+		w := &ws[i]
+		if placed[w.Addr] || !w.Prev.IsValid() {
+			continue
+		}
+		for _, si := range byAddr[w.Prev] {
+			if assign[si] == nil && o.isSlot(servers[si].Name) {
+				assign[si] = w
+				placed[w.Addr] = true
+				break
+			}
 		}
 	}
 	if unresolved {

@@ -6,9 +6,10 @@
 //
 // LiteLLM's default routing (simple-shuffle) picks a Deployment at random
 // in proportion to litellm_params.weight, a float, so heft's weights are
-// written as they are, rounded to three decimals. Drained workers are left
-// out of the list. Each worker's max_context_tokens is its
-// model_info.max_input_tokens, for the router's pre-call checks.
+// written as they are, rounded to three decimals, or three significant
+// digits below 0.1 (never 0). Drained workers are left out of the list.
+// Each worker's max_context_tokens is its model_info.max_input_tokens, for
+// the router's pre-call checks.
 package litellm
 
 import (
@@ -63,7 +64,6 @@ type File struct {
 	// of one that has applied nothing yet are kept as the file has them.
 	names          map[string]bool
 	commandPending bool
-	commandFailing bool // the last command failed
 }
 
 // Validate returns every problem with cfg that needs no look at the disk.
@@ -164,20 +164,18 @@ func (f *File) put(ctx context.Context, modelName string, ds []Deployment) ([]st
 	}
 	if f.commandPending {
 		if err := filewrite.Run(ctx, f.command, f.timeout); err != nil {
-			// LiteLLM runs what the file said before: put that back, so the
-			// next put, by this heft-sync or one restarted, writes and runs
-			// the command again. Only the first failure of a run does: a
-			// command that keeps failing would otherwise swap the file at
-			// every sync.
-			failing := f.commandFailing
-			f.commandFailing = true
-			if !failing && old != nil && !bytes.Equal(old, data) && filewrite.Atomic(f.path, old, 0o644) == nil {
+			// LiteLLM runs what the file said before: put that back, after
+			// every failure, so the next put, by this heft-sync or one
+			// restarted, writes and runs the command again. Left in place
+			// after a second failure, a restart found the new file and
+			// never ran the command.
+			if old != nil && !bytes.Equal(old, data) && filewrite.Atomic(f.path, old, 0o644) == nil {
 				f.commandPending = false
 				return changes, target.Failf(target.ReasonCommand, "the command failed, so the last good %s is back (tried again at the next sync): %v", f.path, err)
 			}
 			return changes, target.Failf(target.ReasonCommand, "%s is written but the command failed (tried again at the next sync): %v", f.path, err)
 		}
-		f.commandPending, f.commandFailing = false, false
+		f.commandPending = false
 		changes = append(changes, "ran the command")
 	}
 	return changes, nil
@@ -240,7 +238,7 @@ func (t *Target) Served(context.Context) ([]target.Served, error) {
 				port = "443"
 			}
 		}
-		out = append(out, target.Served{Address: net.JoinHostPort(u.Hostname(), port), Weight: d.LiteLLMParams.Weight, Owned: true})
+		out = append(out, target.Served{Address: net.JoinHostPort(u.Hostname(), port), Weight: float64(d.LiteLLMParams.Weight), Owned: true})
 	}
 	return out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -101,6 +102,55 @@ func TestModelListAndCommand(t *testing.T) {
 	}
 }
 
+// A worker with a tiny weight (a weight_min far below 1, a worker kept at
+// the gateway's weight before any is measured) keeps its share: three
+// decimals wrote 0.0003 as 0, which LiteLLM's simple-shuffle never picks,
+// and a model of such workers only fails every request (it divides by the
+// weights' sum). Each weight is a plain decimal, which LiteLLM's YAML 1.1
+// parser reads as a number: yaml.v3's 1e-05 is a string to it.
+func TestTinyWeightsKeepTheirShare(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.yaml")
+	f, err := litellm.NewFile(path, nil, 0, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg, _ := f.Target(litellm.Config{Model: model})
+	weights := map[string]float64{"10.0.0.1:8000": 8, "10.0.0.2:8000": 0.0003, "10.0.0.3:8000": 0.00001, "10.0.0.4:8000": 0.0123456}
+	var ws []coord.Worker
+	for addr, w := range weights {
+		ws = append(ws, gwtest.Worker(model, addr, view.StateAdmitted, w))
+	}
+	m, _ := target.ForModel(model, ws)
+	res, err := tg.Apply(context.Background(), m)
+	if err != nil || res.Serving != 4 || res.RoundingError > 0.005 {
+		t.Fatalf("apply: %+v %v", res, err)
+	}
+	data, _ := os.ReadFile(path)
+	plain := regexp.MustCompile(`^[0-9]+(\.[0-9]+)?$`)
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "weight: "); ok && !plain.MatchString(v) {
+			t.Errorf("weight %q is not a plain decimal:\n%s", v, data)
+		}
+	}
+	got := read(t, path)
+	if len(got.ModelList) != 4 {
+		t.Fatalf("model_list: %+v", got.ModelList)
+	}
+	for _, d := range got.ModelList {
+		addr := strings.TrimSuffix(strings.TrimPrefix(d.LiteLLMParams["api_base"].(string), "http://"), "/v1")
+		var w float64
+		switch v := d.LiteLLMParams["weight"].(type) {
+		case int: // 8: an integer to YAML, and to LiteLLM
+			w = float64(v)
+		case float64:
+			w = v
+		}
+		if ratio := w / weights[addr]; !(w > 0) || ratio < 0.995 || ratio > 1.005 {
+			t.Errorf("%s: weight %v, want %v within 0.5 %%", addr, d.LiteLLMParams["weight"], weights[addr])
+		}
+	}
+}
+
 func TestCommandFailureIsRetried(t *testing.T) {
 	dir := t.TempDir()
 	flag := filepath.Join(dir, "fail")
@@ -122,7 +172,9 @@ func TestCommandFailureIsRetried(t *testing.T) {
 
 // A command that fails after a change puts the last good file back, so a
 // heft-sync restarted before the retry, which remembers nothing of the
-// failure, still writes the change and runs the command.
+// failure, still writes the change and runs the command. Every failure of
+// a streak does: when only the first did, a heft-sync restarted after the
+// second found the new file and never ran the command.
 func TestCommandFailureSurvivesARestart(t *testing.T) {
 	dir := t.TempDir()
 	path, flag, ran := filepath.Join(dir, "m.yaml"), filepath.Join(dir, "fail"), filepath.Join(dir, "ran")
@@ -147,11 +199,14 @@ func TestCommandFailureSurvivesARestart(t *testing.T) {
 	}
 	before, _ := os.ReadFile(path)
 	os.WriteFile(flag, nil, 0o644)
-	if err := apply(open(), two); target.Reason(err) != target.ReasonCommand {
-		t.Fatalf("the apply whose command fails: %v", err)
-	}
-	if after, _ := os.ReadFile(path); string(after) != string(before) {
-		t.Fatalf("after the failed command the file is\n%s\nwant the last good one\n%s", after, before)
+	failing := open()
+	for i := range 2 { // a streak of failures
+		if err := apply(failing, two); target.Reason(err) != target.ReasonCommand {
+			t.Fatalf("apply %d, whose command fails: %v", i, err)
+		}
+		if after, _ := os.ReadFile(path); string(after) != string(before) {
+			t.Errorf("after failed command %d the file is\n%s\nwant the last good one\n%s", i, after, before)
+		}
 	}
 	os.Remove(flag)
 	os.Remove(ran)
@@ -166,12 +221,11 @@ func TestCommandFailureSurvivesARestart(t *testing.T) {
 	}
 }
 
-// A command that keeps failing does not swap the file at every sync: the
-// first failure puts the last good file back, the next ones leave the new
-// one for the next try.
-func TestCommandThatKeepsFailingLeavesTheFile(t *testing.T) {
+// A command that keeps failing is run at every sync, and after each
+// failure the file is the last good one, what LiteLLM runs.
+func TestCommandThatKeepsFailingKeepsTheLastGoodFile(t *testing.T) {
 	dir := t.TempDir()
-	path := filepath.Join(dir, "m.yaml")
+	path, tries := filepath.Join(dir, "m.yaml"), filepath.Join(dir, "tries")
 	ok, err := litellm.NewFile(path, nil, 0, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -182,23 +236,23 @@ func TestCommandThatKeepsFailingLeavesTheFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := os.ReadFile(path)
-	f, err := litellm.NewFile(path, []string{"false"}, 0, hclog.NewNullLogger())
+	f, err := litellm.NewFile(path, []string{"sh", "-c", "echo >> " + tries + "; false"}, 0, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	tg, _ := f.Target(litellm.Config{Model: model})
 	two, _ := target.ForModel(model, []coord.Worker{gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 1),
 		gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 1)})
-	var files []string
-	for range 4 {
+	for i := range 4 {
 		if _, err := tg.Apply(context.Background(), two); target.Reason(err) != target.ReasonCommand {
-			t.Fatalf("apply: %v", err)
+			t.Fatalf("apply %d: %v", i, err)
 		}
-		data, _ := os.ReadFile(path)
-		files = append(files, string(data))
+		if data, _ := os.ReadFile(path); string(data) != string(before) {
+			t.Fatalf("after failed command %d the file is\n%s\nwant the last good one\n%s", i, data, before)
+		}
 	}
-	if files[0] != string(before) || files[1] == files[0] || files[2] != files[1] || files[3] != files[1] {
-		t.Fatalf("the file after each failed command:\n%s", strings.Join(files, "\n---\n"))
+	if data, _ := os.ReadFile(tries); strings.Count(string(data), "\n") != 4 {
+		t.Fatalf("the command ran %d times in 4 applies, want 4", strings.Count(string(data), "\n"))
 	}
 }
 

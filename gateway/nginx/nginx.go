@@ -197,17 +197,17 @@ func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error
 		return res, nil
 	}
 	if err := filewrite.Run(ctx, n.cfg.Reload, n.cfg.Timeout); err != nil {
-		// nginx runs what the file said before: put that back, so the file
-		// says what nginx runs and the next apply, by this heft-sync or one
-		// restarted, writes and reloads again. A flag in memory alone is
-		// lost with a restart, and nginx kept the old state for good.
-		// Only the first failure of a run puts it back: a reload that keeps
-		// failing would otherwise swap the file at every sync.
-		if !n.reloadPending && old != nil && !bytes.Equal(old, data) && n.restore(old) == nil {
-			n.reloadPending = true
+		// nginx runs what the file said before: put that back, after every
+		// failure, so the file says what nginx runs and the next apply, by
+		// this heft-sync or one restarted, writes and reloads again. A flag
+		// in memory alone is lost with a restart: a restart during a streak
+		// of failures found the new file, and nginx kept the old state for
+		// good. (Without a file before, there is nothing to put back: nginx
+		// started after this reads the new one.)
+		n.reloadPending = true
+		if old != nil && !bytes.Equal(old, data) && n.restore(old) == nil {
 			return res, target.Failf(target.ReasonReload, "the reload failed, so the last good %s is back (tried again at the next sync): %v", n.cfg.File, err)
 		}
-		n.reloadPending = true
 		return res, target.Failf(target.ReasonReload, "%s is written but the reload failed (tried again at the next sync): %v", n.cfg.File, err)
 	}
 	n.reloadPending = false

@@ -173,8 +173,8 @@ func checkModelList(out []byte, modelName string, wantAddrs []string) error {
 		if d.ModelName != modelName {
 			return fmt.Errorf("model_name %q, want %q", d.ModelName, modelName)
 		}
-		if math.IsNaN(d.LiteLLMParams.Weight) || math.IsInf(d.LiteLLMParams.Weight, 0) || d.LiteLLMParams.Weight <= 0 {
-			return fmt.Errorf("weight %g", d.LiteLLMParams.Weight)
+		if w := float64(d.LiteLLMParams.Weight); math.IsNaN(w) || math.IsInf(w, 0) || w <= 0 {
+			return fmt.Errorf("weight %g", w)
 		}
 		addr, ok := strings.CutSuffix(strings.TrimPrefix(strings.TrimPrefix(d.LiteLLMParams.APIBase, "http://"), "https://"), "/v1")
 		if !ok {

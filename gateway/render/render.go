@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
-	"math"
 	"net"
 	"regexp"
 	"slices"
@@ -346,15 +345,25 @@ type Params struct {
 	Model               string  `yaml:"model,flow"`
 	APIBase             string  `yaml:"api_base,flow"`
 	APIKey              string  `yaml:"api_key,omitempty,flow"`
-	Weight              float64 `yaml:"weight"`
+	Weight              Decimal `yaml:"weight"`
 	MaxParallelRequests int     `yaml:"max_parallel_requests,omitempty"`
 }
 
+// Decimal is a number written in plain decimals. yaml.v3 writes 0.00001
+// as 1e-05, which LiteLLM's YAML 1.1 parser (PyYAML) reads as a string,
+// and a string weight fails simple-shuffle's sum on every request.
+type Decimal float64
+
+// MarshalYAML implements yaml.Marshaler.
+func (d Decimal) MarshalYAML() (any, error) {
+	return &yaml.Node{Kind: yaml.ScalarNode, Value: strconv.FormatFloat(float64(d), 'f', -1, 64)}, nil
+}
+
 // Deployments returns the model_list entries of m's serving workers (the
-// others are left out), and the error of writing the weights with three
-// decimals, in the same terms as the integer gateways' rounding error.
-// LiteLLM's simple-shuffle picks a deployment at random in proportion to
-// litellm_params.weight.
+// others are left out), and the error of writing the weights rounded
+// (liteLLMWeight), in the same terms as the integer gateways' rounding
+// error. LiteLLM's simple-shuffle picks a deployment at random in
+// proportion to litellm_params.weight.
 func Deployments(cfg LiteLLM, m target.Model) ([]Deployment, float64) {
 	if cfg.ModelName == "" {
 		cfg.ModelName = m.Name
@@ -365,15 +374,15 @@ func Deployments(cfg LiteLLM, m target.Model) ([]Deployment, float64) {
 	m, _ = target.Clean(m)
 	var out []Deployment
 	var want []float64
-	var got []int
+	var got []float64
 	for _, b := range m.Serving() {
-		w := math.Round(b.Weight*1000) / 1000
-		want, got = append(want, b.Weight), append(got, int(math.Round(w*1000)))
+		w := liteLLMWeight(b.Weight)
+		want, got = append(want, b.Weight), append(got, w)
 		d := Deployment{ModelName: cfg.ModelName, LiteLLMParams: Params{
 			Model:               cfg.Provider + "/" + m.Name,
 			APIBase:             b.Scheme + "://" + b.Address + "/v1",
 			APIKey:              cfg.APIKey,
-			Weight:              w,
+			Weight:              Decimal(w),
 			MaxParallelRequests: b.MaxConcurrency,
 		}}
 		if b.MaxContextTokens > 0 {
@@ -382,6 +391,20 @@ func Deployments(cfg LiteLLM, m target.Model) ([]Deployment, float64) {
 		out = append(out, d)
 	}
 	return out, scale.ShareError(want, got)
+}
+
+// liteLLMWeight is w (above 0) rounded to three decimals, or to three
+// significant digits where that is finer: with three decimals alone a
+// weight under 0.0005 became 0, which simple-shuffle never picks (and
+// a model whose weights are all 0 fails every request: it divides by
+// their sum).
+func liteLLMWeight(w float64) float64 {
+	s := strconv.FormatFloat(w, 'f', 3, 64)
+	if w < 0.1 {
+		s = strconv.FormatFloat(w, 'g', 3, 64)
+	}
+	r, _ := strconv.ParseFloat(s, 64)
+	return r
 }
 
 // ModelList renders deployments as a YAML document holding only

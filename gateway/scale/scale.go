@@ -53,7 +53,7 @@ func Ints(ws []float64, hi int) ([]int, float64) {
 // ShareError is the largest relative error of any share: max over i of
 // |(n_i/Σn) / (w_i/Σw) − 1|. A worker whose share is 3 % too large or too
 // small has an error of 0.03.
-func ShareError(ws []float64, ns []int) float64 {
+func ShareError[N int | float64](ws []float64, ns []N) float64 {
 	// Shares of the weights over the largest: a sum of huge weights could
 	// overflow to +Inf and make every error +Inf.
 	top := 0.0
@@ -63,7 +63,7 @@ func ShareError(ws []float64, ns []int) float64 {
 		}
 	}
 	var sw float64
-	var sn int
+	var sn N
 	for i, w := range ws {
 		if ok(w) {
 			sw += w / top

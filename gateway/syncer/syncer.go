@@ -47,8 +47,9 @@ type Reader interface {
 	Served(ctx context.Context) ([]target.Served, error)
 }
 
-// seedTimeout bounds the one read of a gateway's servers before the first
-// apply: it runs on the goroutine that follows the coordinator.
+// seedTimeout bounds a read of a gateway's servers before the first apply.
+// It is made without Syncer.evalMu (readFirst), which every weighing of a
+// state waits on.
 const seedTimeout = 5 * time.Second
 
 const (
@@ -111,12 +112,14 @@ func (s *Syncer) Update(snap coord.Snapshot) {
 	s.mu.Lock()
 	s.lastSnap = snap.At
 	s.mu.Unlock()
+	workers := snap.Workers
+	if workers == nil {
+		workers = []coord.Worker{}
+	}
+	s.readFirst(workers)
 	s.evalMu.Lock()
 	defer s.evalMu.Unlock()
-	s.workers = snap.Workers
-	if s.workers == nil {
-		s.workers = []coord.Worker{}
-	}
+	s.workers = workers
 	s.weigh()
 }
 
@@ -169,14 +172,66 @@ func (s *Syncer) weighFor(r *runner) {
 	r.offer(m, problems, models, s.now(), belowFloor(s.workers), s.pending)
 }
 
-// retrySeed offers the last state to r again while r waits to read what
-// its gateway serves: a quiet coordinator offers nothing new.
+// retrySeed reads what r's gateway serves again, and offers the last
+// state to r, while r waits for that read: a quiet coordinator offers
+// nothing new.
 func (s *Syncer) retrySeed(r *runner) {
 	s.evalMu.Lock()
+	workers, waiting := s.workers, !r.seedFailing.IsZero() && !r.seeded
+	s.evalMu.Unlock()
+	if !waiting || workers == nil {
+		return
+	}
+	s.readFor(r, workers)
+	s.evalMu.Lock()
 	defer s.evalMu.Unlock()
-	if !r.seedFailing.IsZero() && !r.seeded && s.workers != nil {
+	if !r.seeded && s.workers != nil {
 		s.weighFor(r)
 	}
+}
+
+// readFirst reads, for each target that has applied nothing yet, what its
+// gateway serves, where its offer of workers needs that read. (SetPending
+// weighs the workers of the last Update, which read already: a read that
+// failed is retried by retrySeed.)
+func (s *Syncer) readFirst(workers []coord.Worker) {
+	for _, r := range s.runners {
+		s.readFor(r, workers)
+	}
+}
+
+// readFor reads what r's gateway serves, when r's offer of workers needs
+// it and a read is due, and leaves it in r.read for offer. The read takes
+// up to seedTimeout, so it is made without s.evalMu: held, it stalled every
+// other weighing (the coordinator's next state, the pending nodes) while
+// the gateway did not answer.
+func (s *Syncer) readFor(r *runner, workers []coord.Worker) {
+	rd, ok := target.As[Reader](r.t)
+	if !ok {
+		return
+	}
+	s.evalMu.Lock()
+	due := false
+	if !r.seeded && r.read == nil {
+		m, _ := target.ForSelection(r.t.Model(), target.SelectionOf(r.t), workers)
+		due = len(m.Backends) > 0 && r.seedDue(s.now())
+	}
+	s.evalMu.Unlock()
+	if !due {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), min(seedTimeout, s.timeout))
+	seed, err := rd.Served(ctx)
+	cancel()
+	s.evalMu.Lock()
+	r.read = &seedRead{seed: seed, err: err}
+	s.evalMu.Unlock()
+}
+
+// seedRead is what a read of a gateway's servers gave.
+type seedRead struct {
+	seed []target.Served
+	err  error
 }
 
 // Run runs every target until ctx ends.
@@ -244,6 +299,7 @@ type runner struct {
 	// last try (s.evalMu held, all three).
 	seeded                 bool
 	seedFailing, seedTried time.Time
+	read                   *seedRead // made by readFor, for the next offer (s.evalMu held)
 
 	mu          sync.Mutex
 	pending     *target.Model // the newest desired state, not yet taken
@@ -265,7 +321,7 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 	haveSeed := false
 	if len(m.Backends) > 0 && !r.seeded {
 		var err error
-		if seed, haveSeed, err = r.readSeed(m, now); err == nil {
+		if seed, haveSeed, err = r.readSeed(m); err == nil {
 			r.seeded = true
 		} else if r.waitForSeed(m, now, err) {
 			return
@@ -304,27 +360,26 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 	}
 }
 
-// readSeed reads what the gateway serves now, with each server's address
-// written as the coordinator writes it where they resolve alike. ok is
-// false for a target that cannot say (the floor then starts from the
-// coordinator's state alone); err, for one whose read failed. A failed
-// read is tried again about every resync interval (errSeedLater).
-func (r *runner) readSeed(m target.Model, now time.Time) (seed []target.Served, ok bool, err error) {
-	rd, is := target.As[Reader](r.t)
-	if !is {
+// readSeed takes what readFor read of what the gateway serves now, with
+// each server's address written as the coordinator writes it where they
+// resolve alike. ok is false for a target that cannot say (the floor then
+// starts from the coordinator's state alone); err, for one whose read
+// failed, or that was not read again yet (errSeedLater): a failed read is
+// tried again about every resync interval.
+func (r *runner) readSeed(m target.Model) (seed []target.Served, ok bool, err error) {
+	if _, is := target.As[Reader](r.t); !is {
 		return nil, false, nil
 	}
-	// Half a resync: the ticks that retry it come a resync apart, give or
-	// take, and must not skip every other one.
-	if !r.seedTried.IsZero() && now.Sub(r.seedTried) < r.s.resync/2 {
+	read := r.read
+	r.read = nil
+	if read == nil {
 		return nil, false, errSeedLater
 	}
-	r.seedTried = now
-	ctx, cancel := context.WithTimeout(context.Background(), min(seedTimeout, r.s.timeout))
-	defer cancel()
-	if seed, err = rd.Served(ctx); err != nil {
+	if seed, err = read.seed, read.err; err != nil {
 		return nil, false, err
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), min(seedTimeout, r.s.timeout))
+	defer cancel()
 	if !r.seedFailing.IsZero() {
 		r.log.Info("read what the gateway serves; heft-sync applies the coordinator's state from now on")
 		r.seedFailing = time.Time{}
@@ -337,6 +392,17 @@ func (r *runner) readSeed(m target.Model, now time.Time) (seed []target.Served, 
 		r.log.Info("read what the gateway serves before heft-sync's first change", "servers", len(seed))
 	}
 	return seed, true, nil
+}
+
+// seedDue says whether a read of what the gateway serves is due, and then
+// notes it as tried (s.evalMu held). Half a resync: the ticks that retry it
+// come a resync apart, give or take, and must not skip every other one.
+func (r *runner) seedDue(now time.Time) bool {
+	if !r.seedTried.IsZero() && now.Sub(r.seedTried) < r.s.resync/2 {
+		return false
+	}
+	r.seedTried = now
+	return true
 }
 
 // unanswered reports a gateway that did not answer a read.

@@ -287,6 +287,65 @@ func TestNothingTakenOutBeforeTheGatewayIsRead(t *testing.T) {
 	})
 }
 
+// stalling is a gateway that does not answer a read of what it serves (an
+// HAProxy socket that accepts and says nothing) until the test lets one
+// read go on.
+type stalling struct {
+	reading
+	entered chan struct{} // a read began
+	release chan struct{} // one read goes on per value; closed, all do
+}
+
+func (g *stalling) Served(ctx context.Context) ([]target.Served, error) {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-g.release:
+		return g.reading.Served(ctx)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// A read of what the gateway serves that gets no answer takes up to
+// seedTimeout (5 s). Neither the first read nor its retries, every resync,
+// hold the lock every weighing of a state waits on: they stalled the
+// coordinator's next state and the pending nodes for as long.
+func TestUnansweredReadStallsNothing(t *testing.T) {
+	const a, b = "10.0.0.1:8000", "10.0.0.2:8000"
+	measuring := snap(gwtest.Worker("m", a, view.StateMeasuring, 0), gwtest.Worker("m", b, view.StateMeasuring, 0))
+	g := &stalling{reading: reading{err: target.Fail(target.ReasonUnreachable, errors.New("socket gone"))},
+		entered: make(chan struct{}, 8), release: make(chan struct{})}
+	s := runReading(t, g, 50*time.Millisecond, DefaultFloor())
+	defer close(g.release)
+	soon := func(what string, f func()) {
+		t.Helper()
+		done := make(chan struct{})
+		go func() { f(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(time.Second):
+			t.Errorf("%s waited for the gateway's unanswered read", what)
+		}
+	}
+
+	first := make(chan struct{})
+	go func() { s.Update(measuring); close(first) }()
+	<-g.entered
+	soon("pending nodes during the first read", func() { s.SetPending([]string{"node-x"}) })
+	g.release <- struct{}{} // the first read fails: the gateway is away
+	<-first
+
+	<-g.entered // a retry, a resync later
+	soon("pending nodes during a retry", func() { s.SetPending(nil) })
+	soon("the next state during a retry", func() { s.Update(measuring) })
+	if n := g.count(); n != 0 {
+		t.Fatalf("%d applies while the gateway could not be read, want none", n)
+	}
+}
+
 // A gateway that answers what cannot be read (an nginx file without the
 // upstream, before heft-sync's first write) is applied at once.
 func TestUnreadableGatewayIsAppliedAtOnce(t *testing.T) {
@@ -297,7 +356,7 @@ func TestUnreadableGatewayIsAppliedAtOnce(t *testing.T) {
 	htest.Eventually(t, "the first apply", 5*time.Second, func() bool { return g.count() >= 1 })
 }
 
-func runReading(t *testing.T, g *reading, resync time.Duration, f Floor) *Syncer {
+func runReading(t *testing.T, g target.Target, resync time.Duration, f Floor) *Syncer {
 	m := NewMetrics([]string{g.Name()})
 	s := New([]target.Target{g}, m, resync, hclog.New(&hclog.LoggerOptions{Output: t.Output(), Level: hclog.Debug}))
 	s.SetFloor(f)

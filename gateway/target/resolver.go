@@ -30,7 +30,8 @@ type Resolver struct {
 
 type remembered struct {
 	addr netip.AddrPort
-	used uint64 // tick of the last use: the least recently used goes first
+	prev netip.AddrPort // the answer before addr, when the answer changed
+	used uint64         // tick of the last use: the least recently used goes first
 }
 
 // NewResolver returns a Resolver that looks names up with lookup (nil: the
@@ -46,24 +47,35 @@ func NewResolver(lookup LookupFunc) *Resolver {
 // last good answer for addr, if any: a valid AddrPort with an error is
 // usable but may be stale; the zero AddrPort means nothing is known.
 func (r *Resolver) Resolve(ctx context.Context, addr string) (netip.AddrPort, error) {
-	a, err := resolve(ctx, addr, r.lookup)
+	a, _, err := r.resolveMoved(ctx, addr)
+	return a, err
+}
+
+// resolveMoved is Resolve, with what addr resolved to before its answer
+// last changed (the zero AddrPort when it has not changed since r began).
+func (r *Resolver) resolveMoved(ctx context.Context, addr string) (a, prev netip.AddrPort, err error) {
+	a, err = resolve(ctx, addr, r.lookup)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.tick++
+	old, known := r.last[addr]
 	if err != nil {
-		old, ok := r.last[addr]
-		if !ok {
-			return netip.AddrPort{}, err
+		if !known {
+			return netip.AddrPort{}, netip.AddrPort{}, err
 		}
 		old.used = r.tick
 		r.last[addr] = old
-		return old.addr, err
+		return old.addr, old.prev, err
 	}
-	if _, ok := r.last[addr]; !ok && len(r.last) >= maxRemembered {
+	if !known && len(r.last) >= maxRemembered {
 		r.forgetOldest()
 	}
-	r.last[addr] = remembered{addr: a, used: r.tick}
-	return a, nil
+	next := remembered{addr: a, prev: old.prev, used: r.tick}
+	if known && old.addr != a {
+		next.prev = old.addr
+	}
+	r.last[addr] = next
+	return a, next.prev, nil
 }
 
 func (r *Resolver) forgetOldest() {
@@ -83,6 +95,10 @@ func (r *Resolver) forgetOldest() {
 type Resolved struct {
 	Backend
 	Addr netip.AddrPort
+	// Prev is what it resolved to before its answer last changed, if the
+	// answer changed since the Resolver began: where a gateway may still
+	// carry it.
+	Prev netip.AddrPort
 }
 
 // ResolveAll resolves bs (one backend per address text, as Clean leaves
@@ -94,7 +110,7 @@ func (r *Resolver) ResolveAll(ctx context.Context, bs []Backend) (out []Resolved
 	var errs []error
 	at := map[netip.AddrPort]int{} // index in out
 	for _, b := range bs {
-		a, err := r.Resolve(ctx, b.Address)
+		a, prev, err := r.resolveMoved(ctx, b.Address)
 		switch {
 		case err != nil && a.IsValid():
 			errs = append(errs, Failf(ReasonResolve, "worker %s: %v; kept at its last good address %s", Printable(b.WorkerID), err, a))
@@ -106,7 +122,7 @@ func (r *Resolver) ResolveAll(ctx context.Context, bs []Backend) (out []Resolved
 		i, dup := at[a]
 		if !dup {
 			at[a] = len(out)
-			out = append(out, Resolved{Backend: b, Addr: a})
+			out = append(out, Resolved{Backend: b, Addr: a, Prev: prev})
 			continue
 		}
 		loser := b
