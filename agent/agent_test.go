@@ -51,7 +51,7 @@ func TestRunAssemblesTheAgent(t *testing.T) {
 	cfg.Node.Name = "gpu-test"
 	cfg.Engines = []config.Engine{{Kind: "vllm", URL: s.URL()}}
 	cfg.Probe.Concurrency, cfg.Probe.Tokens = 4, 16
-	cfg.SnapshotInterval, cfg.PollInterval = 50*time.Millisecond, 20*time.Millisecond
+	cfg.SnapshotInterval, cfg.PollInterval = 50*time.Millisecond, 100*time.Millisecond
 
 	var mu sync.Mutex
 	var hooked []wire.ProbeRequest

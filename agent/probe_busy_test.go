@@ -30,7 +30,7 @@ func startAgentOn(t *testing.T, s *sim.Server, kind string, edit func(*config.Co
 	cfg.Node.Name = "gpu-test"
 	cfg.Engines = []config.Engine{{Kind: kind, URL: s.URL()}}
 	cfg.Probe.Concurrency, cfg.Probe.Tokens, cfg.Probe.Prefill = 4, 16, false
-	cfg.SnapshotInterval, cfg.PollInterval = 50*time.Millisecond, 20*time.Millisecond
+	cfg.SnapshotInterval, cfg.PollInterval = 50*time.Millisecond, 100*time.Millisecond
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -51,6 +51,7 @@ func startAgentOn(t *testing.T, s *sim.Server, kind string, edit func(*config.Co
 	select {
 	case fc = <-coord.Conns:
 	case err := <-done:
+		done <- err // for the cleanup
 		t.Fatalf("Run returned %v before connecting", err)
 	case <-time.After(30 * time.Second):
 		t.Fatal("agent did not connect")

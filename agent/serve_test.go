@@ -144,7 +144,7 @@ func TestAgentSpeaksUp(t *testing.T) {
 	cfg.Node.Name = "gpu-test"
 	cfg.Engines = []config.Engine{{Kind: "vllm", URL: s.URL()}, {Kind: "vllm", URL: dead, Log: missingLog}}
 	cfg.Probe.Concurrency, cfg.Probe.Tokens = 4, 16
-	cfg.SnapshotInterval, cfg.PollInterval = 50*time.Millisecond, 20*time.Millisecond
+	cfg.SnapshotInterval, cfg.PollInterval = 50*time.Millisecond, 100*time.Millisecond
 	cfg.Listen = "127.0.0.1:0"
 	r := runAgent(t, cfg)
 
@@ -224,7 +224,7 @@ func TestAgentWatchesWithoutCoordinator(t *testing.T) {
 	cfg.Coordinator.URL, cfg.Coordinator.Token = "ws"+strings.TrimPrefix(deadURL(t), "http"), token
 	cfg.Node.Name = "gpu-test"
 	cfg.Engines = []config.Engine{{Kind: "sglang", URL: dead}}
-	cfg.PollInterval = 20 * time.Millisecond
+	cfg.PollInterval = 100 * time.Millisecond
 	cfg.Listen = "127.0.0.1:0"
 	r := runAgent(t, cfg)
 	testutil.Eventually(t, "the engine's failure logged", 15*time.Second, func() bool {
@@ -369,7 +369,7 @@ func TestServiceProbeSaysItWaits(t *testing.T) {
 	cfg := config.Default()
 	cfg.Coordinator.URL, cfg.Coordinator.Token, cfg.Node.Name = coord.URL, token, "gpu-test"
 	cfg.Engines = []config.Engine{{Kind: "vllm", URL: s.URL()}}
-	cfg.SnapshotInterval, cfg.PollInterval = 50*time.Millisecond, 20*time.Millisecond
+	cfg.SnapshotInterval, cfg.PollInterval = 50*time.Millisecond, 100*time.Millisecond
 	r := runAgent(t, cfg)
 	fc := <-coord.Conns
 	var snap *wire.Snapshot

@@ -259,6 +259,8 @@ func TestInstallScriptBadInputChangesNothing(t *testing.T) {
 		{"journald without unit", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,log=journald:"), "does not name a systemd unit"},
 		{"empty model", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1,model="), "model is empty"},
 		{"quote in node", "Linux", append(slices.Clone(good), "--node", `gpu"a`), `cannot contain ", \ or a line break`},
+		{"space in node", "Linux", append(slices.Clone(good), "--node", "gpu a"), "--node 'gpu a': use ASCII letters"},
+		{"node starting with a dash", "Linux", append(slices.Clone(good), "--node", "-gpu"), "not starting with '.' or '-'"},
 		{"newline in engine", "Linux", append(slices.Clone(good), "--engine", "vllm=http://x:1\n[coordinator]"), "cannot contain"},
 		{"listen without port", "Linux", append(slices.Clone(good), "--listen", "7071"), "--listen '7071': want HOST:PORT"},
 		{"listen port", "Linux", append(slices.Clone(good), "--listen", ":70710"), "port 70710 is not 0..65535"},

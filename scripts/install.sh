@@ -223,6 +223,11 @@ fi
 if [ -n "$node" ]; then
 	tomlsafe --node "$node"
 	[ "${#node}" -le 253 ] || die "--node is longer than 253 characters"
+	# The coordinator's node-name grammar: ASCII letters, digits, . _ -,
+	# not starting with . or -.
+	case "$node" in
+		.* | -* | *[!A-Za-z0-9._-]*) die "--node '$node': use ASCII letters, digits, '.', '_' and '-', not starting with '.' or '-'" ;;
+	esac
 fi
 old_ifs=$IFS
 IFS=$nl

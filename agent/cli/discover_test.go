@@ -123,7 +123,7 @@ func TestRunDiscoversEngines(t *testing.T) {
 	d := discovery{every: 100 * time.Millisecond,
 		opts: discover.Options{Keep: func(pid int) bool { return pid == vPID || int64(pid) == sPID.Load() }}}
 	go func() {
-		exit <- runAgentDiscovering(ctx, []string{"--config", cfg, "--snapshot-interval", "50ms", "--poll-interval", "20ms"},
+		exit <- runAgentDiscovering(ctx, []string{"--config", cfg, "--snapshot-interval", "50ms", "--poll-interval", "100ms"},
 			runNoEnv, IO{Out: &bytes.Buffer{}, Err: errOut}, d)
 	}()
 	defer func() {

@@ -109,7 +109,7 @@ func TestRunAgainstFakeCoordinator(t *testing.T) {
 			"--node", "gpu-test",
 			"--engine", "vllm=" + engine.URL(),
 			"--probe-concurrency", "4", "--probe-tokens", "16",
-			"--snapshot-interval", "50ms", "--poll-interval", "20ms",
+			"--snapshot-interval", "50ms", "--poll-interval", "100ms",
 			"--log-level", "debug",
 		}, runNoEnv, IO{Out: &out, Err: errOut})
 	}()

@@ -25,6 +25,7 @@ import (
 	"heft/agent/logsource"
 	"heft/agent/probe"
 	"heft/shared/address"
+	"heft/shared/grammar"
 	"heft/shared/logging"
 	"heft/shared/settings"
 	"heft/shared/wire"
@@ -134,14 +135,18 @@ type Config struct {
 
 	// report says where each setting came from; nil unless Load made c.
 	report *settings.Report
+	// hostName is the host name Default took as the node name, so that a
+	// bad one is reported as the host's rather than as a setting.
+	hostName string
 }
 
 // Default returns the configuration before any file, env or flag. Each
 // default belongs to the package whose behaviour it sets.
 func Default() Config {
-	host, _ := os.Hostname()
+	host, _ := hostname()
 	return Config{
-		Node: Node{Name: host},
+		hostName: host,
+		Node:     Node{Name: host},
 		EngineLogs: EngineLogs{DockerSocket: logsource.DefaultDockerSocket, DockerRoot: logsource.DefaultDockerRoot,
 			PodsRoot: logsource.DefaultPodsRoot},
 		Probe: Probe{Concurrency: probe.DefaultConcurrency, Tokens: probe.DefaultTokens,
@@ -153,6 +158,13 @@ func Default() Config {
 		PollInterval:     link.DefaultPollEvery,
 	}
 }
+
+// hostname is os.Hostname; tests replace it.
+var hostname = os.Hostname
+
+// MinPollInterval is the shortest poll_interval: each poll reads every
+// engine and GPU, so a shorter one only spins a CPU.
+const MinPollInterval = 100 * time.Millisecond
 
 // DefaultStateDir is the packaged unit's StateDirectory=heft-agent.
 const DefaultStateDir = "/var/lib/heft-agent"
@@ -393,10 +405,15 @@ func (c Config) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if strings.TrimSpace(c.Node.Name) == "" {
+	// The coordinator refuses a node name outside its grammar; refused
+	// here, the agent says so before it dials.
+	switch err := grammar.NodeName(c.Node.Name); {
+	case strings.TrimSpace(c.Node.Name) == "":
 		add("no node name: set [node] name, HEFT_NODE or --node")
-	} else if len(c.Node.Name) > 253 {
-		add("node name is longer than 253 bytes")
+	case err != nil && c.Node.Name == c.hostName:
+		add("the host name %q cannot be the node name (%w): set [node] name, HEFT_NODE or --node", c.Node.Name, err)
+	case err != nil:
+		add("%w: set [node] name, HEFT_NODE or --node to such a name", err)
 	}
 	if len(c.Engines) > wire.MaxEngines {
 		add("%d engines configured, at most %d", len(c.Engines), wire.MaxEngines)
@@ -455,8 +472,8 @@ func (c Config) Validate() error {
 	if c.SnapshotInterval <= 0 {
 		add("snapshot_interval must be positive, got %s", c.SnapshotInterval)
 	}
-	if c.PollInterval <= 0 {
-		add("poll_interval must be positive, got %s", c.PollInterval)
+	if c.PollInterval < MinPollInterval {
+		add("poll_interval must be at least %s (each poll reads every engine and GPU), got %s", MinPollInterval, c.PollInterval)
 	}
 	if err := checkListen(c.Listen); err != nil {
 		errs = append(errs, err)

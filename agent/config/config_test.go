@@ -366,6 +366,12 @@ func TestValidateListsEveryProblem(t *testing.T) {
 		{"CA not PEM", func(c *Config) { c.Coordinator.CAFile = writeFile(t, "ca", "nope", 0o644) }, "no PEM"},
 		{"listen without a port", func(c *Config) { c.Listen = "127.0.0.1" }, `listen "127.0.0.1": want host:port, e.g. 127.0.0.1:7071`},
 		{"listen on a bad port", func(c *Config) { c.Listen = "127.0.0.1:70710" }, `port "70710" is not 0..65535`},
+		{"node name with a space", func(c *Config) { c.Node.Name = "gpu a" }, `node name "gpu a" holds " " at byte 3: a node name is 1–253 bytes of ASCII letters, digits and . _ -`},
+		{"node name with a slash", func(c *Config) { c.Node.Name = "rack/gpu-a" }, "set [node] name, HEFT_NODE or --node to such a name"},
+		{"node name starting with a dot", func(c *Config) { c.Node.Name = ".gpu" }, `node name ".gpu" starts with "."`},
+		{"node name too long", func(c *Config) { c.Node.Name = strings.Repeat("n", 254) }, "node name is 254 bytes"},
+		{"poll interval that spins", func(c *Config) { c.PollInterval = time.Nanosecond }, "poll_interval must be at least 100ms"},
+		{"poll interval just below the floor", func(c *Config) { c.PollInterval = 99 * time.Millisecond }, "poll_interval must be at least 100ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Default()
@@ -609,5 +615,26 @@ func TestCoordinatorAddressIsCompleted(t *testing.T) {
 	cfg.LogSettings(hclog.New(&hclog.LoggerOptions{Output: &buf}))
 	if strings.Contains(buf.String(), "dialling") {
 		t.Errorf("a complete URL got a note:\n%s", buf.String())
+	}
+}
+
+// A host name outside the node name grammar, taken as the default node
+// name, is a configuration error that says it is the host's and what to
+// set; a node name set in the file then passes, as names of every shape
+// hosts and pods have do.
+func TestHostNameOutsideTheGrammar(t *testing.T) {
+	defer func(h func() (string, error)) { hostname = h }(hostname)
+	hostname = func() (string, error) { return "Jane's MacBook", nil }
+	base := "[coordinator]\nurl = \"ws://127.0.0.1:7070/api/v1/agent\"\ntoken = \"t\"\n"
+	_, err := Load(writeFile(t, "agent.toml", base, 0o600), nil, func(string) string { return "" })
+	if err == nil || !strings.Contains(err.Error(), `the host name "Jane's MacBook" cannot be the node name`) ||
+		!strings.Contains(err.Error(), "set [node] name, HEFT_NODE or --node") {
+		t.Fatalf("err = %v, want the host name refused with what to set", err)
+	}
+	for _, name := range []string{"janes-macbook", "gpu-a", "vllm-7d9f8c6b5-x2x4q", "ip-10-0-1-5.ec2.internal", "GPU_7"} {
+		cfg, err := Load(writeFile(t, "agent.toml", base+"[node]\nname = \""+name+"\"\n", 0o600), nil, func(string) string { return "" })
+		if err != nil || cfg.Node.Name != name {
+			t.Errorf("node name %q: %v", name, err)
+		}
 	}
 }

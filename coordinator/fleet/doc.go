@@ -28,9 +28,13 @@
 // measurements), another node listing it is refused for that engine,
 // logged and counted (ClaimsRefused), and nothing of the owner's changes.
 // Once the owner's worker is forgotten and its measurement is older than
-// CacheTTL, the key is released; a node that lists it then is measured
-// afresh. The server has already checked that a connection may speak for
-// its node name (package nodes).
+// CacheTTL, the key is released, but its owner is kept in a tomb
+// (keytombs.go): for KeyTombTTL (30 days) another node listing it is still
+// refused, and the owner takes it back on its return, so a host away for
+// more than a day does not find its engine squatted. An admin's release
+// of the owner's name (ForgetNode) ends its tombs; a node that lists the
+// key then is measured afresh. The server has already checked that a
+// connection may speak for its node name (package nodes).
 //
 // # Bounds on what agents send
 //

@@ -87,6 +87,12 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 			f.applyKeyless(n, e, s.GPUs, len(s.Engines), now, seen)
 			continue
 		}
+		if t, ok := f.keyTomb(e.CapacityKey, now); ok && t.Node != nodeName {
+			f.claimsRefused++
+			f.log.Warn("refusing a capacity key a node owned until it was forgotten: it stays that node's until the date given, or until an admin releases that node (DELETE /api/v1/nodes/{owner})",
+				"capacity_key", e.CapacityKey, "node", nodeName, "owner", t.Node, "forgotten", t.Forgotten, "until", t.Forgotten.Add(f.cfg.KeyTombTTL), "url", e.URL)
+			continue
+		}
 		if owner, ok := f.keyOwner(e.CapacityKey); ok && owner != nodeName {
 			// A capacity key names one node's engine; another node listing
 			// it is either misconfigured or posing as that engine.
@@ -592,6 +598,7 @@ func (f *Fleet) sweep(now time.Time) {
 			delete(f.nodes, name)
 		}
 	}
+	f.sweepTombs(now)
 }
 
 // saveWorker writes a worker's record when its facts changed, when force
@@ -626,9 +633,10 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 // written again on a later snapshot.
 func (f *Fleet) writeRecords() {
 	f.mu.Lock()
-	rs, fs, ms := f.records, f.forgets, f.adopted
-	f.records, f.forgets, f.adopted = nil, nil, nil
+	rs, fs, ms, ts := f.records, f.forgets, f.adopted, f.tombWrites
+	f.records, f.forgets, f.adopted, f.tombWrites = nil, nil, nil, nil
 	f.mu.Unlock()
+	f.writeTombs(ts)
 	for _, m := range ms {
 		// Shown before it is stored: one lost here is offered again by
 		// the agent after the next restart.

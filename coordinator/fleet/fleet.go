@@ -66,12 +66,25 @@ type Config struct {
 	// node (its workers and cached measurements); past it the one listed
 	// least recently is forgotten.
 	MaxKeysPerNode int
+	// KeyTombTTL is how long a forgotten capacity key stays its node's
+	// (keytombs.go), and MaxKeyTombs bounds how many are kept; zero turns
+	// them off.
+	KeyTombTTL  time.Duration
+	MaxKeyTombs int
 
 	// SingleHost says every gateway runs on the coordinator's host (a
 	// one-host fleet, such as the demo): an engine offered at a loopback
 	// address is then reachable, so not_routable is not raised.
 	SingleHost bool
 }
+
+// Defaults of the key tombs: as long as the coordinator keeps an unseen
+// node's name (nodes.DefaultForgetAfter), and a few per node of a large
+// fleet.
+const (
+	DefaultKeyTombTTL  = 30 * 24 * time.Hour
+	DefaultMaxKeyTombs = 50000
+)
 
 // DefaultConfig returns the documented defaults.
 func DefaultConfig() Config {
@@ -94,6 +107,8 @@ func DefaultConfig() Config {
 		Probation:         time.Hour,
 		MaxNodeShare:      0.5,
 		MaxKeysPerNode:    2 * wire.MaxEngines,
+		KeyTombTTL:        DefaultKeyTombTTL,
+		MaxKeyTombs:       DefaultMaxKeyTombs,
 	}
 }
 
@@ -115,6 +130,9 @@ func (c Config) Validate() error {
 	}
 	if c.HistoryLen < 1 {
 		errs = append(errs, fmt.Errorf("history length %d, need at least 1", c.HistoryLen))
+	}
+	if c.KeyTombTTL < 0 || c.MaxKeyTombs < 0 {
+		errs = append(errs, fmt.Errorf("fleet key_tomb_ttl and max_key_tombs must not be negative (0: off), are %s and %d", c.KeyTombTTL, c.MaxKeyTombs))
 	}
 	if c.MaxKeysPerNode < wire.MaxEngines {
 		errs = append(errs, fmt.Errorf("max_keys_per_node must be at least %d (the engines one snapshot may list), is %d", wire.MaxEngines, c.MaxKeysPerNode))
@@ -229,9 +247,13 @@ type Fleet struct {
 	// owner is the node each remembered capacity key belongs to: the node
 	// that first listed it. Another node's claim is refused until the key
 	// is forgotten. keys is the same, by node, with when each was listed.
-	owner     map[string]string
-	keys      map[string]map[string]time.Time
-	nextSweep time.Time
+	owner map[string]string
+	keys  map[string]map[string]time.Time
+	// keyTombs are the owners of forgotten keys (keytombs.go), and
+	// tombWrites their store writes once the lock is released.
+	keyTombs   map[string]KeyTomb
+	tombWrites []tombWrite
+	nextSweep  time.Time
 	// evictionLogged is when a key eviction was last logged.
 	evictionLogged time.Time
 	// counters for /metrics
@@ -442,7 +464,7 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 		cache: map[string]*cached{}, pins: map[string]float64{}, prefillPins: map[string]float64{},
 		decisions: map[string]string{}, dirty: map[string]bool{},
 		probeRequests: map[string]int{}, handedOver: map[string]int{},
-		owner: map[string]string{}, keys: map[string]map[string]time.Time{},
+		owner: map[string]string{}, keys: map[string]map[string]time.Time{}, keyTombs: map[string]KeyTomb{},
 		seq:       1, // 0 is a subscriber that has seen nothing
 		reqPrefix: strconv.FormatInt(start.UnixNano(), 36),
 		subs:      map[uint64]chan struct{}{},
@@ -483,6 +505,7 @@ func (f *Fleet) restore(state State, start time.Time) {
 	}
 	f.restoreWorkers(state.Workers, start)
 	f.restoreMeasurements(state.Latest, state.History)
+	f.restoreTombs(state.KeyTombs, start)
 }
 
 func (f *Fleet) restoreMeasurements(latest map[string]wire.Measurement, history map[string][]wire.Measurement) {
@@ -544,6 +567,9 @@ func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time)
 		}
 		if start.Sub(r.LastSeen) >= f.cfg.ForgetAfter {
 			f.forgets = append(f.forgets, forget{key: id, worker: true})
+			if forgotten := r.LastSeen.Add(f.cfg.ForgetAfter); start.Sub(forgotten) < f.cfg.KeyTombTTL {
+				f.bury(id, r.Node, forgotten) // as Tick would have, had it run
+			}
 			continue
 		}
 		f.claim(id, r.Node, r.LastSeen)
@@ -584,6 +610,7 @@ func (f *Fleet) restoreWorkers(records map[string]WorkerRecord, start time.Time)
 
 // claim makes node the owner of key, listed at the latest at.
 func (f *Fleet) claim(key, node string, at time.Time) {
+	f.unbury(key)
 	f.owner[key] = node
 	ks := f.keys[node]
 	if ks == nil {
@@ -605,7 +632,9 @@ func (f *Fleet) lapse(key string) {
 	_, prefillPin := f.prefillPins[key]
 	_, decision := f.decisions[key]
 	if !pin && !prefillPin && !decision {
+		node := f.owner[key]
 		f.release(key)
+		f.bury(key, node, f.now())
 		return
 	}
 	if _, ok := f.cache[key]; ok {

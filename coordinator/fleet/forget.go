@@ -7,11 +7,12 @@ import (
 )
 
 // ForgetNode forgets what the fleet holds of a node name: its workers, the
-// capacity keys it owns, their pins of both kinds, admin decisions and
-// cached measurements, in the store first. An admin releasing a name
-// calls it, so that whoever binds the name next inherits nothing: no pin,
-// no admit, no measurement to be weighed by without a probe. A store
-// write that fails leaves that record, and the error says which.
+// capacity keys it owns or owned (their tombs), their pins of both kinds,
+// admin decisions and cached measurements, in the store first. An admin
+// releasing a name calls it, so that whoever binds the name next inherits
+// nothing: no pin, no admit, no measurement to be weighed by without a
+// probe, no hold on a key another node lists. A store write that fails
+// leaves that record, and the error says which.
 func (f *Fleet) ForgetNode(node string) error {
 	f.adminMu.Lock()
 	defer f.adminMu.Unlock()
@@ -79,6 +80,7 @@ func (f *Fleet) ForgetNode(node string) error {
 	if n := f.nodes[node]; n != nil {
 		n.badAddr = nil
 	}
+	f.unburyNode(node)
 	f.refresh(f.now())
 	f.notify()
 	f.mu.Unlock()

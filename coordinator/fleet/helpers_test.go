@@ -27,7 +27,8 @@ type memStore struct {
 
 func newMemStore() *memStore {
 	return &memStore{st: State{Pins: map[string]float64{}, PrefillPins: map[string]float64{}, Decisions: map[string]string{},
-		Latest: map[string]wire.Measurement{}, History: map[string][]wire.Measurement{}, Workers: map[string]WorkerRecord{}}}
+		Latest: map[string]wire.Measurement{}, History: map[string][]wire.Measurement{}, Workers: map[string]WorkerRecord{},
+		KeyTombs: map[string]KeyTomb{}}}
 }
 
 func (s *memStore) Load() (State, error) {
@@ -38,7 +39,7 @@ func (s *memStore) Load() (State, error) {
 		hist[k] = slices.Clone(v)
 	}
 	return State{Pins: maps.Clone(s.st.Pins), PrefillPins: maps.Clone(s.st.PrefillPins), Decisions: maps.Clone(s.st.Decisions), Latest: maps.Clone(s.st.Latest),
-		History: hist, Workers: maps.Clone(s.st.Workers)}, nil
+		History: hist, Workers: maps.Clone(s.st.Workers), KeyTombs: maps.Clone(s.st.KeyTombs)}, nil
 }
 
 func (s *memStore) write(fn func()) error {
@@ -105,6 +106,13 @@ func (s *memStore) DeleteWorker(id string) error {
 }
 func (s *memStore) DeleteMeasurements(key string) error {
 	return s.write(func() { delete(s.st.Latest, key); delete(s.st.History, key) })
+}
+
+func (s *memStore) SaveKeyTomb(key string, t KeyTomb) error {
+	return s.write(func() { s.st.KeyTombs[key] = t })
+}
+func (s *memStore) DeleteKeyTomb(key string) error {
+	return s.write(func() { delete(s.st.KeyTombs, key) })
 }
 
 func (s *memStore) state() State {

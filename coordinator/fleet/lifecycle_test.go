@@ -446,20 +446,148 @@ func TestCapacityKeyStaysWithItsNode(t *testing.T) {
 		t.Errorf("claims refused %d, results refused %d; want 1 and 1", st.ClaimsRefused, st.ResultsRefused)
 	}
 
-	// The owner goes away for good.
+	// The owner goes away for a day and more: its worker and its key are
+	// forgotten, but the key stays a's for KeyTombTTL, over a restart.
 	h.disconnect("a")
 	h.clk.advance(h.f.cfg.ForgetAfter + h.f.cfg.CacheTTL)
 	h.f.Tick()
 	if _, ok := h.f.Worker("k"); ok {
 		t.Fatal("the owner's worker was not forgotten")
 	}
-	acts = h.put("b", engine("k", "http://6:6666", "m"))
-	w := h.worker("k")
-	if w.Node != "b" || w.Measurement != nil || len(requests(acts, "k")) != 1 {
-		t.Errorf("after the owner was forgotten: node %s, measurement %v, requests %d; want b, none, 1", w.Node, w.Measurement, len(requests(acts, "k")))
-	}
 	if _, ok := h.st.state().Latest["k"]; ok {
 		t.Error("the old owner's measurement is still stored")
+	}
+	if tomb := h.st.state().KeyTombs["k"]; tomb.Node != "a" {
+		t.Fatalf("stored tomb of k: %+v, want a's", tomb)
+	}
+	h = h.restart()
+	h.connect("b")
+	if acts := h.put("b", engine("k", "http://6:6666", "m")); len(requests(acts, "k")) != 0 {
+		t.Error("a probe was requested for another node's forgotten key")
+	}
+	if _, ok := h.f.Worker("k"); ok || h.f.Stats().ClaimsRefused != 1 {
+		t.Fatalf("b took a's forgotten key (claims refused %d)", h.f.Stats().ClaimsRefused)
+	}
+
+	// The owner comes back and takes its key again at once.
+	h.connect("a")
+	acts = h.put("a", engine("k", "http://1:8000", "m"))
+	if w := h.worker("k"); w.Node != "a" || len(requests(acts, "k")) != 1 {
+		t.Fatalf("the owner's return: node %s, requests %d; want a, 1", w.Node, len(requests(acts, "k")))
+	}
+	if _, ok := h.st.state().KeyTombs["k"]; ok {
+		t.Error("the owner took its key back, and its tomb is still stored")
+	}
+
+	// Forgotten again, the key is free once KeyTombTTL has passed.
+	h.disconnect("a")
+	h.clk.advance(h.f.cfg.ForgetAfter + h.f.cfg.CacheTTL)
+	h.f.Tick()
+	h.put("b", engine("k", "http://6:6666", "m"))
+	if _, ok := h.f.Worker("k"); ok {
+		t.Fatal("b took a's key within KeyTombTTL of its forgetting")
+	}
+	h.clk.advance(h.f.cfg.KeyTombTTL)
+	h.f.Tick()
+	if _, ok := h.st.state().KeyTombs["k"]; ok {
+		t.Error("a tomb past KeyTombTTL is still stored")
+	}
+	acts = h.put("b", engine("k", "http://6:6666", "m"))
+	if w := h.worker("k"); w.Node != "b" || w.Measurement != nil || len(requests(acts, "k")) != 1 {
+		t.Errorf("after KeyTombTTL: node %s, measurement %v, requests %d; want b, none, 1", w.Node, w.Measurement, len(requests(acts, "k")))
+	}
+}
+
+// A worker forgotten while the coordinator was down (its record older
+// than ForgetAfter at the start) leaves its key its node's all the same,
+// though it was never measured.
+func TestKeyForgottenAcrossARestartStaysItsNodes(t *testing.T) {
+	h := newHarness(t)
+	h.connect("a")
+	h.put("a", engine("k", "http://1:8000", "m"))
+	h.disconnect("a")
+	h.clk.advance(h.f.cfg.ForgetAfter + time.Hour)
+	h = h.restart()
+	if tomb := h.st.state().KeyTombs["k"]; tomb.Node != "a" {
+		t.Fatalf("stored tomb of k: %+v, want a's", tomb)
+	}
+	h.connect("b")
+	h.put("b", engine("k", "http://6:6666", "m"))
+	if _, ok := h.f.Worker("k"); ok {
+		t.Fatal("b took the key of a's worker forgotten across the restart")
+	}
+	h.connect("a")
+	h.put("a", engine("k", "http://1:8000", "m"))
+	if w := h.worker("k"); w.Node != "a" {
+		t.Errorf("a's return: worker of node %s", w.Node)
+	}
+}
+
+// An admin who releases a node (fleet.ForgetNode, behind DELETE
+// /api/v1/nodes/{name}) releases the keys it owned before they were
+// forgotten: another node may list them at once.
+func TestReleasedNodeFreesItsForgottenKeys(t *testing.T) {
+	h := newHarness(t)
+	h.admit("a", engine("k", "http://1:8000", "m"), 640)
+	h.disconnect("a")
+	h.clk.advance(h.f.cfg.ForgetAfter + h.f.cfg.CacheTTL)
+	h.f.Tick()
+	h.connect("b")
+	h.put("b", engine("k", "http://6:6666", "m"))
+	if _, ok := h.f.Worker("k"); ok {
+		t.Fatal("b took a's forgotten key")
+	}
+	if err := h.f.ForgetNode("a"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(h.st.state().KeyTombs); n != 0 {
+		t.Errorf("%d tombs stored after a's release", n)
+	}
+	if acts := h.put("b", engine("k", "http://6:6666", "m")); len(requests(acts, "k")) != 1 || h.worker("k").Node != "b" {
+		t.Errorf("after a's release b's claim: node %s, requests %d", h.worker("k").Node, len(requests(acts, "k")))
+	}
+}
+
+// Tombs are bounded: MaxKeysPerNode per node, MaxKeyTombs in all, the
+// oldest going first.
+func TestKeyTombsAreBounded(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxKeysPerNode, cfg.MaxKeyTombs = wire.MaxEngines, wire.MaxEngines+2
+	h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+	list := func(node string, from, n int) {
+		var es []wire.Engine
+		for i := from; i < from+n; i++ {
+			es = append(es, engine(fmt.Sprintf("%s-%03d", node, i), fmt.Sprintf("http://10.0.0.1:%d", 8000+i), "m"))
+		}
+		h.engines[node] = es
+		h.snapshot(node)
+		h.engines[node] = nil
+		h.snapshot(node) // no longer listed: unmeasured, the keys are forgotten at the next sweep
+		h.clk.advance(2 * sweepEvery)
+		h.f.Tick()
+	}
+	h.connect("a")
+	h.connect("b")
+	list("a", 0, wire.MaxEngines)
+	list("a", wire.MaxEngines, 3)
+	tombs := h.st.state().KeyTombs
+	if len(tombs) != wire.MaxEngines {
+		t.Fatalf("%d tombs of a, want MaxKeysPerNode %d", len(tombs), wire.MaxEngines)
+	}
+	for i := 0; i < 3; i++ {
+		if _, ok := tombs[fmt.Sprintf("a-%03d", i)]; ok {
+			t.Errorf("a's oldest tomb a-%03d was kept over a newer one", i)
+		}
+	}
+	list("b", 0, 4)
+	tombs = h.st.state().KeyTombs
+	if len(tombs) != cfg.MaxKeyTombs || len(h.f.keyTombs) != cfg.MaxKeyTombs {
+		t.Fatalf("%d tombs stored, %d held; want MaxKeyTombs %d", len(tombs), len(h.f.keyTombs), cfg.MaxKeyTombs)
+	}
+	for i := 0; i < 4; i++ {
+		if tombs[fmt.Sprintf("b-%03d", i)].Node != "b" {
+			t.Errorf("b's newest tomb b-%03d was not kept", i)
+		}
 	}
 }
 

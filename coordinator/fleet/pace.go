@@ -74,7 +74,7 @@ type paceState struct {
 	measured  time.Time   // FinishedAt of the measurement the reference belongs to
 	points    []pacePoint // by batch
 	learned   int         // readings taken into points
-	last      time.Time   // At of the newest reading counted
+	last      time.Time   // At of the last reading counted (notePace)
 	slow      int         // readings in a row slower than the reference
 	fine      int         // readings in a row that agree, while rescaled
 	factor    float64     // capacity divisor while rescaled; 0 = not rescaled
@@ -142,11 +142,25 @@ func (s *paceState) reset(m *wire.Measurement) {
 	}
 }
 
+// paceAheadGrace is how far past the coordinator's clock the last counted
+// pace reading may be dated and still order the next ones.
+const paceAheadGrace = time.Minute
+
 // notePace counts a new pace reading against w's valid measurement and
-// names a re-measurement's cause when it starts a rescale.
+// names a re-measurement's cause when it starts a rescale. Readings are
+// ordered by their At, the agent's clock: the agent sends its newest
+// reading with every snapshot, and a late snapshot's older reading must
+// not count twice. A last reading dated past the coordinator's clock (a
+// clock that ran ahead, then was set right) stops ordering them, or every
+// later reading would look older and freeze the worker's pace until the
+// coordinator's clock caught up.
 func (f *Fleet) notePace(w *worker, p *wire.Pace) string {
 	s := &w.pace
-	if p == nil || !p.At.After(s.last) || p.SecondsPerToken <= 0 || p.Batch <= 0 {
+	if p == nil || p.SecondsPerToken <= 0 || p.Batch <= 0 {
+		return ""
+	}
+	ahead := s.last.After(f.now().Add(paceAheadGrace))
+	if !p.At.After(s.last) && (!ahead || p.At.Equal(s.last)) {
 		return ""
 	}
 	s.last = p.At
@@ -353,7 +367,7 @@ type PaceRecord struct {
 	Measured time.Time    `json:"measured"`         // FinishedAt of the measurement it belongs to
 	Points   [][2]float64 `json:"points,omitempty"` // running requests per rank, seconds per token; by batch
 	Learned  int          `json:"learned,omitempty"`
-	Last     time.Time    `json:"last"` // At of the newest reading counted
+	Last     time.Time    `json:"last"` // At of the last reading counted
 	Slow     int          `json:"slow,omitempty"`
 	Fine     int          `json:"fine,omitempty"`
 	Factor   float64      `json:"factor,omitempty"` // capacity divisor while rescaled

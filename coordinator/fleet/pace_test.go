@@ -535,3 +535,53 @@ func TestPaceRefusesNumbersNoEngineGives(t *testing.T) {
 	}
 
 }
+
+// A reading dated far ahead of the coordinator's clock (the agent's clock
+// ran ahead, then was set right) freezes nothing: the readings after it,
+// dated earlier, still count, and rescale a worker that slowed down. The
+// ahead-dated reading sent again with the next snapshot counts once.
+func TestPaceReadingDatedAheadFreezesNothing(t *testing.T) {
+	h, a, _ := twoMeasuredWorkers(t)
+	slow := func(at time.Time) *wire.Pace {
+		return &wire.Pace{At: at, WindowSeconds: 5, SecondsPerToken: 0.016, Batch: 16, ThroughputTPS: 1000}
+	}
+	a.Pace = slow(h.clk.now().Add(365 * 24 * time.Hour))
+	h.put("n", a)
+	if w := h.worker("a"); !w.PaceTentative {
+		t.Fatalf("one reading twice as slow: tentative %v, want a tentative rescale", w.PaceTentative)
+	}
+	if r := requests(h.put("n", a), "a"); len(r) != 0 || !h.worker("a").PaceTentative {
+		t.Fatalf("the same reading sent again counted a second time: requests %+v", r)
+	}
+	h.clk.advance(5 * time.Second)
+	a.Pace = slow(h.clk.now()) // the agent's clock set right
+	r := requests(h.put("n", a), "a")
+	if w := h.worker("a"); len(r) != 1 || w.WeightSource != SourceRescaled || w.PaceTentative || math.Abs(w.PaceFactor-2) > 0.01 {
+		t.Fatalf("a reading after one dated a year ahead: requests %d, source %q, tentative %v, factor %v; want a confirmed rescale by 2",
+			len(r), w.WeightSource, w.PaceTentative, w.PaceFactor)
+	}
+}
+
+// A late snapshot's older reading is not counted again: readings are
+// ordered by their time while the last one is not dated ahead.
+func TestPaceOlderReadingIsNotCounted(t *testing.T) {
+	h, a, _ := twoMeasuredWorkers(t)
+	slow := func(at time.Time) *wire.Pace {
+		return &wire.Pace{At: at, WindowSeconds: 5, SecondsPerToken: 0.016, Batch: 16, ThroughputTPS: 1000}
+	}
+	h.clk.advance(10 * time.Second)
+	a.Pace = slow(h.clk.now())
+	h.put("n", a)
+	if !h.worker("a").PaceTentative {
+		t.Fatal("one reading twice as slow: want a tentative rescale")
+	}
+	a.Pace = slow(h.clk.now().Add(-5 * time.Second))
+	if r := requests(h.put("n", a), "a"); len(r) != 0 || !h.worker("a").PaceTentative {
+		t.Fatalf("an older reading arriving late counted: requests %+v, tentative %v", r, h.worker("a").PaceTentative)
+	}
+	h.clk.advance(5 * time.Second)
+	a.Pace = slow(h.clk.now())
+	if r := requests(h.put("n", a), "a"); len(r) != 1 {
+		t.Fatalf("a newer reading: requests %d, want the rescale confirmed", len(r))
+	}
+}

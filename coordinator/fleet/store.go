@@ -54,6 +54,7 @@ type State struct {
 	Latest      map[string]wire.Measurement
 	History     map[string][]wire.Measurement
 	Workers     map[string]WorkerRecord
+	KeyTombs    map[string]KeyTomb // a TombStore's; nil from another
 }
 
 // WorkerRecord is what the coordinator last knew about a worker, so that

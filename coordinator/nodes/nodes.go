@@ -18,6 +18,12 @@
 // MaxPending pending (past which a new name is refused, never one waiting
 // forgotten), and a node
 // not seen for ForgetAfter is forgotten, credential and all.
+//
+// A node name follows shared/grammar (grammar.NodeName); any other name is
+// refused at Admit. A record stored under a name from before that rule is
+// loaded as it is: listed, counted, readable and releasable by an admin,
+// but no connection is admitted under it, so it is forgotten ForgetAfter
+// after it was last seen, as any node that stays away.
 package nodes
 
 import (
@@ -34,6 +40,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"heft/shared/grammar"
 	"heft/shared/wire"
 )
 
@@ -168,10 +175,11 @@ const (
 	LabelStore      = "store"
 	LabelDamaged    = "damaged"
 	LabelRate       = "rate"
+	LabelName       = "name" // outside grammar.NodeName
 )
 
 // Labels lists every refusal label.
-var Labels = []string{LabelCredential, LabelRejected, LabelPending, LabelOldAgent, LabelLimit, LabelBusy, LabelStore, LabelDamaged, LabelRate}
+var Labels = []string{LabelCredential, LabelRejected, LabelPending, LabelOldAgent, LabelLimit, LabelBusy, LabelStore, LabelDamaged, LabelRate, LabelName}
 
 // Errors of the admin actions.
 var (
@@ -222,6 +230,10 @@ func New(cfg Config, st Store, records map[string]Record, now func() time.Time, 
 			// Fail closed: the name stays bound until an admin acts.
 			r.log.Warn("a stored node record is damaged: its name refuses every connection until an admin releases it", "node", name, "error", err)
 			rec = Record{Name: name, State: StateDamaged}
+		}
+		if err := grammar.NodeName(name); err != nil {
+			r.log.Warn("a stored node record's name is outside the node name grammar: no agent can connect under it; "+
+				"it is forgotten after forget_nodes_after unseen, or an admin releases it now", "node", name, "error", err)
 		}
 		rec := rec
 		r.nodes[name] = &rec
@@ -283,6 +295,10 @@ func matches(cred, stored string) bool {
 // new credential) is written to the store before the decision is returned,
 // so a credential handed out survives a crash.
 func (r *Registry) Admit(h Hello) Decision {
+	if err := grammar.NodeName(h.Node); err != nil {
+		return Decision{Outcome: Refuse, Label: LabelName, Close: "node name outside heft's grammar (ASCII letters, digits, . _ -, not starting with . or -); set [node] name",
+			Reason: err.Error() + "; set the agent's [node] name (or HEFT_NODE, --node) to one"}
+	}
 	now := r.now()
 	r.mu.Lock()
 	rec, known := r.nodes[h.Node]

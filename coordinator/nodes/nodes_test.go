@@ -348,3 +348,47 @@ func TestAdmitted(t *testing.T) {
 		t.Errorf("released: admitted %v, %v", r.Admitted("old"), err)
 	}
 }
+
+// A name outside grammar.NodeName is refused at Admit, saying the rule and
+// what to set, and nothing is stored. A record stored under such a name
+// before the rule is loaded as it is: listed and releasable, admitting no
+// connection, and forgotten once unseen for ForgetAfter.
+func TestNodeNameGrammar(t *testing.T) {
+	r, st, clk := newRegistry(t, DefaultConfig())
+	for _, name := range []string{"gpu a", "gpu/a", "-gpu", ".", "gpu\u202egnp"} {
+		d := r.Admit(Hello{Node: name, KeepsCredential: true})
+		if d.Outcome != Refuse || d.Label != LabelName || len(d.Close) > 123 ||
+			!strings.Contains(d.Reason, "node name") || !strings.Contains(d.Reason, "[node] name") || !strings.Contains(d.Close, "grammar") {
+			t.Errorf("Admit(%q) = %+v, want a refusal naming the rule and what to set", name, d)
+		}
+	}
+	if len(st.recs) != 0 || len(r.List()) != 0 {
+		t.Fatalf("refused names were stored: %v", st.recs)
+	}
+
+	seen := clk.t
+	st.recs["gpu a"] = Record{Name: "gpu a", State: StateEnrolled, CredentialSHA256: hash("c"), Since: seen, LastSeen: seen}
+	st.recs["gpu b"] = Record{Name: "gpu b", State: StateUnbound, Since: seen, LastSeen: seen}
+	st.recs["gpu-c"] = Record{Name: "gpu-c", State: StateUnbound, Since: seen, LastSeen: seen}
+	again, err := New(DefaultConfig(), st, st.recs, clk.now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.List(); len(got) != 3 || got[0].Name != "gpu a" || got[0].State != StateEnrolled || got[1].State != StateUnbound {
+		t.Fatalf("loaded %+v, want the three records as stored", got)
+	}
+	if d := again.Admit(Hello{Node: "gpu a", Credential: "c", KeepsCredential: true}); d.Outcome != Refuse || d.Label != LabelName {
+		t.Errorf("a connection under a stored name outside the grammar: %+v", d)
+	}
+	if err := again.Release("gpu b"); err != nil {
+		t.Errorf("release: %v", err)
+	}
+	if _, ok := st.recs["gpu b"]; ok {
+		t.Error("the released record is still stored")
+	}
+	clk.t = clk.t.Add(DefaultConfig().ForgetAfter)
+	again.Tick(func(string) bool { return false }, nil)
+	if _, ok := st.recs["gpu a"]; ok {
+		t.Error("a stored name outside the grammar was not forgotten after forget_nodes_after")
+	}
+}

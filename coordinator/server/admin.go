@@ -249,7 +249,7 @@ type candidate struct {
 }
 
 // nameError is a name that fits no worker or several: 404 or 409, with
-// the node's workers to choose from.
+// the node's workers to choose from; or no node name at all: 400.
 type nameError struct {
 	status     int
 	msg        string
@@ -261,6 +261,9 @@ func (e *nameError) Error() string { return e.msg }
 // workerOnNode finds the one worker on node with the model and engine URL
 // given (either may be empty).
 func (s *Server) workerOnNode(node, model, engineURL string) (view.Worker, error) {
+	if err := s.nodeNameError(node); err != nil {
+		return view.Worker{}, &nameError{status: http.StatusBadRequest, msg: err.Error() + "; act by worker ID at /api/v1/workers/{id}/..."}
+	}
 	all, _ := s.fleet.Find(fleet.Query{Node: node})
 	if len(all) == 0 {
 		return view.Worker{}, &nameError{status: http.StatusNotFound,

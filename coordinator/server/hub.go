@@ -474,6 +474,9 @@ func (h *hub) handle(c *agentConn, data []byte, helloTimer *time.Timer) bool {
 	}
 	s.metrics.messages.WithLabelValues(env.Type).Inc()
 	if err := checkGrammar(env); err != nil {
+		if env.Type == wire.TypeHello {
+			s.metrics.nodeRefusals.WithLabelValues(nodes.LabelName).Inc() // its node name; nothing else of a hello is checked here
+		}
 		log.Warn("agent sent a string no gateway may be given; closing, nothing stored", "node", c.node, "error", err)
 		c.end(websocket.StatusPolicyViolation, err.Error(), dropInvalid, true)
 		return false

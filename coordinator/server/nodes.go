@@ -10,6 +10,7 @@ import (
 
 	"heft/coordinator/audit"
 	"heft/coordinator/nodes"
+	"heft/shared/grammar"
 	"heft/shared/view"
 )
 
@@ -49,6 +50,20 @@ func (s *Server) nodeRead(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// nodeNameError refuses a node name outside shared/grammar in a route,
+// unless it is a stored record's: a record kept from before the grammar
+// can still be read, rejected and released.
+func (s *Server) nodeNameError(name string) error {
+	err := grammar.NodeName(name)
+	if err == nil {
+		return nil
+	}
+	if _, ok := s.opts.Nodes.Get(name); ok {
+		return nil
+	}
+	return err
+}
+
 func (s *Server) nodeView(r nodes.Record) view.Node {
 	return view.Node{Name: r.Name, State: r.State, Credential: r.CredentialSHA256 != "", Connected: s.hub.connected(r.Name),
 		Since: r.Since, LastSeen: r.LastSeen, Hostname: r.Hostname, AgentVersion: r.AgentVersion, Address: r.Address,
@@ -67,6 +82,10 @@ func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) getNode(w http.ResponseWriter, r *http.Request) {
+	if err := s.nodeNameError(r.PathValue("rest")); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	rec, ok := s.opts.Nodes.Get(r.PathValue("rest"))
 	if !ok {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no node %q", r.PathValue("rest")))
@@ -86,6 +105,10 @@ func (s *Server) nodeAction(w http.ResponseWriter, r *http.Request) {
 	name, action := rest[:cut], rest[cut+1:]
 	if status, msg := drainBody(r.Body); status != 0 {
 		writeError(w, status, msg)
+		return
+	}
+	if err := s.nodeNameError(name); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	before, _ := s.opts.Nodes.Get(name)
@@ -119,6 +142,10 @@ func (s *Server) releaseNode(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("rest")
 	if status, msg := drainBody(r.Body); status != 0 {
 		writeError(w, status, msg)
+		return
+	}
+	if err := s.nodeNameError(name); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	// ?forget=workers is the decommission's explicit form of what a

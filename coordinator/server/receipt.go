@@ -11,12 +11,16 @@ import (
 
 // checkGrammar refuses a message carrying a string that could reach a
 // gateway's configuration (a capacity key, a model name, an engine URL)
-// outside shared/grammar. wire.Decode has checked the message's shape;
-// this is the coordinator's own wall, applied on receipt so that nothing
-// of a refused message is stored.
+// or name a node outside shared/grammar. wire.Decode has checked the
+// message's shape; this is the coordinator's own wall, applied on receipt
+// so that nothing of a refused message is stored.
 func checkGrammar(env *wire.Envelope) error {
 	switch env.Type {
-	case wire.TypeSnapshot:
+	case wire.TypeHello:
+		if err := grammar.NodeName(env.Hello.Node); err != nil {
+			return fmt.Errorf("hello: %w", err)
+		}
+	case wire.TypeSnapshot: // its node is the hello's (hub.dispatch)
 		for i, e := range env.Snapshot.Engines {
 			if err := checkEngine(e); err != nil {
 				return fmt.Errorf("snapshot engine %d: %w", i, err)

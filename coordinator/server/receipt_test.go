@@ -60,3 +60,34 @@ func TestGatewayStringsRefusedOnReceipt(t *testing.T) {
 		})
 	}
 }
+
+// A node name outside shared/grammar is refused at the hello, before the
+// registry or the fleet hears of it, with a close reason naming the rule;
+// the names heft's tools and Kubernetes give pass.
+func TestNodeNameRefusedOnReceipt(t *testing.T) {
+	ts := startServer(t, testOptions(), nil)
+	for _, node := range []string{"gpu a", "gpu/a", "-gpu", ".", "gpu:a", "gpu-a\u202egnp.exe", "gpu%2fa"} {
+		c, _, err := dial(t, ts, agentToken)
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		a := &agent{t: t, c: c, node: node}
+		a.send(&wire.Hello{Node: node, AgentVersion: "test", Host: wire.Host{Hostname: "h"}})
+		ce := closeOf(t, c)
+		if ce.Code != websocket.StatusPolicyViolation || !strings.Contains(ce.Reason, "node name") || !strings.Contains(ce.Reason, "grammar") {
+			t.Errorf("hello from %q: closed with %d %q, want %d naming the node name's grammar", node, ce.Code, ce.Reason, websocket.StatusPolicyViolation)
+		}
+		if n := ts.fleet.connects(node); n != 0 {
+			t.Errorf("hello from %q reached the fleet", node)
+		}
+		if _, ok := ts.opts.Nodes.Get(node); ok {
+			t.Errorf("a node record was made for %q", node)
+		}
+	}
+	if n := ts.counter(t, "heft_node_refusals_total", map[string]string{"reason": "name"}); n != 7 {
+		t.Errorf("heft_node_refusals_total{reason=\"name\"} = %v, want 7", n)
+	}
+	for _, node := range []string{"gpu-a", "node-0042", "vllm-7d9f8c6b5-x2x4q", "ip-10-0-1-5.ec2.internal", "gpu_b"} {
+		connectAgent(t, ts, node)
+	}
+}

@@ -22,6 +22,7 @@ func (b *Bolt) Load() (fleet.State, error) {
 		Latest:      map[string]wire.Measurement{},
 		History:     map[string][]wire.Measurement{},
 		Workers:     map[string]fleet.WorkerRecord{},
+		KeyTombs:    map[string]fleet.KeyTomb{},
 	}
 	err := b.db.View(func(tx *bolt.Tx) error {
 		for _, bucket := range [][]byte{bucketPins, bucketPrefillPins} {
@@ -96,6 +97,17 @@ func (b *Bolt) Load() (fleet.State, error) {
 				return fmt.Errorf("record id %q under key %q", r.ID, k)
 			}
 			st.Workers[r.ID] = r
+			return nil
+		})
+		b.each(tx.Bucket(bucketKeyTombs), bucketKeyTombs, "capacity key's former owner", func(k, v []byte) error {
+			var t fleet.KeyTomb
+			if err := json.Unmarshal(v, &t); err != nil {
+				return err
+			}
+			if t.Node == "" || t.Forgotten.IsZero() {
+				return fmt.Errorf("former owner %q forgotten at %s", t.Node, t.Forgotten)
+			}
+			st.KeyTombs[string(k)] = t
 			return nil
 		})
 		return nil

@@ -157,6 +157,20 @@ func (b *Bolt) DeleteMeasurements(key string) error {
 	return nil
 }
 
+// SaveKeyTomb records which node owned a forgotten capacity key
+// (fleet.TombStore).
+func (b *Bolt) SaveKeyTomb(key string, t fleet.KeyTomb) error {
+	if err := checkID(key); err != nil {
+		return fmt.Errorf("store: save key tomb: %w", err)
+	}
+	return b.put("save key tomb", bucketKeyTombs, key, t)
+}
+
+// DeleteKeyTomb forgets a forgotten key's owner (fleet.TombStore).
+func (b *Bolt) DeleteKeyTomb(key string) error {
+	return b.delete("delete key tomb", bucketKeyTombs, key)
+}
+
 func checkID(id string) error {
 	if id == "" {
 		return errors.New("empty worker id")

@@ -1,8 +1,9 @@
 // Package store keeps the coordinator's state in one bbolt file under
 // state_dir: admin pins (of the decode and the prefill weight) and
 // admit/hold decisions, the latest measurement of every capacity key with
-// a bounded history, what was last known about each worker, and the node
-// records (enrolment and credential hashes).
+// a bounded history, what was last known about each worker, the owners of
+// forgotten capacity keys (fleet.KeyTomb), and the node records
+// (enrolment and credential hashes).
 //
 // Every write is one bbolt transaction, synced to disk before it returns,
 // so an acknowledged write survives a crash. Every value carries a
@@ -54,18 +55,22 @@ var (
 	bucketWorkers     = []byte("workers")
 	bucketNodes       = []byte("nodes")
 	bucketAudit       = []byte("audit") // audit.go
-	keySchema         = []byte("schema_version")
+	// bucketKeyTombs holds the owners of forgotten capacity keys
+	// (fleet.KeyTomb), by key.
+	bucketKeyTombs = []byte("key_tombs")
+	keySchema      = []byte("schema_version")
 	// keyApproveNew marks a state file begun by a heft whose new installs
 	// approve new node names by default (install.go).
 	keyApproveNew = []byte("approve_new_nodes_default")
 
-	allBuckets = [][]byte{bucketMeta, bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketHistory, bucketWorkers, bucketNodes, bucketAudit}
+	allBuckets = [][]byte{bucketMeta, bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketHistory, bucketWorkers, bucketNodes, bucketAudit,
+		bucketKeyTombs}
 	// dataBuckets hold checksummed values (history's are in sub-buckets).
-	dataBuckets = [][]byte{bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketWorkers, bucketNodes, bucketAudit}
+	dataBuckets = [][]byte{bucketPins, bucketPrefillPins, bucketDecisions, bucketLatest, bucketWorkers, bucketNodes, bucketAudit, bucketKeyTombs}
 	// laterBuckets came after their schema: a file of that schema may lack
 	// them, and gains them empty at Open (an older coordinator ignores
 	// them), where a missing bucket of the schema means lost records.
-	laterBuckets = [][]byte{bucketPrefillPins, bucketAudit}
+	laterBuckets = [][]byte{bucketPrefillPins, bucketAudit, bucketKeyTombs}
 )
 
 // ErrRefused marks a state file Open will not use as it is: corrupt, from
@@ -75,8 +80,9 @@ var (
 var ErrRefused = errors.New("state file refused")
 
 var (
-	_ fleet.Store = (*Bolt)(nil)
-	_ nodes.Store = (*Bolt)(nil)
+	_ fleet.Store     = (*Bolt)(nil)
+	_ fleet.TombStore = (*Bolt)(nil)
+	_ nodes.Store     = (*Bolt)(nil)
 )
 
 // Bolt is the bbolt-backed store, a fleet.Store. It is safe for

@@ -1,7 +1,8 @@
 // Package grammar says which strings an agent may send that can end up in a
 // gateway's configuration: capacity keys (worker IDs, written in comments
 // and server names), model names (in file headers, LiteLLM's model_list,
-// HAProxy's agent-send) and the addresses gateways dial. Each check is a
+// HAProxy's agent-send), node names (in views, logs and the admin routes'
+// paths) and the addresses gateways dial. Each check is a
 // fixed alphabet and a length bound rather than an escaping rule, so a
 // string that passes is safe verbatim in HAProxy's configuration and
 // runtime API, an nginx file, YAML and JSON: no whitespace, no control
@@ -69,6 +70,35 @@ func ident(what, s string, maxLen int) error {
 	// runtime API, a shell a person pastes into).
 	if s[0] == '-' {
 		return refuse("%s %s starts with '-'", what, quote(s))
+	}
+	return nil
+}
+
+// NodeRule is the node name grammar, as said in messages.
+const NodeRule = "1–253 bytes of ASCII letters, digits and . _ -, not starting with . or -"
+
+// NodeName checks a node name: NodeRule. Host names, Kubernetes pod names
+// and FQDNs pass; '/', ':' and '%' are refused so that a name is one
+// segment of /api/v1/nodes/{name} as it is, and a leading '.' so that "."
+// and ".." name no node.
+func NodeName(s string) error {
+	bad := func(why string, args ...any) error {
+		return refuse("node name %s: a node name is %s", fmt.Sprintf(why, args...), NodeRule)
+	}
+	switch {
+	case s == "":
+		return bad("is empty")
+	case len(s) > MaxHostBytes:
+		return bad("is %d bytes", len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return bad("%s holds %s at byte %d", quote(s), quote(s[i:i+1]), i)
+		}
+	}
+	if s[0] == '-' || s[0] == '.' {
+		return bad("%s starts with %s", quote(s), quote(s[:1]))
 	}
 	return nil
 }

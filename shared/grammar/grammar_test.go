@@ -33,6 +33,27 @@ func TestCapacityKey(t *testing.T) {
 	}
 }
 
+// Node names as hosts, Kubernetes pods and heft's own tools and tests
+// name them pass; what could not be one path segment, or reads as an
+// option, does not.
+func TestNodeName(t *testing.T) {
+	for _, ok := range []string{"gpu-a", "n", "GPU-A", "node-0042", "ghost-00001", "vllm-0", "vllm-7d9f8c6b5-x2x4q",
+		"ip-10-0-1-5.ec2.internal", "Johns-MacBook-Pro.local", "gpu_a", "_gpu", "0gpu", strings.Repeat("n", MaxHostBytes)} {
+		if err := NodeName(ok); err != nil {
+			t.Errorf("NodeName(%q) = %v, want nil", ok, err)
+		}
+	}
+	for _, bad := range append(hostile, strings.Repeat("n", MaxHostBytes+1), ".", "..", ".gpu", "-gpu", "gpu/a", "gpu:a",
+		"gpu%2fa", "gpu a", "gpu@a", "gpu+a", "gpu\u202egnp.exe") {
+		err := NodeName(bad)
+		if err == nil {
+			t.Errorf("NodeName(%q) = nil, want a refusal", bad)
+		} else if !errors.Is(err, ErrGrammar) || !strings.Contains(err.Error(), "node name") || !strings.Contains(err.Error(), NodeRule) {
+			t.Errorf("NodeName(%q) = %v, want an ErrGrammar that says the node name rule", bad, err)
+		}
+	}
+}
+
 func TestModel(t *testing.T) {
 	for _, ok := range []string{"Qwen/Qwen3-8B", "qwen3:8b", "mlx-community/Qwen3-8B-4bit", "qwen2.5-7b-instruct-q4_k_m",
 		"/models/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", "m", strings.Repeat("m", MaxModelBytes)} {
@@ -119,6 +140,12 @@ func FuzzGrammar(f *testing.F) {
 			safe(t, "Model", s)
 			if len(s) > MaxModelBytes {
 				t.Fatalf("Model accepted %d bytes", len(s))
+			}
+		}
+		if NodeName(s) == nil {
+			safe(t, "NodeName", s)
+			if len(s) > MaxHostBytes || strings.ContainsAny(s, "/:%") || s[0] == '.' {
+				t.Fatalf("NodeName accepted %q", s)
 			}
 		}
 		if Address(s) == nil {
