@@ -17,6 +17,8 @@ import (
 //	llama_context: n_ctx         = 4096            (older: llama_new_context_with_model: n_ctx = 4096)
 //	time=... level=INFO source=server.go:... msg="starting llama server" cmd="... --ctx-size 8192 ..."
 //	main: server is listening on http://127.0.0.1:8080 - starting the main loop
+//	0.09.390.156 I srv    load_model: initializing, n_slots = 4, n_ctx_slot = 16384, kv_unified = 'true'   (2026, all the default verbosity shows)
+//	0.09.409.230 I srv  llama_server: model loaded
 //	time=... msg="llama runner started in 2.51 seconds"
 //	time=... msg="Listening on 127.0.0.1:11434 (version 0.6.2)"
 //	build: 5123 (5f1d2e3a) with cc ...
@@ -34,16 +36,37 @@ const (
 	FormatLlamaNCtx = "llamacpp-n-ctx"
 	// FormatOllamaCtxSize is the --ctx-size Ollama started its runner with.
 	FormatOllamaCtxSize = "ollama-ctx-size"
+	// FormatLlamaSlots is the server's slots line, "load_model:
+	// initializing, n_slots = N, n_ctx_slot = M, kv_unified = 'B'": with
+	// a unified cache every slot may fill the one pool of M tokens,
+	// without one each slot holds its own M, N × M in all. From 2026 it is
+	// the only pool line llama-server prints at its default verbosity
+	// (the context and cache lines need -lv 4), so the last choice. A
+	// build that caps a slot at the model's training context prints the
+	// capped M.
+	FormatLlamaSlots = "llamacpp-slots"
 )
 
 var (
-	// Newer llama-server prefixes each line with the time since start and
-	// a level ("0.19.914.972 I llama_kv_cache_iswa: ...").
-	llamaPrefixRE = regexp.MustCompile(`^\d+\.\d\d\.\d{3}\.\d{3} [IWEDT] `)
+	// What may come before a llama.cpp message: newer llama-server's time
+	// since start and level ("0.19.914.972 I llama_kv_cache_iswa: ..."),
+	// or the level alone (--log-prefix without timestamps), after any run
+	// of digits, spaces and date or time punctuation a wrapper heft does
+	// not know put first ("2026-05-14 22:14:31.035 | llama_kv_cache: ...").
+	// Letters end the run, so text inside a message (a request body the
+	// server logs) never reads as a line of its own; so does "[", so a
+	// router's "[port] " child lines, each another server's, are not read.
+	llamaPrefixRE = regexp.MustCompile(`^[\d :.,/|-]*(?:[IWEDT] )?`)
 	llamaCellsRE  = regexp.MustCompile(`\(\s*(\d+) cells,`)
 	llamaNCtxRE   = regexp.MustCompile(`^(?:llama_context|llama_new_context_with_model): n_ctx\s+=\s+(\d+)\s*$`)
 	llamaBuildRE  = regexp.MustCompile(`^build: (\d+) \(`)
-	ollamaCtxRE   = regexp.MustCompile(`(?:^|\s)--ctx-size\s+(\d+)(?:\s|"|$)|[{ ]KvSize:(\d+)[ }]`)
+	// The server's slots line and, from 2026, its ready lines, after the
+	// module tag newer builds print ("srv    load_model: ...").
+	llamaSlotsRE = regexp.MustCompile(`^(?:srv\s+)?load_model: initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'`)
+	// "model loaded" is logged once the server answers requests; a
+	// model server's (not a router's) "listening on" line follows it.
+	llamaReadyRE = regexp.MustCompile(`^(?:srv\s+)?(?:main|llama_server): (?:model loaded$|(?:server is )?listening on https?://)`)
+	ollamaCtxRE  = regexp.MustCompile(`(?:^|\s)--ctx-size\s+(\d+)(?:\s|"|$)|[{ ]KvSize:(\d+)[ }]`)
 	// The lines on which Ollama gives a model's runner its KV size: the
 	// runner's command line, "starting llama server" (to 2025) or
 	// "starting runner" with the model (2026; without --model it is a GPU
@@ -62,7 +85,7 @@ var (
 // llamaCppLog is llama.cpp's log grammar, ollamaLog Ollama's: one pool,
 // rank 0.
 var (
-	llamaCppLog = llamaGrammar(wire.EngineLlamaCpp, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx)
+	llamaCppLog = llamaGrammar(wire.EngineLlamaCpp, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx, FormatLlamaSlots)
 	// The cells are what the cache holds; n_ctx is asked for; --ctx-size
 	// is what Ollama asked its runner for.
 	ollamaLog = ollamaGrammar()
@@ -72,7 +95,7 @@ var (
 // --ctx-size it starts a runner with (the runner sizes its KV cache to it,
 // over all --parallel slots), which is all an Ollama-engine runner shows.
 func ollamaGrammar() enginelog.Grammar {
-	g := llamaGrammar(wire.EngineOllama, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize)
+	g := llamaGrammar(wire.EngineOllama, FormatLlamaISWABase, FormatLlamaKVCells, FormatLlamaNCtx, FormatOllamaCtxSize, FormatLlamaSlots)
 	g.CommandLine = func(line string) (enginelog.Event, bool) {
 		if !ollamaSizeLineRE.MatchString(line) {
 			return enginelog.Event{}, false
@@ -105,7 +128,7 @@ func llamaGrammar(kind string, formats ...string) enginelog.Grammar {
 		},
 		Formats: formats,
 		PoolLines: `llama.cpp and Ollama "llama_kv_cache_iswa: creating non-SWA KV cache, size = N cells", ` +
-			`"llama_kv_cache: size = ... (N cells, ..." and "n_ctx = N"`,
+			`"llama_kv_cache: size = ... (N cells, ...", "n_ctx = N" and "load_model: initializing, n_slots = N, n_ctx_slot = M, kv_unified = ..."`,
 		DPKey: "data_parallel_size", // never printed: one rank
 	}
 }
@@ -145,8 +168,13 @@ func parseLlama(seg string) (enginelog.Event, bool) {
 			ev.Args["ctx_size"] = n
 		}
 		return ev, true
+	case strings.Contains(seg, "load_model: initializing, n_slots = "):
+		if n, ok := llamaSlotsPool(seg); ok {
+			ev.Kind, ev.Format, ev.KVTokens = enginelog.EventPool, FormatLlamaSlots, n
+			return ev, true
+		}
 	case strings.Contains(seg, "server is listening on ") && strings.HasSuffix(seg, "starting the main loop"),
-		ollamaLoadedRE.MatchString(seg):
+		ollamaLoadedRE.MatchString(seg), llamaReadyRE.MatchString(seg):
 		ev.Kind = enginelog.EventReady
 		return ev, true
 	case strings.HasPrefix(seg, "build: "):
@@ -161,4 +189,22 @@ func parseLlama(seg string) (enginelog.Event, bool) {
 		}
 	}
 	return enginelog.Event{}, false
+}
+
+// llamaSlotsPool is the pool the server's slots line gives: n_ctx_slot
+// for a unified cache, n_slots × n_ctx_slot for one split among the slots.
+func llamaSlotsPool(seg string) (int64, bool) {
+	m := llamaSlotsRE.FindStringSubmatch(seg)
+	if m == nil {
+		return 0, false
+	}
+	slots, err1 := strconv.ParseInt(m[1], 10, 64)
+	perSlot, err2 := strconv.ParseInt(m[2], 10, 64)
+	if err1 != nil || err2 != nil || slots < 1 || slots > 1<<20 || perSlot > 1<<40 {
+		return 0, false
+	}
+	if m[3] == "true" {
+		return perSlot, true
+	}
+	return slots * perSlot, true
 }

@@ -11,15 +11,23 @@ import (
 )
 
 // vLLM's start-up log (reference/engines.md §1): the per-rank KV pools
-// (V1's two-line and newest merged "GPU KV cache size" line, V0's
-// "# cuda blocks: N" times the block size), its launch args, version and
-// readiness, with the rank every process prefix names.
+// (V1's two-line and newest merged "GPU KV cache size" line, the same
+// line naming another device on other platforms, V0's "# cuda blocks: N"
+// times the block size), its launch args, version and readiness, with the
+// rank every process prefix names.
 
 // vLLM's pool formats.
 const (
 	FormatVLLMMerged  = "vllm-v1-merged"
 	FormatVLLMTwoLine = "vllm-v1-two-line"
 	FormatVLLMBlocks  = "vllm-v0-blocks"
+	// FormatVLLMDevice is the V1 line naming a device other than the GPU:
+	// 2026 vLLM prints "%s KV cache size: ..." with its platform's device
+	// ("CPU KV cache size: 21,760 tokens, Maximum concurrency ..." on the
+	// CPU backend and vllm-metal), and plugins print their own ("Spyre
+	// KV cache size: N tokens"). Ranked after the GPU lines, so a
+	// rank's GPU line wins over a host-side figure printed beside it.
+	FormatVLLMDevice = "vllm-v1-device"
 )
 
 // vllmLog is vLLM's log grammar.
@@ -36,8 +44,9 @@ var vllmLog = enginelog.Grammar{
 		return ev, p, ok
 	},
 	CommandLine: dpSizeCommand,
-	Formats:     []string{FormatVLLMMerged, FormatVLLMTwoLine, FormatVLLMBlocks},
-	PoolLines: `vLLM V1 "GPU KV cache size: N tokens" (alone or merged with "Maximum concurrency for N tokens per request"), ` +
+	Formats:     []string{FormatVLLMMerged, FormatVLLMTwoLine, FormatVLLMBlocks, FormatVLLMDevice},
+	PoolLines: `vLLM V1 "GPU KV cache size: N tokens" (alone or merged with "Maximum concurrency for N tokens per request"; ` +
+		`"CPU", "XPU", "TPU", "NPU", "HPU" or "Spyre" in place of "GPU" on those platforms), ` +
 		`vLLM V0 "# cuda blocks: N, # CPU blocks: M" and "# GPU blocks: N, # CPU blocks: M"`,
 	BlockFormat:  FormatVLLMBlocks,
 	BlockSizeKey: "block_size",
@@ -75,6 +84,12 @@ var (
 	// parallel_state.py: "rank 1 in world size 2 is assigned as DP rank 1,
 	// PP rank 0, TP rank 0, EP rank 1".
 	vllmAssignedDPRE = regexp.MustCompile(`^rank \d+ in world size \d+ is assigned as DP rank (\d+),`)
+	// 2026 vLLM's version banner is an ASCII-art logo (log_version_and_model,
+	// unless VLLM_DISABLE_LOG_LOGO): one message of several lines, each
+	// under the logger's header, one of them ending in the version
+	// ("... ▀▄▀ █  version 0.14.0"). A paste may show the CR each line
+	// ends with as a literal "^M".
+	vllmLogoVersionRE = regexp.MustCompile(`^[ █▄▀]*[█▄▀] +version (\S+?)(?:\^M)?$`)
 )
 
 // splitVLLM finds vLLM's logger header and process prefixes in a segment.
@@ -214,10 +229,9 @@ func parseVLLM(msg string, hasHeader bool, p enginelog.Proc) (enginelog.Event, b
 }
 
 func vllmMessage(msg string) (enginelog.Event, bool) {
-	switch {
-	case strings.HasPrefix(msg, "GPU KV cache size: "):
-		rest := msg[len("GPU KV cache size: "):]
-		num, rest, ok := enginelog.CutNumber(rest)
+	switch device := vllmKVDevice(msg); {
+	case device != "":
+		num, rest, ok := enginelog.CutNumber(msg[len(device)+len(" KV cache size: "):])
 		if !ok || !strings.HasPrefix(rest, " tokens") {
 			return enginelog.Event{}, false
 		}
@@ -228,6 +242,9 @@ func vllmMessage(msg string) (enginelog.Event, bool) {
 				ev.Format = FormatVLLMMerged
 				ev.MaxModelLen, ev.Concurrency = c.MaxModelLen, c.Concurrency
 			}
+		}
+		if device != "GPU" {
+			ev.Format = FormatVLLMDevice
 		}
 		return ev, true
 	case strings.HasPrefix(msg, "Maximum concurrency for "):
@@ -253,6 +270,12 @@ func vllmMessage(msg string) (enginelog.Event, bool) {
 			return enginelog.Event{}, false
 		}
 		return enginelog.Event{Kind: enginelog.EventVersion, Version: v[0]}, true
+	case strings.Contains(msg, "█  version "):
+		m := vllmLogoVersionRE.FindStringSubmatch(msg)
+		if m == nil {
+			return enginelog.Event{}, false
+		}
+		return enginelog.Event{Kind: enginelog.EventVersion, Version: m[1]}, true
 	case strings.HasPrefix(msg, "vLLM server version "):
 		m := vllmServerVerRE.FindStringSubmatch(msg)
 		if m == nil {
@@ -292,6 +315,22 @@ func parseConcurrency(msg string) (enginelog.Event, bool) {
 		return enginelog.Event{}, false
 	}
 	return enginelog.Event{Kind: enginelog.EventConcurrency, MaxModelLen: n, Concurrency: c}, true
+}
+
+// vllmKVDevices are the devices vLLM's KV cache size line names: "GPU" on
+// CUDA and ROCm, the platform's device elsewhere (2026 vLLM's CPU backend
+// and vllm-metal print "CPU"), and a plugin's own (vllm-spyre's "Spyre").
+var vllmKVDevices = []string{"GPU", "CPU", "XPU", "TPU", "NPU", "HPU", "Spyre"}
+
+// vllmKVDevice is the device msg's KV cache size line names, "" when msg
+// is no such line.
+func vllmKVDevice(msg string) string {
+	for _, d := range vllmKVDevices {
+		if strings.HasPrefix(msg, d) && strings.HasPrefix(msg[len(d):], " KV cache size: ") {
+			return d
+		}
+	}
+	return ""
 }
 
 // Launch-arg keys that name the served model, best first.

@@ -30,7 +30,7 @@ func fixtureLines(f *testing.F) []string {
 	return out
 }
 
-// FuzzParseLine feeds arbitrary text to both kinds' line parser and to a
+// FuzzParseLine feeds arbitrary text to every kind's line parser and to a
 // Tracker: it must never panic, and ranks and pools are never negative.
 func FuzzParseLine(f *testing.F) {
 	for _, l := range fixtureLines(f) {
@@ -38,8 +38,11 @@ func FuzzParseLine(f *testing.F) {
 	}
 	f.Add("(EngineCore_DP1 pid=1) \x1b[32mINFO\x1b[0m 12-11 00:06:53 [k.py:1] GPU KV cache size: 1,2,3 tokens, Maximum concurrency for 9 tokens per request: 1e308x")
 	f.Add("[2026-03-02 10:15:21.123 DP-1 TP1] max_total_num_tokens=-5, x")
+	f.Add("47:(EngineCore pid=67) INFO 09-23 07:05:04 [kv_cache_utils.py:2395] CPU KV cache size: 21,760 tokens, Maximum concurrency for 2,048 tokens per request: 10.62x")
+	f.Add("0.09.390.156 I srv    load_model: initializing, n_slots = 1048576, n_ctx_slot = 1099511627776, kv_unified = 'false'")
+	f.Add("2026-05-14 22:14:31.035 | llama_kv_cache: size = 4352.00 MiB (131072 cells,  16 layers,  4/1 seqs), K (q8_0): 2176.00 MiB")
 	f.Fuzz(func(t *testing.T, text string) {
-		for _, kind := range []string{"vllm", "sglang"} {
+		for _, kind := range []string{"vllm", "sglang", "llamacpp", "ollama"} {
 			ev, ok := enginelog.ParseLine(gram(t, kind), text)
 			if ok {
 				if ev.Kind < enginelog.EventPool || ev.Kind > enginelog.EventRouter {

@@ -62,6 +62,16 @@ func TestParseLine(t *testing.T) {
 			enginelog.Event{Kind: enginelog.EventReady, TPRank: -1}, true},
 		{"ready, uvicorn", "vllm", "(APIServer pid=1) INFO:     Application startup complete.",
 			enginelog.Event{Kind: enginelog.EventReady, TPRank: -1}, true},
+		// 2026's version banner is a logo (vllm-project/vllm#53743, pasted
+		// with each line's CR as a literal "^M").
+		{"version logo, CR pasted as ^M", "vllm", "(APIServer pid=133844) INFO 08-29 02:16:04 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.1.dev20175+g2573878a3.d20260821^M",
+			enginelog.Event{Kind: enginelog.EventVersion, TPRank: -1, Version: "0.1.dev20175+g2573878a3.d20260821"}, true},
+		{"version logo, CRLF", "vllm", "(APIServer pid=1) INFO 08-29 02:16:04 [api_utils.py:347]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.14.0\r\n",
+			enginelog.Event{Kind: enginelog.EventVersion, TPRank: -1, Version: "0.14.0"}, true},
+		{"logo's model line", "vllm", "(APIServer pid=1) INFO 08-29 02:16:04 [api_utils.py:347]   █▄█▀ █     █     █     █  model   /workspace/models/Qwen3-30B-A3B",
+			enginelog.Event{}, false},
+		{"a message quoting the logo", "vllm", "(APIServer pid=1) INFO 08-29 02:16:04 [x.py:1] user said █  version 9.9.9",
+			enginelog.Event{}, false},
 
 		// vLLM lines that must be skipped.
 		{"pool text without a header", "vllm", "GPU KV cache size: 5 tokens", enginelog.Event{}, false},
