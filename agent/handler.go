@@ -40,6 +40,11 @@ type Handler struct {
 	lastAt time.Time                   // when last was taken; zero before the first
 	counts map[string]map[string]int64 // probes by engine URL and outcome
 	held   map[string]held             // measurements to offer a coordinator, by capacity key (held.go)
+	// probing holds the capacity key of the probe running on each engine,
+	// by engine URL: the link runs one probe per key, but a key changes
+	// with the engine's launch, and two bursts on one engine would each
+	// see the other's tokens and both be discarded.
+	probing map[string]string
 
 	passiveMu     sync.Mutex
 	passive       map[string]*passive // passive capacity per capacity key (passive.go)
@@ -60,7 +65,8 @@ func NewHandler(cfg config.Config, col *collect.Collector, gpus gpu.Source, boar
 	}
 	probeLog := logger.Named("probe")
 	return &Handler{cfg: cfg, col: col, gpus: gpus, log: logger, probeLog: probeLog,
-		probes: board.Reporter(status.AreaProbe, "url", probeLog), counts: map[string]map[string]int64{}}
+		probes: board.Reporter(status.AreaProbe, "url", probeLog), counts: map[string]map[string]int64{},
+		probing: map[string]string{}}
 }
 
 // Snapshot returns the collector's snapshot and keeps it: the probe needs
@@ -99,6 +105,9 @@ func (h *Handler) lastSnapshot() (wire.Snapshot, time.Time) {
 // as probe.busy says, whatever asked (a scheduled probe in "wait" mode is
 // deferred at once: the coordinator asks again); a burst that the
 // engine's own counters show was shared with other traffic is discarded.
+// A probe of an engine that another probe (under another key) is still
+// measuring or waiting for is deferred too (ErrBusy), and one whose
+// engine's key changed meanwhile is discarded.
 func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measurement, error) {
 	if h.onProbe != nil {
 		h.onProbe(req)
@@ -107,6 +116,24 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 	if !ok {
 		return wire.Measurement{}, fmt.Errorf("no engine on this node has capacity key %q", req.CapacityKey)
 	}
+	h.mu.Lock()
+	if other, busy := h.probing[client.URL()]; busy {
+		h.mu.Unlock()
+		err := probe.BusyError(fmt.Sprintf("another probe of this engine (capacity key %s) is still running; "+
+			"this one is deferred so that the two bursts never share the engine", other))
+		if ctx.Err() == nil {
+			h.recordProbe(client.URL(), req.CapacityKey, wire.Measurement{}, err)
+		}
+		return wire.Measurement{}, err
+	}
+	h.probing[client.URL()] = req.CapacityKey
+	h.mu.Unlock()
+	defer func() {
+		h.mu.Lock()
+		delete(h.probing, client.URL())
+		h.mu.Unlock()
+	}()
+
 	model, uuids, maxContext, ranks := client.Config().Model, []string(nil), int64(0), 1
 	h.mu.Lock()
 	for _, e := range h.last.Engines {
@@ -146,10 +173,29 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 		MaxContextTokens: maxContext,
 	})
 	m.Cause = req.Cause
+	if now := h.keyOf(client.URL()); err == nil && m.Valid() && now != "" && now != req.CapacityKey {
+		// A probe that waited for a busy engine may end on the engine
+		// restarted with other arguments: its number is not the key's.
+		err = fmt.Errorf("the engine's capacity key changed from %s to %s while it was probed (restarted with other launch arguments?): "+
+			"the measurement is not the old key's, and was discarded", req.CapacityKey, now)
+	}
 	if ctx.Err() == nil {
 		h.recordProbe(client.URL(), req.CapacityKey, m, err)
 	}
 	return m, err
+}
+
+// keyOf returns the capacity key the newest snapshot gives the engine at
+// url; "" when it lists none.
+func (h *Handler) keyOf(url string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, e := range h.last.Engines {
+		if e.URL == url {
+			return e.CapacityKey
+		}
+	}
+	return ""
 }
 
 // recordProbe counts a probe's outcome and puts it on the board: a

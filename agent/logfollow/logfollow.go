@@ -1,9 +1,10 @@
 // Package logfollow follows a growing log file line by line, like tail -F:
 // it waits for the file to appear, reads what is appended, and keeps going
 // across rotation by rename, copytruncate truncation, and deletion and
-// re-creation. It polls (no inotify), so it works the same on Linux and
-// macOS and on any file system, and its memory stays flat however large
-// the file: it streams through a fixed buffer and holds at most one line.
+// re-creation; a deleted file that stopped growing is closed. It polls
+// (no inotify), so it works the same on Linux and macOS and on any file
+// system, and its memory stays flat however large the file: it streams
+// through a fixed buffer and holds at most one line.
 //
 // Truncation is seen as a shrink below the bytes already read, or as a
 // change of the file's first 4 KiB (a file rewritten in place between
@@ -69,6 +70,15 @@ type Options struct {
 	// a file's rotated predecessors itself can read one renamed away just
 	// before the open, in order.
 	OnOpen func(info os.FileInfo)
+	// DeletedGrace is how long a deleted file (no link left: removed, not
+	// renamed) that no longer grows stays open, for a writer that may
+	// still append to it. Then it is closed, so that it holds no disk
+	// space and no stale state, OnDeleted is called and the follower
+	// waits for a new file at the path. Default 10s.
+	DeletedGrace time.Duration
+	// OnDeleted is called when a deleted file was read to its end and
+	// closed.
+	OnDeleted func()
 	// Stop is called each time the file was read to its end, and while it
 	// does not exist. When it returns true, Follow delivers an
 	// unterminated last line and returns nil: a caller following the
@@ -84,6 +94,7 @@ const (
 	defaultPoll         = 250 * time.Millisecond
 	defaultMaxLineBytes = 1 << 20
 	defaultPartialAfter = 2 * time.Second
+	defaultDeletedGrace = 10 * time.Second
 	chunkBytes          = 64 << 10
 )
 
@@ -96,6 +107,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.PartialAfter <= 0 {
 		o.PartialAfter = defaultPartialAfter
+	}
+	if o.DeletedGrace <= 0 {
+		o.DeletedGrace = defaultDeletedGrace
 	}
 	return o
 }
@@ -182,6 +196,7 @@ type follower struct {
 	pos    int64       // bytes read from file
 	atEOF  bool        // the last read found the end of the file
 	opened bool        // a file was opened before: the next one replaces it
+	goneAt time.Time   // when file was first seen deleted; zero while it is not
 
 	buf      []byte
 	pending  []byte // the line read so far, without its newline
@@ -206,7 +221,7 @@ func (f *follower) open(skipExisting bool) (bool, error) {
 		file.Close()
 		return false, fmt.Errorf("follow %s: %w", f.path, err)
 	}
-	f.file, f.info, f.pos, f.head = file, info, 0, f.head[:0]
+	f.file, f.info, f.pos, f.head, f.goneAt = file, info, 0, f.head[:0], time.Time{}
 	if f.opts.OnOpen != nil {
 		f.opts.OnOpen(info)
 	}
@@ -314,9 +329,18 @@ func (f *follower) checkFile(ctx context.Context) (switched bool, err error) {
 	info, err := os.Stat(f.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		// Deleted or renamed away: keep reading the old file, which its
-		// writer may still append to, until a new one appears.
-		return false, nil
+		// Renamed away, or deleted: keep reading the old file, which its
+		// writer may still append to, until a new one appears; but not a
+		// deleted one that stopped growing, which nothing can reach again.
+		if !f.deletedQuiet() {
+			return false, nil
+		}
+		f.flushPartial()
+		f.closeFile()
+		if f.opts.OnDeleted != nil {
+			f.opts.OnDeleted()
+		}
+		return true, nil
 	case err != nil:
 		return false, fmt.Errorf("follow %s: %w", f.path, err)
 	case !os.SameFile(info, f.info):
@@ -338,6 +362,25 @@ func (f *follower) checkFile(ctx context.Context) (switched bool, err error) {
 		return true, nil
 	}
 	return false, nil
+}
+
+// deletedQuiet tells whether the open file has no link left and has
+// neither grown nor been seen linked for DeletedGrace. Where the link
+// count cannot be read the file is kept, as a renamed one is.
+func (f *follower) deletedQuiet() bool {
+	info, err := f.file.Stat()
+	if err != nil {
+		return false
+	}
+	if n, ok := linkCount(info); !ok || n > 0 {
+		f.goneAt = time.Time{}
+		return false
+	}
+	now := time.Now()
+	if f.goneAt.IsZero() {
+		f.goneAt = now
+	}
+	return now.Sub(f.goneAt) >= f.opts.DeletedGrace && now.Sub(f.lastData) >= f.opts.DeletedGrace
 }
 
 // headBytes is how much of the file's start is remembered. Log lines start

@@ -254,6 +254,47 @@ func TestFollowDeleteAndRecreate(t *testing.T) {
 	r.waitFor("a", "RESET:replaced", "b")
 }
 
+// A deleted file (no name left) that its writer still appends to is read
+// on; once it stops growing for DeletedGrace it is closed, so it holds no
+// disk space, OnDeleted says so, and a new file at the path is read.
+func TestFollowClosesADeletedFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "engine.log")
+	write(t, path, "a\n")
+	r := startWith(t, path, Options{DeletedGrace: 300 * time.Millisecond}, func(r *run, o *Options) {
+		o.OnDeleted = func() { r.add("DELETED") }
+	})
+	r.waitFor("a")
+	engine, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	// The engine goes on writing for longer than the grace.
+	want := []string{"a"}
+	for i := range 10 {
+		line := fmt.Sprintf("b%d", i)
+		if _, err := engine.WriteString(line + "\n"); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, line)
+		r.waitFor(want...)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := engine.WriteString("tail"); err != nil {
+		t.Fatal(err)
+	}
+	engine.Close()
+	r.waitFor(append(want, "tail", "DELETED")...)
+	if held := testutil.OpenDeleted(t, path); held != 0 {
+		t.Fatalf("%d descriptors still hold the deleted file", held)
+	}
+	write(t, path, "c\n")
+	r.waitFor(append(want, "tail", "DELETED", "RESET:replaced", "c")...)
+}
+
 func TestFollowLongLines(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "engine.log")
 	huge := strings.Repeat("x", 3*chunkBytes+17) // spans several reads
@@ -287,7 +328,7 @@ func TestFollowErrors(t *testing.T) {
 
 func TestOptionsDefaults(t *testing.T) {
 	o := Options{}.withDefaults()
-	if o.Poll != 250*time.Millisecond || o.MaxLineBytes != 1<<20 || o.PartialAfter != 2*time.Second || o.FromEnd {
+	if o.Poll != 250*time.Millisecond || o.MaxLineBytes != 1<<20 || o.PartialAfter != 2*time.Second || o.DeletedGrace != 10*time.Second || o.FromEnd {
 		t.Errorf("defaults = %+v", o)
 	}
 }

@@ -457,7 +457,7 @@ func (s *Source) readDockerFile(ctx context.Context, h Handler, follow bool, api
 		return readWholeFile(path, u)
 	}
 	err = logfollow.Follow(ctx, path, logfollow.Options{
-		Poll: s.opts.Poll,
+		Poll: s.opts.Poll, DeletedGrace: s.opts.deletedGrace, OnDeleted: s.deleted(path),
 		OnReset: func(reason string) {
 			// Docker renames the file when it rotates it: the same run goes on.
 			if reason != logfollow.ReasonReplaced {

@@ -31,7 +31,7 @@ func (s *Source) readFile(ctx context.Context, h Handler, follow bool) error {
 	}
 	s.newRun()
 	return logfollow.Follow(ctx, s.spec.Path, logfollow.Options{
-		Poll: s.opts.Poll,
+		Poll: s.opts.Poll, DeletedGrace: s.opts.deletedGrace, OnDeleted: s.deleted(s.spec.Path),
 		OnReset: func(reason string) {
 			u.Flush()
 			h.reset(reason)
@@ -142,7 +142,7 @@ func (s *Source) readGlob(ctx context.Context, h Handler, follow bool) error {
 		var next string
 		lastCheck := time.Now()
 		err := logfollow.Follow(ctx, current, logfollow.Options{
-			Poll: s.opts.Poll,
+			Poll: s.opts.Poll, DeletedGrace: s.opts.deletedGrace, OnDeleted: s.deleted(current),
 			OnReset: func(reason string) {
 				u.Flush()
 				h.reset(reason)

@@ -232,7 +232,7 @@ func (s *Source) readK8s(ctx context.Context, h Handler, follow bool) error {
 		var next k8sTarget
 		lastCheck := time.Now()
 		err := logfollow.Follow(ctx, target.live(), logfollow.Options{
-			Poll: s.opts.Poll,
+			Poll: s.opts.Poll, DeletedGrace: s.opts.deletedGrace, OnDeleted: s.deleted(target.live()),
 			OnOpen: func(info os.FileInfo) {
 				// A file renamed away just before this open is read first.
 				c.catchUpAll(info)

@@ -4,13 +4,19 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"weak"
 
+	"heft/agent/logwrap"
 	"heft/agent/logwrap/wraptest"
 	"heft/shared/testutil"
 )
@@ -259,5 +265,55 @@ func TestK8sErrors(t *testing.T) {
 	}
 	if r := rec.ranks(); !slices.Equal(r, ranks(0, 24094, 1, 2925)) {
 		t.Fatalf("ranks %v", r)
+	}
+}
+
+// A crash-looping container: every restart is a new run with its own
+// unwrapper. Status adds up what every run skipped, while the finished
+// unwrappers are let go: memory stays flat however many restarts.
+func TestK8sCrashLoopKeepsOneUnwrapper(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "inference_vllm-0_6f1c2d3e-aaaa-bbbb-cccc-000000000001", "vllm")
+	run := func(n int) string {
+		at := t0.Add(time.Duration(n) * time.Minute).Format(time.RFC3339Nano)
+		return fmt.Sprintf("%s stdout F run %d starts\n%s stdout X run %d has a line without its tag\n", at, n, at, n)
+	}
+	writeFile(t, filepath.Join(dir, "0.log"), run(0))
+	var mu sync.Mutex
+	var made []weak.Pointer[logwrap.Unwrapper]
+	src, err := Open("k8s:inference/vllm-0/vllm", fast(Options{PodsRoot: root, newUnwrapper: func(u *logwrap.Unwrapper) {
+		mu.Lock()
+		made = append(made, weak.Make(u))
+		mu.Unlock()
+	}}), logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := following(t, src, newRecorder(t, "vllm").handler())
+	const restarts = 30
+	for n := 1; n <= restarts; n++ {
+		testutil.Eventually(t, "the run's lines", 10*time.Second, func() bool { return src.Status().Skipped[logwrap.SkipCRINoTag] == int64(n) })
+		writeFile(t, filepath.Join(dir, strconv.Itoa(n)+".log"), run(n))
+	}
+	testutil.Eventually(t, "the last run's lines", 10*time.Second, func() bool { return src.Status().Runs == restarts+1 && src.Status().Lines == restarts+1 })
+	st := src.Status()
+	if st.Skipped[logwrap.SkipCRINoTag] != restarts+1 || len(st.Skipped) != 1 || st.Wrapper != "cri" ||
+		!strings.Contains(st.LastProblem, "run 30 has a line without its tag") {
+		t.Fatalf("status %+v", st)
+	}
+	runtime.GC()
+	mu.Lock()
+	defer mu.Unlock()
+	live := 0
+	for _, w := range made {
+		if w.Value() != nil {
+			live++
+		}
+	}
+	if len(made) != restarts+1 || live > 1 {
+		t.Fatalf("%d unwrappers made, %d still held; want %d made and only the current one held", len(made), live, restarts+1)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"path/filepath"
 	"regexp"
@@ -222,11 +223,14 @@ type Options struct {
 	// PodsRoot holds the kubelet's pod logs; /var/log/pods when empty.
 	PodsRoot string
 
-	// Test hooks: after each rotated file read, before a pod log is
-	// followed, after each look for a newer file or run.
+	// Test hooks: logfollow's DeletedGrace; after each rotated file read,
+	// before a pod log is followed, after each look for a newer file or
+	// run, for each new unwrapper.
+	deletedGrace time.Duration
 	afterRotated func(path string)
 	beforeFollow func()
 	rescanned    func()
+	newUnwrapper func(*logwrap.Unwrapper)
 }
 
 const defaultRescan = 2 * time.Second
@@ -318,8 +322,30 @@ type Source struct {
 
 	mu     sync.Mutex
 	status Status
-	// wraps are the unwrappers of this read, whose counts Status adds up.
-	wraps []*logwrap.Unwrapper
+	// wrap is the unwrapper reading now; done holds what the ones before
+	// it in this read skipped, so that a crash-looping engine's many runs
+	// cost no memory: Status adds the two up.
+	wrap *logwrap.Unwrapper
+	done unwrapped
+}
+
+// unwrapped is what finished unwrappers skipped, folded together.
+type unwrapped struct {
+	skipped     map[string]int64
+	lastProblem string
+}
+
+// add folds one unwrapper's counts in.
+func (d *unwrapped) add(ws logwrap.Stats) {
+	for k, v := range ws.Skipped {
+		if d.skipped == nil {
+			d.skipped = map[string]int64{}
+		}
+		d.skipped[k] += v
+	}
+	if ws.LastProblem != "" {
+		d.lastProblem = ws.LastProblem
+	}
 }
 
 // Open parses spec and returns its source; nothing is read yet.
@@ -351,22 +377,16 @@ func (s *Source) Status() Status {
 	defer s.mu.Unlock()
 	st := s.status
 	st.Notes = append([]string(nil), st.Notes...)
-	for _, u := range s.wraps {
-		ws := u.Stats()
+	all := unwrapped{skipped: maps.Clone(s.done.skipped), lastProblem: s.done.lastProblem}
+	if s.wrap != nil {
+		ws := s.wrap.Stats()
 		st.Wrapper = ws.Wrapper
 		if ws.Mixed {
 			st.Wrapper += " (mixed with other formats)"
 		}
-		for k, v := range ws.Skipped {
-			if st.Skipped == nil {
-				st.Skipped = map[string]int64{}
-			}
-			st.Skipped[k] += v
-		}
-		if ws.LastProblem != "" {
-			st.LastProblem = ws.LastProblem
-		}
+		all.add(ws)
 	}
+	st.Skipped, st.LastProblem = all.skipped, all.lastProblem
 	return st
 }
 
@@ -386,7 +406,7 @@ func (s *Source) ReadAll(ctx context.Context, h Handler) error {
 
 func (s *Source) run(ctx context.Context, h Handler, follow bool) error {
 	s.mu.Lock()
-	s.wraps = nil
+	s.wrap, s.done = nil, unwrapped{}
 	s.mu.Unlock()
 	counted := Handler{Reset: h.Reset, Line: func(line string) {
 		s.mu.Lock()
@@ -422,12 +442,20 @@ func (s *Source) run(ctx context.Context, h Handler, follow bool) error {
 	return err
 }
 
-// unwrapper returns a new unwrapper feeding h, counted in Status.
+// unwrapper returns a new unwrapper feeding h, counted in Status. The
+// previous one is finished (sources read one run or file at a time), so
+// its counts are folded in and it is let go.
 func (s *Source) unwrapper(h Handler, opts logwrap.Options) *logwrap.Unwrapper {
 	u := logwrap.New(h.Line, opts)
 	s.mu.Lock()
-	s.wraps = append(s.wraps, u)
+	if s.wrap != nil {
+		s.done.add(s.wrap.Stats())
+	}
+	s.wrap = u
 	s.mu.Unlock()
+	if s.opts.newUnwrapper != nil {
+		s.opts.newUnwrapper(u)
+	}
 	return u
 }
 
@@ -439,6 +467,17 @@ func (s *Source) resolved(what, via string) {
 		s.logger.Debug("reading engine log", "from", what, "via", via)
 	}
 	s.status.Resolved, s.status.Via = what, via
+}
+
+// deleted returns logfollow's OnDeleted for the file followed at path:
+// Status shows the deletion as the last error until a line is read again.
+func (s *Source) deleted(path string) func() {
+	return func() {
+		s.logger.Info("engine log file deleted; closed it, waiting for a new file at its path", "path", path)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.status.LastError, s.status.LastErrorAt = path+" was deleted: closed it, waiting for a new file there", time.Now()
+	}
 }
 
 // newRun counts a run of the engine read from its start.

@@ -247,6 +247,44 @@ func TestFileFollowUnwrapsAcrossRotation(t *testing.T) {
 	}
 }
 
+// A log file deleted while nothing writes it: the source closes it (no
+// descriptor keeps it on disk), says so in Status, keeps what the log
+// told (the engine may still run), and reads a new file at the path.
+func TestFileFollowClosesADeletedLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "engine.log")
+	lines := fixtureLines(t, "engines/vllm-dp2.log")
+	writeFile(t, path, strings.Join(lines, "\n")+"\n")
+	o := fast(Options{})
+	o.deletedGrace = 50 * time.Millisecond
+	src, _ := Open(path, o, logger(t))
+	rec := newRecorder(t, "vllm")
+	stop := following(t, src, rec.handler())
+	testutil.Eventually(t, "every line", 10*time.Second, func() bool { l, _ := rec.got(); return len(l) == len(lines) })
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the deletion in the status", 10*time.Second, func() bool {
+		return strings.Contains(src.Status().LastError, path+" was deleted")
+	})
+	if n := testutil.OpenDeleted(t, path); n != 0 {
+		t.Fatalf("%d descriptors still hold the deleted log", n)
+	}
+	if _, resets := rec.got(); len(resets) != 0 || !slices.Equal(rec.ranks(), ranks(0, 373696, 1, 373552)) {
+		t.Fatalf("resets %q, ranks %v: the deletion alone must not forget the engine's facts", resets, rec.ranks())
+	}
+	writeFile(t, path, "(APIServer pid=1) INFO 03-02 10:20:00 [api_server.py:1] vLLM API server version 0.11.0\n")
+	testutil.Eventually(t, "the new file's line", 10*time.Second, func() bool { l, _ := rec.got(); return len(l) == len(lines)+1 })
+	if _, resets := rec.got(); !slices.Equal(resets, []string{"replaced"}) {
+		t.Fatalf("resets %q", resets)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := src.Status(); st.Resolved != path || !st.LastLineAt.After(st.LastErrorAt) {
+		t.Fatalf("status %+v: want the file read again after the deletion", st)
+	}
+}
+
 func TestGlobNewestAndTakeover(t *testing.T) {
 	dir := t.TempDir()
 	older, newer := filepath.Join(dir, "a.log"), filepath.Join(dir, "b.log")

@@ -73,6 +73,11 @@ func (e busyError) Error() string {
 // Busy reports that the probe was deferred because the engine was busy.
 func (busyError) Busy() bool { return true }
 
+// BusyError returns an error that is ErrBusy (errors.Is) with msg: for a
+// caller that defers a probe before Run, as the agent does for a second
+// probe of an engine already being probed.
+func BusyError(msg string) error { return busyError{msg} }
+
 // Is makes every busyError ErrBusy.
 func (busyError) Is(target error) bool {
 	_, ok := target.(busyError)
@@ -146,14 +151,12 @@ func (p *prober) onBusy(ctx context.Context, m *wire.Measurement, why string) er
 			// became idle.
 			why = unreadLoad(err)
 		case l.Running+l.Waiting == 0:
-			// A drained engine gets no new requests from the gateways:
-			// the settle is for one they still route to, and would only
-			// keep the worker out of them longer.
-			stirred := ""
-			if !m.Drained {
-				if stirred, err = p.settle(ctx); err != nil {
-					return err
-				}
+			// Drained too: Drain only sent the ask. The coordinator keeps
+			// a model's only serving worker, and gateways apply a drain
+			// at their next sync; none of that comes back here.
+			stirred, err := p.settle(ctx)
+			if err != nil {
+				return err
 			}
 			if stirred == "" {
 				m.BusyWaitSeconds = time.Since(start).Seconds()
