@@ -42,7 +42,20 @@ type passive struct {
 	rates      []float64
 	latest     *wire.Passive
 	stillLoad  probe.StillLoad
+	// seen is when a snapshot last carried the capacity key (passive and
+	// pace trackers are kept and forgotten together: forgetPassive).
+	seen time.Time
 }
+
+// An engine that crash-loops with changing arguments gets a new capacity
+// key at every start; its trackers are forgotten once no snapshot has
+// carried their key for passiveForget, and at most maxPassiveKeys are kept
+// (the least recently seen go first). A key that reads "" for a few
+// snapshots (the engine was unreachable for a moment) keeps its windows.
+const (
+	passiveForget  = 10 * time.Minute
+	maxPassiveKeys = 64
+)
 
 type passiveSample struct {
 	at  time.Time
@@ -132,6 +145,8 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 	if h.passive == nil {
 		h.passive, h.paces = map[string]*passive{}, map[string]*pace{}
 	}
+	seen := time.Now()
+	defer h.forgetPassive(seen)
 	for i := range s.Engines {
 		e := &s.Engines[i]
 		if e.CapacityKey == "" {
@@ -148,7 +163,7 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 			}
 			h.passive[e.CapacityKey] = p
 		}
-		p.ranks = e.DataParallelRanks()
+		p.ranks, p.seen = e.DataParallelRanks(), seen
 		pc := h.paces[e.CapacityKey]
 		if pc == nil {
 			pc = &pace{window: cmp.Or(h.passiveWindow, h.cfg.Probe.PaceWindow, config.DefaultPaceWindow)}
@@ -185,5 +200,31 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 			r := *p.latest
 			e.Passive = &r
 		}
+	}
+}
+
+// forgetPassive drops the passive and pace trackers of capacity keys no
+// snapshot has carried for passiveForget as of now, then the least
+// recently seen while more than maxPassiveKeys are kept; never one the
+// snapshot of now carried. The caller holds passiveMu.
+func (h *Handler) forgetPassive(now time.Time) {
+	for k, p := range h.passive {
+		if now.Sub(p.seen) > passiveForget {
+			delete(h.passive, k)
+			delete(h.paces, k)
+		}
+	}
+	for len(h.passive) > maxPassiveKeys {
+		oldest := ""
+		for k, p := range h.passive {
+			if p.seen.Before(now) && (oldest == "" || p.seen.Before(h.passive[oldest].seen)) {
+				oldest = k
+			}
+		}
+		if oldest == "" {
+			return // every one is in this snapshot
+		}
+		delete(h.passive, oldest)
+		delete(h.paces, oldest)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"heft/agent/collect"
 	"heft/agent/engine"
 	"heft/agent/probe"
 	"heft/shared/testutil"
@@ -298,5 +300,91 @@ func TestStillLoad(t *testing.T) {
 		if got := stillFor(&w, at(st.s), st.c); got != st.want {
 			t.Errorf("at %ds (%s): still %v, want %v", st.s, st.name, got, st.want)
 		}
+	}
+}
+
+// passiveSnapshot is a snapshot of idle engines by capacity key ("": an
+// engine the agent could not reach, so no key).
+func passiveSnapshot(keys ...string) *wire.Snapshot {
+	s := &wire.Snapshot{}
+	for _, k := range keys {
+		s.Engines = append(s.Engines, wire.Engine{CapacityKey: k, Load: wire.Load{Known: true}})
+	}
+	return s
+}
+
+// agePassive makes every tracker's key last seen d earlier.
+func agePassive(h *Handler, d time.Duration) {
+	for _, p := range h.passive {
+		p.seen = p.seen.Add(-d)
+	}
+}
+
+// An engine that crash-loops with changing arguments gets a new capacity
+// key at every start: the passive and pace trackers of keys no snapshot
+// carries any more are forgotten (at most maxPassiveKeys, and none unseen
+// for passiveForget), while the steady engine beside it keeps its own.
+// They were kept for good, one pair per key ever seen.
+func TestPassiveTrackersOfGoneKeysAreForgotten(t *testing.T) {
+	h := &Handler{col: &collect.Collector{}}
+	for _, every := range []time.Duration{time.Second, 30 * time.Second} {
+		for i := range 1000 {
+			h.passiveReadings(context.Background(), passiveSnapshot("steady", fmt.Sprintf("loop-%v-%d", every, i)))
+			if len(h.passive) > maxPassiveKeys || len(h.paces) != len(h.passive) {
+				t.Fatalf("a new key every %v, start %d: %d passive and %d pace trackers, want at most %d each",
+					every, i, len(h.passive), len(h.paces), maxPassiveKeys)
+			}
+			if h.passive["steady"] == nil || h.passive[fmt.Sprintf("loop-%v-%d", every, i)] == nil {
+				t.Fatalf("a new key every %v, start %d: a tracker of a key in the snapshot was forgotten", every, i)
+			}
+			agePassive(h, every)
+		}
+	}
+	// A new key every 30 s: the time bound bites before the count.
+	if want := int(passiveForget/(30*time.Second)) + 2; len(h.passive) > want {
+		t.Fatalf("a new key every 30 s: %d trackers, want at most %d", len(h.passive), want)
+	}
+	agePassive(h, passiveForget)
+	h.passiveReadings(context.Background(), passiveSnapshot("steady"))
+	if len(h.passive) != 1 || len(h.paces) != 1 || h.passive["steady"] == nil || h.paces["steady"] == nil {
+		t.Fatalf("after the loop stopped: %d passive and %d pace trackers, want the steady engine's alone", len(h.passive), len(h.paces))
+	}
+	// More engines in one snapshot than the bound: none of theirs goes.
+	many := make([]string, maxPassiveKeys+6)
+	for i := range many {
+		many[i] = fmt.Sprintf("engine-%d", i)
+	}
+	agePassive(h, time.Second)
+	h.passiveReadings(context.Background(), passiveSnapshot(many...))
+	if len(h.passive) != len(many) || len(h.paces) != len(many) || h.passive["steady"] != nil {
+		t.Fatalf("%d engines in one snapshot: %d passive and %d pace trackers, want theirs alone", len(many), len(h.passive), len(h.paces))
+	}
+}
+
+// An engine unreachable for a moment reads no capacity key: its trackers
+// stay, with the pace window that runs and the readings it gives, and so
+// they do while another engine crash-loops beside it.
+func TestPassiveTrackersKeptThroughABriefGap(t *testing.T) {
+	h := &Handler{col: &collect.Collector{}}
+	h.passiveReadings(context.Background(), passiveSnapshot("k"))
+	p, pc := h.passive["k"], h.paces["k"]
+	if p == nil || pc == nil {
+		t.Fatal("no trackers for the engine's key")
+	}
+	start := paceSample{at: time.Now(), gen: 1234, itlN: 500}
+	pc.start = start // a pace window runs
+	pc.latest = &wire.Pace{WindowSeconds: 10}
+	p.latest = &wire.Passive{ThroughputTPS: 1800}
+	for i := range 64 { // 5 min 20 s unreachable, while 32 keys come and go
+		agePassive(h, 5*time.Second)
+		h.passiveReadings(context.Background(), passiveSnapshot("", fmt.Sprintf("loop-%d", i/2)))
+	}
+	if h.passive["k"] != p || h.paces["k"] != pc || pc.start != start {
+		t.Fatal("the trackers of an engine unreachable for a few minutes were forgotten")
+	}
+	s := passiveSnapshot("k")
+	h.passiveReadings(context.Background(), s) // its counters are not read: the window stays as it was
+	if e := s.Engines[0]; e.Pace == nil || e.Pace.WindowSeconds != 10 || e.Passive == nil || e.Passive.ThroughputTPS != 1800 || pc.start != start {
+		t.Fatalf("back after the gap: pace %+v, passive %+v; want the readings from before it, and the window", e.Pace, e.Passive)
 	}
 }

@@ -95,3 +95,70 @@ func TestResolvedCollisionIsOneEndpoint(t *testing.T) {
 		t.Fatalf("dropped %q", res.Dropped)
 	}
 }
+
+// A worker whose DNS answer changes leaves its old endpoint even while
+// another worker's name has never resolved since heft-sync started: the
+// unresolved worker's endpoint, as last published, stays, but the moved
+// worker's old one is its own, not one the unresolved worker may be at.
+// Before, every endpoint no worker's current address claimed was kept
+// while a name was unresolved, so the moved worker was published at both
+// addresses and Envoy went on sending part of its share to the old one.
+func TestMovedNameLeavesItsOldEndpointWhileAnotherIsUnresolved(t *testing.T) {
+	for _, state := range []string{view.StateAdmitted, view.StateHeld} {
+		t.Run(state, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "qwen.json")
+			named := func(host, state string) view.Worker {
+				return gwtest.Worker(model, host+":8000", state, 1)
+			}
+			// Before a restart, x resolved and was published at 10.0.0.7.
+			before := startServer(t).Cluster(model, "qwen").KeepingState(path).UseLookup(gwtest.NewDNS(map[string]string{
+				"gpu-a.heft.test": "10.0.0.1", "gpu-b.heft.test": "10.0.0.2", "gpu-x.heft.test": "10.0.0.7"}).Lookup)
+			if res, err := before.Apply(context.Background(), desired(named("gpu-a.heft.test", view.StateAdmitted),
+				named("gpu-b.heft.test", view.StateAdmitted), named("gpu-x.heft.test", view.StateAdmitted))); err != nil || res.Serving != 3 {
+				t.Fatalf("before the restart: %+v %v", res, err)
+			}
+
+			// Restarted, x's name no longer resolves: its endpoint stays.
+			dns := gwtest.NewDNS(map[string]string{"gpu-a.heft.test": "10.0.0.1", "gpu-b.heft.test": "10.0.0.2"})
+			s := startServer(t)
+			after := s.Cluster(model, "qwen").KeepingState(path).UseLookup(dns.Lookup)
+			res, err := after.Apply(context.Background(), desired(named("gpu-a.heft.test", view.StateAdmitted),
+				named("gpu-b.heft.test", view.StateAdmitted), named("gpu-x.heft.test", view.StateAdmitted)))
+			if w := firstAssignment(t, s.Addr(), "qwen"); target.Reason(err) != target.ReasonResolve || len(w) != 3 ||
+				w["10.0.0.1:8000"] == 0 || w["10.0.0.2:8000"] == 0 || w["10.0.0.7:8000"] == 0 {
+				t.Fatalf("x unresolved (%+v, %v): Envoy got %v, want a, b and x's last endpoint", res, err, w)
+			}
+
+			// b moves (and is held in the second case) while x is still
+			// unresolved.
+			dns.Set("gpu-b.heft.test", "10.0.0.9")
+			res, err = after.Apply(context.Background(), desired(named("gpu-a.heft.test", view.StateAdmitted),
+				named("gpu-b.heft.test", state), named("gpu-x.heft.test", view.StateAdmitted)))
+			if target.Reason(err) != target.ReasonResolve || !strings.Contains(err.Error(), "gpu-x") {
+				t.Fatalf("apply after the move: %v, want x's resolve error", err)
+			}
+			want := map[string]bool{"10.0.0.1:8000": true, "10.0.0.7:8000": true}
+			if state == view.StateAdmitted {
+				want["10.0.0.9:8000"] = true
+			}
+			w := firstAssignment(t, s.Addr(), "qwen")
+			if len(w) != len(want) || res.Serving != len(want) {
+				t.Fatalf("after the move (%+v): Envoy got %v, want %v", res, w, want)
+			}
+			for a := range want {
+				if w[a] == 0 {
+					t.Fatalf("after the move (%+v): Envoy got %v, want %v", res, w, want)
+				}
+			}
+			saved, err := after.Served(context.Background())
+			if err != nil || len(saved) != len(want) {
+				t.Fatalf("the state file holds %v, %v; want %v", saved, err, want)
+			}
+			for _, e := range saved {
+				if !want[e.Address] {
+					t.Fatalf("the state file holds %v; want %v", saved, want)
+				}
+			}
+		})
+	}
+}

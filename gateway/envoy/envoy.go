@@ -231,7 +231,8 @@ func Assignment(ctx context.Context, name string, m target.Model) (*endpointv3.C
 // resolves to the same IP:port. A failed lookup is no evidence against an
 // engine: r falls back to the last good address, and while a serving
 // worker has none, prev's endpoints (what was published last) that no
-// worker claims are kept, since one of them may be that worker.
+// worker claims are kept, since one of them may be that worker. A worker
+// claims its address and, when its DNS answer changed, the one before.
 func assign(ctx context.Context, name string, m target.Model, r *target.Resolver,
 	prev *endpointv3.ClusterLoadAssignment) (*endpointv3.ClusterLoadAssignment, float64, []string, error) {
 	m, _ = target.Clean(m)
@@ -249,6 +250,11 @@ func assign(ctx context.Context, name string, m target.Model, r *target.Resolver
 	i := 0
 	for _, b := range rs {
 		claimed[b.Addr] = true
+		// A worker whose DNS answer changed also claims its old address:
+		// the endpoint there was its own, published by this heft-sync, not
+		// one an unresolved worker may be at, so it goes (else the moved
+		// worker, or a held one, kept its share there).
+		claimed[b.Prev] = true
 		if !b.Serving {
 			continue
 		}
