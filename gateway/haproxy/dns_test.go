@@ -3,6 +3,7 @@ package haproxy_test
 import (
 	"context"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -136,6 +137,49 @@ func TestMovedNameLeavesItsOldAddressWhileAnotherIsUnresolved(t *testing.T) {
 				t.Fatalf("after the move (changes %v): %v, want b at its new address only if it serves", res.Changes, split)
 			}
 		})
+	}
+}
+
+// A worker that does not serve needs no server: one whose DNS answer
+// changed (its engine restarted elsewhere, held or offline meanwhile) does
+// not keep the slot at its old address, drained at an address its engine
+// left, nor take it from a serving worker that needs a slot. With every
+// name resolved, that slot goes to maintenance, or to that worker, as it
+// did before heft-sync remembered old addresses.
+func TestMovedHeldWorkerKeepsNoSlot(t *testing.T) {
+	a, b, c, d := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b"), gwtest.NewUpstream(t, "c"), gwtest.NewUpstream(t, "d")
+	dns := gwtest.NewDNS(map[string]string{"gpu-b.heft.test": "127.0.0.1"})
+	hx := gwtest.StartHAProxy(t, cfgSlots) // 3 slots
+	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
+	h.UseLookup(dns.Lookup)
+	named := "gpu-b.heft.test:" + port(b.Addr)
+	apply(t, h, desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1),
+		gwtest.Worker(model, named, view.StateAdmitted, 1), gwtest.Worker(model, c.Addr, view.StateAdmitted, 1)))
+	if split := gwtest.Split(t, "http://"+hx.Front+"/", 30); split["b"] != 10 {
+		t.Fatalf("before the move: %v", split)
+	}
+
+	// b's engine restarts at another address, held meanwhile.
+	dns.Set("gpu-b.heft.test", "127.0.0.2")
+	held := gwtest.Worker(model, named, view.StateHeld, 1)
+	res := apply(t, h, desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), held, gwtest.Worker(model, c.Addr, view.StateAdmitted, 1)))
+	// Fields of "show servers state": srv_name 4, srv_addr 5,
+	// srv_admin_state 7 (bit 0x01: forced maintenance), srv_port 19.
+	for _, line := range strings.Split(hx.Run("show servers state qwen"), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 19 || strings.HasPrefix(line, "#") || f[4]+":"+f[18] != b.Addr {
+			continue
+		}
+		if admin, _ := strconv.Atoi(f[6]); admin&1 == 0 {
+			t.Errorf("after the move (changes %v): server %s is left at b's old address %s, admin state %d, not in maintenance", res.Changes, f[3], b.Addr, admin)
+		}
+	}
+
+	// A new worker serves: the slot b no longer needs is its.
+	res = apply(t, h, desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), held, gwtest.Worker(model, c.Addr, view.StateAdmitted, 1),
+		gwtest.Worker(model, d.Addr, view.StateAdmitted, 1)))
+	if split := gwtest.Split(t, "http://"+hx.Front+"/", 30); split["d"] != 10 || split["a"] != 10 || split["c"] != 10 {
+		t.Fatalf("with d (changes %v): %v, want d served in the slot b no longer needs", res.Changes, split)
 	}
 }
 

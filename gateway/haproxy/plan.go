@@ -85,7 +85,8 @@ func scaleWeights(ws []want) float64 {
 // Which server carries which worker:
 //   - by address (the default): a server whose address is a worker's
 //     carries it, whether listed in the file or a slot; a worker whose DNS
-//     answer changed keeps the slot at its old address; a serving worker
+//     answer changed keeps the slot at its old address (a serving one, or
+//     any while a name is unresolved); a serving worker
 //     still without one goes into a free slot (a slot no worker's address
 //     holds), or, with AddServers, into a server added for it. A worker
 //     that is not serving and has no server needs none.
@@ -202,9 +203,12 @@ func (p *plan) assignByAddress(servers []server, slots []int, ws []want, unresol
 	// which no worker claims now: heft put it there. Else, with a name
 	// unresolved, that slot was left as it is, and the worker, without a
 	// free slot, stayed at its old address (a held one was not drained).
+	// With every name resolved, a worker that does not serve needs no
+	// server: its old slot is free for a serving worker, or goes to
+	// maintenance, rather than stay drained at an address its engine left.
 	for i := range ws {
 		w := &ws[i]
-		if placed[w.Addr] || !w.Prev.IsValid() {
+		if placed[w.Addr] || !w.Prev.IsValid() || !w.Serving && !unresolved {
 			continue
 		}
 		for _, si := range byAddr[w.Prev] {
