@@ -76,6 +76,10 @@ func New(cfg config.Config, opts ...Option) (*Coordinator, error) {
 		_ = st.Close()
 		return nil, err
 	}
+	if err := f.BindDeployments(cfg.DPDeployments); err != nil {
+		_ = st.Close()
+		return nil, err
+	}
 	records, err := st.LoadNodes()
 	if err != nil {
 		_ = st.Close()

@@ -52,6 +52,10 @@ type Config struct {
 	// NODE=ADDRESS) nodes may offer gateways besides the one each
 	// connects from.
 	AdvertiseAllow []string
+	// DPDeployments bind multi-node data-parallel deployments' addresses
+	// to the nodes allowed to join them ([[dp_deployment]]); coordinator.New
+	// hands them to the fleet (Fleet.BindDeployments).
+	DPDeployments []fleet.DeploymentBinding
 
 	LogLevel string
 	LogJSON  bool
@@ -119,6 +123,11 @@ func (c *Config) command() settings.Command {
 			settings.String("tls_key_file", &c.Server.TLSKeyFile, "TLS private key (PEM)").Meta("FILE"),
 			settings.Strings("trusted_proxies", &c.TrustedProxies, "proxies (addresses or CIDR prefixes) whose X-Forwarded-For names the client").Meta("ADDR"),
 			settings.Strings("advertise_allow", &c.AdvertiseAllow, "addresses nodes may offer gateways besides the one each connects from: CIDR, ADDRESS, NODE=CIDR or NODE=ADDRESS").Meta("RULE"),
+			settings.List("dp_deployment", &c.DPDeployments,
+				"a multi-node data-parallel deployment's address and the only nodes whose workers join it, repeatable; replaces the file's tables",
+				settings.ListOf[fleet.DeploymentBinding]{Fields: func(b *fleet.DeploymentBinding) []settings.Setting {
+					return []settings.Setting{settings.String("address", &b.Address, ""), settings.Strings("nodes", &b.Nodes, "")}
+				}, Parse: fleet.ParseDeploymentBinding}).Meta(fleet.DeploymentBindingSyntax),
 			settings.String("log_level", &c.LogLevel, strings.Join(logging.Levels, ", ")).Meta("LEVEL"),
 			settings.Bool("log_json", &c.LogJSON, "log JSON lines even on a terminal"),
 			settings.Duration("offline_grace", &c.Fleet.OfflineGrace, "how long an agent may be gone before its workers show stale (still routed) or offline"),
@@ -252,6 +261,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := server.ParseAllow(c.AdvertiseAllow); err != nil {
 		bad("%v", err)
+	}
+	if err := fleet.CheckDeploymentBindings(c.DPDeployments); err != nil {
+		errs = append(errs, err)
 	}
 	if shareToken(tokens.Agent, tokens.Admin) {
 		bad("admin_token must differ from agent_token, or every agent could act as an admin")

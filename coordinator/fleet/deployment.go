@@ -41,6 +41,7 @@ import (
 type span struct {
 	addr     string // the data-parallel address (with the model, the deployment)
 	host     string // the address's host
+	port     string // the address's port, "" when the args give none
 	size     int    // data_parallel_size, 0 when the args do not say
 	start    int    // first DP rank on this node
 	local    int    // DP ranks on this node, 0 when the args do not say
@@ -82,20 +83,20 @@ func spanOf(e wire.Engine) (span, bool) {
 		}
 		return n
 	}
-	addr, host := "", ""
+	addr, host, port := "", "", ""
 	switch {
 	case args("data_parallel_address") != "":
-		host = args("data_parallel_address")
-		addr = host + ":" + args("data_parallel_rpc_port")
+		host, port = args("data_parallel_address"), args("data_parallel_rpc_port")
+		addr = host + ":" + port
 	case args("dist_init_addr") != "":
 		addr = args("dist_init_addr")
 		host = addr
-		if h, _, err := net.SplitHostPort(addr); err == nil {
-			host = h
+		if h, p, err := net.SplitHostPort(addr); err == nil {
+			host, port = h, p
 		}
 	case args("master_addr") != "":
-		host = args("master_addr")
-		addr = host + ":" + args("master_port")
+		host, port = args("master_addr"), args("master_port")
+		addr = host + ":" + port
 	}
 	s := span{size: cmp.Or(num("data_parallel_size"), num("dp_size")), local: num("data_parallel_size_local"), start: num("data_parallel_start_rank")}
 	nnodes, nodeRank := num("nnodes"), num("node_rank")
@@ -110,7 +111,7 @@ func spanOf(e wire.Engine) (span, bool) {
 	if addr == "" || !multi {
 		return span{}, false
 	}
-	s.addr, s.host = addr, host
+	s.addr, s.host, s.port = addr, host, port
 	return s, true
 }
 
@@ -179,6 +180,7 @@ type joinSet struct {
 	own     span
 	members []member // w and the workers it joins, by first rank then node
 	refused []string // why each other worker naming the deployment is not joined
+	bound   *binding // the operator's binding of the deployment's address, if any (dpbind.go)
 }
 
 // deployment decides which workers naming w's deployment w joins; nil
@@ -200,7 +202,10 @@ type joinSet struct {
 // stays, and the warning names it. What no rule here can tell apart is a
 // node claiming ranks no other node has claimed yet, before the node that
 // runs them reports: it is believed, and its claim wins over the real
-// node's when that arrives (both are named in the warning).
+// node's when that arrives (both are named in the warning), unless the
+// operator bound the address to its nodes (dp_deployment, dpbind.go):
+// then a worker on another node is not joined whenever it came, and such
+// a worker itself joins no node's ranks.
 func (f *Fleet) deployment(w *worker) *joinSet {
 	cands := f.candidates(w)
 	if cands == nil {
@@ -208,11 +213,32 @@ func (f *Fleet) deployment(w *worker) *joinSet {
 	}
 	own := cands[0].s
 	d := &joinSet{own: own, members: cands[:1]}
+	others := slices.Clone(cands[1:])
+	if b, ok := f.bindings().bound(own); ok {
+		// The operator named the deployment's nodes (dp_deployment):
+		// no other node joins, whenever it came.
+		d.bound = &b
+		nodes := strings.Join(b.nodes, ", ")
+		if !slices.Contains(b.nodes, w.node) {
+			if len(others) > 0 {
+				d.refused = []string{fmt.Sprintf("%s is not bound to %s (dp_deployment binds %s), so this worker joins no other node's ranks",
+					w.node, b.addr, nodes)}
+			}
+			return d
+		}
+		others = slices.DeleteFunc(others, func(m member) bool {
+			if slices.Contains(b.nodes, m.w.node) {
+				return false
+			}
+			d.refused = append(d.refused, fmt.Sprintf("%s is not bound to %s (dp_deployment binds %s), so its ranks are not joined",
+				m.w.node, b.addr, nodes))
+			return true
+		})
+	}
 	claimed := map[int]string{}
 	for _, dp := range claimOf(cands[0]) {
 		claimed[dp] = w.node
 	}
-	others := slices.Clone(cands[1:])
 	if own.size == 0 && len(others) > 0 {
 		// w's own arguments bound nothing: no other node's ranks can be
 		// checked against them.
@@ -221,8 +247,8 @@ func (f *Fleet) deployment(w *worker) *joinSet {
 			nodes = append(nodes, m.w.node)
 		}
 		slices.Sort(nodes)
-		d.refused = []string{fmt.Sprintf("%s's launch arguments do not say data_parallel_size, so the ranks of %s are not joined",
-			w.node, strings.Join(slices.Compact(nodes), ", "))}
+		d.refused = append(d.refused, fmt.Sprintf("%s's launch arguments do not say data_parallel_size, so the ranks of %s are not joined",
+			w.node, strings.Join(slices.Compact(nodes), ", ")))
 		return d
 	}
 	first := func(a, b bool) int { // true first
@@ -362,7 +388,8 @@ func (f *Fleet) joined(w *worker, now time.Time) (wire.Engine, []health.Finding)
 		slices.Sort(d.refused)
 		fs = append(fs, health.Finding{Code: wire.CodeDeploymentMismatch, Severity: wire.SeverityWarning,
 			Message: "the nodes of one data-parallel deployment disagree: " + strings.Join(slices.Compact(d.refused), "; ") +
-				". This worker joins another node's ranks only where its own launch arguments leave room for them and no node joined before claims them."})
+				". This worker joins another node's ranks only where its own launch arguments leave room for them and no node joined before claims them" +
+				boundNote(d.bound) + "."})
 	}
 	if d.own.size == 0 {
 		return w.eng, fs // its size unknown, nothing bounds a join: judged on its own ranks
@@ -394,6 +421,15 @@ func (f *Fleet) joined(w *worker, now time.Time) (wire.Engine, []health.Finding)
 				e.ExpectedRanks, health.RankList(e.MissingRanks), when, strings.Join(parts, ", "))})
 	}
 	return e, fs
+}
+
+// boundNote ends the mismatch warning of a deployment whose address the
+// operator bound.
+func boundNote(b *binding) string {
+	if b == nil {
+		return ""
+	}
+	return ", and only nodes bound to " + b.addr + " by dp_deployment join it"
 }
 
 // spanRanks are the ranks a worker's node runs: its launch args' range, or

@@ -219,6 +219,7 @@ type Fleet struct {
 	adminMu sync.Mutex
 
 	mu      sync.Mutex
+	dpBound *bindings // [[dp_deployment]] bindings in force; nil for none (dpbind.go)
 	workers map[string]*worker
 	byModel map[string]map[string]*worker
 	nodes   map[string]*node
