@@ -124,15 +124,7 @@ func TestDeploymentHostileNodeCannotLift(t *testing.T) {
 			for _, node := range []string{"gpu-a", "gpu-b", "evil"} {
 				h.snapshot(node)
 			}
-			for _, id := range []string{"head", "tail"} {
-				w := h.worker(id)
-				if w.State != view.StateHeld {
-					t.Errorf("%s: %s, want held: %+v", id, w.State, w.Warnings)
-				}
-				if i, ok := warning(w, wire.CodeDPPoolImbalance); !ok || i.Severity != wire.SeverityCritical || !strings.Contains(i.Message, "rank 3 only 46,704") {
-					t.Errorf("%s: %+v", id, w.Warnings)
-				}
-			}
+			wantHeldForRank3(t, h)
 		})
 	}
 }
@@ -244,4 +236,19 @@ func headAndTail(t *testing.T, head, tail [2]int64) *harness {
 	h.put("gpu-b", dpNode("tail", "http://10.0.0.2:8000", 2, true, tail[0], tail[1]))
 	h.result("gpu-b", measured("tail", 500, h.clk.now()))
 	return h
+}
+
+// wantHeldForRank3 checks that the head and the tail are both held, for
+// rank 3's pool of 46,704 tokens.
+func wantHeldForRank3(t *testing.T, h *harness) {
+	t.Helper()
+	for _, id := range []string{"head", "tail"} {
+		w := h.worker(id)
+		if w.State != view.StateHeld {
+			t.Errorf("%s: %s, want held: %+v", id, w.State, w.Warnings)
+		}
+		if i, ok := warning(w, wire.CodeDPPoolImbalance); !ok || i.Severity != wire.SeverityCritical || !strings.Contains(i.Message, "rank 3 only 46,704") {
+			t.Errorf("%s: %+v", id, w.Warnings)
+		}
+	}
 }

@@ -95,15 +95,7 @@ func TestDeploymentBoundImpostorFirstCannotLift(t *testing.T) {
 	for _, x := range hostiles {
 		t.Run(x.name, func(t *testing.T) {
 			h := impostorFirst(t, boundDP, x, x.even, 373600, 46704)
-			for _, id := range []string{"head", "tail"} {
-				w := h.worker(id)
-				if w.State != view.StateHeld {
-					t.Errorf("%s: %s, want held: %+v", id, w.State, w.Warnings)
-				}
-				if i, ok := warning(w, wire.CodeDPPoolImbalance); !ok || i.Severity != wire.SeverityCritical || !strings.Contains(i.Message, "rank 3 only 46,704") {
-					t.Errorf("%s: %+v", id, w.Warnings)
-				}
-			}
+			wantHeldForRank3(t, h)
 		})
 	}
 }
