@@ -181,6 +181,9 @@ type joinSet struct {
 	members []member // w and the workers it joins, by first rank then node
 	refused []string // why each other worker naming the deployment is not joined
 	bound   *binding // the operator's binding of the deployment's address, if any (dpbind.go)
+	// unbound: the nodes naming the deployment that its binding leaves
+	// out (w's own, when it is one of them), whose ranks are not counted.
+	unbound []string
 }
 
 // deployment decides which workers naming w's deployment w joins; nil
@@ -223,6 +226,7 @@ func (f *Fleet) deployment(w *worker) *joinSet {
 			if len(others) > 0 {
 				d.refused = []string{fmt.Sprintf("%s is not bound to %s (dp_deployment binds %s), so this worker joins no other node's ranks",
 					w.node, b.addr, nodes)}
+				d.unbound = []string{w.node}
 			}
 			return d
 		}
@@ -232,6 +236,7 @@ func (f *Fleet) deployment(w *worker) *joinSet {
 			}
 			d.refused = append(d.refused, fmt.Sprintf("%s is not bound to %s (dp_deployment binds %s), so its ranks are not joined",
 				m.w.node, b.addr, nodes))
+			d.unbound = append(d.unbound, m.w.node)
 			return true
 		})
 	}
@@ -416,9 +421,17 @@ func (f *Fleet) joined(w *worker, now time.Time) (wire.Engine, []health.Finding)
 		if now.Sub(earliest) > DeploymentGrace {
 			when = fmt.Sprintf("not in the %s since the first node reported", DeploymentGrace)
 		}
-		fs = append(fs, health.Finding{Code: wire.CodeDeploymentMismatch, Severity: wire.SeverityWarning,
-			Message: fmt.Sprintf("data-parallel deployment of %d ranks: DP %s have %s been reported by any node (reporting: %s)",
-				e.ExpectedRanks, health.RankList(e.MissingRanks), when, strings.Join(parts, ", "))})
+		msg := fmt.Sprintf("data-parallel deployment of %d ranks: DP %s have %s been reported by any node (reporting: %s)",
+			e.ExpectedRanks, health.RankList(e.MissingRanks), when, strings.Join(parts, ", "))
+		if len(d.unbound) > 0 {
+			// Not "by any node": a node the binding leaves out may run
+			// them, and the operator's list may be what is wrong.
+			slices.Sort(d.unbound)
+			msg = fmt.Sprintf("data-parallel deployment of %d ranks: DP %s have %s been reported by any node this worker joins (reporting: %s); "+
+				"not counted, as dp_deployment does not bind them to %s: %s. If such a node runs this deployment, add it to the binding's nodes and restart the coordinator",
+				e.ExpectedRanks, health.RankList(e.MissingRanks), when, strings.Join(parts, ", "), d.bound.addr, strings.Join(slices.Compact(d.unbound), ", "))
+		}
+		fs = append(fs, health.Finding{Code: wire.CodeDeploymentMismatch, Severity: wire.SeverityWarning, Message: msg})
 	}
 	return e, fs
 }

@@ -222,3 +222,46 @@ func TestDeploymentBindingLookup(t *testing.T) {
 		t.Error("no bindings bound something")
 	}
 }
+
+// An operator who binds only the head's node by mistake costs no request:
+// the honest tail, left out, is neither held nor loses its weight, and
+// each worker's warning names the node left out and the fix, rather than
+// saying its ranks were reported by no node.
+func TestDeploymentBindingMissingANodeIsClear(t *testing.T) {
+	h := newHarness(t)
+	if err := h.f.BindDeployments([]DeploymentBinding{{Address: "10.0.0.1:13345", Nodes: []string{"gpu-a"}}}); err != nil {
+		t.Fatal(err)
+	}
+	h.connect("gpu-a")
+	h.put("gpu-a", dpNode("head", "http://10.0.0.1:8000", 0, false, 373696, 373552))
+	h.result("gpu-a", measured("head", 500, h.clk.now()))
+	h.connect("gpu-b")
+	h.put("gpu-b", dpNode("tail", "http://10.0.0.2:8000", 2, true, 373600, 373600))
+	h.result("gpu-b", measured("tail", 500, h.clk.now()))
+	h.clk.advance(DeploymentGrace + time.Minute)
+	h.snapshot("gpu-a")
+	h.snapshot("gpu-b")
+	if wt := h.weights("m"); len(wt) != 2 || wt["head"] == 0 || wt["tail"] == 0 {
+		t.Errorf("weights %v, want head and tail", wt)
+	}
+	for id, missing := range map[string]string{"head": "DP 2, 3", "tail": "DP 0, 1"} {
+		w := h.worker(id)
+		if w.State != view.StateAdmitted {
+			t.Errorf("%s: %s, want admitted: %+v", id, w.State, w.Warnings)
+		}
+		found := false
+		for _, x := range w.Warnings {
+			if x.Code != wire.CodeDeploymentMismatch || !strings.Contains(x.Message, missing+" have not") {
+				continue
+			}
+			found = true
+			if strings.Contains(x.Message, "reported by any node (") || !strings.Contains(x.Message, "not bind them to 10.0.0.1:13345: gpu-b") ||
+				!strings.Contains(x.Message, "add it to the binding's nodes") {
+				t.Errorf("%s: %q, want it to name gpu-b as not bound and the fix", id, x.Message)
+			}
+		}
+		if !found {
+			t.Errorf("%s: no warning of %s missing: %+v", id, missing, w.Warnings)
+		}
+	}
+}

@@ -211,3 +211,33 @@ func TestResolvedCollisionKeepsServing(t *testing.T) {
 		}
 	}
 }
+
+// A held worker whose DNS answer moved, its old slot put in maintenance
+// while every name resolved, does not take that slot back (drained at an
+// address its engine left) when another name is unresolved later: the
+// slot carries nothing, so a new serving worker gets it rather than no
+// slot.
+func TestMovedHeldWorkerLeavesItsSlotInMaintenanceWhileAnotherIsUnresolved(t *testing.T) {
+	a, b, c, d := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b"), gwtest.NewUpstream(t, "c"), gwtest.NewUpstream(t, "d")
+	dns := gwtest.NewDNS(map[string]string{"gpu-b.heft.test": "127.0.0.1"})
+	hx := gwtest.StartHAProxy(t, cfgSlots) // 3 slots
+	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
+	h.UseLookup(dns.Lookup)
+	named := "gpu-b.heft.test:" + port(b.Addr)
+	wa, wc := gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), gwtest.Worker(model, c.Addr, view.StateAdmitted, 1)
+	apply(t, h, desired(wa, gwtest.Worker(model, named, view.StateAdmitted, 1), wc))
+
+	dns.Set("gpu-b.heft.test", "127.0.0.2") // b restarts elsewhere, held: its old slot goes to maintenance
+	held := gwtest.Worker(model, named, view.StateHeld, 1)
+	apply(t, h, desired(wa, held, wc))
+
+	res, err := h.Apply(context.Background(), desired(wa, held, wc,
+		gwtest.Worker(model, "gpu-x.heft.test:8000", view.StateAdmitted, 1), // never resolves
+		gwtest.Worker(model, d.Addr, view.StateAdmitted, 1)))
+	if target.Reason(err) != target.ReasonResolve || strings.Contains(err.Error(), "has no server") {
+		t.Fatalf("apply (changes %v): %v, want only the unresolved name's error", res.Changes, err)
+	}
+	if split := gwtest.Split(t, "http://"+hx.Front+"/", 30); split["d"] != 10 || split["a"] != 10 || split["c"] != 10 {
+		t.Fatalf("changes %v: %v, want d served in the slot b left", res.Changes, split)
+	}
+}

@@ -206,13 +206,15 @@ func (p *plan) assignByAddress(servers []server, slots []int, ws []want, unresol
 	// With every name resolved, a worker that does not serve needs no
 	// server: its old slot is free for a serving worker, or goes to
 	// maintenance, rather than stay drained at an address its engine left.
+	// Nor does it take its old slot back out of maintenance when a name
+	// is unresolved later: that slot carries nothing and stays free.
 	for i := range ws {
 		w := &ws[i]
 		if placed[w.Addr] || !w.Prev.IsValid() || !w.Serving && !unresolved {
 			continue
 		}
 		for _, si := range byAddr[w.Prev] {
-			if assign[si] == nil && o.isSlot(servers[si].Name) {
+			if assign[si] == nil && o.isSlot(servers[si].Name) && (w.Serving || !servers[si].maint()) {
 				assign[si] = w
 				placed[w.Addr] = true
 				break
