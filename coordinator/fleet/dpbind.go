@@ -96,8 +96,12 @@ func bindingKey(addr string) (string, error) {
 	if err := grammar.Host(host); err != nil {
 		return "", err
 	}
-	if err := grammar.Port(port); err != nil {
-		return "", err
+	// "HOST:" is how the API shows a deployment launched without a port;
+	// such a binding covers those launches on the host (bound).
+	if port != "" {
+		if err := grammar.Port(port); err != nil {
+			return "", err
+		}
 	}
 	return net.JoinHostPort(canonicalHost(host), port), nil
 }

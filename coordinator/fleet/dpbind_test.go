@@ -189,6 +189,7 @@ func TestDeploymentBindingLookup(t *testing.T) {
 		{Address: "10.0.0.1:29550", Nodes: []string{"b", "a"}},
 		{Address: "[fd00::1]:5000", Nodes: []string{"c"}},
 		{Address: "Head.Example:7000", Nodes: []string{"d"}},
+		{Address: "10.0.0.3:", Nodes: []string{"e"}},
 	})
 	for _, c := range []struct {
 		args  []string
@@ -206,6 +207,10 @@ func TestDeploymentBindingLookup(t *testing.T) {
 		{[]string{"master_addr=head.example.", "master_port=7000"}, []string{"d"}},
 		{[]string{"master_addr=HEAD.example"}, []string{"d"}},
 		{[]string{"master_addr=head.example", "master_port=7001"}, nil},
+		// "HOST:" as the API shows a launch without a port binds those
+		// launches only.
+		{[]string{"data_parallel_address=10.0.0.3"}, []string{"e"}},
+		{[]string{"data_parallel_address=10.0.0.3", "data_parallel_rpc_port=13345"}, nil},
 	} {
 		e := engine("x", "http://10.0.0.9:8000", "m")
 		e.LaunchArgs = append(c.args, "data_parallel_size=4", "data_parallel_size_local=2")
