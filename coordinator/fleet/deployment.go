@@ -53,7 +53,7 @@ type span struct {
 const DeploymentGrace = 2 * time.Minute
 
 // spanKeys are the launch arguments spanOf reads.
-var spanKeys = [...]string{"data_parallel_address", "data_parallel_rpc_port", "dist_init_addr", "master_addr", "master_port",
+var spanKeys = [...]string{"data_parallel_address", "data_parallel_rpc_port", "dist_init_addr", "nccl_init_addr", "master_addr", "master_port",
 	"data_parallel_size", "dp_size", "data_parallel_size_local", "data_parallel_start_rank", "nnodes", "node_rank", "headless"}
 
 // spanOf reads a worker's part of a multi-node deployment from its launch
@@ -88,8 +88,9 @@ func spanOf(e wire.Engine) (span, bool) {
 	case args("data_parallel_address") != "":
 		host, port = args("data_parallel_address"), args("data_parallel_rpc_port")
 		addr = host + ":" + port
-	case args("dist_init_addr") != "":
-		addr = args("dist_init_addr")
+	case cmp.Or(args("dist_init_addr"), args("nccl_init_addr")) != "":
+		// --nccl-init-addr: SGLang's older spelling of the same flag.
+		addr = cmp.Or(args("dist_init_addr"), args("nccl_init_addr"))
 		host = addr
 		if h, p, err := net.SplitHostPort(addr); err == nil {
 			host, port = h, p
@@ -111,7 +112,12 @@ func spanOf(e wire.Engine) (span, bool) {
 	if addr == "" || !multi {
 		return span{}, false
 	}
-	s.addr, s.host, s.port = addr, host, port
+	// One deployment, however each node spells its address: [fd00::1]
+	// and fd00::1, a name in any case, a port with leading zeros.
+	if n, err := strconv.Atoi(port); err == nil && n > 0 && n <= 65535 {
+		port = strconv.Itoa(n)
+	}
+	s.addr, s.host, s.port = net.JoinHostPort(canonicalHost(host), port), host, port
 	return s, true
 }
 

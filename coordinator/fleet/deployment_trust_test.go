@@ -252,3 +252,31 @@ func wantHeldForRank3(t *testing.T, h *harness) {
 		}
 	}
 }
+
+// Nodes that spell the deployment's address differently ([fd00::1] and
+// FD00:0::1, a port with a leading zero) are one deployment: the tail's
+// starved rank 3 holds the head too.
+func TestDeploymentAddressSpellingsAreOne(t *testing.T) {
+	respell := func(e wire.Engine, host, port string) wire.Engine {
+		for i, a := range e.LaunchArgs {
+			switch {
+			case strings.HasPrefix(a, "data_parallel_address="):
+				e.LaunchArgs[i] = "data_parallel_address=" + host
+			case strings.HasPrefix(a, "data_parallel_rpc_port="):
+				e.LaunchArgs[i] = "data_parallel_rpc_port=" + port
+			}
+		}
+		return e
+	}
+	h := newHarness(t)
+	h.connect("gpu-a")
+	h.put("gpu-a", respell(dpNode("head", "http://10.0.0.1:8000", 0, false, 373600, 373600), "fd00::1", "13345"))
+	h.result("gpu-a", measured("head", 500, h.clk.now()))
+	h.connect("gpu-b")
+	h.put("gpu-b", respell(dpNode("tail", "http://10.0.0.2:8000", 2, true, 373600, 46704), "[FD00:0::1]", "013345"))
+	h.result("gpu-b", measured("tail", 500, h.clk.now()))
+	wantHeldForRank3(t, h)
+	if d := h.worker("head").Deployment; d == nil || d.Address != "[fd00::1]:13345" {
+		t.Errorf("head: deployment %+v, want address [fd00::1]:13345", d)
+	}
+}

@@ -204,6 +204,7 @@ func TestDeploymentBindingLookup(t *testing.T) {
 		{[]string{"data_parallel_address=10.0.0.1"}, []string{"a", "b"}}, // no port: every binding of the host
 		{[]string{"dist_init_addr=[fd00:0::1]:5000", "nnodes=2"}, []string{"c"}},
 		{[]string{"dist_init_addr=fd00::1", "nnodes=2"}, []string{"c"}},
+		{[]string{"nccl_init_addr=[fd00::1]:5000", "nnodes=2"}, []string{"c"}}, // SGLang's older spelling
 		{[]string{"master_addr=head.example.", "master_port=7000"}, []string{"d"}},
 		{[]string{"master_addr=HEAD.example"}, []string{"d"}},
 		{[]string{"master_addr=head.example", "master_port=7001"}, nil},
