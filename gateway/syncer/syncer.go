@@ -211,9 +211,9 @@ func (s *Syncer) readFor(r *runner, workers []coord.Worker) {
 		return
 	}
 	s.evalMu.Lock()
-	due := false
+	due, m := false, target.Model{}
 	if !r.seeded && r.read == nil {
-		m, _ := target.ForSelection(r.t.Model(), target.SelectionOf(r.t), workers)
+		m, _ = target.ForSelection(r.t.Model(), target.SelectionOf(r.t), workers)
 		due = len(m.Backends) > 0 && r.seedDue(s.now())
 	}
 	s.evalMu.Unlock()
@@ -223,6 +223,17 @@ func (s *Syncer) readFor(r *runner, workers []coord.Worker) {
 	ctx, cancel := context.WithTimeout(context.Background(), min(seedTimeout, s.timeout))
 	seed, err := rd.Served(ctx)
 	cancel()
+	if err == nil {
+		// Each server's address as the coordinator writes it where they
+		// resolve alike; these lookups, slow while DNS is, are made
+		// without the lock too.
+		ctx, cancel := context.WithTimeout(context.Background(), min(seedTimeout, s.timeout))
+		names := addressesOf(ctx, m)
+		for i := range seed {
+			seed[i].Address = names.of(ctx, seed[i].Address)
+		}
+		cancel()
+	}
 	s.evalMu.Lock()
 	r.read = &seedRead{seed: seed, err: err}
 	s.evalMu.Unlock()
@@ -321,7 +332,7 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 	haveSeed := false
 	if len(m.Backends) > 0 && !r.seeded {
 		var err error
-		if seed, haveSeed, err = r.readSeed(m); err == nil {
+		if seed, haveSeed, err = r.readSeed(); err == nil {
 			r.seeded = true
 		} else if r.waitForSeed(m, now, err) {
 			return
@@ -360,13 +371,13 @@ func (r *runner) offer(m target.Model, problems []string, models []string, now t
 	}
 }
 
-// readSeed takes what readFor read of what the gateway serves now, with
-// each server's address written as the coordinator writes it where they
+// readSeed takes what readFor read of what the gateway serves now, each
+// server's address written as the coordinator writes it where they
 // resolve alike. ok is false for a target that cannot say (the floor then
 // starts from the coordinator's state alone); err, for one whose read
 // failed, or that was not read again yet (errSeedLater): a failed read is
 // tried again about every resync interval.
-func (r *runner) readSeed(m target.Model) (seed []target.Served, ok bool, err error) {
+func (r *runner) readSeed() (seed []target.Served, ok bool, err error) {
 	if _, is := target.As[Reader](r.t); !is {
 		return nil, false, nil
 	}
@@ -378,15 +389,9 @@ func (r *runner) readSeed(m target.Model) (seed []target.Served, ok bool, err er
 	if seed, err = read.seed, read.err; err != nil {
 		return nil, false, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), min(seedTimeout, r.s.timeout))
-	defer cancel()
 	if !r.seedFailing.IsZero() {
 		r.log.Info("read what the gateway serves; heft-sync applies the coordinator's state from now on")
 		r.seedFailing = time.Time{}
-	}
-	names := addressesOf(ctx, m)
-	for i := range seed {
-		seed[i].Address = names.of(ctx, seed[i].Address)
 	}
 	if len(seed) > 0 {
 		r.log.Info("read what the gateway serves before heft-sync's first change", "servers", len(seed))
@@ -454,11 +459,14 @@ type workerAddresses struct {
 	resolved map[netip.AddrPort]string
 }
 
+// resolveAddr resolves a worker's address; a test makes it slow.
+var resolveAddr = target.Resolve
+
 func addressesOf(ctx context.Context, m target.Model) workerAddresses {
 	w := workerAddresses{written: map[string]bool{}, resolved: map[netip.AddrPort]string{}}
 	for _, b := range m.Backends {
 		w.written[b.Address] = true
-		if a, err := target.Resolve(ctx, b.Address); err == nil {
+		if a, err := resolveAddr(ctx, b.Address); err == nil {
 			w.resolved[a] = b.Address
 		}
 	}
@@ -471,7 +479,7 @@ func (w workerAddresses) of(ctx context.Context, addr string) string {
 	if w.written[addr] {
 		return addr
 	}
-	if a, err := target.Resolve(ctx, addr); err == nil {
+	if a, err := resolveAddr(ctx, addr); err == nil {
 		if name, ok := w.resolved[a]; ok {
 			return name
 		}

@@ -3,6 +3,7 @@ package syncer
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -365,4 +366,38 @@ func runReading(t *testing.T, g target.Target, resync time.Duration, f Floor) *S
 	go func() { s.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return s
+}
+
+// The lookups that match the servers read to the workers' names are slow
+// while DNS is; they too are made without the lock every weighing takes.
+func TestSlowLookupsAfterTheReadStallNothing(t *testing.T) {
+	entered, release := make(chan struct{}, 8), make(chan struct{})
+	resolveAddr = func(ctx context.Context, addr string) (netip.AddrPort, error) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return target.Resolve(ctx, addr)
+	}
+	t.Cleanup(func() { resolveAddr = target.Resolve })
+	const a = "gpu-a.example:8000"
+	g := &reading{served: []target.Served{{Address: "10.0.0.1:8000", Weight: 1}}}
+	s := runReading(t, g, time.Hour, DefaultFloor())
+	first := make(chan struct{})
+	go func() { s.Update(snap(gwtest.Worker("m", a, view.StateAdmitted, 1))); close(first) }()
+	<-entered
+	done := make(chan struct{})
+	go func() { s.SetPending([]string{"node-x"}); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		t.Error("pending nodes waited for the lookups after the gateway's read")
+	}
+	close(release)
+	<-first
+	<-done
 }
