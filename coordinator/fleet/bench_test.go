@@ -141,3 +141,28 @@ func BenchmarkFindNode10k(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBuryAmong10kTombs times one forgotten key's tomb among 10,000
+// others (1,000 nodes): a sweep that forgets many workers buries each
+// under the fleet's lock.
+func BenchmarkBuryAmong10kTombs(b *testing.B) {
+	clk := &clock{t: t0}
+	f, err := New(DefaultConfig(), newMemStore(), clk.now, hclog.NewNullLogger())
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range 10000 {
+		f.bury(fmt.Sprintf("key-%05d", i), fmt.Sprintf("node-%04d", i%1000), t0)
+	}
+	if len(f.keyTombs) != 10000 {
+		b.Fatalf("%d tombs", len(f.keyTombs))
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		f.bury("key-x", "node-0001", t0)
+		f.unbury("key-x")
+		f.tombWrites = f.tombWrites[:0]
+	}
+}

@@ -253,6 +253,7 @@ type Fleet struct {
 	// keyTombs are the owners of forgotten keys (keytombs.go), and
 	// tombWrites their store writes once the lock is released.
 	keyTombs   map[string]KeyTomb
+	tombsOf    map[string]map[string]bool // keyTombs' keys by node
 	tombWrites []tombWrite
 	nextSweep  time.Time
 	// evictionLogged is when a key eviction was last logged.
@@ -465,7 +466,7 @@ func New(cfg Config, st Store, now func() time.Time, logger hclog.Logger) (*Flee
 		cache: map[string]*cached{}, pins: map[string]float64{}, prefillPins: map[string]float64{},
 		decisions: map[string]string{}, dirty: map[string]bool{},
 		probeRequests: map[string]int{}, handedOver: map[string]int{},
-		owner: map[string]string{}, keys: map[string]map[string]time.Time{}, keyTombs: map[string]KeyTomb{},
+		owner: map[string]string{}, keys: map[string]map[string]time.Time{}, keyTombs: map[string]KeyTomb{}, tombsOf: map[string]map[string]bool{},
 		seq:       1, // 0 is a subscriber that has seen nothing
 		reqPrefix: strconv.FormatInt(start.UnixNano(), 36),
 		subs:      map[uint64]chan struct{}{},

@@ -48,54 +48,66 @@ func (f *Fleet) keyTomb(key string, now time.Time) (KeyTomb, bool) {
 // bury leaves node's tomb on key, forgotten at now, making room within
 // the bounds first. The caller holds mu.
 func (f *Fleet) bury(key, node string, now time.Time) {
-	if f.cfg.KeyTombTTL <= 0 || f.cfg.MaxKeyTombs <= 0 || node == "" {
+	if f.cfg.KeyTombTTL <= 0 || f.cfg.MaxKeyTombs <= 0 || f.cfg.MaxKeysPerNode <= 0 || node == "" {
 		return
 	}
 	f.unbury(key)
-	mine := 0
-	for _, t := range f.keyTombs {
-		if t.Node == node {
-			mine++
+	for len(f.tombsOf[node]) >= f.cfg.MaxKeysPerNode {
+		if !unburyOldest(f, f.tombsOf[node]) {
+			break
 		}
 	}
-	for mine >= f.cfg.MaxKeysPerNode || len(f.keyTombs) >= f.cfg.MaxKeyTombs {
-		mine -= f.unburyOldest(node, mine >= f.cfg.MaxKeysPerNode)
+	for len(f.keyTombs) >= f.cfg.MaxKeyTombs { // a scan of them all, only when they are full
+		if !unburyOldest(f, f.keyTombs) {
+			break
+		}
 	}
 	t := KeyTomb{Node: node, Forgotten: now}
-	f.keyTombs[key] = t
+	f.entomb(key, t)
 	f.tombWrites = append(f.tombWrites, tombWrite{key: key, tomb: &t})
 }
 
-// unburyOldest removes the oldest tomb, of node's alone if own; it
-// returns 1 when that tomb was node's.
-func (f *Fleet) unburyOldest(node string, own bool) int {
-	victim, oldest := "", KeyTomb{}
-	for k, t := range f.keyTombs {
-		if (!own || t.Node == node) && (victim == "" || t.Forgotten.Before(oldest.Forgotten) || t.Forgotten.Equal(oldest.Forgotten) && k < victim) {
-			victim, oldest = k, t
-		}
+// entomb records t on key in memory. The caller holds mu.
+func (f *Fleet) entomb(key string, t KeyTomb) {
+	f.keyTombs[key] = t
+	if f.tombsOf[t.Node] == nil {
+		f.tombsOf[t.Node] = map[string]bool{}
 	}
-	f.unbury(victim)
-	if oldest.Node == node {
-		return 1
-	}
-	return 0
+	f.tombsOf[t.Node][key] = true
 }
 
-// unbury removes key's tomb, if any. The caller holds mu.
-func (f *Fleet) unbury(key string) {
-	if _, ok := f.keyTombs[key]; ok {
-		delete(f.keyTombs, key)
-		f.tombWrites = append(f.tombWrites, tombWrite{key: key})
+// unburyOldest removes the oldest tomb among keys (a map keyed by
+// capacity key: a node's, or all of them); false when there was none.
+func unburyOldest[V any](f *Fleet, keys map[string]V) bool {
+	victim, oldest := "", time.Time{}
+	for k := range keys {
+		at := f.keyTombs[k].Forgotten
+		if victim == "" || at.Before(oldest) || at.Equal(oldest) && k < victim {
+			victim, oldest = k, at
+		}
 	}
+	return f.unbury(victim)
+}
+
+// unbury removes key's tomb, if any, and says whether it did. The caller
+// holds mu.
+func (f *Fleet) unbury(key string) bool {
+	t, ok := f.keyTombs[key]
+	if !ok {
+		return false
+	}
+	delete(f.keyTombs, key)
+	if delete(f.tombsOf[t.Node], key); len(f.tombsOf[t.Node]) == 0 {
+		delete(f.tombsOf, t.Node)
+	}
+	f.tombWrites = append(f.tombWrites, tombWrite{key: key})
+	return true
 }
 
 // unburyNode removes every tomb of node: an admin released its name.
 func (f *Fleet) unburyNode(node string) {
-	for k, t := range f.keyTombs {
-		if t.Node == node {
-			f.unbury(k)
-		}
+	for k := range f.tombsOf[node] {
+		f.unbury(k)
 	}
 }
 
@@ -127,7 +139,7 @@ func (f *Fleet) restoreTombs(stored map[string]KeyTomb, start time.Time) {
 			continue
 		}
 		perNode[t.Node]++
-		f.keyTombs[k] = t
+		f.entomb(k, t)
 	}
 }
 

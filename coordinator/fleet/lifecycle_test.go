@@ -589,6 +589,18 @@ func TestKeyTombsAreBounded(t *testing.T) {
 			t.Errorf("b's newest tomb b-%03d was not kept", i)
 		}
 	}
+	// The index by node holds the same tombs.
+	indexed := 0
+	for node, keys := range h.f.tombsOf {
+		for k := range keys {
+			if indexed++; h.f.keyTombs[k].Node != node {
+				t.Errorf("tomb %s indexed under %s, owned by %q", k, node, h.f.keyTombs[k].Node)
+			}
+		}
+	}
+	if indexed != len(h.f.keyTombs) {
+		t.Errorf("%d tombs indexed by node, %d held", indexed, len(h.f.keyTombs))
+	}
 }
 
 // A keyless engine's placeholder worker is named "unkeyed:" + node + ":" +
