@@ -109,15 +109,9 @@ func TestDNSOutageAfterRestartLeavesServers(t *testing.T) {
 func TestMovedNameLeavesItsOldAddressWhileAnotherIsUnresolved(t *testing.T) {
 	for _, state := range []string{view.StateAdmitted, view.StateHeld} {
 		t.Run(state, func(t *testing.T) {
-			a, b, c := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b"), gwtest.NewUpstream(t, "c")
+			f := threeWithBNamed(t)
+			a, b, c, dns, hx, h, named := f.a, f.b, f.c, f.dns, f.hx, f.h, f.named
 			moved := gwtest.NewUpstreamAt(t, "b-moved", "127.0.0.2:"+port(b.Addr))
-			dns := gwtest.NewDNS(map[string]string{"gpu-b.heft.test": "127.0.0.1"})
-			hx := gwtest.StartHAProxy(t, cfgSlots) // 3 slots
-			h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
-			h.UseLookup(dns.Lookup)
-			named := "gpu-b.heft.test:" + port(b.Addr)
-			apply(t, h, desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1),
-				gwtest.Worker(model, named, view.StateAdmitted, 1), gwtest.Worker(model, c.Addr, view.StateAdmitted, 1)))
 			if split := gwtest.Split(t, "http://"+hx.Front+"/", 30); split["b"] != 10 {
 				t.Fatalf("before the move: %v", split)
 			}
@@ -147,14 +141,9 @@ func TestMovedNameLeavesItsOldAddressWhileAnotherIsUnresolved(t *testing.T) {
 // name resolved, that slot goes to maintenance, or to that worker, as it
 // did before heft-sync remembered old addresses.
 func TestMovedHeldWorkerKeepsNoSlot(t *testing.T) {
-	a, b, c, d := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b"), gwtest.NewUpstream(t, "c"), gwtest.NewUpstream(t, "d")
-	dns := gwtest.NewDNS(map[string]string{"gpu-b.heft.test": "127.0.0.1"})
-	hx := gwtest.StartHAProxy(t, cfgSlots) // 3 slots
-	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
-	h.UseLookup(dns.Lookup)
-	named := "gpu-b.heft.test:" + port(b.Addr)
-	apply(t, h, desired(gwtest.Worker(model, a.Addr, view.StateAdmitted, 1),
-		gwtest.Worker(model, named, view.StateAdmitted, 1), gwtest.Worker(model, c.Addr, view.StateAdmitted, 1)))
+	f := threeWithBNamed(t)
+	a, b, c, dns, hx, h, named := f.a, f.b, f.c, f.dns, f.hx, f.h, f.named
+	d := gwtest.NewUpstream(t, "d")
 	if split := gwtest.Split(t, "http://"+hx.Front+"/", 30); split["b"] != 10 {
 		t.Fatalf("before the move: %v", split)
 	}
@@ -218,14 +207,10 @@ func TestResolvedCollisionKeepsServing(t *testing.T) {
 // slot carries nothing, so a new serving worker gets it rather than no
 // slot.
 func TestMovedHeldWorkerLeavesItsSlotInMaintenanceWhileAnotherIsUnresolved(t *testing.T) {
-	a, b, c, d := gwtest.NewUpstream(t, "a"), gwtest.NewUpstream(t, "b"), gwtest.NewUpstream(t, "c"), gwtest.NewUpstream(t, "d")
-	dns := gwtest.NewDNS(map[string]string{"gpu-b.heft.test": "127.0.0.1"})
-	hx := gwtest.StartHAProxy(t, cfgSlots) // 3 slots
-	h := newTarget(t, haproxy.Config{Socket: hx.Socket, Backend: "qwen"})
-	h.UseLookup(dns.Lookup)
-	named := "gpu-b.heft.test:" + port(b.Addr)
+	f := threeWithBNamed(t)
+	a, c, dns, hx, h, named := f.a, f.c, f.dns, f.hx, f.h, f.named
+	d := gwtest.NewUpstream(t, "d")
 	wa, wc := gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), gwtest.Worker(model, c.Addr, view.StateAdmitted, 1)
-	apply(t, h, desired(wa, gwtest.Worker(model, named, view.StateAdmitted, 1), wc))
 
 	dns.Set("gpu-b.heft.test", "127.0.0.2") // b restarts elsewhere, held: its old slot goes to maintenance
 	held := gwtest.Worker(model, named, view.StateHeld, 1)
@@ -240,4 +225,25 @@ func TestMovedHeldWorkerLeavesItsSlotInMaintenanceWhileAnotherIsUnresolved(t *te
 	if split := gwtest.Split(t, "http://"+hx.Front+"/", 30); split["d"] != 10 || split["a"] != 10 || split["c"] != 10 {
 		t.Fatalf("changes %v: %v, want d served in the slot b left", res.Changes, split)
 	}
+}
+
+// threeWithB is a 3-slot HAProxy serving a, b and c, b by a DNS name
+// (named) that resolves to its loopback address until the test moves it.
+type threeWithB struct {
+	a, b, c *gwtest.Upstream
+	dns     *gwtest.DNS
+	hx      *gwtest.HAProxy
+	h       *haproxy.HAProxy
+	named   string
+}
+
+func threeWithBNamed(t *testing.T) threeWithB {
+	f := threeWithB{a: gwtest.NewUpstream(t, "a"), b: gwtest.NewUpstream(t, "b"), c: gwtest.NewUpstream(t, "c"),
+		dns: gwtest.NewDNS(map[string]string{"gpu-b.heft.test": "127.0.0.1"}), hx: gwtest.StartHAProxy(t, cfgSlots)}
+	f.h = newTarget(t, haproxy.Config{Socket: f.hx.Socket, Backend: "qwen"})
+	f.h.UseLookup(f.dns.Lookup)
+	f.named = "gpu-b.heft.test:" + port(f.b.Addr)
+	apply(t, f.h, desired(gwtest.Worker(model, f.a.Addr, view.StateAdmitted, 1),
+		gwtest.Worker(model, f.named, view.StateAdmitted, 1), gwtest.Worker(model, f.c.Addr, view.StateAdmitted, 1)))
+	return f
 }
