@@ -166,3 +166,56 @@ func BenchmarkBuryAmong10kTombs(b *testing.B) {
 		f.tombWrites = f.tombWrites[:0]
 	}
 }
+
+// BenchmarkBuryAmongFullTombs times one forgotten key's tomb once
+// MaxKeyTombs (50,000) are held, over 1,000 nodes: each new tomb evicts
+// the oldest, which a scan of them all used to find.
+func BenchmarkBuryAmongFullTombs(b *testing.B) {
+	f, next := fullTombs(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		next()
+	}
+	if len(f.keyTombs) != f.cfg.MaxKeyTombs {
+		b.Fatalf("%d tombs after the loop, want %d", len(f.keyTombs), f.cfg.MaxKeyTombs)
+	}
+}
+
+// BenchmarkSweepFullTombs times the minute's sweep of 50,000 tombs with
+// none past KeyTombTTL.
+func BenchmarkSweepFullTombs(b *testing.B) {
+	f, _ := fullTombs(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		f.sweepTombs(t0.Add(time.Hour))
+	}
+	if len(f.keyTombs) != f.cfg.MaxKeyTombs {
+		b.Fatalf("%d tombs after the sweeps, want %d", len(f.keyTombs), f.cfg.MaxKeyTombs)
+	}
+}
+
+// fullTombs is a fleet holding MaxKeyTombs tombs over 1,000 nodes, its
+// lock held until the benchmark ends, and a function that buries one
+// more, a millisecond after the last.
+func fullTombs(b *testing.B) (*Fleet, func()) {
+	b.Helper()
+	f, err := New(DefaultConfig(), newMemStore(), (&clock{t: t0}).now, hclog.NewNullLogger())
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.mu.Lock()
+	b.Cleanup(f.mu.Unlock)
+	i := 0
+	next := func() {
+		i++
+		f.bury(fmt.Sprintf("key-%07d", i), fmt.Sprintf("node-%04d", i%1000), t0.Add(time.Duration(i)*time.Millisecond))
+		f.tombWrites = f.tombWrites[:0]
+	}
+	for range f.cfg.MaxKeyTombs {
+		next()
+	}
+	if len(f.keyTombs) != f.cfg.MaxKeyTombs {
+		b.Fatalf("%d tombs, want %d", len(f.keyTombs), f.cfg.MaxKeyTombs)
+	}
+	return f, next
+}

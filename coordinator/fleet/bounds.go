@@ -16,6 +16,9 @@ const (
 	keptReasonBytes  = 64
 	keptTextBytes    = 512 // prompt, URL, model, key and other texts
 	keptLoadRanks    = 64
+	// keptUUIDBytes bounds a GPU UUID a measurement names ("GPU-" and 36
+	// characters from NVML): a longer one names no GPU and is dropped.
+	keptUUIDBytes = 64
 )
 
 // cutMeasurement cuts a measurement's texts and lists to what the fleet
@@ -27,8 +30,11 @@ func cutMeasurement(m *wire.Measurement) bool {
 			*s, cut = wire.Clip(*s, n), true
 		}
 	}
-	for _, s := range []*string{&m.Node, &m.EngineKind, &m.EngineURL, &m.Model, &m.Prompt, &m.Failure, &m.Trigger, &m.Implausible} {
+	for _, s := range []*string{&m.Node, &m.EngineKind, &m.EngineURL, &m.Model, &m.Prompt, &m.Failure, &m.Trigger, &m.Cause, &m.Implausible} {
 		clip(s, keptTextBytes)
+	}
+	if gm := cutGPUMemory(m.GPUMemory); len(gm) != len(m.GPUMemory) {
+		m.GPUMemory, cut = gm, true
 	}
 	if len(m.Problems) > keptProblems {
 		n := len(m.Problems) - keptProblems + 1
@@ -60,6 +66,19 @@ func cutMeasurement(m *wire.Measurement) bool {
 		}
 	}
 	return cut
+}
+
+// cutGPUMemory keeps at most MaxGPUs of a burst's GPUs, those whose UUID
+// could be a GPU's: up to 256 of 4 KiB each pass the wire, and were kept
+// in every history entry.
+func cutGPUMemory(list []wire.GPUMemory) []wire.GPUMemory {
+	out := list[:0:0]
+	for _, g := range list {
+		if len(g.UUID) <= keptUUIDBytes && len(out) < wire.MaxGPUs {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // HistoryEntry is what a capacity key's history keeps of a measurement:

@@ -254,6 +254,7 @@ type Fleet struct {
 	// tombWrites their store writes once the lock is released.
 	keyTombs   map[string]KeyTomb
 	tombsOf    map[string]map[string]bool // keyTombs' keys by node
+	tombAge    tombQueue                  // keyTombs' keys, oldest first
 	tombWrites []tombWrite
 	nextSweep  time.Time
 	// evictionLogged is when a key eviction was last logged.

@@ -6,6 +6,30 @@ import (
 	"slices"
 )
 
+// Held is what the fleet holds of a node name, all of which ForgetNode
+// forgets. A name's tombs can outlive its record in the node registry (a
+// tomb whose deletion failed comes back at a restart), so an admin's
+// release asks the fleet too before it answers that the name is unknown.
+type Held struct {
+	Workers      int `json:"workers"`
+	CapacityKeys int `json:"capacity_keys"`
+	KeyTombs     int `json:"key_tombs"`
+}
+
+// Any says whether anything is held.
+func (h Held) Any() bool { return h != Held{} }
+
+// Held says what the fleet holds of node.
+func (f *Fleet) Held(node string) Held {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := Held{CapacityKeys: len(f.keys[node]), KeyTombs: len(f.tombsOf[node])}
+	if n := f.nodes[node]; n != nil {
+		h.Workers = len(n.workers)
+	}
+	return h
+}
+
 // ForgetNode forgets what the fleet holds of a node name: its workers, the
 // capacity keys it owns or owned (their tombs), their pins of both kinds,
 // admin decisions and cached measurements, in the store first. An admin

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"container/heap"
 	"slices"
 	"time"
 )
@@ -12,8 +13,9 @@ import (
 // when it returns; the owner claims it back at once. An admin who
 // releases or decommissions the node (ForgetNode) releases its tombs with
 // it. Tombs are bounded: MaxKeysPerNode per node and MaxKeyTombs in all,
-// the oldest going first, and they are kept in the store (TombStore), so
-// a coordinator restart keeps them.
+// the oldest going first (tombAge finds it without a scan, as a full store
+// would cost 50,000 steps per new tomb under the fleet's lock), and they
+// are kept in the store (TombStore), so a coordinator restart keeps them.
 
 // KeyTomb is the owner a forgotten capacity key had. Its JSON form is
 // what the store writes.
@@ -57,8 +59,9 @@ func (f *Fleet) bury(key, node string, now time.Time) {
 			break
 		}
 	}
-	for len(f.keyTombs) >= f.cfg.MaxKeyTombs { // a scan of them all, only when they are full
-		if !unburyOldest(f, f.keyTombs) {
+	for len(f.keyTombs) >= f.cfg.MaxKeyTombs {
+		oldest, ok := f.tombAge.oldest()
+		if !ok || !f.unbury(oldest.key) {
 			break
 		}
 	}
@@ -70,15 +73,16 @@ func (f *Fleet) bury(key, node string, now time.Time) {
 // entomb records t on key in memory. The caller holds mu.
 func (f *Fleet) entomb(key string, t KeyTomb) {
 	f.keyTombs[key] = t
+	f.tombAge.set(key, t.Forgotten)
 	if f.tombsOf[t.Node] == nil {
 		f.tombsOf[t.Node] = map[string]bool{}
 	}
 	f.tombsOf[t.Node][key] = true
 }
 
-// unburyOldest removes the oldest tomb among keys (a map keyed by
-// capacity key: a node's, or all of them); false when there was none.
-func unburyOldest[V any](f *Fleet, keys map[string]V) bool {
+// unburyOldest removes the oldest tomb among keys (a node's, at most
+// MaxKeysPerNode); false when there was none.
+func unburyOldest(f *Fleet, keys map[string]bool) bool {
 	victim, oldest := "", time.Time{}
 	for k := range keys {
 		at := f.keyTombs[k].Forgotten
@@ -97,6 +101,7 @@ func (f *Fleet) unbury(key string) bool {
 		return false
 	}
 	delete(f.keyTombs, key)
+	f.tombAge.remove(key)
 	if delete(f.tombsOf[t.Node], key); len(f.tombsOf[t.Node]) == 0 {
 		delete(f.tombsOf, t.Node)
 	}
@@ -111,11 +116,13 @@ func (f *Fleet) unburyNode(node string) {
 	}
 }
 
-// sweepTombs removes the tombs past KeyTombTTL.
+// sweepTombs removes the tombs past KeyTombTTL, oldest first: it costs
+// the tombs it removes, not every tomb held.
 func (f *Fleet) sweepTombs(now time.Time) {
-	for k := range f.keyTombs {
-		if _, ok := f.keyTomb(k, now); !ok {
-			f.unbury(k)
+	for {
+		oldest, ok := f.tombAge.oldest()
+		if !ok || now.Sub(oldest.forgotten) < f.cfg.KeyTombTTL || !f.unbury(oldest.key) {
+			return
 		}
 	}
 }
@@ -162,4 +169,73 @@ func (f *Fleet) writeTombs(ws []tombWrite) {
 			f.log.Warn("could not store a forgotten capacity key's owner", "capacity_key", w.key, "error", err)
 		}
 	}
+}
+
+// tombAge orders the tombs by when they were forgotten, then by key: a
+// heap indexed by key, so that finding the oldest costs nothing and
+// adding or removing one costs a logarithm of their number.
+type tombQueue struct {
+	items []tombItem
+	at    map[string]int // items' index by key
+}
+
+type tombItem struct {
+	key       string
+	forgotten time.Time
+}
+
+// set puts key in the queue at forgotten, or moves it there.
+func (q *tombQueue) set(key string, forgotten time.Time) {
+	if q.at == nil {
+		q.at = map[string]int{}
+	}
+	if i, ok := q.at[key]; ok {
+		q.items[i].forgotten = forgotten
+		heap.Fix(q, i)
+		return
+	}
+	heap.Push(q, tombItem{key: key, forgotten: forgotten})
+}
+
+// remove takes key out of the queue, if it is there.
+func (q *tombQueue) remove(key string) {
+	if i, ok := q.at[key]; ok {
+		heap.Remove(q, i)
+	}
+}
+
+// oldest is the first tomb forgotten (the least key among equals).
+func (q *tombQueue) oldest() (tombItem, bool) {
+	if len(q.items) == 0 {
+		return tombItem{}, false
+	}
+	return q.items[0], true
+}
+
+// Len, Less, Swap, Push and Pop are heap.Interface's.
+func (q *tombQueue) Len() int { return len(q.items) }
+
+func (q *tombQueue) Less(i, j int) bool {
+	a, b := q.items[i], q.items[j]
+	return a.forgotten.Before(b.forgotten) || a.forgotten.Equal(b.forgotten) && a.key < b.key
+}
+
+func (q *tombQueue) Swap(i, j int) {
+	q.items[i], q.items[j] = q.items[j], q.items[i]
+	q.at[q.items[i].key], q.at[q.items[j].key] = i, j
+}
+
+func (q *tombQueue) Push(x any) {
+	it := x.(tombItem)
+	q.at[it.key] = len(q.items)
+	q.items = append(q.items, it)
+}
+
+func (q *tombQueue) Pop() any {
+	n := len(q.items) - 1
+	it := q.items[n]
+	q.items[n] = tombItem{}
+	q.items = q.items[:n]
+	delete(q.at, it.key)
+	return it
 }

@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -120,6 +122,43 @@ func TestMeasurementsAreCutToSize(t *testing.T) {
 	}
 	if s := h.f.Stats(); s.MeasurementsCut != 1 {
 		t.Errorf("measurements cut %d", s.MeasurementsCut)
+	}
+}
+
+// The GPUs a measurement names (its burst's memory on each) and its cause
+// are cut too: an agent answering probes with 240 GPUs of 4 KiB UUIDs and
+// a 4 KiB cause had each kept whole, in the latest measurement and in
+// each of the 50 history entries of every key it owns.
+func TestMeasurementGPUsAndCauseAreCut(t *testing.T) {
+	h := newHarness(t)
+	h.connect("n")
+	h.put("n", engine("k", "http://1:8000", "m"))
+	m := measured("k", 1000, h.clk.now())
+	for i := range 240 {
+		m.GPUMemory = append(m.GPUMemory, wire.GPUMemory{UUID: fmt.Sprintf("GPU-%04d-", i) + strings.Repeat("u", 4000), UsedBytes: 1 << 30})
+	}
+	m.GPUMemory = append(m.GPUMemory, wire.GPUMemory{UUID: "GPU-real", UsedBytes: 1 << 30})
+	m.Cause = strings.Repeat("c", wire.MaxStringBytes)
+	if data, err := wire.Encode(&wire.ProbeResult{Measurement: m}); err != nil || len(data) > wire.MaxMessageBytes {
+		t.Fatalf("the result does not fit one message: %d bytes, %v", len(data), err)
+	}
+	h.result("n", m)
+	st := h.st.state()
+	for what, got := range map[string]wire.Measurement{"latest": st.Latest["k"], "history": st.History["k"][0]} {
+		size, _ := json.Marshal(got)
+		t.Logf("%s: %d bytes kept, %d GPUs", what, len(size), len(got.GPUMemory))
+		if len(got.GPUMemory) > wire.MaxGPUs || len(got.Cause) > keptTextBytes {
+			t.Errorf("%s keeps %d GPUs and a cause of %d bytes; want at most %d and %d", what, len(got.GPUMemory), len(got.Cause), wire.MaxGPUs, keptTextBytes)
+		}
+		for _, g := range got.GPUMemory {
+			if len(g.UUID) > keptReasonBytes {
+				t.Errorf("%s keeps a GPU UUID of %d bytes", what, len(g.UUID))
+				break
+			}
+		}
+	}
+	if got := st.Latest["k"].GPUMemory; len(got) != 1 || got[0].UUID != "GPU-real" {
+		t.Errorf("latest keeps GPUs %d, want only GPU-real", len(got))
 	}
 }
 

@@ -485,3 +485,15 @@ func (f *fakeFleet) ForgetNode(node string) error {
 	}
 	return nil
 }
+
+func (f *fakeFleet) Held(node string) fleet.Held {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var h fleet.Held
+	for _, w := range f.workers {
+		if w.Node == node {
+			h.Workers++
+		}
+	}
+	return h
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"heft/coordinator/audit"
+	"heft/coordinator/fleet"
 	"heft/coordinator/nodes"
 	"heft/shared/grammar"
 	"heft/shared/view"
@@ -51,14 +52,15 @@ func (s *Server) nodeRead(h http.HandlerFunc) http.HandlerFunc {
 }
 
 // nodeNameError refuses a node name outside shared/grammar in a route,
-// unless it is a stored record's: a record kept from before the grammar
-// can still be read, rejected and released.
+// unless it is a stored record's or the fleet holds something of it: a
+// name kept from before the grammar can still be read, rejected and
+// released.
 func (s *Server) nodeNameError(name string) error {
 	err := grammar.NodeName(name)
 	if err == nil {
 		return nil
 	}
-	if _, ok := s.opts.Nodes.Get(name); ok {
+	if _, ok := s.opts.Nodes.Get(name); ok || s.fleet.Held(name).Any() {
 		return nil
 	}
 	return err
@@ -155,7 +157,10 @@ func (s *Server) releaseNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	before, _ := s.opts.Nodes.Get(name)
-	if err := s.opts.Nodes.Release(name); err != nil {
+	if err := s.opts.Nodes.Release(name); errors.Is(err, nodes.ErrNotFound) {
+		s.releaseRemains(w, r, name)
+		return
+	} else if err != nil {
 		writeError(w, nodeStatus(err), err.Error())
 		return
 	}
@@ -169,6 +174,32 @@ func (s *Server) releaseNode(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// releasedRemains is the answer to the release of a name with no record
+// whose keys, tombs or workers the fleet still held: what was freed.
+type releasedRemains struct {
+	Node   string     `json:"node"`
+	Record bool       `json:"record"`
+	Freed  fleet.Held `json:"freed"`
+}
+
+// releaseRemains releases what the fleet holds of a name the registry no
+// longer knows (a tomb outliving its record): freed and answered 200 with
+// what it was, or 404 when nothing is held.
+func (s *Server) releaseRemains(w http.ResponseWriter, r *http.Request, name string) {
+	held := s.fleet.Held(name)
+	if !held.Any() {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("%v: %q", nodes.ErrNotFound, name))
+		return
+	}
+	s.record(r, audit.Entry{Action: "release", Target: name, Old: "no record", New: "released"})
+	if err := s.fleet.ForgetNode(name); err != nil {
+		s.log.Error("could not forget all the fleet held of a node without a record", "node", name, "error", err)
+		writeError(w, http.StatusInternalServerError, err.Error()+"; release it again")
+		return
+	}
+	writeJSON(w, http.StatusOK, releasedRemains{Node: name, Freed: held})
 }
 
 func nodeStatus(err error) int {

@@ -54,6 +54,7 @@ type fleetAPI interface {
 	Stats() fleet.Stats
 	SetAddressRefusals(node string, refused map[string]string)
 	ForgetNode(node string) error
+	Held(node string) fleet.Held
 }
 
 // Options are what the server needs of the coordinator's configuration;

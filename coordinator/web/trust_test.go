@@ -141,3 +141,59 @@ func TestDashboardApprovesPendingNode(t *testing.T) {
 	}
 	pageErrs.check(t)
 }
+
+// Every free text an agent sends that the dashboard shows (the engine's
+// version, a GPU's name and clock reasons, a foreign process's name, the
+// log source, a measurement's trigger and cause, a prefill failure) holds
+// markup: it is shown as text, and no element of it reaches the page.
+func TestDashboardEscapesAgentTexts(t *testing.T) {
+	c := startCoordinator(t)
+	const payload = `"'><b data-injected="1">x</b><i x='`
+	a := dialAgent(t, c, "gpu-a")
+	e := engine("gpu-a", wire.EngineVLLM, demoModel, "0.11"+payload, 8000)
+	e.GPUUUIDs = []string{"GPU-a0"}
+	e.LogSource = &wire.LogSource{Spec: "/var/log/" + payload, Resolved: "/var/log/x" + payload, Wrapper: "w" + payload, Error: "e" + payload}
+	g := gpu(0, "H100"+payload, "GPU-a0", 80, 40, 1500, 1980)
+	g.ClockEventReasons = []string{"hw_slowdown" + payload}
+	g.Processes = []wire.GPUProcess{{PID: 7, Name: "p" + payload, UsedMemory: 1 << 30, Foreign: true}}
+	m := measurement("gpu-a", e, 1000, 950)
+	now := time.Now()
+	m.Trigger, m.Cause, m.StartedAt, m.FinishedAt = "registration"+payload, "engine_restarted"+payload, now.Add(-3*time.Second), now
+	m.Prefill = &wire.Prefill{Failure: "prefill_failed" + payload, Problems: []string{"why" + payload}}
+	a.before(e.CapacityKey, []wire.Measurement{m})
+	a.send(t, &wire.Snapshot{Node: "gpu-a", Host: testHost("gpu-a"), GPUs: []wire.GPU{g}, Engines: []wire.Engine{e}})
+	c.waitWorkers(t, "the worker measured", func(ws []view.Worker) bool {
+		return len(ws) == 1 && ws[0].Measurement != nil && ws[0].Measurement.Cause != ""
+	})
+
+	ctx, pageErrs := browser(t, 1280, 900)
+	if err := chromedp.Do(ctx, chromedp.Navigate(c.base+"/")); err != nil {
+		t.Fatalf("open the dashboard: %v", err)
+	}
+	waitJS(t, ctx, "the card", `document.querySelectorAll('article[data-worker-id]').length === 1`)
+	type shown struct {
+		Injected int    `json:"injected"`
+		Titles   string `json:"titles"`
+		Text     string `json:"text"`
+	}
+	got := eval[shown](t, ctx, `(() => {
+		const card = document.querySelector('article[data-worker-id]');
+		return { injected: document.querySelectorAll('[data-injected]').length,
+			titles: [...card.querySelectorAll('[title]')].map(e => e.title).join('\n'),
+			text: card.textContent };
+	})()`)
+	if got.Injected != 0 {
+		t.Errorf("%d elements of an agent's text reached the page as markup; titles:\n%s", got.Injected, got.Titles)
+	}
+	for _, want := range []string{"registration" + payload, "engine_restarted" + payload} {
+		if !strings.Contains(got.Titles, want) {
+			t.Errorf("no title shows %q as text; titles:\n%s", want, got.Titles)
+		}
+	}
+	for _, want := range []string{"0.11" + payload, "H100" + payload, "p" + payload, "/var/log/" + payload} {
+		if !strings.Contains(got.Text, want) {
+			t.Errorf("the card does not show %q as text", want)
+		}
+	}
+	pageErrs.check(t)
+}

@@ -437,7 +437,7 @@ function workerCard(w, maxWeight) {
   <div class="meta clip" title="${esc(w.url)}">${esc(w.engine)}${w.engine_version ? ' ' + esc(w.engine_version) : ''} · ${esc(w.url)} · ${esc(gpuSummary(w.gpus))}</div>
   <div class="row"><span class="label">Throughput</span><span class="val num" data-throughput="${w.throughput_tps ?? ''}">
     ${w.throughput_tps != null ? `<strong>${num(w.throughput_tps)}</strong> tok/s` : (m ? 'no valid measurement' : 'not measured yet')}
-    ${w.measured_at ? `<span class="meta" title="${esc(when(w.measured_at))}${m ? ` · ${m.requests}×${m.tokens_per_request} tokens, ${num(m.wall_seconds, 2)} s${m.trigger ? ` · ${m.trigger}` : ''}${m.cause ? ` (${m.cause})` : ''}` : ''}"> · measured ${esc(ago(w.measured_at))}</span>` : ''}${probeChip(w.probe_status)}</span></div>
+    ${w.measured_at ? `<span class="meta" title="${esc(when(w.measured_at))}${m ? ` · ${m.requests}×${m.tokens_per_request} tokens, ${num(m.wall_seconds, 2)} s${m.trigger ? ` · ${esc(m.trigger)}` : ''}${m.cause ? ` (${esc(m.cause)})` : ''}` : ''}"> · measured ${esc(ago(w.measured_at))}</span>` : ''}${probeChip(w.probe_status)}</span></div>
   <div class="row"><span class="label">Warm-up</span><span class="val num" data-warmup="${w.warmup_tps ?? ''}">
     ${w.warmup_tps != null ? `${num(w.warmup_tps)} tok/s${cold && cold > 1.05 ? ` <span class="chip" title="measured / warm-up">cold ×${num(cold, 1)}</span>` : ''}` : '—'}</span></div>
   <div class="row"><span class="label">Weight</span><div class="val">
