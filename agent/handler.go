@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,10 +42,12 @@ type Handler struct {
 	counts map[string]map[string]int64 // probes by engine URL and outcome
 	held   map[string]held             // measurements to offer a coordinator, by capacity key (held.go)
 	// probing holds the capacity key of the probe running on each engine,
-	// by engine URL: the link runs one probe per key, but a key changes
-	// with the engine's launch, and two bursts on one engine would each
-	// see the other's tokens and both be discarded.
+	// by its sockets (config.EngineSockets): the link runs one probe per
+	// key, but a key changes with the engine's launch, and one engine may
+	// be reached by two spellings of its URL; two bursts on one engine
+	// would each see the other's tokens and both be discarded.
 	probing map[string]string
+	lookup  config.Lookup // resolves engine host names; tests replace it
 
 	passiveMu     sync.Mutex
 	passive       map[string]*passive // passive capacity per capacity key (passive.go)
@@ -66,7 +69,7 @@ func NewHandler(cfg config.Config, col *collect.Collector, gpus gpu.Source, boar
 	probeLog := logger.Named("probe")
 	return &Handler{cfg: cfg, col: col, gpus: gpus, log: logger, probeLog: probeLog,
 		probes: board.Reporter(status.AreaProbe, "url", probeLog), counts: map[string]map[string]int64{},
-		probing: map[string]string{}}
+		probing: map[string]string{}, lookup: net.DefaultResolver.LookupIPAddr}
 }
 
 // Snapshot returns the collector's snapshot and keeps it: the probe needs
@@ -116,9 +119,8 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 	if !ok {
 		return wire.Measurement{}, fmt.Errorf("no engine on this node has capacity key %q", req.CapacityKey)
 	}
-	h.mu.Lock()
-	if other, busy := h.probing[client.URL()]; busy {
-		h.mu.Unlock()
+	sockets := h.sockets(ctx, client.URL())
+	if other, busy := h.claim(sockets, req.CapacityKey); busy {
 		err := probe.BusyError(fmt.Sprintf("another probe of this engine (capacity key %s) is still running; "+
 			"this one is deferred so that the two bursts never share the engine", other))
 		if ctx.Err() == nil {
@@ -126,13 +128,7 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 		}
 		return wire.Measurement{}, err
 	}
-	h.probing[client.URL()] = req.CapacityKey
-	h.mu.Unlock()
-	defer func() {
-		h.mu.Lock()
-		delete(h.probing, client.URL())
-		h.mu.Unlock()
-	}()
+	defer h.release(sockets)
 
 	model, uuids, maxContext, ranks := client.Config().Model, []string(nil), int64(0), 1
 	h.mu.Lock()
@@ -183,6 +179,43 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 		h.recordProbe(client.URL(), req.CapacityKey, m, err)
 	}
 	return m, err
+}
+
+// resolveFor bounds the lookup of an engine's host name before a probe:
+// a slow resolver only costs the match of two spellings, never the probe.
+const resolveFor = 2 * time.Second
+
+// sockets names the listening sockets the engine at url may be, for the
+// one-probe-per-engine slot.
+func (h *Handler) sockets(ctx context.Context, url string) []string {
+	ctx, cancel := context.WithTimeout(ctx, resolveFor)
+	defer cancel()
+	return config.EngineSockets(ctx, url, h.lookup)
+}
+
+// claim takes the probe slot of every socket for key, unless a probe
+// holds one already: then it returns that probe's key and busy.
+func (h *Handler) claim(sockets []string, key string) (other string, busy bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range sockets {
+		if other, busy := h.probing[s]; busy {
+			return other, true
+		}
+	}
+	for _, s := range sockets {
+		h.probing[s] = key
+	}
+	return "", false
+}
+
+// release frees the slots claim took.
+func (h *Handler) release(sockets []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range sockets {
+		delete(h.probing, s)
+	}
 }
 
 // keyOf returns the capacity key the newest snapshot gives the engine at

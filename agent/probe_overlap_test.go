@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -133,6 +135,107 @@ func TestProbesOfOneEngineNeverOverlap(t *testing.T) {
 	m, err := h.Probe(t.Context(), wire.ProbeRequest{CapacityKey: keyB, Reason: wire.ReasonOnDemand})
 	if err != nil || !m.Valid() {
 		t.Fatalf("probe of the new key after the first: %v, valid %v, problems %q", err, m.Valid(), m.Problems)
+	}
+}
+
+// One engine configured under two spellings of its URL (an address and
+// a name, a trailing slash) and two capacity keys (a model name given for
+// one): its probes share one slot, as they share the engine. A probe
+// under the second spelling while the first waits for the busy engine is
+// deferred at once; before, each spelling had a slot of its own and the
+// two bursts could run together.
+func TestProbesOfOneEngineUnderTwoSpellingsNeverOverlap(t *testing.T) {
+	s, err := sim.Start(sim.Config{Flavor: sim.FlavorSGLang, Model: "test/model", SingleTPS: 400, Batch16TPS: 3200}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	port := mustURL(t, s.URL()).Port()
+	byAddress, byName := "http://127.0.0.1:"+port, "http://localhost:"+port+"/"
+
+	cfg := config.Default()
+	cfg.Node.Name = "gpu-test"
+	cfg.Engines = []config.Engine{{Kind: wire.EngineSGLang, URL: byAddress}, {Kind: wire.EngineSGLang, URL: byName, Model: "alias/model"}}
+	cfg.Probe.Concurrency, cfg.Probe.Tokens, cfg.Probe.Prefill = 4, 16, false
+	cfg.Probe.Busy, cfg.Probe.BusyWait = "wait", time.Minute
+	col, err := collect.New(collect.Config{Node: cfg.Node.Name, Engines: Engines(cfg)}, oneGPU{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testutil.SyncBuffer{}
+	h := NewHandler(cfg, col, oneGPU{}, nil, hclog.New(&hclog.LoggerOptions{Output: logs}))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", logs.String())
+		}
+	})
+	var keys []string
+	testutil.Eventually(t, "both spellings ready, each with its key", 20*time.Second, func() bool {
+		keys = nil
+		for _, e := range h.Snapshot(t.Context()).Engines {
+			if e.Ready && e.CapacityKey != "" {
+				keys = append(keys, e.CapacityKey)
+			}
+		}
+		return len(keys) == 2 && keys[0] != keys[1]
+	})
+
+	leave := users(t, s, 1) // the engine is busy: the first probe waits
+	testutil.Eventually(t, "the user's request to run", 10*time.Second, func() bool { r, _ := s.InFlight(); return r > 0 })
+	first := make(chan error, 1)
+	go func() {
+		m, err := h.Probe(t.Context(), wire.ProbeRequest{CapacityKey: keys[0], Reason: wire.ReasonOnDemand})
+		if err == nil && !m.Valid() {
+			err = fmt.Errorf("not valid: %q", m.Problems)
+		}
+		first <- err
+	}()
+	testutil.Eventually(t, "the first probe to wait", 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "the probe waits for it to be idle")
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err = h.Probe(ctx, wire.ProbeRequest{CapacityKey: keys[1], Reason: wire.ReasonOnDemand})
+	if !errors.Is(err, probe.ErrBusy) || !strings.Contains(err.Error(), "another probe of this engine (capacity key "+keys[0]+")") {
+		t.Fatalf("a probe of %s beside one of %s: %v; want it deferred (ErrBusy) naming %s", byName, byAddress, err, keys[0])
+	}
+
+	leave()
+	select {
+	case err := <-first:
+		if err != nil {
+			t.Fatalf("the first probe, once the user left: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first probe did not end")
+	}
+}
+
+// A host name holds the slot of each address it resolves to: a probe of
+// the engine by its name and one by its address never run together, and
+// the slot is free again once the first ends.
+func TestProbeSlotByResolvedName(t *testing.T) {
+	h := NewHandler(config.Default(), nil, oneGPU{}, nil, nil)
+	h.lookup = func(_ context.Context, host string) ([]net.IPAddr, error) {
+		if host == "gpu-a.test" {
+			return []net.IPAddr{{IP: net.ParseIP("10.0.0.5")}}, nil
+		}
+		return nil, errors.New("no such host")
+	}
+	byName := h.sockets(t.Context(), "http://gpu-a.test:8000")
+	if _, busy := h.claim(byName, "key-a"); busy {
+		t.Fatal("a free engine's slot is busy")
+	}
+	byAddress := h.sockets(t.Context(), "http://10.0.0.5:8000/")
+	if other, busy := h.claim(byAddress, "key-b"); !busy || other != "key-a" {
+		t.Fatalf("the engine by its address beside a probe of it by name: busy %v (%q); want the name's probe, key-a", busy, other)
+	}
+	if _, busy := h.claim(h.sockets(t.Context(), "http://10.0.0.5:8001"), "key-c"); busy {
+		t.Error("another port's engine shares the slot")
+	}
+	h.release(byName)
+	if _, busy := h.claim(byAddress, "key-b"); busy {
+		t.Error("the slot stayed taken after the first probe ended")
 	}
 }
 

@@ -310,13 +310,13 @@ func (a inspectArgs) run(ctx context.Context, stdio IO, deps inspectDeps) (inspe
 }
 
 // inspectMerge adds the config's engines to those named by flags; a flag
-// wins over a config entry for the same URL.
+// wins over a config entry for the same engine, however its URL is spelled.
 func inspectMerge(flags, fromConfig []engine.Config) []engine.Config {
 	out := append([]engine.Config(nil), flags...)
 	for _, c := range fromConfig {
 		dup := false
 		for _, f := range flags {
-			if strings.TrimRight(f.URL, "/") == strings.TrimRight(c.URL, "/") {
+			if config.EngineID(f.URL) == config.EngineID(c.URL) {
 				dup = true
 			}
 		}

@@ -271,3 +271,14 @@ func TestInspectRealHost(t *testing.T) {
 		}
 	}
 }
+
+// An engine named by a flag and by the config under another spelling of
+// its URL is inspected once, as the flag names it.
+func TestInspectMergeOneEngineTwoSpellings(t *testing.T) {
+	flags := []engine.Config{{Kind: "vllm", URL: "http://localhost:8000"}}
+	fromConfig := []engine.Config{{Kind: "vllm", URL: "http://127.0.0.1:8000/v1"}, {Kind: "sglang", URL: "http://127.0.0.1:30000"}}
+	got := inspectMerge(flags, fromConfig)
+	if len(got) != 2 || got[0].URL != "http://localhost:8000" || got[1].URL != "http://127.0.0.1:30000" {
+		t.Fatalf("merged %+v; want the flag's engine and the config's other one", got)
+	}
+}

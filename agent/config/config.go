@@ -418,7 +418,14 @@ func (c Config) Validate() error {
 	if len(c.Engines) > wire.MaxEngines {
 		add("%d engines configured, at most %d", len(c.Engines), wire.MaxEngines)
 	}
+	ids := map[string]int{} // engine number by EngineID
 	for i, e := range c.Engines {
+		if j, dup := ids[EngineID(e.URL)]; dup {
+			add("engine %d: %s is the engine of engine %d (%s), spelled another way: one engine would be reported and probed as two",
+				i+1, e.URL, j, c.Engines[j-1].URL)
+		} else {
+			ids[EngineID(e.URL)] = i + 1
+		}
 		if !slices.Contains(wire.EngineKinds, e.Kind) {
 			add("engine %d: unknown kind %q (want one of %s)", i+1, e.Kind, strings.Join(wire.EngineKinds, ", "))
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"heft/agent/engine"
@@ -353,16 +354,93 @@ func (p *prober) readLoad(ctx context.Context) (wire.Load, error) {
 }
 
 // readGenerated reads the engine's generated-tokens counter, noting once
-// in m why it cannot be read.
+// in m why it cannot be read, and how the burst is checked without it.
 func (p *prober) readGenerated(ctx context.Context, m *wire.Measurement) (float64, bool) {
 	v, err := p.counter(ctx)
 	if err != nil {
-		if ctx.Err() == nil && p.cfg.Counters != nil {
-			m.Problems = append(m.Problems, fmt.Sprintf("other traffic during the burst not checked: %v", err))
+		note := fmt.Sprintf("other traffic during the burst not checked: %v", err)
+		if p.loadWatchable(m) {
+			note = fmt.Sprintf("other traffic during the burst checked by the engine's load alone (more requests than the burst's), "+
+				"not by its token counters: %v", err)
+		}
+		if ctx.Err() == nil && p.cfg.Counters != nil && !slices.Contains(m.Problems, note) {
+			m.Problems = append(m.Problems, note)
 		}
 		return 0, false
 	}
 	return v, true
+}
+
+// loadWatchable reports whether a burst can be watched by the engine's
+// load: it was read, idle, before the probe (not a stale load taken for
+// idle, which would show its old requests through the burst).
+func (p *prober) loadWatchable(m *wire.Measurement) bool {
+	return p.cfg.Load != nil && m.LoadBefore.Known && m.LoadBefore.StaleSeconds == 0
+}
+
+// watchFor returns what watches a burst for other traffic: the engine's
+// counter and load together where both can be read (base is the counter
+// before the burst, counted whether it was read), its load alone where
+// only that can, else nil.
+func (p *prober) watchFor(m *wire.Measurement, phase string, base float64, counted bool) burstWatch {
+	switch {
+	case counted && p.cfg.Load != nil:
+		return p.counterWatch(phase, base)
+	case !counted && p.loadWatchable(m):
+		return p.loadWatch(phase)
+	}
+	return nil
+}
+
+// stoppedBurst says what became of a burst stopped for other traffic.
+func stoppedBurst(phase string) string {
+	if phase == PhaseWarmup {
+		return "the warm-up was stopped at once and the measured burst was not sent"
+	}
+	return "the measured burst was stopped at once and discarded"
+}
+
+// counterWatch stops a burst whose engine shows other traffic in its
+// counter and its load together.
+func (p *prober) counterWatch(phase string, base float64) burstWatch {
+	return func(ctx context.Context, received, unfinished int) error {
+		// Two signs, each of which can mislead alone: a probe slow to
+		// read its streams (a loaded host) lags the engine's counter
+		// by hundreds of tokens, and a gauge refreshed late can show
+		// requests that have ended. Other traffic shows in both: more
+		// tokens than the burst received (plus twice the end-of-burst
+		// slack) and more requests than the burst has unfinished.
+		now, err := p.counter(ctx)
+		grew := now - base
+		if err != nil || int(grew) <= received+2*p.slack() {
+			return nil
+		}
+		l, err := p.readLoad(ctx)
+		if err != nil || !l.Known || l.Running+l.Waiting <= unfinished {
+			return nil
+		}
+		return busyError{fmt.Sprintf("the engine generated %.0f tokens during the %s while the probe received %d, and had %s with %d of the probe's unfinished: other traffic arrived; %s",
+			grew, phaseName(phase), received, busyLoad(l), unfinished, stoppedBurst(phase))}
+	}
+}
+
+// loadWatch stops a burst whose engine's counters cannot be read (SGLang
+// without --enable-metrics serves its load at /v1/loads, llama-server
+// without --metrics at /slots) once its load shows more requests than the
+// burst has: those cannot all be the burst's, however late the load is
+// written. Compared with the burst's unfinished requests instead, a late
+// gauge that still shows ended ones would stop clean bursts; a foreign
+// request is seen all the same while the burst's requests run, nearly the
+// whole burst since they are sent together and of one length.
+func (p *prober) loadWatch(phase string) burstWatch {
+	return func(ctx context.Context, _, _ int) error {
+		l, err := p.readLoad(ctx)
+		if err != nil || !l.Known || l.Running+l.Waiting <= p.cfg.Concurrency {
+			return nil
+		}
+		return busyError{fmt.Sprintf("the engine had %s during the %s of %d requests (its token counters cannot be read): other traffic arrived; %s",
+			busyLoad(l), phaseName(phase), p.cfg.Concurrency, stoppedBurst(phase))}
+	}
 }
 
 // shared judges the engine's own count of generated tokens over a burst

@@ -98,7 +98,8 @@ type Config struct {
 	// during (every watchPoll) and after each burst: a counter that grew by
 	// more than the burst received means other traffic shared the engine
 	// (mid-burst, only where Load also shows more requests than the
-	// burst's), and Run returns ErrBusy, not a number.
+	// burst's), and Run returns ErrBusy, not a number. Where it cannot be
+	// read, Load alone watches each burst (loadWatch).
 	Counters func(ctx context.Context) (float64, error)
 	// Stir, optional, reads what moves at every step of an engine with
 	// requests running (engine.Client.Stir): a load that reads busy while
@@ -374,7 +375,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	chatURL := p.cfg.URL + "/v1/chat/completions"
 
 	start, startCounted := p.readGenerated(ctx, m)
-	warm, err := p.burst(ctx, PhaseWarmup, chatURL, body, start, startCounted)
+	warm, err := p.burst(ctx, PhaseWarmup, chatURL, body, p.watchFor(m, PhaseWarmup, start, startCounted))
 	if err != nil {
 		return burstSummary{}, false, err
 	}
@@ -388,7 +389,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 			return burstSummary{}, false, fmt.Errorf("probe: build request: %w", err)
 		}
 		start, startCounted = p.readGenerated(ctx, m)
-		if warm, err = p.burst(ctx, PhaseWarmup, chatURL, body, start, startCounted); err != nil {
+		if warm, err = p.burst(ctx, PhaseWarmup, chatURL, body, p.watchFor(m, PhaseWarmup, start, startCounted)); err != nil {
 			return burstSummary{}, false, err
 		}
 	}
@@ -417,7 +418,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 		}
 		sampler = startGPUSampler(ctx, p.cfg.GPUs, p.cfg.GPUUUIDs, tree)
 	}
-	meas, err = p.burst(ctx, PhaseMeasure, chatURL, body, before, counted)
+	meas, err = p.burst(ctx, PhaseMeasure, chatURL, body, p.watchFor(m, PhaseMeasure, before, counted))
 	if sampler != nil {
 		p.recordClocks(m, sampler.stop())
 	}
@@ -509,40 +510,16 @@ func fail(m *wire.Measurement, code, why string) error {
 	return nil
 }
 
-// burst runs one decode burst: n copies of body. With the engine's
-// generated-tokens counter read just before it (counted) and its load
-// readable, the burst stops as soon as both show someone else's requests:
-// every moment more slows them.
-func (p *prober) burst(ctx context.Context, phase, url string, body []byte, base float64, counted bool) (burstSummary, error) {
+// burstWatch is told, every watchPoll of a burst, the tokens received so
+// far and the requests not yet finished; an error stops the burst.
+type burstWatch func(ctx context.Context, received, unfinished int) error
+
+// burst runs one decode burst: n copies of body, watched (watch, nil for
+// none) for other traffic: every moment more slows its requests.
+func (p *prober) burst(ctx context.Context, phase, url string, body []byte, watch burstWatch) (burstSummary, error) {
 	bodies := make([][]byte, p.cfg.Concurrency)
 	for i := range bodies {
 		bodies[i] = body
-	}
-	var watch func(ctx context.Context, received, unfinished int) error
-	if counted && p.cfg.Load != nil {
-		stopped := "the measured burst was stopped at once and discarded"
-		if phase == PhaseWarmup {
-			stopped = "the warm-up was stopped at once and the measured burst was not sent"
-		}
-		watch = func(ctx context.Context, received, unfinished int) error {
-			// Two signs, each of which can mislead alone: a probe slow to
-			// read its streams (a loaded host) lags the engine's counter
-			// by hundreds of tokens, and a gauge refreshed late can show
-			// requests that have ended. Other traffic shows in both: more
-			// tokens than the burst received (plus twice the end-of-burst
-			// slack) and more requests than the burst has unfinished.
-			now, err := p.counter(ctx)
-			grew := now - base
-			if err != nil || int(grew) <= received+2*p.slack() {
-				return nil
-			}
-			l, err := p.readLoad(ctx)
-			if err != nil || !l.Known || l.Running+l.Waiting <= unfinished {
-				return nil
-			}
-			return busyError{fmt.Sprintf("the engine generated %.0f tokens during the %s while the probe received %d, and had %s with %d of the probe's unfinished: other traffic arrived; %s",
-				grew, phaseName(phase), received, busyLoad(l), unfinished, stopped)}
-		}
 	}
 	start := time.Now()
 	results, timedOut, err := p.send(ctx, phase, url, bodies, func(c *counters) int { return int(c.tokens.Load()) }, watch)
@@ -565,7 +542,7 @@ func (p *prober) burst(ctx context.Context, phase, url string, body []byte, base
 // returns that error. Otherwise it returns an error only when ctx ends;
 // timedOut says the burst's own bound cut it short.
 func (p *prober) send(ctx context.Context, phase, url string, bodies [][]byte, tokens func(*counters) int,
-	watch func(ctx context.Context, received, unfinished int) error) (results []reqResult, timedOut bool, err error) {
+	watch burstWatch) (results []reqResult, timedOut bool, err error) {
 	n := len(bodies)
 	wctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
