@@ -152,10 +152,17 @@ func (s *Server) mlxLog(w *bufio.Writer, now time.Time) {
 		now.Format("2006-01-02 15:04:05"), now.Nanosecond()/1e6, s.host, s.port)
 }
 
+// llamaLog prints llama-server's start-up as it runs with "-np N" and no
+// --kv-unified: a split cache, one stream of n_ctx/N cells per slot. Its
+// cache line names one stream's cells beside "N/N seqs", N the streams
+// (src/llama-kv-cache.cpp prints kv_size, n_seq_max and n_stream), so the
+// pool is cells × N; n_ctx is that whole, rounded down to a multiple of the
+// slots as llama.cpp rounds it.
 func (s *Server) llamaLog(w *bufio.Writer, _ time.Time) {
 	c := s.cfg
-	pool := c.KVTokens[0]
-	slots := c.MaxRunning
+	slots := int64(c.MaxRunning)
+	perSlot := c.KVTokens[0] / slots
+	pool := perSlot * slots
 	build := strings.TrimPrefix(c.Version, "b")
 	kvMiB := float64(pool) * kvBytesPerToken / (1 << 20)
 	fmt.Fprintf(w, "build: %s (5f1d2e3a) with cc (Ubuntu 13.3.0-6ubuntu2~24.04) 13.3.0 for x86_64-linux-gnu\n", build)
@@ -164,13 +171,14 @@ func (s *Server) llamaLog(w *bufio.Writer, _ time.Time) {
 	fmt.Fprintf(w, "llama_context: constructing llama_context\n")
 	fmt.Fprintf(w, "llama_context: n_seq_max     = %d\n", slots)
 	fmt.Fprintf(w, "llama_context: n_ctx         = %d\n", pool)
-	fmt.Fprintf(w, "llama_context: n_ctx_seq     = %d\n", pool/int64(slots))
+	fmt.Fprintf(w, "llama_context: n_ctx_seq     = %d\n", perSlot)
 	fmt.Fprintf(w, "llama_context: n_batch       = %d\n", c.MaxBatchedTokens)
+	fmt.Fprintf(w, "llama_context: kv_unified    = false\n")
 	fmt.Fprintf(w, "llama_kv_cache:      CUDA0 KV buffer size = %8.2f MiB\n", kvMiB)
 	fmt.Fprintf(w, "llama_kv_cache: size = %7.2f MiB (%6d cells, %3d layers, %2d/%d seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB\n",
-		kvMiB, pool, 36, slots, slots, "f16", kvMiB/2, "f16", kvMiB/2)
+		kvMiB, perSlot, 36, slots, slots, "f16", kvMiB/2, "f16", kvMiB/2)
 	for i := range slots {
-		fmt.Fprintf(w, "slot   load_model: id %2d | task -1 | new slot, n_ctx = %d\n", i, pool/int64(slots))
+		fmt.Fprintf(w, "slot   load_model: id %2d | task -1 | new slot, n_ctx = %d\n", i, perSlot)
 	}
 	fmt.Fprintf(w, "main: model loaded\n")
 	fmt.Fprintf(w, "main: server is listening on %s - starting the main loop\n", s.url)

@@ -196,7 +196,9 @@ func TestMacAndLlamaStartLogs(t *testing.T) {
 			}},
 		{FlavorLlamaCpp, `^llama_kv_cache: size = +[\d.]+ MiB \( *(\d+) cells, +\d+ layers, +(\d+)/(\d+) seqs\), K \(f16\): +[\d.]+ MiB, V \(f16\): +[\d.]+ MiB$`,
 			func(t *testing.T, s *Server, m []string) {
-				if m[1] != "65536" || m[3] != "16" {
+				// A split cache: each of the 16 slots' streams holds
+				// 65,536/16 cells, and the line names one stream's.
+				if m[1] != "4096" || m[2] != "16" || m[3] != "16" {
 					t.Errorf("llama kv line %q", m[0])
 				}
 			}},
@@ -234,6 +236,26 @@ func TestMacAndLlamaStartLogs(t *testing.T) {
 				t.Errorf("no line matches %s in:\n%s", tc.re, strings.Join(lines, "\n"))
 			}
 		})
+	}
+}
+
+// llama-server with "-np 16" and no --kv-unified splits its cache: the
+// context lines say so, as llama.cpp's llama_context prints them, and the
+// whole n_ctx is 16 streams of n_ctx_seq cells.
+func TestLlamaStartLogSplitCache(t *testing.T) {
+	t.Parallel()
+	_, lines := startWithLog(t, Config{Flavor: FlavorLlamaCpp, SingleTPS: 60, Batch16TPS: 600, KVTokens: []int64{65536}})
+	re := regexp.MustCompile(`^llama_context: (\w+) += (\w+)$`)
+	got := map[string]string{}
+	for _, l := range lines {
+		if m := re.FindStringSubmatch(l); m != nil {
+			got[m[1]] = m[2]
+		}
+	}
+	for k, want := range map[string]string{"n_seq_max": "16", "n_ctx": "65536", "n_ctx_seq": "4096", "kv_unified": "false"} {
+		if got[k] != want {
+			t.Errorf("llama_context: %s = %q, want %q", k, got[k], want)
+		}
 	}
 }
 

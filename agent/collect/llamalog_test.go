@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -23,8 +24,9 @@ import (
 func TestFollowsLlamaCppAndOllamaLogs(t *testing.T) {
 	dir := t.TempDir()
 
-	// llama.cpp: heft-sim prints its start-up lines (16,384 cells over 4
-	// slots); /props says the same, so the check finds no disagreement.
+	// llama.cpp: heft-sim prints its start-up lines (a split cache of 4
+	// slots, 4,096 cells each: 16,384); /props says the same, so the check
+	// finds no disagreement.
 	llamaLog := filepath.Join(dir, "llama.log")
 	llama, err := sim.Start(sim.Config{Flavor: sim.FlavorLlamaCpp, SingleTPS: 50, Batch16TPS: 400, KVTokens: []int64{16384}, MaxRunning: 4, LogPath: llamaLog}, "127.0.0.1:0")
 	if err != nil {
@@ -47,13 +49,15 @@ func TestFollowsLlamaCppAndOllamaLogs(t *testing.T) {
 		t.Errorf("log status %+v", l)
 	}
 
-	// The server restarts with a smaller context: the log's new pool wins,
-	// and /props (still the sim's 16,384) disagreeing is said.
+	// The server restarts with a smaller context (-c 8192, still 4 slots:
+	// n_ctx halves, and so does each slot's stream of cells): the log's new
+	// pool wins, and /props (still the sim's 16,384) disagreeing is said.
 	text, err := os.ReadFile(llamaLog)
 	if err != nil {
 		t.Fatal(err)
 	}
-	appendLog(t, llamaLog, strings.ReplaceAll(string(text), "16384", "8192"))
+	restart := regexp.MustCompile(`\b16384\b`).ReplaceAllString(string(text), "8192")
+	appendLog(t, llamaLog, regexp.MustCompile(`\b4096\b`).ReplaceAllString(restart, "2048"))
 	testutil.Eventually(t, "the restart's pool", 15*time.Second, func() bool {
 		e = c.Snapshot(t.Context()).Engines[0]
 		return len(e.Ranks) == 1 && e.Ranks[0].KVTokens == 8192

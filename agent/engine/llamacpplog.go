@@ -27,9 +27,13 @@ const (
 	// sliding-window layers (gemma 3, gpt-oss): llama.cpp prints one
 	// "llama_kv_cache: size = ... (N cells" line for it and another, far
 	// smaller, for the sliding-window cache, so this line names the pool.
+	// Its N is one stream's cells (kv_size), and it does not say how many
+	// streams a split cache keeps: the full cache's own size line, which
+	// follows it with the same N, does (enginelog.Grammar.PerStream).
 	FormatLlamaISWABase = "llamacpp-iswa-base-cells"
-	// FormatLlamaKVCells is llama.cpp's KV cache line: its cells are the
-	// pool's tokens, over all slots.
+	// FormatLlamaKVCells is llama.cpp's KV cache line: its cells (one
+	// stream's) times the streams its "A/S seqs" names are the pool's
+	// tokens, over all slots.
 	FormatLlamaKVCells = "llamacpp-kv-cells"
 	// FormatLlamaNCtx is the context's n_ctx, the same total (older builds
 	// print no cells).
@@ -56,30 +60,44 @@ var (
 	// Letters end the run, so text inside a message (a request body the
 	// server logs) never reads as a line of its own; so does "[", so a
 	// router's "[port] " child lines, each another server's, are not read.
-	llamaPrefixRE = regexp.MustCompile(`^[\d :.,/|-]*(?:[IWEDT] )?`)
-	llamaCellsRE  = regexp.MustCompile(`\(\s*(\d+) cells,`)
-	llamaNCtxRE   = regexp.MustCompile(`^(?:llama_context|llama_new_context_with_model): n_ctx\s+=\s+(\d+)\s*$`)
-	llamaBuildRE  = regexp.MustCompile(`^build: (\d+) \(`)
+	// Two wrappers with letters are taken off first: a journald or syslog
+	// prefix whose identifier carries a pid ("Feb 27 11:23:59 host
+	// ollama[26115]: ", a journal exported to a file and read inside
+	// another wrapper) and docker compose's service column ("ollama-2  | ").
+	llamaPrefixRE = regexp.MustCompile(`^\s*(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? (?:\S+ )?[^\s\[\]:]+\[\d+\]: |[A-Za-z0-9][\w.-]* +\| )?[\d :.,/|-]*(?:[IWEDT] )?`)
+	// The cache's size line: its cells, and from 2025 "N/S seqs", S the
+	// streams it keeps. A split (non-unified) cache gives each of its S
+	// slots a stream of the cells, so the pool is cells × S.
+	llamaCellsRE = regexp.MustCompile(`\(\s*(\d+) cells,(?:\s*\d+ layers,\s*\d+/(\d+) seqs)?`)
+	// A sliding-window model's full cache: llama_kv_cache_iswa, or
+	// llama_kv_cache_unified_iswa in earlier 2025 builds.
+	llamaISWARE  = regexp.MustCompile(`^llama_kv_cache(?:_unified)?_iswa: creating non-SWA KV cache, size = (\d+) cells`)
+	llamaNCtxRE  = regexp.MustCompile(`^(?:llama_context|llama_new_context_with_model): n_ctx\s+=\s+(\d+)\s*$`)
+	llamaBuildRE = regexp.MustCompile(`^build: (\d+) \(`)
 	// The server's slots line and, from 2026, its ready lines, after the
 	// module tag newer builds print ("srv    load_model: ...").
 	llamaSlotsRE = regexp.MustCompile(`^(?:srv\s+)?load_model: initializing, n_slots = (\d+), n_ctx_slot = (\d+), kv_unified = '(true|false)'`)
 	// "model loaded" is logged once the server answers requests; a
 	// model server's (not a router's) "listening on" line follows it.
 	llamaReadyRE = regexp.MustCompile(`^(?:srv\s+)?(?:main|llama_server): (?:model loaded$|(?:server is )?listening on https?://)`)
-	ollamaCtxRE  = regexp.MustCompile(`(?:^|\s)--ctx-size\s+(\d+)(?:\s|"|$)|[{ ]KvSize:(\d+)[ }]`)
+	// The runner's context over all its slots: --ctx-size (to 2025), "-c"
+	// (2026's llama-server runner) or the committed load request's KvSize.
+	ollamaCtxRE = regexp.MustCompile(`(?:^|\s)(?:--ctx-size|-c)\s+(\d+)(?:\s|"|$)|[{ ]KvSize:(\d+)[ }]`)
 	// The lines on which Ollama gives a model's runner its KV size: the
 	// runner's command line, "starting llama server" (to 2025) or
 	// "starting runner" with the model (2026; without --model it is a GPU
-	// discovery runner, and from 2026 the size is not on it), and the load
+	// discovery runner, and from 2026 the size is not on it), the load
 	// request it commits (2026: "load request="{Operation:commit ...
 	// KvSize:16384 ...}"; the fit and alloc requests before it may try
-	// other sizes).
-	ollamaSizeLineRE = regexp.MustCompile(`msg="starting llama server"|msg="starting runner" cmd="[^"]* --model |msg=load request="\{Operation:commit `)
+	// other sizes), and from mid-2026 "starting llama-server", llama.cpp's
+	// own server as the runner.
+	ollamaSizeLineRE = regexp.MustCompile(`msg="starting llama(?: |-)server"|msg="starting runner" cmd="[^"]* --model |msg=load request="\{Operation:commit `)
 	ollamaVerRE      = regexp.MustCompile(`msg="Listening on \S+ \(version ([^)\s]+)\)"`)
 	// Ollama's runner is loaded ("llama runner started in 2.51 seconds";
+	// 2026's llama-server runner: "llama-server started in 36.45 seconds";
 	// 2024: "Starting llama main loop"); 2024 llama-server's JSON log says
 	// "model loaded".
-	ollamaLoadedRE = regexp.MustCompile(`msg="(?:llama runner started in |Starting llama main loop")|"(?:message|msg)":"model loaded"`)
+	ollamaLoadedRE = regexp.MustCompile(`msg="(?:llama runner started in |llama-server started in |Starting llama main loop")|"(?:message|msg)":"model loaded"`)
 )
 
 // llamaCppLog is llama.cpp's log grammar, ollamaLog Ollama's: one pool,
@@ -126,7 +144,8 @@ func llamaGrammar(kind string, formats ...string) enginelog.Grammar {
 			ev, ok := parseLlama(seg)
 			return ev, enginelog.NoProc(), ok
 		},
-		Formats: formats,
+		Formats:   formats,
+		PerStream: []string{FormatLlamaISWABase},
 		PoolLines: `llama.cpp and Ollama "llama_kv_cache_iswa: creating non-SWA KV cache, size = N cells", ` +
 			`"llama_kv_cache: size = ... (N cells, ...", "n_ctx = N" and "load_model: initializing, n_slots = N, n_ctx_slot = M, kv_unified = ..."`,
 		DPKey: "data_parallel_size", // never printed: one rank
@@ -140,18 +159,18 @@ func parseLlama(seg string) (enginelog.Event, bool) {
 	}
 	ev := enginelog.Event{TPRank: -1}
 	switch {
-	case strings.HasPrefix(seg, "llama_kv_cache_iswa: creating non-SWA KV cache, size = "):
-		n, rest, ok := enginelog.CutDigits(seg[len("llama_kv_cache_iswa: creating non-SWA KV cache, size = "):])
-		if ok && strings.HasPrefix(rest, " cells") {
-			ev.Kind, ev.Format, ev.KVTokens = enginelog.EventPool, FormatLlamaISWABase, n
-			return ev, true
-		}
-	case strings.HasPrefix(seg, "llama_kv_cache") && strings.Contains(seg, " cells,"):
-		if m := llamaCellsRE.FindStringSubmatch(seg); m != nil {
-			if n, err := strconv.ParseInt(m[1], 10, 64); err == nil {
-				ev.Kind, ev.Format, ev.KVTokens = enginelog.EventPool, FormatLlamaKVCells, n
+	case strings.HasPrefix(seg, "llama_kv_cache") && strings.Contains(seg, "_iswa: creating non-SWA KV cache"):
+		if m := llamaISWARE.FindStringSubmatch(seg); m != nil {
+			if n, err := strconv.ParseInt(m[1], 10, 64); err == nil && n <= maxCells {
+				ev.Kind, ev.Format, ev.KVTokens = enginelog.EventPool, FormatLlamaISWABase, n
 				return ev, true
 			}
+		}
+	case strings.HasPrefix(seg, "llama_kv_cache") && strings.Contains(seg, " cells,"):
+		if cells, streams, ok := llamaCacheCells(seg); ok {
+			ev.Kind, ev.Format, ev.KVTokens = enginelog.EventPool, FormatLlamaKVCells, cells*streams
+			ev.Cells, ev.Streams = cells, streams
+			return ev, true
 		}
 	case strings.Contains(seg, ": n_ctx "):
 		if m := llamaNCtxRE.FindStringSubmatch(seg); m != nil {
@@ -160,7 +179,7 @@ func parseLlama(seg string) (enginelog.Event, bool) {
 				return ev, true
 			}
 		}
-	case strings.Contains(seg, `msg="starting llama server"`),
+	case strings.Contains(seg, `msg="starting llama server"`), strings.Contains(seg, `msg="starting llama-server"`),
 		strings.Contains(seg, `msg="starting runner"`) && strings.Contains(seg, " --model "):
 		// Ollama starts a runner per model load: a new start-up.
 		ev.Kind, ev.Args = enginelog.EventLaunchArgs, map[string]string{}
@@ -189,6 +208,31 @@ func parseLlama(seg string) (enginelog.Event, bool) {
 		}
 	}
 	return enginelog.Event{}, false
+}
+
+// maxCells bounds a cell count read from a cache line.
+const maxCells = 1 << 40
+
+// llamaCacheCells reads a cache size line: one stream's cells and the
+// streams it names (one where it names none, as before 2025); the pool is
+// their product.
+func llamaCacheCells(seg string) (cells, streams int64, ok bool) {
+	m := llamaCellsRE.FindStringSubmatch(seg)
+	if m == nil {
+		return 0, 0, false
+	}
+	cells, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil || cells > maxCells {
+		return 0, 0, false
+	}
+	if m[2] == "" {
+		return cells, 1, true
+	}
+	streams, err = strconv.ParseInt(m[2], 10, 64)
+	if err != nil || streams < 1 || streams > 1<<16 {
+		return 0, 0, false
+	}
+	return cells, streams, true
 }
 
 // llamaSlotsPool is the pool the server's slots line gives: n_ctx_slot

@@ -47,7 +47,7 @@ var vllmLog = enginelog.Grammar{
 	Formats:     []string{FormatVLLMMerged, FormatVLLMTwoLine, FormatVLLMBlocks, FormatVLLMDevice},
 	PoolLines: `vLLM V1 "GPU KV cache size: N tokens" (alone or merged with "Maximum concurrency for N tokens per request"; ` +
 		`"CPU", "XPU", "TPU", "NPU", "HPU" or "Spyre" in place of "GPU" on those platforms), ` +
-		`vLLM V0 "# cuda blocks: N, # CPU blocks: M" and "# GPU blocks: N, # CPU blocks: M"`,
+		`vLLM V0 "# cuda blocks: N, # CPU blocks: M" and "# GPU blocks: N, # CPU blocks: M", and "# GPU blocks: N" alone (V1, early 2025)`,
 	BlockFormat:  FormatVLLMBlocks,
 	BlockSizeKey: "block_size",
 	// vLLM's block size on CUDA when none is given.
@@ -75,7 +75,11 @@ var (
 	// Uvicorn's own lines, not formatted by vLLM: "INFO:     Application startup complete."
 	uvicornRE = regexp.MustCompile(`(?:^|[^A-Za-z])(?:INFO|WARNING|ERROR):\s+`)
 
-	vllmBlocksRE      = regexp.MustCompile(`^# (\w+) blocks: (\d+), # CPU blocks: (\d+)`)
+	// V0's "# cuda blocks: N, # CPU blocks: M" (M is swap space), and the
+	// same count alone: early 2025 V1 printed "# GPU blocks: N" (until
+	// v0.7.3 named it in tokens), and V0's CPU backend "# CPU blocks: N",
+	// its pool.
+	vllmBlocksRE      = regexp.MustCompile(`^# (\w+) blocks: (\d+)(?:, # CPU blocks: \d+)?\s*$`)
 	vllmConcurrencyRE = regexp.MustCompile(`^Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x`)
 	vllmServerVerRE   = regexp.MustCompile(`^vLLM server version ([^\s,]+), serving model (.+)$`)
 	vllmEngineInitRE  = regexp.MustCompile(`^Initializing an? (?:V\d+ )?LLM engine \(v([^)\s]+)\)`)

@@ -41,6 +41,12 @@ func FuzzParseLine(f *testing.F) {
 	f.Add("47:(EngineCore pid=67) INFO 09-23 07:05:04 [kv_cache_utils.py:2395] CPU KV cache size: 21,760 tokens, Maximum concurrency for 2,048 tokens per request: 10.62x")
 	f.Add("0.09.390.156 I srv    load_model: initializing, n_slots = 1048576, n_ctx_slot = 1099511627776, kv_unified = 'false'")
 	f.Add("2026-05-14 22:14:31.035 | llama_kv_cache: size = 4352.00 MiB (131072 cells,  16 layers,  4/1 seqs), K (q8_0): 2176.00 MiB")
+	f.Add("Feb 27 11:23:59 host ollama[26115]: llama_kv_cache: size = 1.00 MiB (1099511627776 cells,  1 layers,  65536/65536 seqs), K (f16): 1 MiB")
+	f.Add("                    ollama-2  | llama_new_context_with_model: n_ctx      = 2048")
+	f.Add("INFO 02-20 00:01:02 kv_cache_utils.py:522] # GPU blocks: 9223372036854775807")
+	f.Add("llama_kv_cache_unified_iswa: creating non-SWA KV cache, size = 1099511627776 cells\n" +
+		"llama_kv_cache: size = 1.00 MiB (1099511627776 cells,  1 layers, 65536/65536 seqs), K (f16): 1 MiB\n" +
+		"llama_kv_cache: size = 1.00 MiB (1099511627776 cells,  1 layers, 2/2 seqs), K (f16): 1 MiB")
 	f.Fuzz(func(t *testing.T, text string) {
 		for _, kind := range []string{"vllm", "sglang", "llamacpp", "ollama"} {
 			ev, ok := enginelog.ParseLine(gram(t, kind), text)
@@ -48,7 +54,7 @@ func FuzzParseLine(f *testing.F) {
 				if ev.Kind < enginelog.EventPool || ev.Kind > enginelog.EventRouter {
 					t.Fatalf("%s: unknown kind %d", kind, ev.Kind)
 				}
-				if ev.DPRank < 0 || ev.DPRank > 1<<16 || ev.TPRank < -1 || ev.KVTokens < 0 || ev.Blocks < 0 || ev.MaxModelLen < 0 || ev.Concurrency < 0 {
+				if ev.DPRank < 0 || ev.DPRank > 1<<16 || ev.TPRank < -1 || ev.KVTokens < 0 || ev.Blocks < 0 || ev.MaxModelLen < 0 || ev.Concurrency < 0 || ev.Cells < 0 || ev.Streams < 0 {
 					t.Fatalf("%s: bad event %+v", kind, ev)
 				}
 				if ev.Kind == enginelog.EventPool && ev.Format == "" {

@@ -20,6 +20,15 @@ type Grammar struct {
 	// Formats are the kind's pool formats, best first: lines of several
 	// formats for one rank give the best one's figure.
 	Formats []string
+	// PerStream are the formats whose figure is one stream's cells of a
+	// cache that may be split into streams, one per slot, without saying
+	// how many (llama.cpp's "creating non-SWA KV cache, size = N cells").
+	// Such a figure counts as N × S once a pool line of the same start-up
+	// and rank names S streams for exactly N cells (Event.Cells,
+	// Event.Streams); until then it counts for nothing, and neither do the
+	// lines that named streams, as they are the caches' own and the
+	// smallest of them is not the pool.
+	PerStream []string
 	// Resized are the formats an engine may print again for the same TP
 	// rank within one start-up, having sized the pool again (clamped it to
 	// a configured maximum): a later line replaces that TP rank's earlier

@@ -76,6 +76,12 @@ type Event struct {
 	Format   string // EventPool: which pool format matched
 	KVTokens int64  // EventPool: tokens in the pool (0 when Blocks is set)
 	Blocks   int64  // EventPool, vLLM V0: GPU blocks; tokens = Blocks × block size
+	// Cells and Streams, on an EventPool of a cache split into streams
+	// (llama.cpp's "(N cells, L layers, A/S seqs)"), are one stream's
+	// cells and how many streams the cache keeps (1 for a unified cache,
+	// or a line from before streams); 0 when the line names none. They
+	// tell a Grammar.PerStream figure of the same cache its streams.
+	Cells, Streams int64
 
 	MaxModelLen int64   // EventConcurrency and the merged vLLM pool line
 	Concurrency float64 // ditto

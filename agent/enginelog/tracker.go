@@ -85,6 +85,10 @@ type generation struct {
 	// launch args this start-up showed: more than one is several servers.
 	router int
 	ports  []string
+	// streams are, by DP rank, the streams pool lines named for each cell
+	// count (Event.Cells → Event.Streams; -1 where they disagree), for
+	// Grammar.PerStream figures.
+	streams map[int]map[int64]int64
 }
 
 func newGeneration(begun bool) *generation {
@@ -95,6 +99,8 @@ func newGeneration(begun bool) *generation {
 type poolVals struct {
 	min, max int64
 	lines    int
+	// namedStreams: a line of this format named its cache's streams.
+	namedStreams bool
 	// byTP holds each TP rank's latest value, for a format whose later
 	// line replaces the same TP rank's earlier one (Grammar.Resized).
 	byTP map[int]int64
@@ -286,6 +292,58 @@ func (g *generation) addPool(ev Event, resized bool) {
 	default:
 		pv.min, pv.max, pv.lines = min(pv.min, v), max(pv.max, v), pv.lines+1
 	}
+	if ev.Streams > 0 {
+		byFormat[ev.Format].namedStreams = true
+		g.noteStreams(ev.DPRank, ev.Cells, ev.Streams)
+	}
+}
+
+// maxCellCounts bounds the cell counts kept per rank: a start-up prints a
+// line per cache, a few.
+const maxCellCounts = 64
+
+// noteStreams records that a line of rank dp named streams for cells;
+// lines that disagree leave the count unknown (-1).
+func (g *generation) noteStreams(dp int, cells, streams int64) {
+	if g.streams == nil {
+		g.streams = make(map[int]map[int64]int64)
+	}
+	byCells := g.streams[dp]
+	if byCells == nil {
+		byCells = make(map[int64]int64)
+		g.streams[dp] = byCells
+	}
+	switch s, ok := byCells[cells]; {
+	case ok && s != streams:
+		byCells[cells] = -1
+	case !ok && len(byCells) < maxCellCounts:
+		byCells[cells] = streams
+	}
+}
+
+// bestPool is rank dp's figure from its best format. A per-stream figure
+// (Grammar.PerStream) counts once a line named its cells' streams; until
+// then the lines that named streams are passed over too, as they are the
+// caches' own and their smallest is not the pool. Without a figure, the
+// format is the per-stream one that was passed over, if any.
+func (g *generation) bestPool(gr *Grammar, dp int) (string, *poolVals, int64, bool) {
+	unsure := ""
+	for _, format := range gr.Formats {
+		pv, ok := g.pools[dp][format]
+		if !ok || unsure != "" && pv.namedStreams {
+			continue
+		}
+		if !slices.Contains(gr.PerStream, format) {
+			return format, pv, pv.min, true
+		}
+		if s := g.streams[dp][pv.min]; s > 0 && pv.min <= math.MaxInt64/s {
+			return format, pv, pv.min * s, true
+		}
+		if unsure == "" {
+			unsure = format
+		}
+	}
+	return unsure, nil, 0, false
 }
 
 // Facts returns the latest start-up's facts; ok is false until a pool line
@@ -344,30 +402,29 @@ func (t *Tracker) factsOf(g *generation) (Facts, bool) {
 	blockSize, blockNote := g.blockSize(t.gr)
 	var formats []string
 	for _, dp := range slices.Sorted(maps.Keys(g.pools)) {
-		for _, format := range t.gr.Formats {
-			pv, ok := g.pools[dp][format]
-			if !ok {
+		format, pv, tokens, ok := g.bestPool(t.gr, dp)
+		if !ok {
+			if format != "" {
+				note("DP rank %d: %s names one stream's cells and no line says how many streams the cache keeps; the pool is unknown until one does", dp, format)
+			}
+			continue
+		}
+		unit := "tokens"
+		if format == t.gr.BlockFormat {
+			unit = "blocks"
+			if tokens > math.MaxInt64/blockSize {
+				note("DP rank %d: %d GPU blocks of %d tokens overflow; rank skipped", dp, tokens, blockSize)
 				continue
 			}
-			tokens := pv.min
-			unit := "tokens"
-			if format == t.gr.BlockFormat {
-				unit = "blocks"
-				if tokens > math.MaxInt64/blockSize {
-					note("DP rank %d: %d GPU blocks of %d tokens overflow; rank skipped", dp, tokens, blockSize)
-					break
-				}
-				tokens *= blockSize
-			}
-			if pv.min != pv.max {
-				note("DP rank %d: %d %s lines disagree (%d to %d %s); kept the smallest, as the engine clamps its tensor-parallel ranks to the smallest",
-					dp, pv.lines, format, pv.min, pv.max, unit)
-			}
-			f.Ranks = append(f.Ranks, wire.Rank{DPRank: dp, KVTokens: tokens})
-			if !slices.Contains(formats, format) {
-				formats = append(formats, format)
-			}
-			break
+			tokens *= blockSize
+		}
+		if pv.min != pv.max {
+			note("DP rank %d: %d %s lines disagree (%d to %d %s); kept the smallest, as the engine clamps its tensor-parallel ranks to the smallest",
+				dp, pv.lines, format, pv.min, pv.max, unit)
+		}
+		f.Ranks = append(f.Ranks, wire.Rank{DPRank: dp, KVTokens: tokens})
+		if !slices.Contains(formats, format) {
+			formats = append(formats, format)
 		}
 	}
 	f.Format = strings.Join(formats, ",")
