@@ -149,7 +149,11 @@ func coordinatorConfig(cfg config.Config) (coord.Config, error) {
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.TLSClientConfig = tlsCfg
-	return coord.Config{URL: cfg.Coordinator.URL, Token: token, Client: &http.Client{Transport: transport}}, nil
+	cc := coord.Config{URL: cfg.Coordinator.URL, Token: token, Client: &http.Client{Transport: transport}}
+	if cfg.Coordinator.TokenFile != "" {
+		cc.ReadToken = cfg.Token // a token rotated on the coordinator is taken without a restart
+	}
+	return cc, nil
 }
 
 // Run runs heft-sync until ctx ends.

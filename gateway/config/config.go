@@ -125,6 +125,7 @@ func (c *Config) command() settings.Command {
 					settings.String("backend", &h.Backend, ""), settings.String("slots", &h.Slots, ""),
 					settings.String("order", &h.Order, ""), settings.Bool("add_servers", &h.AddServers, ""),
 					settings.Bool("maxconn", &h.MaxConn, ""), settings.Duration("timeout", &h.Timeout, ""),
+					settings.String("state_file", &h.StateFile, ""),
 					settings.String("kind", &h.Kind, ""), settings.Int("min_context_tokens", &h.MinContextTokens, ""),
 				}
 			}})),
@@ -265,9 +266,24 @@ func (c Config) Validate() error {
 		}
 		seen[kind+"\x00"+key] = true
 	}
+	// Each file heft-sync keeps state in is one table's: an Envoy table's
+	// state_file and its DNS answers beside it, an HAProxy table's.
+	stateFiles := map[string]string{} // path → the table that keeps it
+	stateFile := func(kind string, i int, path string) {
+		if path == "" {
+			return
+		}
+		path = filepath.Clean(path)
+		if other, ok := stateFiles[path]; ok {
+			bad("[[%s]] #%d: state file %s is also %s's: give each table its own", kind, i+1, path, other)
+			return
+		}
+		stateFiles[path] = fmt.Sprintf("[[%s]] #%d", kind, i+1)
+	}
 	for i, h := range c.HAProxy {
 		table("haproxy", i, h.Config.Validate(), h.Selection.Validate())
 		dup("haproxy", "socket "+h.Socket+" backend "+h.Backend)
+		stateFile("haproxy", i, h.StateFile)
 	}
 	for i, n := range c.Nginx {
 		table("nginx", i, n.Config.Validate(), n.Selection.Validate())
@@ -277,7 +293,8 @@ func (c Config) Validate() error {
 		table("envoy", i, e.Config.Validate(), e.Selection.Validate())
 		dup("envoy", "listen "+e.Listen+" cluster "+e.ClusterName())
 		if e.StateFile != "" {
-			dup("envoy", "state_file "+filepath.Clean(e.StateFile))
+			stateFile("envoy", i, e.StateFile)
+			stateFile("envoy", i, envoy.AnswersFile(e.StateFile))
 		}
 	}
 	commands := map[string]string{}

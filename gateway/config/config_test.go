@@ -83,6 +83,7 @@ url = "ws://x"
 model = "m"
 backend = "qwen"
 order = "random"
+state_file = "/var/lib/heft-sync/n.json.names"
 [[nginx]]
 model = "m"
 file = "relative.conf"
@@ -100,6 +101,11 @@ state_file = "/var/lib/heft-sync/m.json"
 model = "n"
 listen = "127.0.0.1:18000"
 state_file = "/var/lib/heft-sync/./m.json"
+[[envoy]]
+model = "n"
+listen = "127.0.0.1:18000"
+cluster = "n"
+state_file = "/var/lib/heft-sync/n.json"
 [[litellm]]
 model = "m"
 file = "/tmp/x.yaml"
@@ -114,7 +120,8 @@ command = ["b"]
 		t.Fatal("took a bad config")
 	}
 	for _, want := range []string{"listen \"nope\"", "log_level", "url \"ws://x\"", "[[haproxy]] #1: socket is empty", "[[haproxy]] #1: order \"random\"",
-		"[[nginx]] #1: file \"relative.conf\" is not an absolute path", "[[nginx]] #1: check and reload must name a command", "two [[nginx]] tables", "listen \"18000\"", "different commands", "two [[envoy]] tables name state_file /var/lib/heft-sync/m.json"} {
+		"[[nginx]] #1: file \"relative.conf\" is not an absolute path", "[[nginx]] #1: check and reload must name a command", "two [[nginx]] tables", "listen \"18000\"", "different commands", "[[envoy]] #2: state file /var/lib/heft-sync/m.json is also [[envoy]] #1's",
+		"[[envoy]] #3: state file /var/lib/heft-sync/n.json.names is also [[haproxy]] #1's"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the error lacks %q:\n%v", want, err)
 		}

@@ -3,6 +3,7 @@ package coord
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -71,6 +72,58 @@ func TestApplyChanges(t *testing.T) {
 		`{"workers":[],"removed":[""]}`, `{"workers":[],"removed":[]} x`} {
 		if same, ok, err := applyEvent(next, event{Name: "changes", Data: bad}); ok || !errors.Is(err, ErrGarbage) || len(same) != 2 {
 			t.Errorf("changes %s: %v %v %v", bad, same, ok, err)
+		}
+	}
+}
+
+// allocated is what f allocates, in bytes.
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// A body within maxBody costs heft-sync what it uses of it, not gigabytes:
+// 64 MiB of {"id":"a"} decoded into 6 million workers took 7 GB, and one
+// worker's history of 8 MiB of {} became millions of measurement points.
+// Past maxWorkers a state is refused whole; what heft-sync does not read
+// of a worker is skipped.
+func TestHugeBodiesStayBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"workers":[`)
+	for i := 0; b.Len() < 8<<20; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"id":"a"}`)
+	}
+	b.WriteString(`]}`)
+	var err error
+	if n := allocated(func() { _, err = decodeWorkers([]byte(b.String())) }); !errors.Is(err, ErrGarbage) ||
+		!strings.Contains(err.Error(), "more than 100000") || n > 300<<20 {
+		t.Errorf("760,000 workers: %v, %d MB allocated; want refused, within 300 MB", err, n>>20)
+	}
+
+	b.Reset()
+	b.WriteString(`{"workers":[{"id":"a","model":"m","weight":1,"history":[`)
+	for i := 0; b.Len() < 8<<20; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{}`)
+	}
+	b.WriteString(`],"gpus":[{},{}]}],"removed":["b"]}`)
+	var ws []Worker
+	var removed []string
+	if n := allocated(func() { ws, removed, err = decodeChanges([]byte(b.String())) }); err != nil || len(ws) != 1 ||
+		ws[0].ID != "a" || *ws[0].Weight != 1 || len(removed) != 1 || n > 64<<20 {
+		t.Errorf("a worker with 8 MiB of history: %v %v, %d MB allocated; want it read, within 64 MB", ws, err, n>>20)
+	}
+	for _, doc := range []string{`{"workers":[{"id":"a","model":"m"}],"removed":[` + strings.Repeat(`"x",`, maxWorkers) + `"x"]}`} {
+		if _, _, err := decodeChanges([]byte(doc)); !errors.Is(err, ErrGarbage) {
+			t.Errorf("%d removed IDs: %v, want refused", maxWorkers+1, err)
 		}
 	}
 }

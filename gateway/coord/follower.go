@@ -44,6 +44,10 @@ type Config struct {
 	URL    string       // base URL, e.g. "https://heft.example:7070"
 	Token  string       // viewer (or admin) token; "" when reads are open
 	Client *http.Client // nil: a client without timeouts (the stream is long)
+	// ReadToken, when set, reads the token again (heft-sync's token_file)
+	// after the coordinator refuses it, so that a token rotated on the
+	// coordinator is taken without restarting heft-sync.
+	ReadToken func() (string, error)
 	// MinBackoff and MaxBackoff bound the wait between reconnects
 	// (defaults 500 ms and 30 s).
 	MinBackoff, MaxBackoff time.Duration
@@ -84,6 +88,9 @@ type Follower struct {
 	hooks  Hooks
 	log    hclog.Logger
 	client *http.Client
+
+	tokenMu sync.Mutex
+	token   string // what requests present: cfg.Token, or what ReadToken read since
 }
 
 // New checks cfg and returns a Follower; Run starts it.
@@ -107,11 +114,16 @@ func New(cfg Config, hooks Hooks, logger hclog.Logger) (*Follower, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 10 * time.Second
 	}
-	client := cfg.Client
-	if client == nil {
-		client = &http.Client{}
+	client := &http.Client{}
+	if cfg.Client != nil {
+		c := *cfg.Client
+		client = &c
 	}
-	return &Follower{cfg: cfg, base: u, hooks: hooks, log: logger.Named("coordinator"), client: client}, nil
+	// The coordinator's API never redirects: whatever does (a proxy, a
+	// host answering in its place) would have heft-sync follow the fleet
+	// another host lists, which Go's client asks without the token.
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &Follower{cfg: cfg, base: u, hooks: hooks, log: logger.Named("coordinator"), client: client, token: cfg.Token}, nil
 }
 
 // Run follows the coordinator until ctx ends.
@@ -131,7 +143,7 @@ func (f *Follower) Run(ctx context.Context) {
 		if f.hooks.Error != nil {
 			f.hooks.Error(reason, err)
 		}
-		if delivered {
+		if delivered || reason == ReasonUnauthorized && f.rereadToken() {
 			retry.Reset()
 		}
 		wait := retry.Next()
@@ -182,10 +194,38 @@ func (f *Follower) request(ctx context.Context, path, accept string) (*http.Requ
 		return nil, err
 	}
 	req.Header.Set("Accept", accept)
-	if f.cfg.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+f.cfg.Token)
+	if tok := f.currentToken(); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
 	}
 	return req, nil
+}
+
+func (f *Follower) currentToken() string {
+	f.tokenMu.Lock()
+	defer f.tokenMu.Unlock()
+	return f.token
+}
+
+// rereadToken reads the token again after the coordinator refused it and
+// reports whether it changed: a viewer token rotated on the coordinator
+// and written to heft-sync's token_file is then used from the next try.
+func (f *Follower) rereadToken() bool {
+	if f.cfg.ReadToken == nil {
+		return false
+	}
+	tok, err := f.cfg.ReadToken()
+	if err != nil {
+		f.log.Warn("the coordinator refused the token, and the token file cannot be read again", "error", err)
+		return false
+	}
+	f.tokenMu.Lock()
+	defer f.tokenMu.Unlock()
+	if tok == f.token {
+		return false
+	}
+	f.token = tok
+	f.log.Info("the coordinator refused the token; the token file holds another, which the next try presents")
+	return true
 }
 
 // get reads the body of GET path, a JSON document of at most maxBody
@@ -319,6 +359,9 @@ func checkStatus(resp *http.Response, what string) error {
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	msg := fmt.Sprintf("%s answered %s: %s", what, resp.Status, wire.Clip(strings.TrimSpace(string(body)), 200))
+	if loc := resp.Header.Get("Location"); loc != "" {
+		msg += fmt.Sprintf(" (a redirect to %s, not followed: set [coordinator] url to where the coordinator answers)", wire.Clip(loc, 200))
+	}
 	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
 		msg += " (set [coordinator] token_file to a file holding the coordinator's viewer or admin token)"
 	}

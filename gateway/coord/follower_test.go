@@ -191,3 +191,52 @@ func TestNewRefusesBadURL(t *testing.T) {
 		}
 	}
 }
+
+// A viewer token rotated on the coordinator, and written to heft-sync's
+// token file, is taken at the first refusal: the follower reads the file
+// again. Before, it presented the token it started with until restarted,
+// and handed out nothing while the gateways froze.
+func TestRotatedTokenIsReadAgain(t *testing.T) {
+	c := gwtest.NewCoordinator(t)
+	c.SetToken("old-viewer")
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1))
+	var mu sync.Mutex
+	file := "old-viewer"
+	rec := start(t, coord.Config{URL: c.URL(), Token: "old-viewer", ReadToken: func() (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return file, nil
+	}})
+	testutil.Eventually(t, "the first state", 5*time.Second, func() bool { return rec.count() > 0 })
+
+	mu.Lock()
+	file = "new-viewer"
+	mu.Unlock()
+	c.SetToken("new-viewer")
+	c.Stop() // the open stream ends; the next session is refused the old token
+	c.Start()
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 2))
+	testutil.Eventually(t, "the state read with the new token", 5*time.Second, func() bool {
+		return rec.count() > 0 && weightOf(rec.last(), "w-10.0.0.1:8000") == 2
+	})
+	if !rec.sawError(coord.ReasonUnauthorized) {
+		t.Error("the old token was never refused: the test did not rotate it")
+	}
+}
+
+// A redirect is not followed: the coordinator's API never sends one, and
+// following it would hand out the fleet another host lists (Go's client
+// asks it without the token). Before, the follower took that fleet.
+func TestRedirectIsNotFollowed(t *testing.T) {
+	elsewhere := gwtest.NewCoordinator(t)
+	elsewhere.SetWorkers(gwtest.Worker("m", "10.6.6.6:8000", view.StateAdmitted, 1))
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL()+r.URL.Path, http.StatusFound)
+	}))
+	t.Cleanup(redirect.Close)
+	rec := start(t, coord.Config{URL: redirect.URL})
+	testutil.Eventually(t, "the redirect refused", 5*time.Second, func() bool { return rec.sawError(coord.ReasonStatus) })
+	if rec.count() != 0 {
+		t.Fatalf("handed out the fleet of the host redirected to: %+v", rec.last())
+	}
+}

@@ -2,13 +2,12 @@ package coord
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"time"
-
-	"heft/shared/view"
 )
 
 // PendingEvery is how often a session reads the nodes waiting for
@@ -29,15 +28,21 @@ func (f *Follower) PendingNodes(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var doc view.PendingNodes
-	if err := decodeOne(data, &doc); err != nil {
+	var nodes *[]string
+	err = decodeObject(data, map[string]func(*json.Decoder) error{
+		"nodes": func(dec *json.Decoder) (err error) {
+			nodes, err = decodeList(dec, func(dec *json.Decoder) (n string, err error) { return n, dec.Decode(&n) })
+			return err
+		},
+	})
+	if err != nil {
 		return nil, fmt.Errorf("GET /api/v1/pending-nodes: %w", err)
 	}
-	if doc.Nodes == nil || slices.Contains(doc.Nodes, "") {
+	if nodes == nil || slices.Contains(*nodes, "") {
 		return nil, fmt.Errorf("%w: GET /api/v1/pending-nodes needs a \"nodes\" list of names", ErrGarbage)
 	}
-	slices.Sort(doc.Nodes)
-	return slices.Compact(doc.Nodes), nil
+	slices.Sort(*nodes)
+	return slices.Compact(*nodes), nil
 }
 
 // pendingReader hands Hooks.Pending the pending nodes, for one session.

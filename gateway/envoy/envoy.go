@@ -212,7 +212,33 @@ func (s *Server) Cluster(model, name string) *Cluster {
 func (c *Cluster) KeepingState(path string) *Cluster {
 	c.stateFile = path
 	c.restore()
+	c.keepAnswers()
 	return c
+}
+
+// AnswersFile is where a cluster with state file path keeps its DNS
+// answers (target.Resolver.KeepAnswers): a file of its own beside it, as an
+// older heft-sync refuses a state file with fields it does not know.
+func AnswersFile(path string) string { return path + ".names" }
+
+// keepAnswers reads back the DNS answers a heft-sync before this one kept,
+// so that a name whose answer moved during an outage leaves its old
+// endpoint. A file that cannot be used is logged and replaced at the next
+// save: the resolver starts from nothing, as without it.
+func (c *Cluster) keepAnswers() {
+	if c.stateFile == "" {
+		return
+	}
+	path := AnswersFile(c.stateFile)
+	n, err := c.resolver.KeepAnswers(path)
+	switch {
+	case err != nil:
+		c.s.log.Warn("the DNS answers file cannot be read; answers start from nothing and it is replaced at the next apply "+
+			"(a worker whose name moved meanwhile keeps its old endpoint while another name does not resolve)",
+			"cluster", c.name, "file", path, "error", err)
+	case n > 0:
+		c.s.log.Info("read back the DNS answers heft-sync kept", "cluster", c.name, "file", path, "names", n)
+	}
 }
 
 // Name implements target.Target.

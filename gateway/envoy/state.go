@@ -175,6 +175,9 @@ func (c *Cluster) Check(ctx context.Context) error {
 	if _, err := c.Served(ctx); err != nil {
 		return err
 	}
+	if err := target.ReadAnswers(AnswersFile(c.stateFile)); err != nil {
+		return err
+	}
 	f, err := os.CreateTemp(filepath.Dir(c.stateFile), "."+filepath.Base(c.stateFile)+".check-*")
 	if err != nil {
 		return fmt.Errorf("state file %s cannot be written: %w", c.stateFile, err)

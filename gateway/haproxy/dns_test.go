@@ -237,10 +237,13 @@ type threeWithB struct {
 	named   string
 }
 
-func threeWithBNamed(t *testing.T) threeWithB {
+func threeWithBNamed(t *testing.T) threeWithB { return threeWithBNamedKeeping(t, "") }
+
+// threeWithBNamedKeeping is threeWithBNamed with the target's state_file.
+func threeWithBNamedKeeping(t *testing.T, stateFile string) threeWithB {
 	f := threeWithB{a: gwtest.NewUpstream(t, "a"), b: gwtest.NewUpstream(t, "b"), c: gwtest.NewUpstream(t, "c"),
 		dns: gwtest.NewDNS(map[string]string{"gpu-b.heft.test": "127.0.0.1"}), hx: gwtest.StartHAProxy(t, cfgSlots)}
-	f.h = newTarget(t, haproxy.Config{Socket: f.hx.Socket, Backend: "qwen"})
+	f.h = newTarget(t, haproxy.Config{Socket: f.hx.Socket, Backend: "qwen", StateFile: stateFile})
 	f.h.UseLookup(f.dns.Lookup)
 	f.named = "gpu-b.heft.test:" + port(f.b.Addr)
 	apply(t, f.h, desired(gwtest.Worker(model, f.a.Addr, view.StateAdmitted, 1),

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -41,6 +42,10 @@ type Config struct {
 	// WatchEvery is how often the process answering on the socket is read,
 	// to re-apply at once after a reload (default DefaultWatchEvery).
 	WatchEvery time.Duration
+	// StateFile, when set, keeps each worker DNS name's last answers
+	// (target.Resolver.KeepAnswers), so that a heft-sync restarted during
+	// a DNS outage knows which server a name that moved was at.
+	StateFile string
 }
 
 // HAProxy is the target of one backend.
@@ -74,7 +79,26 @@ func New(cfg Config, logger hclog.Logger) (*HAProxy, error) {
 			AddServers: cfg.AddServers, MaxConn: cfg.MaxConn},
 	}
 	h.log = logger.Named("haproxy").With("backend", cfg.Backend)
+	h.keepAnswers()
 	return h, nil
+}
+
+// keepAnswers reads back the DNS answers a heft-sync before this one kept.
+// A file that cannot be used is logged and replaced at the next save: the
+// resolver starts from nothing, as without a state file.
+func (h *HAProxy) keepAnswers() {
+	if h.cfg.StateFile == "" {
+		return
+	}
+	n, err := h.resolver.KeepAnswers(h.cfg.StateFile)
+	switch {
+	case err != nil:
+		h.log.Warn("the state file cannot be read; DNS answers start from nothing and it is replaced at the next apply "+
+			"(a worker whose name moved meanwhile may wait for a free slot while another name does not resolve)",
+			"state_file", h.cfg.StateFile, "error", err)
+	case n > 0:
+		h.log.Info("read back the DNS answers heft-sync kept", "state_file", h.cfg.StateFile, "names", n)
+	}
 }
 
 // Validate returns every problem with cfg; heft-sync's configuration
@@ -95,6 +119,9 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.Order != "" && cfg.Order != OrderAddress && cfg.Order != OrderWeight {
 		errs = append(errs, fmt.Errorf("order %q: want %q or %q", cfg.Order, OrderAddress, OrderWeight))
+	}
+	if cfg.StateFile != "" && (strings.HasSuffix(cfg.StateFile, "/") || filepath.Base(cfg.StateFile) == ".") {
+		errs = append(errs, fmt.Errorf("state_file %q names a folder, not a file", cfg.StateFile))
 	}
 	return errors.Join(errs...)
 }
@@ -121,6 +148,9 @@ func (h *HAProxy) Check(ctx context.Context) error {
 		}
 	}
 	h.log.Info("backend found", "servers", len(servers), "slots", slots, "order", h.cfg.Order)
+	if err := target.CheckStateFile(h.cfg.StateFile); err != nil {
+		return err
+	}
 	if unchecked > 0 {
 		h.log.Warn("slots without a health check: an engine that dies gets requests until heft drains it; "+
 			"add \"option httpchk GET /health\" and \"default-server check\" to the backend, with retries and option redispatch (docs/gateways.md)",

@@ -166,7 +166,7 @@ func (p *plan) assignByWeight(slots []int, ws []want, o planOptions) map[int]*wa
 		if rank >= len(slots) {
 			p.problems = append(p.problems, target.Failf(target.ReasonNoSlot,
 				"worker %s (%s) has no slot: backend %s has %d %s slots for %d serving workers; add server-template slots",
-				w.WorkerID, w.Address, o.Backend, len(slots), o.Slots, len(serving)))
+				target.Printable(w.WorkerID), w.Address, o.Backend, len(slots), o.Slots, len(serving)))
 			continue
 		}
 		assign[slots[rank]] = w
@@ -248,7 +248,7 @@ func (p *plan) assignByAddress(servers []server, slots []int, ws []want, unresol
 		default:
 			p.problems = append(p.problems, target.Failf(target.ReasonNoSlot,
 				"worker %s (%s) has no server in backend %s: no server has its address and no %s slot is free; add server-template slots or set add_servers",
-				w.WorkerID, w.Address, o.Backend, o.Slots))
+				target.Printable(w.WorkerID), w.Address, o.Backend, o.Slots))
 		}
 	}
 	return assign

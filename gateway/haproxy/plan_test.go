@@ -147,3 +147,16 @@ func TestParseServersState(t *testing.T) {
 		t.Fatalf("parseMaxConn = %v %v", mc, err)
 	}
 }
+
+// A worker ID is the coordinator's string: a problem names it escaped, on
+// one line, as every other message and comment of heft-sync's does.
+func TestProblemsEscapeWorkerIDs(t *testing.T) {
+	w := serving("10.0.0.1:8000", 1)
+	w.WorkerID = "w-1\nlevel=info msg=\"all good\""
+	for _, o := range []planOptions{opts, {Backend: "qwen", Slots: "heft", ByWeight: true}} {
+		p := makePlan(nil, []want{w}, o)
+		if len(p.problems) != 1 || strings.Contains(p.problems[0].Error(), "\n") {
+			t.Fatalf("problems %q, want one, on one line", p.problems)
+		}
+	}
+}

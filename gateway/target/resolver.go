@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"time"
 )
 
 // A failed lookup on the gateway host is a fault of the control plane (its
@@ -23,9 +24,14 @@ const maxRemembered = 4096
 type Resolver struct {
 	lookup LookupFunc
 
-	mu   sync.Mutex
-	last map[string]remembered // by address text (host:port)
-	tick uint64
+	mu    sync.Mutex
+	last  map[string]remembered // by address text (host:port)
+	tick  uint64
+	file  string // the answers file (KeepAnswers); "" keeps none
+	dirty bool   // an answer changed since the file was written or read
+
+	saveMu sync.Mutex
+	saved  []byte // the answers file's content as last written
 }
 
 type remembered struct {
@@ -52,7 +58,8 @@ func (r *Resolver) Resolve(ctx context.Context, addr string) (netip.AddrPort, er
 }
 
 // resolveMoved is Resolve, with what addr resolved to before its answer
-// last changed (the zero AddrPort when it has not changed since r began).
+// last changed (the zero AddrPort when it has not changed since r began,
+// or since a heft-sync before it began, with its answers file).
 func (r *Resolver) resolveMoved(ctx context.Context, addr string) (a, prev netip.AddrPort, err error) {
 	a, err = resolve(ctx, addr, r.lookup)
 	r.mu.Lock()
@@ -74,6 +81,9 @@ func (r *Resolver) resolveMoved(ctx context.Context, addr string) (a, prev netip
 	if known && old.addr != a {
 		next.prev = old.addr
 	}
+	if !known || next.addr != old.addr || next.prev != old.prev {
+		r.dirty = true
+	}
 	r.last[addr] = next
 	return a, next.prev, nil
 }
@@ -87,6 +97,7 @@ func (r *Resolver) forgetOldest() {
 		}
 	}
 	delete(r.last, oldest)
+	r.dirty = true
 }
 
 // Resolved is a backend with the IP:port it resolved to. Addr is the zero
@@ -104,13 +115,15 @@ type Resolved struct {
 // ResolveAll resolves bs (one backend per address text, as Clean leaves
 // them). A failed lookup falls back to the last good address and is in err
 // (ReasonResolve) either way. Two backends that resolve to one IP:port are
-// one server to a gateway: the one that Wins is kept and the other is in
-// dropped.
+// one server to a gateway: the one that Wins is kept, with its own Prev
+// (else the other's: either was heft's at that engine's old address), and
+// the other is in dropped. With an answers file, what changed is written
+// (a failed write is in err, ReasonWrite).
 func (r *Resolver) ResolveAll(ctx context.Context, bs []Backend) (out []Resolved, dropped []string, err error) {
 	var errs []error
 	at := map[netip.AddrPort]int{} // index in out
-	for _, b := range bs {
-		a, prev, err := r.resolveMoved(ctx, b.Address)
+	for i, ans := range r.lookupAll(ctx, bs) {
+		b, a, prev, err := bs[i], ans.addr, ans.prev, ans.err
 		switch {
 		case err != nil && a.IsValid():
 			errs = append(errs, Failf(ReasonResolve, "worker %s: %v; kept at its last good address %s", Printable(b.WorkerID), err, a))
@@ -128,11 +141,58 @@ func (r *Resolver) ResolveAll(ctx context.Context, bs []Backend) (out []Resolved
 		loser := b
 		if Wins(b, out[i].Backend) {
 			loser, out[i].Backend = out[i].Backend, b
+			if prev.IsValid() {
+				// The winner's own old address, not the loser's: else the
+				// server or endpoint heft left it at would stay.
+				out[i].Prev = prev
+			}
+		} else if !out[i].Prev.IsValid() {
+			out[i].Prev = prev
 		}
 		dropped = append(dropped, fmt.Sprintf("worker %s left out: %s resolves to %s, the address of worker %s",
 			Printable(loser.WorkerID), Printable(loser.Address), a, Printable(out[i].WorkerID)))
 	}
+	if err := r.saveAnswers(); err != nil {
+		errs = append(errs, err)
+	}
 	return out, dropped, errors.Join(errs...)
+}
+
+// lookupTimeout bounds one name's lookup, and lookupsAtOnce how many run
+// together: a resolver that answers nothing (a blackholed DNS server) then
+// costs an apply seconds, not the whole apply's minute for the first names
+// and a failed gateway read for the rest (the lookups ran one after
+// another, each until the resolver's own timeouts). 8 s leaves room for
+// one dead name server before a live one (5 s each by default).
+var lookupTimeout = 8 * time.Second
+
+const lookupsAtOnce = 32
+
+type answer struct {
+	addr, prev netip.AddrPort
+	err        error
+}
+
+// lookupAll resolves every backend's address, in bs's order.
+func (r *Resolver) lookupAll(ctx context.Context, bs []Backend) []answer {
+	out := make([]answer, len(bs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(lookupsAtOnce, len(bs)) {
+		wg.Go(func() {
+			for i := range next {
+				lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
+				out[i].addr, out[i].prev, out[i].err = r.resolveMoved(lctx, bs[i].Address)
+				cancel()
+			}
+		})
+	}
+	for i := range bs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out
 }
 
 // Wins reports whether a rather than b is kept when both are at one

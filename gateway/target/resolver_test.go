@@ -7,7 +7,9 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // fakeLookup answers from names; a name missing from it fails, as does
@@ -147,5 +149,47 @@ func TestResolveAllReportsFailures(t *testing.T) {
 	}
 	if Reason(err) != ReasonResolve || !strings.Contains(err.Error(), "last good address 10.0.0.1:8000") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// A resolver that answers nothing (a blackholed DNS server) costs an apply
+// about one lookup's bound, whatever the number of names, and each name
+// keeps its last good address. Before, the names were looked up one after
+// another, each until the apply's own deadline was spent, which then
+// failed the gateway's read too.
+func TestSilentResolverCostsOneLookupBound(t *testing.T) {
+	old := lookupTimeout
+	lookupTimeout = 100 * time.Millisecond
+	t.Cleanup(func() { lookupTimeout = old })
+	var silent atomic.Bool
+	r := NewResolver(func(ctx context.Context, host string) ([]netip.Addr, error) {
+		if silent.Load() {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return []netip.Addr{netip.MustParseAddr("10.0.0.1")}, nil
+	})
+	var bs []Backend
+	for i := range 40 {
+		bs = append(bs, Backend{Address: fmt.Sprintf("gpu-%d:%d", i, 8000+i), WorkerID: fmt.Sprint(i), Serving: true, Weight: 1})
+	}
+	if _, _, err := r.ResolveAll(context.Background(), bs); err != nil {
+		t.Fatal(err)
+	}
+	silent.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	rs, _, err := r.ResolveAll(ctx, bs)
+	if took := time.Since(start); took > time.Second || ctx.Err() != nil {
+		t.Fatalf("40 silent lookups took %s (the apply's deadline: %v)", took, ctx.Err())
+	}
+	if Reason(err) != ReasonResolve || len(rs) != len(bs) {
+		t.Fatalf("resolved %d, %v: want every name at its last good address", len(rs), err)
+	}
+	for _, x := range rs {
+		if !x.Addr.IsValid() {
+			t.Fatalf("%s lost its last good address", x.Address)
+		}
 	}
 }
