@@ -8,30 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
 	"heft/gateway/gwproc"
 )
-
-func TestChildTitles(t *testing.T) {
-	if _, err := os.Stat("/proc/self/stat"); err != nil {
-		t.Skip("no /proc here")
-	}
-	if ppid, err := parentOf(os.Getpid()); err != nil || ppid != os.Getppid() {
-		t.Fatalf("parentOf(self) = %d, %v; want %d", ppid, err, os.Getppid())
-	}
-	cmd := exec.Command("sleep", "30")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	titles, err := childTitles(os.Getpid())
-	if err != nil || !slices.Contains(titles, "sleep 30") {
-		t.Fatalf("childTitles(self) = %q, %v; want one to be \"sleep 30\"", titles, err)
-	}
-}
 
 // After each reload from a placeholder (every server down) to a real
 // upstream, one answer and then one generation of workers means every new
@@ -97,7 +78,7 @@ func TestWaitNginxOneGeneration(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		if err := waitNginxOneGeneration(ctx, ch.Pid(), 10*time.Second); err != nil {
+		if err := gwproc.WaitNginxOneGeneration(ctx, ch.Pid(), 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -105,7 +86,8 @@ func TestWaitNginxOneGeneration(t *testing.T) {
 		switchTo(real, http.StatusOK)
 		for i := range 20 {
 			if got := status(); got != http.StatusOK {
-				t.Fatalf("cycle %d, request %d after the wait: %d, want 200 (an old worker served the placeholder)", cycle, i, got)
+				log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+				t.Fatalf("cycle %d, request %d after the wait: %d, want 200 (an old worker served the placeholder); nginx's error log:\n%s", cycle, i, got, log)
 			}
 		}
 		switchTo(placeholder, http.StatusBadGateway)

@@ -551,7 +551,7 @@ func (f *routingFleet) waitNginxServes(ctx context.Context, policies []policy) e
 	if err := f.waitNginxAnswers(ctx, policies); err != nil {
 		return err
 	}
-	return waitNginxOneGeneration(ctx, f.nginxMaster, 30*time.Second)
+	return gwproc.WaitNginxOneGeneration(ctx, f.nginxMaster, 30*time.Second)
 }
 
 func (f *routingFleet) waitNginxAnswers(ctx context.Context, policies []policy) error {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -230,6 +231,7 @@ type Nginx struct {
 	Front    string // 127.0.0.1:PORT
 	cmd      *exec.Cmd
 	log      *testutil.SyncBuffer
+	wrap     []string // a command nginx and its check run under (StartNginxHosts)
 }
 
 // NginxConf writes nginx.conf around an http block body; {{front}} and
@@ -241,13 +243,25 @@ func NginxConf(httpBody string) string { return gwproc.NginxConf("{{dir}}", http
 // start with a valid configuration.
 func StartNginx(t testing.TB, conf, upstream string) *Nginx {
 	t.Helper()
+	return startNginx(t, newNginx(t), conf, upstream)
+}
+
+// newNginx makes the folder of an nginx not started yet.
+func newNginx(t testing.TB) *Nginx {
+	t.Helper()
 	bin := RequireBinary(t, "nginx")
 	dir := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	n := &Nginx{t: t, bin: bin, Dir: dir, Conf: filepath.Join(dir, "nginx.conf"),
+	return &Nginx{t: t, bin: bin, Dir: dir, Conf: filepath.Join(dir, "nginx.conf"),
 		Upstream: filepath.Join(dir, "heft-upstream.conf"), Front: fmt.Sprintf("127.0.0.1:%d", FreePort(t))}
+}
+
+// startNginx writes n's files and starts it, under n.wrap if set.
+func startNginx(t testing.TB, n *Nginx, conf, upstream string) *Nginx {
+	t.Helper()
+	dir := n.Dir
 	conf = strings.NewReplacer("{{dir}}", dir, "{{front}}", n.Front, "{{upstream_file}}", n.Upstream).Replace(conf)
 	if err := os.WriteFile(n.Conf, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
@@ -256,7 +270,8 @@ func StartNginx(t testing.TB, conf, upstream string) *Nginx {
 		t.Fatal(err)
 	}
 	n.log = &testutil.SyncBuffer{}
-	n.cmd = exec.Command(bin, gwproc.NginxArgs(dir, n.Conf)...)
+	args := append(append(slices.Clone(n.wrap), n.bin), gwproc.NginxArgs(dir, n.Conf)...)
+	n.cmd = exec.Command(args[0], args[1:]...)
 	n.cmd.Stdout, n.cmd.Stderr = n.log, n.log
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -274,10 +289,15 @@ func StartNginx(t testing.TB, conf, upstream string) *Nginx {
 }
 
 // Check is the "nginx -t" command for this nginx.
-func (n *Nginx) Check() []string { return gwproc.NginxCheck(n.bin, n.Dir, n.Conf) }
+func (n *Nginx) Check() []string {
+	return append(slices.Clone(n.wrap), gwproc.NginxCheck(n.bin, n.Dir, n.Conf)...)
+}
 
 // Reload is the "nginx -s reload" command for this nginx.
-func (n *Nginx) Reload() []string { return gwproc.NginxReload(n.bin, n.Dir, n.Conf) }
+func (n *Nginx) Reload() []string {
+	// nginx -s reload reads the whole configuration too, names included.
+	return append(slices.Clone(n.wrap), gwproc.NginxReload(n.bin, n.Dir, n.Conf)...)
+}
 
 // Stop ends nginx (the one this test started) and waits for it.
 func (n *Nginx) Stop() {
@@ -294,6 +314,20 @@ func (n *Nginx) Stop() {
 		<-done
 	}
 	n.cmd = nil
+}
+
+// WaitOneGeneration waits, after a request was answered by the file just
+// reloaded, until no nginx worker of the file before is left to take the
+// next one: an old worker keeps accepting connections a moment after a
+// reload (gwproc.WaitNginxOneGeneration).
+func (n *Nginx) WaitOneGeneration() {
+	n.t.Helper()
+	if n.cmd == nil || n.cmd.Process == nil {
+		n.t.Fatal("nginx is not running")
+	}
+	if err := gwproc.WaitNginxOneGeneration(context.Background(), n.cmd.Process.Pid, 30*time.Second); err != nil {
+		n.t.Fatal(err)
+	}
 }
 
 // Log is nginx's output so far.

@@ -56,7 +56,7 @@ func TestRefusedWorkerIsDroppedNotTheUpstream(t *testing.T) {
 	if c := countChecks(); c != 2 {
 		t.Fatalf("%d checks, want 2: one refusing the worker, one taking the rest", c)
 	}
-	waitFor(t, r.nx.Front, func(s map[string]int) bool { return s["a"] >= 6 && s["b"] >= 1 && s["a"]+s["b"] == 10 })
+	waitFor(t, r.nx, func(s map[string]int) bool { return s["a"] >= 6 && s["b"] >= 1 && s["a"]+s["b"] == 10 })
 
 	// New weights for the good workers go through; the refused one stays
 	// out without another failed check.
@@ -68,7 +68,7 @@ func TestRefusedWorkerIsDroppedNotTheUpstream(t *testing.T) {
 	if !strings.Contains(string(data), "server "+a.Addr+" weight=1;") || !strings.Contains(string(data), "server "+b.Addr+" weight=3;") {
 		t.Fatalf("the good workers' new weights are not in the file:\n%s", data)
 	}
-	waitFor(t, r.nx.Front, func(s map[string]int) bool { return s["b"] >= 6 && s["a"]+s["b"] == 10 })
+	waitFor(t, r.nx, func(s map[string]int) bool { return s["b"] >= 6 && s["a"]+s["b"] == 10 })
 }
 
 // A capacity key holding newlines stays a comment: before, it was written

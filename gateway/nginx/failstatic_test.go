@@ -47,7 +47,7 @@ func TestDeadEngineFailsNoRequest(t *testing.T) {
 		gwtest.Worker(model, b.Addr, view.StateAdmitted, 1))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, nx.Front, func(s map[string]int) bool { return s["a"] > 0 && s["b"] > 0 })
+	waitFor(t, nx, func(s map[string]int) bool { return s["a"] > 0 && s["b"] > 0 })
 	load := gwtest.StartLoad(t, "http://"+nx.Front+"/", 4)
 	testutil.Eventually(t, "both engines to answer", 10*time.Second, func() bool {
 		c := load.Counts()
@@ -117,7 +117,7 @@ func TestFirstSyncKeepsServingWhileMeasuring(t *testing.T) {
 		t.Errorf("a measured, b measuring: %v, want about 3:1", split)
 	}
 	s.Update(coord.Snapshot{Workers: []coord.Worker{gwtest.Worker(model, a.Addr, view.StateAdmitted, 1), gwtest.Worker(model, b.Addr, view.StateAdmitted, 1)}, At: time.Now()})
-	waitFor(t, nx.Front, func(s map[string]int) bool { return s["a"] >= 4 && s["b"] >= 4 })
+	waitFor(t, nx, func(s map[string]int) bool { return s["a"] >= 4 && s["b"] >= 4 })
 	load.Stop()
 	if n, errs := load.Failed(); n != 0 {
 		t.Fatalf("%d requests failed: %v %v", n, load.Counts(), errs)

@@ -124,7 +124,8 @@ func Render(cfg Config, m target.Model) ([]byte, float64, error) {
 
 // Apply implements target.Target. A worker the file cannot hold
 // (target.Clean), or whose line the check refuses, is left out and
-// reported in Result.Dropped; the others are applied.
+// reported in Result.Dropped; the others are applied. One nginx serves now
+// whose name it cannot resolve keeps the last good file (keepUnresolved).
 func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -172,6 +173,9 @@ func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error
 		// leave that worker out and check the rest, rather than keep every
 		// weight of the upstream frozen for one worker.
 		bad, ok := refusedBackend(cerr.Error(), n.cfg.File, data, m)
+		if ok && ctx.Err() == nil && servedUnresolved(cerr.Error(), old, n.cfg.Upstream, bad) {
+			return res, n.keepUnresolved(old, bad)
+		}
 		if ctx.Err() != nil || !ok {
 			if rerr := n.restore(old); rerr != nil {
 				return res, errors.Join(target.Failf(target.ReasonCheck, "the new %s failed the check: %v", n.cfg.File, cerr),

@@ -76,11 +76,14 @@ func (r rig) target(t *testing.T, directives ...string) *nginx.Nginx {
 	return n
 }
 
-// waitFor polls the frontend until a request goes where want says, since
-// a reload hands over to new workers a moment later.
-func waitFor(t *testing.T, front string, ok func(map[string]int) bool) {
+// waitFor polls the frontend until requests go where ok says, since a
+// reload hands over to new workers a moment later, and then until no
+// worker of the file before is left: one of them may still take a
+// connection after the new workers answered.
+func waitFor(t *testing.T, nx *gwtest.Nginx, ok func(map[string]int) bool) {
 	t.Helper()
-	testutil.Eventually(t, "nginx to route by the new file", 10*time.Second, func() bool { return ok(gwtest.Split(t, "http://"+front+"/", 10)) })
+	testutil.Eventually(t, "nginx to route by the new file", 10*time.Second, func() bool { return ok(gwtest.Split(t, "http://"+nx.Front+"/", 10)) })
+	nx.WaitOneGeneration()
 }
 
 func TestWeightsSplitRealRequests(t *testing.T) {
@@ -109,7 +112,7 @@ func TestWeightsSplitRealRequests(t *testing.T) {
 	if strings.Contains(string(data), "max_conns") {
 		t.Fatal("max_conns written though not asked for")
 	}
-	waitFor(t, r.nx.Front, func(s map[string]int) bool { return s["c"] == 0 })
+	waitFor(t, r.nx, func(s map[string]int) bool { return s["c"] == 0 })
 
 	// nginx's weighted round robin is exact over a whole cycle.
 	cycle := ints[0] + ints[1]
@@ -182,7 +185,7 @@ func TestAllHeldAndNoWorkers(t *testing.T) {
 	if err != nil || res.Serving != 0 {
 		t.Fatalf("all held: %+v %v", res, err)
 	}
-	waitFor(t, r.nx.Front, func(s map[string]int) bool { return s["status 502"] == 10 })
+	waitFor(t, r.nx, func(s map[string]int) bool { return s["status 502"] == 10 })
 	before, _ := os.ReadFile(r.nx.Upstream)
 	_, err = n.Apply(context.Background(), desired())
 	if target.Reason(err) != target.ReasonNoServers {

@@ -2,6 +2,7 @@ package nginx
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -87,4 +88,40 @@ func without(m target.Model, addr string) target.Model {
 		}
 	}
 	return out
+}
+
+// servedUnresolved reports whether the check refused b's line because
+// nginx could not resolve its name while the last good file, old, has
+// nginx serve b: nginx resolved it at its last load and serves it still,
+// so the name failing now is the nginx host's DNS, not the worker.
+func servedUnresolved(msg string, old []byte, upstream string, b target.Backend) bool {
+	if old == nil || !hostNotFound.MatchString(msg) {
+		return false
+	}
+	served, err := upstreamServers(string(old), upstream)
+	if err != nil {
+		return false // not heft's file as it writes it: the one-bad-worker rule, as before
+	}
+	for _, s := range served {
+		if strings.EqualFold(s.Address, b.Address) {
+			return true
+		}
+	}
+	return false
+}
+
+// keepUnresolved puts the last good file back, with no reload, for a
+// served worker whose name does not resolve now. Leaving it out (the
+// one-bad-worker rule) would have the reload take a healthy worker out of
+// nginx and its traffic onto the rest, for the length of a DNS outage
+// that nginx rides out by itself. Nothing is remembered: the next sync
+// checks again, and applies once the name resolves. The message stays the
+// same through an outage, so the syncer logs it once.
+func (n *Nginx) keepUnresolved(old []byte, b target.Backend) error {
+	err := target.Failf(target.ReasonResolve, "worker %s: nginx cannot resolve %s now, and serves it from its last load; the last good %s stays and nginx was not reloaded, so that it keeps serving every worker (tried again at the next sync)",
+		target.Printable(b.WorkerID), target.Printable(b.Address), n.cfg.File)
+	if rerr := n.restore(old); rerr != nil {
+		return errors.Join(err, target.Failf(target.ReasonWrite, "and putting back the last good file failed: %v", rerr))
+	}
+	return err
 }

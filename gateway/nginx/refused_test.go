@@ -31,3 +31,32 @@ func TestRefusedBackend(t *testing.T) {
 		}
 	}
 }
+
+// Only a worker nginx serves now (in the last good file, neither down nor
+// backup) whose name nginx cannot resolve keeps the last good file.
+func TestServedUnresolved(t *testing.T) {
+	const msg = `nginx: [emerg] host not found in upstream "b.test:80"`
+	b := target.Backend{Address: "b.test:80", WorkerID: "b"}
+	for _, c := range []struct {
+		msg, old string
+		want     bool
+	}{
+		{msg, "upstream q { server 10.0.0.1:80; server b.test:80 weight=3; }", true},
+		{msg, "upstream q { server 10.0.0.1:80; server b.test; }", true}, // nginx's default port
+		{msg, "upstream q { server 10.0.0.1:80; server B.TEST:80; }", true},
+		{msg, "upstream q { server 10.0.0.1:80; }", false}, // new: left out as before
+		{msg, "upstream q { server 10.0.0.1:80; server b.test:80 down; }", false},
+		{msg, "upstream q { server 10.0.0.1:80; server b.test:80 backup; }", false},
+		{msg, "upstream other { server b.test:80; }", false},
+		{msg, "", false}, // no file before
+		{`nginx: [emerg] invalid parameter "x" in /f.conf:3`, "upstream q { server b.test:80; }", false},
+	} {
+		var old []byte
+		if c.old != "" {
+			old = []byte(c.old)
+		}
+		if got := servedUnresolved(c.msg, old, "q", b); got != c.want {
+			t.Errorf("%q with %q: %v, want %v", c.msg, c.old, got, c.want)
+		}
+	}
+}

@@ -1,4 +1,4 @@
-package bench
+package gwproc
 
 import (
 	"context"
@@ -7,12 +7,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"heft/gateway/gwproc"
 )
 
-// waitNginxOneGeneration waits until nginx's master has exactly the
-// workers of one configuration: gwproc.NginxWorkerProcesses worker
+// WaitNginxOneGeneration waits until nginx's master has exactly the
+// workers of one configuration: NginxWorkerProcesses worker
 // processes, none of them shutting down. After a reload the master starts
 // new workers and then signals the old ones, which keep accepting
 // connections until they handle the signal. An old worker retitles itself
@@ -22,7 +20,7 @@ import (
 // configuration, it returns when no worker of the old one can take the
 // next request. Where /proc cannot be read (not Linux) it cannot tell, and
 // does not wait.
-func waitNginxOneGeneration(ctx context.Context, master int, limit time.Duration) error {
+func WaitNginxOneGeneration(ctx context.Context, master int, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
 		titles, err := childTitles(master)
@@ -35,7 +33,7 @@ func waitNginxOneGeneration(ctx context.Context, master int, limit time.Duration
 				workers++
 			}
 		}
-		if workers == gwproc.NginxWorkerProcesses {
+		if workers == NginxWorkerProcesses {
 			return nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
