@@ -14,6 +14,7 @@ import (
 
 	"heft/agent/collect"
 	"heft/agent/config"
+	"heft/agent/engine"
 	"heft/agent/gpu"
 	"heft/agent/link"
 	"heft/agent/metrics"
@@ -77,6 +78,9 @@ func NewHandler(cfg config.Config, col *collect.Collector, gpus gpu.Source, boar
 func (h *Handler) Snapshot(ctx context.Context) wire.Snapshot {
 	h.inflight.Add(1)
 	defer h.inflight.Add(-1)
+	// The facts and the passive counters read one engine's /metrics and
+	// live load once between them.
+	ctx = engine.ShareReads(ctx)
 	s := h.col.Snapshot(ctx)
 	h.passiveReadings(ctx, &s)
 	if dropped := dropInvalidReadings(&s); len(dropped) > 0 {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"heft/agent/engine"
+	"heft/shared/testutil"
 	"heft/shared/wire"
 	"heft/sim"
 )
@@ -402,6 +403,14 @@ func TestPaceReadsPromptsBesideDecoding(t *testing.T) {
 			send(`{"model":"test/model","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
 		})
 	}
+	c, err := engine.New(engine.Config{Kind: "vllm", URL: s.URL()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The prompts start once the decoders decode, so that every window
+	// holds the eight of them.
+	testutil.Eventually(t, "the 8 decoders to decode", time.Minute, func() bool { return allDecoding(t, s, c, 8) })
+	var prompts atomic.Int64 // the prompts read
 	long := strings.Repeat("word ", 1500)
 	users.Go(func() {
 		tick := time.NewTicker(200 * time.Millisecond)
@@ -415,28 +424,24 @@ func TestPaceReadsPromptsBesideDecoding(t *testing.T) {
 			// A unique first word: the prefix cache serves none of it.
 			users.Go(func() {
 				send(fmt.Sprintf(`{"model":"test/model","messages":[{"role":"user","content":"u%d %s"}],"max_tokens":1}`, i, long))
+				prompts.Add(1)
 			})
 		}
 	})
-
-	c, err := engine.New(engine.Config{Kind: "vllm", URL: s.URL()}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(time.Second) // the decoders are admitted, the prompts flowing
-	p := &pace{window: 3 * time.Second}
+	testutil.Eventually(t, "the prompts to flow", time.Minute, func() bool { return prompts.Load() > 0 })
+	// Windows of seconds: each holds some fifteen prompts or more, so one
+	// more or less in it (and a loaded machine's late reads) moves its
+	// prompt rate by a few per cent at most.
+	p := &pace{window: 6 * time.Second}
 	var got []*wire.Pace
-	for deadline := time.Now().Add(20 * time.Second); len(got) < 2 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		cs, err := c.Counters(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r := p.add(time.Now(), cs, 1); r != nil {
+	for deadline := time.Now().Add(time.Minute); len(got) < 2 && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		at, cs := sharpCounters(t, c, deadline)
+		if r := p.add(at, cs, 1); r != nil {
 			got = append(got, r)
 		}
 	}
 	if len(got) < 2 {
-		t.Fatalf("%d pace readings in 20 s", len(got))
+		t.Fatalf("%d pace readings in a minute", len(got))
 	}
 	for _, r := range got {
 		share := r.PromptTPS / prefill
@@ -484,17 +489,14 @@ func TestPaceOfBurstyTrafficOnASim(t *testing.T) {
 			})
 			p := &pace{window: 6 * time.Second}
 			var got []*wire.Pace
-			for deadline := time.Now().Add(30 * time.Second); len(got) < 2 && time.Now().Before(deadline); time.Sleep(time.Second) {
-				cs, err := c.Counters(t.Context())
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r := p.add(time.Now(), cs, 1); r != nil && r.WindowSeconds >= 5.5 {
+			for deadline := time.Now().Add(time.Minute); len(got) < 2 && time.Now().Before(deadline); time.Sleep(time.Second) {
+				at, cs := sharpCounters(t, c, deadline)
+				if r := p.add(at, cs, 1); r != nil && r.WindowSeconds >= 5.5 {
 					got = append(got, r)
 				}
 			}
 			if len(got) < 2 {
-				t.Fatalf("%d whole-window readings in 30 s", len(got))
+				t.Fatalf("%d whole-window readings in a minute", len(got))
 			}
 			worst := 0.0 // how much slower than its step at Batch a reading looked
 			for _, r := range got {
@@ -531,18 +533,22 @@ func TestPaceOfSpeculativeDecoding(t *testing.T) {
 					chatUntilDone(ctx, s.URL(), `{"model":"test/model","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5000,"ignore_eos":true}`)
 				})
 			}
-			time.Sleep(500 * time.Millisecond) // all 8 decoding
-			p := &pace{window: 2 * time.Second}
+			testutil.Eventually(t, "all 8 decoding", time.Minute, func() bool { return allDecoding(t, s, c, 8) })
+			// The first reading comes half a window on: 3 s, whose tokens
+			// and time a loaded machine's late reads blur by a few per cent
+			// at most.
+			p := &pace{window: 6 * time.Second}
 			var got *wire.Pace
-			for deadline := time.Now().Add(20 * time.Second); got == nil && time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
-				cs, err := c.Counters(t.Context())
-				if err != nil {
-					t.Fatal(err)
-				}
-				got = p.add(time.Now(), cs, 1)
+			// Samples half a second apart: a loaded machine that stalls the
+			// sim for a moment, which then catches up, rarely splits the
+			// stall from its catch-up across two (TokenBatch reads each
+			// interval's tokens at its own batch).
+			for deadline := time.Now().Add(time.Minute); got == nil && time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+				at, cs := sharpCounters(t, c, deadline)
+				got = p.add(at, cs, 1)
 			}
 			if got == nil {
-				t.Fatal("no pace reading in 20 s")
+				t.Fatal("no pace reading in a minute")
 			}
 			t.Logf("%.2f ms per token at batch %.2f (token batch %.2f); the step per token at 8 is %.2f ms", 1000*got.SecondsPerToken, got.Batch, got.TokenBatch, 1000*step8)
 			if math.Abs(got.SecondsPerToken/step8-1) > 0.1 {
@@ -583,5 +589,47 @@ func chatUntilDone(ctx context.Context, url, body string) {
 	if resp, err := http.DefaultClient.Do(req); err == nil {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+	}
+}
+
+// allDecoding reports whether n requests, and no more, run on s, each past
+// its first token where c's kind counts first tokens: a pace window that
+// starts then holds n decoding throughout.
+func allDecoding(t *testing.T, s *sim.Server, c *engine.Client, n int) bool {
+	t.Helper()
+	if r, w := s.InFlight(); r != n || w != 0 {
+		return false
+	}
+	cs, err := c.Counters(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return !cs.FirstTokensKnown || cs.FirstTokens >= float64(n)
+}
+
+// sharpRead bounds how long a counter read for a pace reading may take.
+const sharpRead = 100 * time.Millisecond
+
+// sharpCounters reads c's counters for a pace tracker, stamped with the
+// middle of the read. The engine answered at some moment within the read,
+// which a loaded machine can stretch to a large share of a second: a read
+// longer than sharpRead is made again (until deadline), so that a stamp is
+// off by at most half of it, and a reading over seconds says the engine's
+// rate within a few per cent however busy the machine is.
+func sharpCounters(t *testing.T, c *engine.Client, deadline time.Time) (time.Time, engine.Counters) {
+	t.Helper()
+	for {
+		before := time.Now()
+		cs, err := c.Counters(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(before)
+		if took <= sharpRead {
+			return before.Add(took / 2), cs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no counter read within %v by the deadline (the last took %v)", sharpRead, took)
+		}
 	}
 }

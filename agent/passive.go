@@ -45,6 +45,8 @@ type passive struct {
 	// seen is when a snapshot last carried the capacity key (passive and
 	// pace trackers are kept and forgotten together: forgetPassive).
 	seen time.Time
+	// readAt is when the counters the trackers last took were read.
+	readAt time.Time
 }
 
 // An engine that crash-loops with changing arguments gets a new capacity
@@ -138,7 +140,8 @@ func stillFor(w *probe.StillLoad, at time.Time, c engine.Counters) time.Duration
 // passiveReadings keeps one passive and one pace tracker per capacity key
 // and fills each engine's Passive and Pace in a snapshot, reading the
 // counters only of engines that run requests or whose pace window runs
-// (one extra /metrics read then).
+// (within a snapshot the /metrics answer its facts read, where they read
+// the engine in full: engine.ShareReads; else one /metrics read).
 func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 	h.passiveMu.Lock() // its own lock: a counter read must not hold up probes
 	defer h.passiveMu.Unlock()
@@ -171,19 +174,21 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 		}
 		_, saturated := p.saturated(e.Load)
 		// The counters are read while the engine works or a pace window
-		// runs (one extra /metrics read then), not while it idles.
+		// runs (the snapshot's /metrics answer, or one read), not while it idles.
 		c, read := engine.Counters{Load: e.Load}, true
+		var at time.Time // when the counters were read, where they were
 		if saturated || e.Load.Running+e.Load.Waiting > 0 || !pc.start.at.IsZero() {
 			read = false
 			if client, found := h.col.Engine(e.CapacityKey); found {
-				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				got, err := client.Counters(cctx)
-				cancel()
-				c, read = got, err == nil
+				got, when, err := readCounters(ctx, client, p.readAt)
+				c, at, read = got, when, err == nil
 			}
 		}
 		if read { // a failed read leaves both windows as they were
 			now := time.Now()
+			if !at.IsZero() {
+				now, p.readAt = at, at
+			}
 			p.add(now, c)
 			pc.add(now, c, p.ranks)
 			if d := stillFor(&p.stillLoad, now, c); d >= cmp.Or(h.staleAfter, probe.StaleLoadAfter) {
@@ -201,6 +206,30 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 			e.Passive = &r
 		}
 	}
+}
+
+// readCounters reads client's counters for the passive and pace trackers
+// and says when they were read. Within a snapshot (engine.ShareReads) they
+// come from the /metrics answer its facts read, which may be well before
+// this call: the trackers time them when the answer came, or their
+// windows would hold the rest of the snapshot's reads as time the
+// counters ran. Two snapshots taken together may read the engine in one
+// order and come here in the other: an answer not newer than the last the
+// trackers took (last) is read afresh, as counters that went back would
+// read as an engine restarted.
+func readCounters(ctx context.Context, client *engine.Client, last time.Time) (engine.Counters, time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := client.Counters(ctx)
+	at := engine.MetricsReadAt(ctx, client)
+	if err == nil && !at.IsZero() && !at.After(last) {
+		c, err = client.Counters(engine.FreshReads(ctx))
+		at = time.Time{}
+	}
+	if at.IsZero() {
+		at = time.Now()
+	}
+	return c, at, err
 }
 
 // forgetPassive drops the passive and pace trackers of capacity keys no

@@ -225,7 +225,7 @@ func TestPassiveStaleGauges(t *testing.T) {
 	}
 	io.Copy(io.Discard, one.Body)
 	one.Body.Close()
-	testutil.Eventually(t, "a snapshot whose load is not called stale", 5*time.Second, func() bool {
+	testutil.Eventually(t, "a snapshot whose load is not called stale", 30*time.Second, func() bool {
 		return fc.Next(t, wire.TypeSnapshot).Snapshot.Engines[0].Load.StaleSeconds == 0
 	})
 }

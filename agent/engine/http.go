@@ -40,6 +40,14 @@ func (e *statusError) Error() string {
 // the bounded body. Errors wrap errUnreachable (no answer), errNotServed
 // (404/405/501) or are a *statusError.
 func (c *Client) get(ctx context.Context, path, accept string) ([]byte, int, error) {
+	if s := sharedIn(ctx); s != nil && sharedPaths[path] {
+		return s.get(ctx, c, path, accept)
+	}
+	return c.fetch(ctx, path, accept)
+}
+
+// fetch is get without a shared reading.
+func (c *Client) fetch(ctx context.Context, path, accept string) ([]byte, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)

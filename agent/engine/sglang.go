@@ -357,9 +357,12 @@ type loadsReply struct {
 	running int
 }
 
+// sglangLoadsPath asks /v1/loads for each rank's load and pools.
+const sglangLoadsPath = "/v1/loads?include=core,memory"
+
 // sglangLoads reads /v1/loads (newest SGLang): per-rank load and pools.
 func (c *Client) sglangLoads(ctx context.Context) (loadsReply, error) {
-	body, _, err := c.get(ctx, "/v1/loads?include=core,memory", "application/json")
+	body, _, err := c.get(ctx, sglangLoadsPath, "application/json")
 	if err != nil {
 		return loadsReply{}, err
 	}
