@@ -19,13 +19,20 @@ import (
 
 // The backend of heft's examples: the gateway's own health check of the
 // engine's /health on every slot, and a request whose connection fails
-// tried again on another server.
+// tried again on another server. The check runs every 200 ms and one
+// failure marks a server down (a dead engine's refused connection is seen
+// at once), but a healthy engine's answer may take a starved machine
+// seconds: without "timeout check" HAProxy gives the whole check "inter"
+// (200 ms), and under test-under-load every engine was marked down at once
+// ("Layer7 timeout, check duration: 201ms", "backend 'qwen' has no server
+// available!") and requests got 503s that no reload caused.
 const cfgChecked = `global
     stats socket {{socket}} level admin
 defaults
     mode http
     option http-no-delay
     timeout connect 2s
+    timeout check 5s
     timeout client 30s
     timeout server 30s
     retries 3
