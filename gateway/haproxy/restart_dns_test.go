@@ -40,7 +40,7 @@ func (s *syncBuffer) String() string {
 // resolving, restarts heft-sync (a new target on the same state file) and
 // applies once with b in state. corrupt, when set, is written over the
 // state file before the restart.
-func restartMidOutage(t *testing.T, path, state, corrupt string) (threeWithB, *gwtest.Upstream, target.Result, error, *syncBuffer) {
+func restartMidOutage(t *testing.T, path, state, corrupt string) (threeWithB, *gwtest.Upstream, target.Result, *syncBuffer, error) {
 	t.Helper()
 	f := threeWithBNamedKeeping(t, path)
 	moved := gwtest.NewUpstreamAt(t, "b-moved", "127.0.0.2:"+port(f.b.Addr))
@@ -64,7 +64,7 @@ func restartMidOutage(t *testing.T, path, state, corrupt string) (threeWithB, *g
 	res, err := after.Apply(context.Background(), desired(gwtest.Worker(model, f.a.Addr, view.StateAdmitted, 1),
 		gwtest.Worker(model, f.named, state, 1), gwtest.Worker(model, f.c.Addr, view.StateAdmitted, 1),
 		gwtest.Worker(model, "gpu-x.heft.test:8000", view.StateAdmitted, 1))) // never resolves
-	return f, moved, res, err, &logs
+	return f, moved, res, &logs, err
 }
 
 // A heft-sync restarted during a DNS outage reads back the answers the one
@@ -77,7 +77,7 @@ func restartMidOutage(t *testing.T, path, state, corrupt string) (threeWithB, *g
 func TestRestartedSyncMovesANameWhileAnotherIsUnresolved(t *testing.T) {
 	for _, state := range []string{view.StateAdmitted, view.StateHeld} {
 		t.Run(state, func(t *testing.T) {
-			f, moved, res, err, _ := restartMidOutage(t, filepath.Join(t.TempDir(), "haproxy-qwen.json"), state, "")
+			f, moved, res, _, err := restartMidOutage(t, filepath.Join(t.TempDir(), "haproxy-qwen.json"), state, "")
 			if target.Reason(err) != target.ReasonResolve || strings.Contains(err.Error(), "has no server") {
 				t.Fatalf("apply (changes %v): %v, want only the unresolved name's error", res.Changes, err)
 			}
@@ -98,7 +98,7 @@ func TestRestartedSyncMovesANameWhileAnotherIsUnresolved(t *testing.T) {
 // file at once.
 func TestCorruptStateFileLosesNothing(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "haproxy-qwen.json")
-	f, _, res, err, logs := restartMidOutage(t, path, view.StateAdmitted, "not json")
+	f, _, res, logs, err := restartMidOutage(t, path, view.StateAdmitted, "not json")
 	if !strings.Contains(logs.String(), "the state file cannot be read") {
 		t.Errorf("no warning for the corrupt file:\n%s", logs)
 	}
