@@ -92,10 +92,13 @@ func without(m target.Model, addr string) target.Model {
 
 // servedUnresolved reports whether the check refused b's line because
 // nginx could not resolve its name while the last good file, old, has
-// nginx serve b: nginx resolved it at its last load and serves it still,
-// so the name failing now is the nginx host's DNS, not the worker.
+// nginx serve b and the coordinator still serves it: nginx resolved it at
+// its last load and serves it still, so the name failing now is the nginx
+// host's DNS, not the worker. A worker to be drained (held, offline) is
+// not: leaving it out drains it, and a retired host whose DNS record was
+// deleted must not freeze the upstream until the coordinator forgets it.
 func servedUnresolved(msg string, old []byte, upstream string, b target.Backend) bool {
-	if old == nil || !hostNotFound.MatchString(msg) {
+	if old == nil || !b.Serving || !hostNotFound.MatchString(msg) {
 		return false
 	}
 	served, err := upstreamServers(string(old), upstream)

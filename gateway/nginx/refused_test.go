@@ -36,7 +36,7 @@ func TestRefusedBackend(t *testing.T) {
 // backup) whose name nginx cannot resolve keeps the last good file.
 func TestServedUnresolved(t *testing.T) {
 	const msg = `nginx: [emerg] host not found in upstream "b.test:80"`
-	b := target.Backend{Address: "b.test:80", WorkerID: "b"}
+	b := target.Backend{Address: "b.test:80", WorkerID: "b", Serving: true}
 	for _, c := range []struct {
 		msg, old string
 		want     bool
@@ -58,5 +58,14 @@ func TestServedUnresolved(t *testing.T) {
 		if got := servedUnresolved(c.msg, old, "q", b); got != c.want {
 			t.Errorf("%q with %q: %v, want %v", c.msg, c.old, got, c.want)
 		}
+	}
+	// A worker the coordinator no longer serves (held, offline: written
+	// down) is not worth the upstream: a retired host whose DNS record was
+	// deleted would otherwise freeze every later change until the
+	// coordinator forgets it. It is left out, as it is to be drained.
+	drained := b
+	drained.Serving = false
+	if servedUnresolved(msg, []byte("upstream q { server 10.0.0.1:80; server b.test:80 weight=3; }"), "q", drained) {
+		t.Error("a drained worker whose name does not resolve kept the last good file")
 	}
 }
