@@ -115,3 +115,48 @@ func TestUnresolvedServedWorkerWithoutFileInMessage(t *testing.T) {
 		t.Fatalf("new c unresolved: %+v %v", res, err)
 	}
 }
+
+// A served worker's name that stays unresolvable (a retired host's
+// deleted record, while the coordinator still lists it stale) keeps the
+// last good file only for a while: then it is left out like any refused
+// worker and the rest is applied, so it cannot hold every later change of
+// this upstream, or of another model's on the same nginx, for hours.
+func TestUnresolvedServedWorkerIsLeftOutAfterAWhile(t *testing.T) {
+	dir := t.TempDir()
+	file, reloads := filepath.Join(dir, "qwen.conf"), filepath.Join(dir, "reloads")
+	first := "upstream qwen {\n    server 10.0.0.1:8000;\n    server b.test:8000;\n}\n"
+	if err := os.WriteFile(file, []byte(first), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	check := filepath.Join(dir, "check.sh")
+	script := `if grep -q "server b.test:8000" ` + file + `; then echo "nginx: [emerg] host not found in upstream \"b.test:8000\"" >&2; exit 1; fi`
+	if err := os.WriteFile(check, []byte(script), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n, err := nginx.New(nginx.Config{Model: model, File: file, Upstream: "qwen",
+		Check: []string{"sh", check}, Reload: []string{"sh", "-c", "echo >> " + reloads}}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 6, 7, 0, 0, 0, time.UTC)
+	n.SetClock(func() time.Time { return now })
+	stale, weight := gwtest.Worker(model, "b.test:8000", view.StateStale, 0), 1.0
+	stale.Weight = &weight // a stale worker serves at its last weight
+	m := desired(gwtest.Worker(model, "10.0.0.1:8000", view.StateAdmitted, 3), stale)
+	start := now
+	for _, after := range []time.Duration{0, time.Minute, 4*time.Minute + 59*time.Second} {
+		now = start.Add(after)
+		if _, err := n.Apply(context.Background(), m); target.Reason(err) != target.ReasonResolve {
+			t.Fatalf("%v into the failure: %v, want the last good file kept (resolve)", after, err)
+		}
+	}
+	now = start.Add(5 * time.Minute) // since the name first failed
+	res, err := n.Apply(context.Background(), m)
+	data, _ := os.ReadFile(file)
+	if err != nil || len(res.Dropped) != 1 || strings.Contains(string(data), "b.test") || !strings.Contains(string(data), "10.0.0.1:8000") {
+		t.Fatalf("5 minutes on: %+v %v, file\n%s\nwant b left out and the rest applied", res, err, data)
+	}
+	if _, err := os.Stat(reloads); err != nil {
+		t.Fatal("nginx was not reloaded with the rest")
+	}
+}

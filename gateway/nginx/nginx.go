@@ -59,7 +59,11 @@ type Nginx struct {
 	// refused holds the workers whose line the check refused, by address,
 	// with when; they are left out until refuseFor has passed.
 	refused map[string]refusal
-	now     func() time.Time
+	// unresolved holds when each served worker's name first failed to
+	// resolve in the check, by address (holdUnresolved); emptied by a
+	// check that passes.
+	unresolved map[string]time.Time
+	now        func() time.Time
 	// applied is the desired state the file was last rendered from, the
 	// base of WeightDeadband.
 	applied *target.Model
@@ -84,7 +88,7 @@ func New(cfg Config, logger hclog.Logger) (*Nginx, error) {
 		cfg.Timeout = 30 * time.Second
 	}
 	return &Nginx{cfg: cfg, log: logger.Named("nginx").With("upstream", cfg.Upstream),
-		refused: map[string]refusal{}, now: time.Now}, nil
+		refused: map[string]refusal{}, unresolved: map[string]time.Time{}, now: time.Now}, nil
 }
 
 // Validate returns every problem with cfg that needs no look at the disk;
@@ -167,13 +171,14 @@ func (n *Nginx) Apply(ctx context.Context, m target.Model) (target.Result, error
 		cerr := filewrite.Run(ctx, n.cfg.Check, n.cfg.Timeout)
 		if cerr == nil {
 			n.applied = &m
+			clear(n.unresolved)
 			break
 		}
 		// A worker's own line refused (a host name that does not resolve):
 		// leave that worker out and check the rest, rather than keep every
 		// weight of the upstream frozen for one worker.
 		bad, ok := refusedBackend(cerr.Error(), n.cfg.File, data, m)
-		if ok && ctx.Err() == nil && servedUnresolved(cerr.Error(), old, n.cfg.Upstream, bad) {
+		if ok && ctx.Err() == nil && servedUnresolved(cerr.Error(), old, n.cfg.Upstream, bad) && n.holdUnresolved(bad.Address) {
 			return res, n.keepUnresolved(old, bad)
 		}
 		if ctx.Err() != nil || !ok {

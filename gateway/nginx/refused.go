@@ -113,6 +113,30 @@ func servedUnresolved(msg string, old []byte, upstream string, b target.Backend)
 	return false
 }
 
+// keepUnresolvedFor is how long a served worker whose name does not
+// resolve keeps the last good file before it is left out like any refused
+// worker. nginx cannot tell an outage from a deleted record ("host not
+// found" either way), and while the file is kept nothing changes in this
+// upstream, nor in another model's on the same nginx (nginx -t reads
+// every file, this one's unresolvable line included): an outage shorter
+// than this costs no worker, and a name that stays gone (a retired host
+// still listed stale for hours) stops holding every change after it.
+const keepUnresolvedFor = 5 * time.Minute
+
+// holdUnresolved reports whether the served worker at addr, whose name
+// the check could not resolve, still keeps the last good file: for
+// keepUnresolvedFor after its name first failed since the last check
+// that passed.
+func (n *Nginx) holdUnresolved(addr string) bool {
+	now := n.now()
+	since, seen := n.unresolved[addr]
+	if !seen {
+		n.unresolved[addr] = now
+		return true
+	}
+	return now.Sub(since) < keepUnresolvedFor
+}
+
 // keepUnresolved puts the last good file back, with no reload, for a
 // served worker whose name does not resolve now. Leaving it out (the
 // one-bad-worker rule) would have the reload take a healthy worker out of
@@ -121,8 +145,8 @@ func servedUnresolved(msg string, old []byte, upstream string, b target.Backend)
 // checks again, and applies once the name resolves. The message stays the
 // same through an outage, so the syncer logs it once.
 func (n *Nginx) keepUnresolved(old []byte, b target.Backend) error {
-	err := target.Failf(target.ReasonResolve, "worker %s: nginx cannot resolve %s now, and serves it from its last load; the last good %s stays and nginx was not reloaded, so that it keeps serving every worker (tried again at the next sync)",
-		target.Printable(b.WorkerID), target.Printable(b.Address), n.cfg.File)
+	err := target.Failf(target.ReasonResolve, "worker %s: nginx cannot resolve %s now, and serves it from its last load; the last good %s stays and nginx was not reloaded, so that it keeps serving every worker (tried again at the next sync; left out if it still does not resolve %v after it first failed)",
+		target.Printable(b.WorkerID), target.Printable(b.Address), n.cfg.File, keepUnresolvedFor)
 	if rerr := n.restore(old); rerr != nil {
 		return errors.Join(err, target.Failf(target.ReasonWrite, "and putting back the last good file failed: %v", rerr))
 	}
