@@ -119,10 +119,7 @@ func New(cfg Config, hooks Hooks, logger hclog.Logger) (*Follower, error) {
 		c := *cfg.Client
 		client = &c
 	}
-	// The coordinator's API never redirects: whatever does (a proxy, a
-	// host answering in its place) would have heft-sync follow the fleet
-	// another host lists, which Go's client asks without the token.
-	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	client.CheckRedirect = sameCoordinator
 	return &Follower{cfg: cfg, base: u, hooks: hooks, log: logger.Named("coordinator"), client: client, token: cfg.Token}, nil
 }
 
@@ -391,4 +388,23 @@ func classify(err error) string {
 		return ReasonUnreachable
 	}
 	return ReasonUnreachable
+}
+
+// sameCoordinator follows a redirect only to the coordinator it was
+// given: the same scheme, host and port (a proxy adding a path), or the
+// same host name moved from http to https (a proxy upgrading the scheme,
+// which heft-sync followed before redirects were checked). The
+// coordinator's API never redirects itself; whatever sends heft-sync
+// elsewhere (a host answering in its place) would have it follow the
+// fleet another host lists, so that answer is taken as it is and refused
+// as a status, naming where it pointed.
+func sameCoordinator(req *http.Request, via []*http.Request) error {
+	first := via[0].URL
+	to := req.URL
+	same := to.Scheme == first.Scheme && strings.EqualFold(to.Host, first.Host)
+	upgraded := first.Scheme == "http" && to.Scheme == "https" && strings.EqualFold(to.Hostname(), first.Hostname())
+	if len(via) > 3 || !(same || upgraded) {
+		return http.ErrUseLastResponse
+	}
+	return nil
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -227,6 +230,57 @@ func TestRotatedTokenIsReadAgain(t *testing.T) {
 // A redirect is not followed: the coordinator's API never sends one, and
 // following it would hand out the fleet another host lists (Go's client
 // asks it without the token). Before, the follower took that fleet.
+// A redirect within the coordinator's own host and port (a proxy in front
+// of it adding a path) is followed, with the token.
+func TestRedirectOnTheSameHostIsFollowed(t *testing.T) {
+	c := gwtest.NewCoordinator(t)
+	c.SetWorkers(gwtest.Worker("m", "10.0.0.1:8000", view.StateAdmitted, 1))
+	target, _ := url.Parse(c.URL())
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if path, ok := strings.CutPrefix(r.URL.Path, "/heft"); ok {
+			r.URL.Path = path
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		http.Redirect(w, r, "/heft"+r.URL.RequestURI(), http.StatusMovedPermanently)
+	}))
+	t.Cleanup(front.Close)
+	rec := start(t, coord.Config{URL: front.URL})
+	testutil.Eventually(t, "the fleet through the redirect", 5*time.Second, func() bool { return rec.count() > 0 })
+	if w := rec.last().Workers; len(w) != 1 || w[0].Address != "10.0.0.1:8000" {
+		t.Fatalf("got %+v", rec.last())
+	}
+}
+
+func TestSameCoordinator(t *testing.T) {
+	req := func(u string) *http.Request {
+		r, err := http.NewRequest(http.MethodGet, u, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	from := []*http.Request{req("http://coord.example:7070/api/v1/workers")}
+	for to, want := range map[string]bool{
+		"http://coord.example:7070/heft/api/v1/workers": true,  // a path added
+		"http://COORD.example:7070/api/v1/workers":      true,  // host names ignore case
+		"https://coord.example/api/v1/workers":          true,  // upgraded to https
+		"https://coord.example:8443/api/v1/workers":     true,  // upgraded, its own port
+		"http://coord.example:7071/api/v1/workers":      false, // another port: another server
+		"http://elsewhere.example:7070/api/v1/workers":  false,
+		"https://elsewhere.example/api/v1/workers":      false,
+	} {
+		if got := coord.SameCoordinator(req(to), from) == nil; got != want {
+			t.Errorf("redirect to %s followed %v, want %v", to, got, want)
+		}
+	}
+	tls := []*http.Request{req("https://coord.example/api/v1/workers")}
+	if coord.SameCoordinator(req("http://coord.example/api/v1/workers"), tls) == nil {
+		t.Error("followed a redirect from https down to http")
+	}
+}
+
 func TestRedirectIsNotFollowed(t *testing.T) {
 	elsewhere := gwtest.NewCoordinator(t)
 	elsewhere.SetWorkers(gwtest.Worker("m", "10.6.6.6:8000", view.StateAdmitted, 1))

@@ -1,0 +1,4 @@
+package coord
+
+// SameCoordinator is the redirect policy, for tests.
+var SameCoordinator = sameCoordinator
