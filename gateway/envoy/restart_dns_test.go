@@ -1,12 +1,10 @@
 package envoy_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -14,29 +12,12 @@ import (
 	"heft/gateway/envoy"
 	"heft/gateway/gwtest"
 	"heft/gateway/target"
+	"heft/shared/testutil"
 	"heft/shared/view"
 )
 
-// syncBuffer is a log sink a test reads while the server writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startServerLogging is startServer with its log also in w.
-func startServerLogging(t *testing.T, w *syncBuffer) *envoy.Server {
+func startServerLogging(t *testing.T, w *testutil.SyncBuffer) *envoy.Server {
 	t.Helper()
 	s, err := envoy.NewServer("127.0.0.1:0", hclog.New(&hclog.LoggerOptions{Output: w, Level: hclog.Debug}))
 	if err != nil {
@@ -53,7 +34,7 @@ func startServerLogging(t *testing.T, w *syncBuffer) *envoy.Server {
 // heft-sync (a new server and cluster on the same state file) while x's
 // name fails and b's has moved to 10.0.0.9, and applies once. corrupt, when
 // set, is written over the DNS answers file before the restart.
-func restartMidOutage(t *testing.T, corrupt string) (map[string]uint32, *envoy.Cluster, string, *syncBuffer) {
+func restartMidOutage(t *testing.T, corrupt string) (map[string]uint32, *envoy.Cluster, string, *testutil.SyncBuffer) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "qwen.json")
 	named := func(host string) view.Worker { return gwtest.Worker(model, host+":8000", view.StateAdmitted, 1) }
@@ -71,7 +52,7 @@ func restartMidOutage(t *testing.T, corrupt string) (map[string]uint32, *envoy.C
 
 	// x's name fails (never to resolve for the new heft-sync), b's moved.
 	dns := gwtest.NewDNS(map[string]string{"gpu-a.heft.test": "10.0.0.1", "gpu-b.heft.test": "10.0.0.9"})
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	s := startServerLogging(t, &logs)
 	after := s.Cluster(model, "qwen").KeepingState(path).UseLookup(dns.Lookup)
 	res, err := after.Apply(context.Background(), m)

@@ -1,12 +1,10 @@
 package haproxy_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -14,33 +12,16 @@ import (
 	"heft/gateway/gwtest"
 	"heft/gateway/haproxy"
 	"heft/gateway/target"
+	"heft/shared/testutil"
 	"heft/shared/view"
 )
-
-// syncBuffer is a log sink a test reads while the target writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // restartMidOutage serves a, b (by a DNS name) and c in the three slots
 // with a state file, then, b's name moved to 127.0.0.2 and x's never
 // resolving, restarts heft-sync (a new target on the same state file) and
 // applies once with b in state. corrupt, when set, is written over the
 // state file before the restart.
-func restartMidOutage(t *testing.T, path, state, corrupt string) (threeWithB, *gwtest.Upstream, target.Result, *syncBuffer, error) {
+func restartMidOutage(t *testing.T, path, state, corrupt string) (threeWithB, *gwtest.Upstream, target.Result, *testutil.SyncBuffer, error) {
 	t.Helper()
 	f := threeWithBNamedKeeping(t, path)
 	moved := gwtest.NewUpstreamAt(t, "b-moved", "127.0.0.2:"+port(f.b.Addr))
@@ -54,7 +35,7 @@ func restartMidOutage(t *testing.T, path, state, corrupt string) (threeWithB, *g
 	}
 
 	f.dns.Set("gpu-b.heft.test", "127.0.0.2")
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	after, err := haproxy.New(haproxy.Config{Model: model, Socket: f.hx.Socket, Backend: "qwen", StateFile: path},
 		hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug}))
 	if err != nil {
