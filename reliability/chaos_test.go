@@ -37,9 +37,10 @@ var (
 )
 
 // chaosHAProxy is the backend of heft's examples: slots with the
-// gateway's own health check of the engine, retries that go to another
-// server when a connection fails, and a server-state-file a reload
-// starts from.
+// gateway's own health check of the engine (its answer given "timeout
+// check", not only "inter": TestChaosHAProxyWaitsForASlowHealthRoute),
+// retries that go to another server when a connection fails, and a
+// server-state-file a reload starts from.
 const chaosHAProxy = `global
     stats socket {{socket}} level admin expose-fd listeners
     server-state-file {{state}}
@@ -60,6 +61,7 @@ backend qwen
     balance leastconn
     http-response set-header X-Heft-Backend %si:%sp
     option httpchk GET /health
+    timeout check 5s
     default-server check inter 1s fall 2 rise 2
     server-template heft 1-4 127.0.0.1:9 disabled
 `

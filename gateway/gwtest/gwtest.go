@@ -278,10 +278,13 @@ func (c *Coordinator) handler() http.Handler {
 // Upstream is a loopback HTTP server that answers every request with its
 // name, in the body and the X-Upstream header, and counts them.
 type Upstream struct {
-	Name string
-	Addr string // host:port
-	hits atomic.Int64
-	srv  *http.Server
+	Name   string
+	Addr   string // host:port
+	hits   atomic.Int64
+	health atomic.Int64 // GET /health answered after HealthDelay
+	srv    *http.Server
+	// HealthDelay is how late GET /health answers (NewSlowHealthUpstream).
+	HealthDelay time.Duration
 }
 
 // NewUpstream starts one.
@@ -294,13 +297,36 @@ func NewUpstream(t testing.TB, name string) *Upstream {
 // address, for an engine a DNS name moves to).
 func NewUpstreamAt(t testing.TB, name, addr string) *Upstream {
 	t.Helper()
+	return newUpstream(t, name, addr, 0)
+}
+
+// NewSlowHealthUpstream is NewUpstream whose GET /health answers only
+// after delay, while every other request is answered at once: an LLM
+// engine that serves fine while its API server is saturated (vLLM's and
+// SGLang's /health run on the event loop that handles the requests), as
+// a gateway's health check sees it. HealthChecks counts the answers.
+func NewSlowHealthUpstream(t testing.TB, name string, delay time.Duration) *Upstream {
+	t.Helper()
+	return newUpstream(t, name, "127.0.0.1:0", delay)
+}
+
+func newUpstream(t testing.TB, name, addr string, healthDelay time.Duration) *Upstream {
+	t.Helper()
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &Upstream{Name: name, Addr: ln.Addr().String()}
+	u := &Upstream{Name: name, Addr: ln.Addr().String(), HealthDelay: healthDelay}
 	u.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u.hits.Add(1)
+		if healthDelay > 0 && r.URL.Path == "/health" {
+			select {
+			case <-time.After(healthDelay): // the engine's answer, late
+			case <-r.Context().Done(): // the checker gave up and closed
+				return
+			}
+			u.health.Add(1)
+		}
 		w.Header().Set("X-Upstream", name)
 		io.WriteString(w, name)
 	})}
@@ -311,6 +337,10 @@ func NewUpstreamAt(t testing.TB, name, addr string) *Upstream {
 
 // Hits is how many requests reached the upstream.
 func (u *Upstream) Hits() int64 { return u.hits.Load() }
+
+// HealthChecks is how many GET /health a NewSlowHealthUpstream answered
+// after its delay (a checker that closed first is not counted).
+func (u *Upstream) HealthChecks() int64 { return u.health.Load() }
 
 // Split sends n sequential GET requests to url and counts the answers by
 // the X-Upstream header.

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -218,6 +219,42 @@ func (h *HAProxy) Stat(t testing.TB) []map[string]string {
 		out = append(out, m)
 	}
 	return out
+}
+
+// ServerStat is the "show stat" row of the server at addr (host:port) in
+// backend, nil when there is none.
+func (h *HAProxy) ServerStat(t testing.TB, backend, addr string) map[string]string {
+	t.Helper()
+	for _, row := range h.Stat(t) {
+		if row["pxname"] == backend && row["addr"] == addr && row["svname"] != "BACKEND" {
+			return row
+		}
+	}
+	return nil
+}
+
+// WaitSlowChecksPass waits until the engine u (NewSlowHealthUpstream) has
+// answered n of HAProxy's health checks late and HAProxy took the last
+// one (check_status L7OK, check_duration at least u's delay) for the
+// server at u's address in backend, and fails the test as soon as a
+// check of that server fails or marks it down: a healthy engine whose
+// /health is slow must stay in the backend.
+func (h *HAProxy) WaitSlowChecksPass(t testing.TB, backend string, u *Upstream, n int64) {
+	t.Helper()
+	testutil.Eventually(t, fmt.Sprintf("%d late health checks of %s to pass", n, u.Addr), 90*time.Second, func() bool {
+		t.Helper()
+		row := h.ServerStat(t, backend, u.Addr)
+		if row == nil {
+			t.Fatalf("backend %s has no server at %s", backend, u.Addr)
+		}
+		if strings.HasPrefix(row["status"], "DOWN") || row["chkfail"] != "0" || row["chkdown"] != "0" {
+			t.Fatalf("HAProxy failed the health check of a healthy engine whose /health answers after %v: status %q, check_status %q, "+
+				"check_duration %sms, chkfail %s, chkdown %s; haproxy's log:\n%s",
+				u.HealthDelay, row["status"], row["check_status"], row["check_duration"], row["chkfail"], row["chkdown"], h.Log())
+		}
+		ms, _ := strconv.Atoi(row["check_duration"])
+		return u.HealthChecks() >= n && row["check_status"] == "L7OK" && time.Duration(ms)*time.Millisecond >= u.HealthDelay
+	})
 }
 
 // Nginx is a real nginx run by a test: foreground (daemon off), with its

@@ -130,19 +130,26 @@ func checkNginx(out []byte, upstream string, directives []string, wantAddrs []st
 }
 
 // checkHAProxy reads server lines back: the health check's httpchk line
-// first, then one server line per worker, nothing else.
+// first, then its "timeout check", then one server line per worker,
+// nothing else.
 func checkHAProxy(out []byte, wantAddrs []string) error {
+	if len(out) == 0 {
+		return sameAddrs(nil, wantAddrs)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	n := 0
+	if l := lines[0]; l == "    option httpchk GET /health" || l == "    option httpchk GET /api/version" {
+		n++
+	}
+	if n >= len(lines) || lines[n] != "    timeout check 5s" {
+		return fmt.Errorf("no \"timeout check 5s\" line before the servers")
+	}
+	n++
 	var got []string
-	for i, l := range strings.Split(strings.TrimSuffix(string(out), "\n"), "\n") {
-		if l == "" && len(out) == 0 {
-			break
-		}
-		if i == 0 && (l == "    option httpchk GET /health" || l == "    option httpchk GET /api/version") {
-			continue
-		}
+	for i, l := range lines[n:] {
 		sm := haproxyServer.FindStringSubmatch(l)
 		if sm == nil {
-			return fmt.Errorf("line %d is not a server line: %q", i+1, l)
+			return fmt.Errorf("line %d is not a server line: %q", n+i+1, l)
 		}
 		got = append(got, sm[1])
 	}

@@ -75,6 +75,16 @@ func HealthRoute(kind string) string {
 // of docs/gateways.md's example backend.
 const haproxyCheck = " check inter 2s fall 2 rise 2"
 
+// haproxyCheckTimeout is the backend's "timeout check": without it HAProxy
+// gives a whole check, connect and answer, only "inter" (2 s), and an
+// engine whose /health is late because its API server is saturated (vLLM
+// and SGLang answer it on the event loop that serves the requests) is
+// marked down while it serves: under load every engine at once, and the
+// backend answers 503. With it, the connect keeps min(inter, timeout
+// connect) and the answer 5 s more, so an engine that hangs is still
+// marked down within about 14 s (two checks of 5 s, inter apart).
+const haproxyCheckTimeout = "    timeout check 5s\n"
+
 // healthRoute is the one health route of m's engines; "" when they differ
 // (HAProxy has one httpchk per backend: a connect check is what is left).
 func healthRoute(m target.Model) string {
@@ -92,7 +102,8 @@ func healthRoute(m target.Model) string {
 // HAProxy returns the server lines of a backend for m, indented for a
 // "backend" section, and the rounding error of the weights. The first
 // line is the backend's "option httpchk GET ROUTE" of its engines' health
-// route (left out when they differ), and every server has "check": the
+// route (left out when they differ), then its "timeout check" (see
+// haproxyCheckTimeout), and every server has "check": the
 // gateway's own health check takes an engine that dies out whatever heft
 // says (with "retries" and "option redispatch" in the defaults, no
 // request fails for it). Serving
@@ -131,6 +142,9 @@ func HAProxy(m target.Model, opt HAProxyOptions) ([]byte, float64, error) {
 	var buf bytes.Buffer
 	if route := healthRoute(m); route != "" && len(bs) > 0 {
 		fmt.Fprintf(&buf, "    option httpchk GET %s\n", route)
+	}
+	if len(bs) > 0 {
+		buf.WriteString(haproxyCheckTimeout)
 	}
 	for _, b := range bs {
 		line := fmt.Sprintf("    server %s %s", HAProxyServerName(b.Address), b.Address)

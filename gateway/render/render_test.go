@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -43,8 +44,8 @@ func TestHAProxyParses(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := string(lines)
-	if !strings.HasPrefix(text, "    option httpchk GET /health\n") {
-		t.Errorf("the engines' health check does not come first:\n%s", text)
+	if !strings.HasPrefix(text, "    option httpchk GET /health\n    timeout check 5s\n") {
+		t.Errorf("the engines' health check and its timeout do not come first:\n%s", text)
 	}
 	for _, want := range []string{
 		"    server heft-10.0.0.1-8000 10.0.0.1:8000 weight 137 maxconn 22 check inter 2s fall 2 rise 2  # admitted, weight 1.37, w-10.0.0.1:8000\n",
@@ -78,6 +79,39 @@ backend qwen
     balance leastconn
     option http-no-delay
 `+text)
+}
+
+// The rendered backend keeps an engine in it while the engine's /health
+// answers late (3 s, more than the check's inter 2s) and it serves:
+// HAProxy's health check, with the rendered "timeout check", passes, and
+// requests through the backend are answered. Without "timeout check"
+// HAProxy gives the whole check inter (2 s), and marks the engine down
+// ("Layer7 timeout") at its first check.
+func TestHAProxyCheckWaitsForASlowHealthRoute(t *testing.T) {
+	t.Parallel()
+	u := gwtest.NewSlowHealthUpstream(t, "slow", 3*time.Second)
+	m, _ := target.ForModel(model, []coord.Worker{gwtest.Worker(model, u.Addr, view.StateAdmitted, 1)})
+	lines, _, err := render.HAProxy(m, render.HAProxyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hx := gwtest.StartHAProxy(t, `global
+    stats socket {{socket}} level admin
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+frontend llm
+    bind {{front}}
+    default_backend qwen
+backend qwen
+    balance leastconn
+`+string(lines))
+	hx.WaitSlowChecksPass(t, "qwen", u, 2)
+	if split := gwtest.Split(t, "http://"+hx.Front+"/", 5); split["slow"] != 5 {
+		t.Fatalf("requests through the backend: %v, want all 5 answered by the engine", split)
+	}
 }
 
 func TestNginxParses(t *testing.T) {
@@ -152,7 +186,8 @@ func TestHAProxyServerName(t *testing.T) {
 }
 
 // The httpchk line asks the engines' own health route; engines of
-// different routes in one backend get a connect check and a note.
+// different routes in one backend get a connect check and a note. The
+// check's timeout follows either way.
 func TestHAProxyHealthCheck(t *testing.T) {
 	ollama := func(addr string) coord.Worker {
 		w := gwtest.Worker(model, addr, view.StateAdmitted, 1)
@@ -165,8 +200,8 @@ func TestHAProxyHealthCheck(t *testing.T) {
 		first   string
 		note    bool
 	}{
-		{"ollama", []coord.Worker{ollama("10.0.0.1:11434"), ollama("10.0.0.2:11434")}, "    option httpchk GET /api/version", false},
-		{"vllm and ollama", []coord.Worker{ollama("10.0.0.1:11434"), gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 1)}, "    server ", true},
+		{"ollama", []coord.Worker{ollama("10.0.0.1:11434"), ollama("10.0.0.2:11434")}, "    option httpchk GET /api/version\n    timeout check 5s\n", false},
+		{"vllm and ollama", []coord.Worker{ollama("10.0.0.1:11434"), gwtest.Worker(model, "10.0.0.2:8000", view.StateAdmitted, 1)}, "    timeout check 5s\n    server ", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, _ := target.ForModel(model, tc.workers)
