@@ -153,10 +153,24 @@ func readKind(kind string, each func(yield func(string)) error) (enginelog.Facts
 
 // otherPoolLines says what the pool lines of every kind but kind look like.
 func otherPoolLines(kind string) string {
-	var out []string
+	var all []string
 	for _, k := range poolKinds {
-		if g, err := engine.LogGrammar(k); err == nil && k != kind && !slices.Contains(out, g.PoolLines) {
-			out = append(out, g.PoolLines)
+		if g, err := engine.LogGrammar(k); err == nil && k != kind {
+			all = append(all, g.PoolLines)
+		}
+	}
+	// Ollama reads llama.cpp's lines and more: a kind's list that another
+	// one's holds whole is said once, in the longer.
+	var out []string
+	for i, p := range all {
+		held := false
+		for j, q := range all {
+			if i != j && strings.Contains(q, p) && (p != q || j < i) {
+				held = true
+			}
+		}
+		if !held {
+			out = append(out, p)
 		}
 	}
 	return strings.Join(out, "; ")

@@ -39,7 +39,7 @@ var sglangLog = enginelog.Grammar{
 	// The configurator sizes the pools, then again when a configured
 	// maximum clamps them, printing both.
 	Resized: []string{FormatSGLangDSv4, FormatSGLangDSv4Memory},
-	PoolLines: `SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA), SGLang "max_total_num_tokens=N" ` +
+	PoolLines: `SGLang "KV Cache is allocated. #tokens: N" (MHA and MLA; 2026 names the dtype first), SGLang "max_total_num_tokens=N" ` +
 		`and DeepSeek-V4's "DSV4 pool sizes: full=N" and "DSv4 memory calculation: ... full_token=N"`,
 	DPKey:       "dp_size",
 	ServerPort:  "port",
@@ -96,10 +96,18 @@ func parseSGLang(seg string) (enginelog.Event, enginelog.Proc, bool) {
 
 func sglangMessage(msg string) (enginelog.Event, bool) {
 	switch {
-	case strings.HasPrefix(msg, "KV Cache is allocated. #tokens: "):
+	case strings.HasPrefix(msg, "KV Cache is allocated. "):
 		// MHA: ", K size: 1.65 GB, V size: 1.65 GB"; MLA: ", KV size: 160.63 GB".
+		// 2026 names the dtype first: "dtype: torch.bfloat16, #tokens: N".
 		// Requiring the comma keeps a line cut mid-number from counting.
-		n, rest, ok := enginelog.CutDigits(msg[len("KV Cache is allocated. #tokens: "):])
+		rest := msg[len("KV Cache is allocated. "):]
+		if strings.HasPrefix(rest, "dtype: ") {
+			_, rest, _ = strings.Cut(rest, ", ")
+		}
+		if !strings.HasPrefix(rest, "#tokens: ") {
+			return enginelog.Event{}, false
+		}
+		n, rest, ok := enginelog.CutDigits(rest[len("#tokens: "):])
 		if !ok || !strings.HasPrefix(rest, ",") {
 			return enginelog.Event{}, false
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -13,9 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"heft/agent/engine"
 	"heft/agent/enginelog"
 	"heft/agent/logwrap"
 	"heft/agent/logwrap/wraptest"
+	"heft/shared/wire"
 )
 
 // wildTruth is what a careful reader takes from one start-up log pasted in
@@ -31,6 +34,11 @@ type wildTruth struct {
 	Ready         bool             `json:"ready"`
 	VersionRead   string           `json:"version_read"`
 	DPSize        int              `json:"dp_size"`
+	// KnownMisread names a misread whose fix belongs to a kind's grammar
+	// in agent/engine, outside this package: while the log still reads
+	// wrong its checks are skipped with this note, and once it reads
+	// right the test fails until the note is dropped.
+	KnownMisread string `json:"known_misread"`
 }
 
 const wildDir = "../../testdata/engines/wild"
@@ -70,6 +78,20 @@ func TestWildLogs(t *testing.T) {
 			t.Fatal(err)
 		}
 		lines := strings.Split(strings.TrimSuffix(string(text), "\n"), "\n")
+		if tr.Engine == wire.EngineMLX {
+			// heft reads no mlx-lm log: the truth is that no kind's
+			// grammar finds a pool in it, as "pools" without --engine
+			// tries them all.
+			for _, kind := range engine.LogKinds() {
+				t.Run(tr.File+"/as-"+kind, func(t *testing.T) {
+					f, err := enginelog.Read(gram(t, kind), strings.NewReader(string(text)))
+					if !errors.Is(err, enginelog.ErrNoPools) || len(f.Ranks) > 0 {
+						t.Errorf("%s read as %s: ranks %v, err %v; want no pools", tr.Source, kind, f.Ranks, err)
+					}
+				})
+			}
+			continue
+		}
 		for _, w := range wrappers {
 			t.Run(tr.File+"/"+w.name, func(t *testing.T) {
 				f, err := readWrapped(gram(t, tr.Engine), w.wrap(lines))
@@ -99,50 +121,69 @@ func readWrapped(g *enginelog.Grammar, wrapped string) (enginelog.Facts, error) 
 
 func checkWild(t *testing.T, tr wildTruth, f enginelog.Facts, err error) {
 	t.Helper()
+	problems := wildProblems(tr, f, err)
+	if tr.KnownMisread != "" {
+		if len(problems) > 0 {
+			t.Skipf("known misread (%s): %s", tr.KnownMisread, strings.Join(problems, "; "))
+		}
+		t.Errorf("%s now reads right: drop its known_misread from truth.json", tr.File)
+		return
+	}
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// wildProblems lists where the facts read from a wild log differ from its
+// truth; none when they agree.
+func wildProblems(tr wildTruth, f enginelog.Facts, err error) []string {
 	switch tr.Error {
 	case "":
 		if err != nil {
-			t.Fatalf("%s: %v", tr.Source, err)
+			return []string{fmt.Sprintf("%s: %v", tr.Source, err)}
 		}
 	case "no_pools":
 		if !errors.Is(err, enginelog.ErrNoPools) {
-			t.Fatalf("%s: err %v, want no pools", tr.Source, err)
+			return []string{fmt.Sprintf("%s: err %v, want no pools", tr.Source, err)}
 		}
 	case "several_servers":
 		if !errors.Is(err, enginelog.ErrSeveralServers) {
-			t.Fatalf("%s: err %v, want several servers", tr.Source, err)
+			return []string{fmt.Sprintf("%s: err %v, want several servers", tr.Source, err)}
 		}
 	}
+	var out []string
+	bad := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
 	got := map[string]int64{}
 	for _, r := range f.Ranks {
 		got[strconv.Itoa(r.DPRank)] = r.KVTokens
 	}
 	if !maps.Equal(got, tr.Ranks) {
-		t.Errorf("ranks %v, want %v (notes %q)", got, tr.Ranks, f.Notes)
+		bad("ranks %v, want %v (notes %q)", got, tr.Ranks, f.Notes)
 	}
 	if f.ExpectedRanks != tr.ExpectedRanks {
-		t.Errorf("expected ranks %d, want %d (from %q)", f.ExpectedRanks, tr.ExpectedRanks, f.ExpectedFrom)
+		bad("expected ranks %d, want %d (from %q)", f.ExpectedRanks, tr.ExpectedRanks, f.ExpectedFrom)
 	}
 	unknown := f.RankCountUnknown != ""
 	switch {
 	case tr.Complete == nil && !unknown:
-		t.Errorf("complete %v, want unknown (notes %q)", f.Complete, f.Notes)
+		bad("complete %v, want unknown (notes %q)", f.Complete, f.Notes)
 	case tr.Complete != nil && (unknown || f.Complete != *tr.Complete):
-		t.Errorf("complete %v (unknown: %q), want %v", f.Complete, f.RankCountUnknown, *tr.Complete)
+		bad("complete %v (unknown: %q), want %v", f.Complete, f.RankCountUnknown, *tr.Complete)
 	}
 	if tr.Complete == nil && f.Complete {
-		t.Errorf("complete claimed where the log cannot show it")
+		bad("complete claimed where the log cannot show it")
 	}
 	if f.Ready != tr.Ready {
-		t.Errorf("ready %v, want %v", f.Ready, tr.Ready)
+		bad("ready %v, want %v", f.Ready, tr.Ready)
 	}
 	if tr.VersionRead != "" && f.Version != tr.VersionRead {
-		t.Errorf("version %q, want %q", f.Version, tr.VersionRead)
+		bad("version %q, want %q", f.Version, tr.VersionRead)
 	}
 	if tr.DPSize != 0 && f.DPSize != tr.DPSize {
-		t.Errorf("dp size %d, want %d", f.DPSize, tr.DPSize)
+		bad("dp size %d, want %d", f.DPSize, tr.DPSize)
 	}
 	if len(f.Notes) > 0 && slices.Contains(f.Notes, "") {
-		t.Errorf("an empty note: %q", f.Notes)
+		bad("an empty note: %q", f.Notes)
 	}
+	return out
 }
