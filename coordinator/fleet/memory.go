@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -58,7 +60,10 @@ func memoryShort(m *wire.Measurement, e wire.Engine, gpus []wire.GPU) string {
 				now = h.UsedBytes
 			}
 		}
-		room := now + g.MemoryFree
+		room, carry := bits.Add64(now, g.MemoryFree, 0)
+		if carry != 0 {
+			room = math.MaxUint64 // past 2^64 is room enough; wrapped, it read as short
+		}
 		if room >= burst.UsedBytes || burst.UsedBytes-room <= memoryShortMargin(burst.UsedBytes) {
 			continue
 		}

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -182,5 +183,40 @@ func TestMemoryShort(t *testing.T) {
 	}
 	if why := memoryShort(&wire.Measurement{}, eng(42, 0), gpu(0, 1)); why != "" {
 		t.Errorf("a measurement that recorded no memory: %q", why)
+	}
+}
+
+// What an engine holds plus what is free saturates: numbers near 2^64
+// (no GPU has them, but the wire lets any uint64 through) never wrap
+// round to a small room that reads as short, nor a burst that held
+// everything to one that fits.
+func TestMemoryShortExtremeValues(t *testing.T) {
+	const most = math.MaxUint64
+	gpu := func(free uint64) []wire.GPU {
+		return []wire.GPU{{UUID: "GPU-a", MemoryTotal: 24 * gibibyte, MemoryFree: free, Processes: []wire.GPUProcess{{PID: 900}}}}
+	}
+	holding := func(b uint64) []wire.GPUMemory { return []wire.GPUMemory{{UUID: "GPU-a", UsedBytes: b}} }
+	for _, tt := range []struct {
+		name         string
+		burst, holds uint64
+		free         uint64
+		short        bool
+	}{
+		{"the engine holds 2^64-1", 20 * gibibyte, most, 2 * gibibyte, false},
+		{"2^64-1 free", 20 * gibibyte, 10 * gibibyte, most, false},
+		{"both halves of 2^64", 20 * gibibyte, 1 << 63, 1 << 63, false},
+		{"both at 2^64-1", 20 * gibibyte, most, most, false},
+		{"a burst of 2^64-1, all of it there", most, most - 4*gibibyte, 4 * gibibyte, false},
+		{"a burst of 2^64-1, a little there", most, 4 * gibibyte, 4 * gibibyte, true},
+		{"a burst of 2^64-1, its sum past 2^64", most, most, 1, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m := &wire.Measurement{GPUMemory: holding(tt.burst)}
+			e := wire.Engine{PID: 42, GPUMemory: holding(tt.holds)}
+			why := memoryShort(m, e, gpu(tt.free))
+			if (why != "") != tt.short {
+				t.Errorf("memoryShort = %q, want short %v", why, tt.short)
+			}
+		})
 	}
 }

@@ -154,7 +154,16 @@ func decodeMeasurement(key, v []byte) (wire.Measurement, error) {
 		return m, err
 	}
 	if err := m.Validate(); err != nil {
-		return m, err
+		// The load before a burst only explains it (a history entry keeps
+		// none). One stored before the wire bounded it (a kv_usage above
+		// wire.MaxKVUsage, say) costs the load, not the measurement.
+		if m.LoadBefore.Validate() == nil {
+			return m, err
+		}
+		m.LoadBefore = wire.Load{}
+		if m.Validate() != nil {
+			return m, err
+		}
 	}
 	if m.CapacityKey != string(key) {
 		return m, fmt.Errorf("measurement for %q under key %q", m.CapacityKey, key)

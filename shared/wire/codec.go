@@ -25,6 +25,24 @@ const (
 	// MaxRunning bounds Engine.MaxRunning: more sequences at once than
 	// any engine runs.
 	MaxRunning = 1 << 20
+	// MaxRequests bounds one rank's running or waiting requests in a
+	// Load, as the agent bounds what it reads from an engine; a load's
+	// totals sum at most MaxRanks of them.
+	MaxRequests = 1 << 24
+	// MaxKVUsage bounds a Load's kv_usage, the fraction of a KV pool in
+	// use: 0..1 by construction in every engine heft reads (vLLM's
+	// kv_cache_usage_perc is 1 - free/total blocks, SGLang's token_usage
+	// used/max tokens; heft's agent clamps at 1). A little over 1 (a
+	// rounding, or a reader that counts pending tokens as used) passes,
+	// shown as sent; more than twice the pool is no fraction of it (a
+	// percentage sent as one, say) and refuses the message.
+	MaxKVUsage = 2
+	// MaxStaleSeconds bounds a Load's stale_seconds, how long an engine's
+	// load and token counters stood still together: at most as long as
+	// the agent ran, which may be months for an idle engine whose agent
+	// could not reach a coordinator (no probe then stirs it), so only a
+	// value past ten years, which no uptime reaches, is refused.
+	MaxStaleSeconds = 10 * 365 * 24 * 60 * 60
 )
 
 // ErrVersion is returned for a message from an older or newer peer.
@@ -439,10 +457,13 @@ func (l *Load) Validate() error {
 	if l.Running < 0 || l.Waiting < 0 {
 		return invalid("load has negative request counts")
 	}
-	if err := checkNumber("load.kv_usage", l.KVUsage); err != nil {
+	if most := int64(MaxRequests) * MaxRanks; int64(l.Running) > most || int64(l.Waiting) > most {
+		return invalid("load counts %d running and %d waiting, at most %d each", l.Running, l.Waiting, most)
+	}
+	if err := checkKVUsage("load.kv_usage", l.KVUsage); err != nil {
 		return err
 	}
-	if err := checkNumber("load.stale_seconds", l.StaleSeconds); err != nil {
+	if err := checkAtMost("load.stale_seconds", l.StaleSeconds, MaxStaleSeconds, "ten years, longer than any agent runs"); err != nil {
 		return err
 	}
 	if len(l.Ranks) > MaxRanks {
@@ -452,7 +473,10 @@ func (l *Load) Validate() error {
 		if r.DPRank < 0 || r.Running < 0 || r.Waiting < 0 {
 			return invalid("load rank %d has negative values", r.DPRank)
 		}
-		if err := checkNumber("load.ranks.kv_usage", r.KVUsage); err != nil {
+		if r.Running > MaxRequests || r.Waiting > MaxRequests {
+			return invalid("load rank %d counts %d running and %d waiting, at most %d each", r.DPRank, r.Running, r.Waiting, MaxRequests)
+		}
+		if err := checkKVUsage("load.ranks.kv_usage", r.KVUsage); err != nil {
 			return err
 		}
 	}
@@ -597,6 +621,23 @@ func checkNumber(name string, v float64) error {
 		return invalid("%s is negative (%g)", name, v)
 	}
 	return nil
+}
+
+// checkAtMost is checkNumber with an upper bound; why says what the
+// bound is.
+func checkAtMost(name string, v, most float64, why string) error {
+	if err := checkNumber(name, v); err != nil {
+		return err
+	}
+	if v > most {
+		return invalid("%s is %g, above %g (%s)", name, v, most, why)
+	}
+	return nil
+}
+
+// checkKVUsage checks a fraction of a KV pool in use (MaxKVUsage).
+func checkKVUsage(name string, v float64) error {
+	return checkAtMost(name, v, MaxKVUsage, "a fraction of the KV pool, 0..1, not a percentage")
 }
 
 func checkString(name, s string) error {

@@ -310,3 +310,53 @@ func TestGPUMemoryChecked(t *testing.T) {
 		t.Errorf("two GPUs, one holding nothing: %v", err)
 	}
 }
+
+// A load's numbers have an upper bound as well as a lower: kv_usage is a
+// fraction of a pool (a real engine's overshoot of it passes, a
+// percentage does not), stale_seconds at most what an agent's uptime
+// gives, and request counts at most what the agent reads from an engine.
+func TestLoadBounds(t *testing.T) {
+	const day = 24 * 60 * 60
+	tests := []struct {
+		name string
+		set  func(*Load)
+		says string // "" when accepted
+	}{
+		{"full pool", func(l *Load) { l.KVUsage, l.Ranks[0].KVUsage = 1, 1 }, ""},
+		{"rounded past full", func(l *Load) { l.KVUsage, l.Ranks[0].KVUsage = 1.02, 1.02 }, ""},
+		{"twice the pool", func(l *Load) { l.KVUsage = MaxKVUsage }, ""},
+		{"a percentage", func(l *Load) { l.KVUsage = 85 }, "load.kv_usage is 85, above 2"},
+		{"largest float", func(l *Load) { l.KVUsage = math.MaxFloat64 }, "load.kv_usage"},
+		{"a rank's percentage", func(l *Load) { l.Ranks[0].KVUsage = 38 }, "load.ranks.kv_usage is 38"},
+		{"stale a week", func(l *Load) { l.StaleSeconds = 7 * day }, ""},
+		{"stale a year and more", func(l *Load) { l.StaleSeconds = 400 * day }, ""},
+		{"stale ten years", func(l *Load) { l.StaleSeconds = MaxStaleSeconds }, ""},
+		{"stale past ten years", func(l *Load) { l.StaleSeconds = MaxStaleSeconds + 1 }, "load.stale_seconds"},
+		{"stale for ever", func(l *Load) { l.StaleSeconds = 1e300 }, "load.stale_seconds"},
+		{"rank at the bound", func(l *Load) { l.Ranks[0].Running, l.Ranks[0].Waiting = MaxRequests, MaxRequests }, ""},
+		{"rank past the bound", func(l *Load) { l.Ranks[0].Waiting = MaxRequests + 1 }, "load rank 0 counts"},
+		{"totals at the bound", func(l *Load) { l.Running, l.Waiting = MaxRequests*MaxRanks, MaxRequests*MaxRanks }, ""},
+		{"total past the bound", func(l *Load) { l.Running = math.MaxInt }, "load counts"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := validSnapshot()
+			s.Engines[0].Load = Load{Known: true, Running: 3, Waiting: 1, KVUsage: 0.4,
+				Ranks: []RankLoad{{DPRank: 0, Running: 3, Waiting: 1, KVUsage: 0.4}}}
+			tt.set(&s.Engines[0].Load)
+			data, err := json.Marshal(Envelope{Version: ProtocolVersion, Type: TypeSnapshot, Snapshot: s})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = Decode(data)
+			switch {
+			case tt.says == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tt.says != "" && !errors.Is(err, ErrInvalid):
+				t.Fatalf("err = %v, want %v", err, ErrInvalid)
+			case tt.says != "" && !strings.Contains(err.Error(), tt.says):
+				t.Errorf("err %q does not say %q", err, tt.says)
+			}
+		})
+	}
+}
