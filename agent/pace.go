@@ -85,14 +85,19 @@ type paceSample struct {
 	// tokens saw (wire.Pace's TokenBatch). Only where live.
 	busy float64
 	live bool // the histogram grows as tokens are sent (engine.Counters.InterTokenLive)
+	// ranks are the ranks the counters were summed over (counterRanks):
+	// where they change, the window starts over, as at a restart.
+	ranks string
 }
 
 // add takes one reading of the counters; it returns the reading a window
 // (or, after a start-over, its first half; after a restart or a sudden
 // reading, its first quarter too) completed, else nil. A counter that went
-// back (a restart) or an engine without the histogram starts over.
+// back or is summed over other ranks (a restart) or an engine without the
+// histogram starts over.
 func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
-	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens, prompt: -1, first: -1, live: c.InterTokenLive}
+	s := paceSample{at: at, gen: c.Generated, itlSum: c.InterTokenSeconds, itlN: c.InterTokens, prompt: -1, first: -1, live: c.InterTokenLive,
+		ranks: counterRanks(c.Ranks)}
 	if c.PromptKnown {
 		s.prompt = c.PromptComputed
 	}
@@ -104,11 +109,11 @@ func (p *pace) add(at time.Time, c engine.Counters, ranks int) *wire.Pace {
 		return nil
 	}
 	s.busy = p.prev.busy
-	if q := p.prev; q.live && s.live && s.at.After(q.at) && s.itlN >= q.itlN && s.itlSum >= q.itlSum {
+	if q := p.prev; q.live && s.live && s.at.After(q.at) && s.itlN >= q.itlN && s.itlSum >= q.itlSum && s.ranks == q.ranks {
 		s.busy += decoded(q, s) * (s.itlSum - q.itlSum) / s.at.Sub(q.at).Seconds()
 	}
 	p.prev = s
-	restarted := !p.start.at.IsZero() && (s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum)
+	restarted := !p.start.at.IsZero() && (s.gen < p.start.gen || s.itlN < p.start.itlN || s.itlSum < p.start.itlSum || s.ranks != p.start.ranks)
 	if p.start.at.IsZero() || restarted || (s.prompt >= 0 && s.prompt < p.start.prompt) {
 		p.start, p.half, p.early, p.quarter = s, paceSample{}, true, restarted
 		p.since = append(p.since[:0], s)

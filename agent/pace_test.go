@@ -633,3 +633,36 @@ func sharpCounters(t *testing.T, c *engine.Client, deadline time.Time) (time.Tim
 		}
 	}
 }
+
+// A pace window over a counter and histogram summed over ranks holds one
+// engine only while the same ranks make them: a rank missing from one read
+// and back at the next adds its tokens and inter-token seconds since it
+// started. Before, the window that held it read them as its own (20,000
+// tok/s instead of 2,000, at the returning rank's lifetime pace); now the
+// window starts over, as at a restart.
+func TestPaceCounterRanksChange(t *testing.T) {
+	p := &pace{window: 10 * time.Second}
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	// Rank 0 makes 1,000 tok/s at 8 ms per token from 0; rank 1 the same,
+	// after 100,000 tokens at 16 ms before the window.
+	c := func(s int, rank1 bool) engine.Counters {
+		g := 1000 * float64(s)
+		c := engine.Counters{Generated: g, InterTokenSeconds: 0.008 * g, InterTokens: g, InterTokenKnown: true, Ranks: map[int]float64{0: g}}
+		if rank1 {
+			c.Generated += 1e5 + g
+			c.InterTokenSeconds += 1600 + 0.008*g
+			c.InterTokens += 1e5 + g
+			c.Ranks[1] = 1e5 + g
+		}
+		return c
+	}
+	for s := 0; s <= 30; s++ {
+		r := p.add(t0.Add(time.Duration(s)*time.Second), c(s, s != 3), 2)
+		if r != nil && (math.Abs(r.ThroughputTPS-2000) > 1e-6 || math.Abs(r.SecondsPerToken-0.008) > 1e-12) {
+			t.Errorf("%d s: reading %+v, want 2,000 tok/s at 8 ms per token", s, r)
+		}
+	}
+	if p.latest == nil {
+		t.Error("no reading in 26 s of a steady engine")
+	}
+}

@@ -3,7 +3,11 @@ package agent
 import (
 	"cmp"
 	"context"
+	"maps"
 	"math"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"heft/agent/config"
@@ -29,7 +33,8 @@ const passiveStill = 2 * time.Second
 
 // passive turns an engine's own counters, read while it is saturated in
 // service, into wire.Passive readings: no burst is sent. A sample that is
-// not saturated (or a counter that went back: a restart) starts over.
+// not saturated, a counter that went back (a restart) or is summed over
+// other ranks, or a snapshot that could not read the engine starts over.
 type passive struct {
 	window  time.Duration
 	perRank int
@@ -45,7 +50,9 @@ type passive struct {
 	// seen is when a snapshot last carried the capacity key (passive and
 	// pace trackers are kept and forgotten together: forgetPassive).
 	seen time.Time
-	// readAt is when the counters the trackers last took were read.
+	// readAt is when the counters the trackers last took were read, or
+	// when they last took an idle point (a load that read idle, with no
+	// counters read): an answer not newer is never added after it.
 	readAt time.Time
 }
 
@@ -62,6 +69,26 @@ const (
 type passiveSample struct {
 	at  time.Time
 	gen float64
+	// ranks are the ranks gen was summed over (counterRanks): a sum over
+	// other ranks is another counter.
+	ranks string
+}
+
+// counterRanks names the ranks an engine's generated-tokens counter was
+// summed over (engine.Counters.Ranks), "" where it is one series (rank 0,
+// or no rank label). A rank missing from one read and back at the next
+// adds all it made since it started: the trackers start over where the
+// ranks change, as where the counter went back.
+func counterRanks(ranks map[int]float64) string {
+	if _, zero := ranks[0]; len(ranks) == 0 || len(ranks) == 1 && zero {
+		return ""
+	}
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(ranks)) {
+		b.WriteString(strconv.Itoa(k))
+		b.WriteByte(',')
+	}
+	return b.String()
 }
 
 // saturated: every rank runs at least perRank requests and work waits.
@@ -82,15 +109,15 @@ func (p *passive) saturated(l wire.Load) (running int, ok bool) {
 // completed, else nil (Latest keeps the newest).
 func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 	running, ok := p.saturated(c.Load)
+	ranks := counterRanks(c.Ranks)
 	still := c.GeneratedLive && c.Generated == p.moved.gen
 	if still && !p.start.at.IsZero() && at.Sub(p.moved.at) >= passiveStill {
 		ok = false
 	}
-	if !ok || p.start.at.IsZero() || c.Generated < p.last.gen {
-		p.rates = p.rates[:0]
-		p.start, p.last, p.moved, p.minRunning = passiveSample{}, passiveSample{}, passiveSample{}, 0
+	if !ok || p.start.at.IsZero() || c.Generated < p.last.gen || ranks != p.last.ranks {
+		p.unseen()
 		if ok {
-			first := passiveSample{at, c.Generated}
+			first := passiveSample{at, c.Generated, ranks}
 			p.start, p.last, p.moved, p.minRunning = first, first, first, running
 		}
 		return nil
@@ -98,7 +125,7 @@ func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 	if dt := at.Sub(p.last.at).Seconds(); dt > 0 {
 		p.rates = append(p.rates, (c.Generated-p.last.gen)/dt)
 	}
-	p.last, p.minRunning = passiveSample{at, c.Generated}, min(p.minRunning, running)
+	p.last, p.minRunning = passiveSample{at, c.Generated, ranks}, min(p.minRunning, running)
 	if !still {
 		p.moved = p.last
 	}
@@ -121,6 +148,14 @@ func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 	// The next window starts where this one ended.
 	p.start, p.rates, p.minRunning = p.last, p.rates[:0], running
 	return r
+}
+
+// unseen starts the window over (its last reading stays): the engine's
+// counters could not be read, or it read idle, so nothing says that it
+// stayed saturated.
+func (p *passive) unseen() {
+	p.rates = p.rates[:0]
+	p.start, p.last, p.moved, p.minRunning = passiveSample{}, passiveSample{}, passiveSample{}, 0
 }
 
 // stillFor follows, in snapshots, a load that reads busy for one the
@@ -150,6 +185,15 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 	}
 	seen := time.Now()
 	defer h.forgetPassive(seen)
+	defer func() {
+		// An engine this snapshot could not name (unreachable: no
+		// capacity key) was not seen saturated either.
+		for _, p := range h.passive {
+			if !p.seen.Equal(seen) && ctx.Err() == nil {
+				p.unseen()
+			}
+		}
+	}()
 	for i := range s.Engines {
 		e := &s.Engines[i]
 		if e.CapacityKey == "" {
@@ -184,18 +228,27 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 				c, at, read = got, when, err == nil
 			}
 		}
-		if read { // a failed read leaves both windows as they were
-			now := time.Now()
-			if !at.IsZero() {
-				now, p.readAt = at, at
-			}
+		if read { // a failed read leaves the pace window as it was
+			// An idle point counts as a read too: a /metrics answer that
+			// came before it (another snapshot's, the engine busy then) is
+			// read afresh, never added after it, or a window would start
+			// before the idle moment and the trackers' time run back.
+			now := cmp.Or(at, time.Now())
+			p.readAt = now
 			p.add(now, c)
 			pc.add(now, c, p.ranks)
 			if d := stillFor(&p.stillLoad, now, c); d >= cmp.Or(h.staleAfter, probe.StaleLoadAfter) {
 				e.Load.StaleSeconds = d.Seconds()
 			}
 		} else {
-			p.stillLoad.Reset() // no proof of stillness
+			// No proof of stillness, nor of saturation: a passive window
+			// across a snapshot that could not read the engine would hold
+			// time in which it may have stalled or idled. The pace window
+			// runs on: it counts the time between tokens, not the time.
+			p.stillLoad.Reset()
+			if ctx.Err() == nil { // a snapshot cut short says nothing of the engine
+				p.unseen()
+			}
 		}
 		if pc.latest != nil {
 			r := *pc.latest

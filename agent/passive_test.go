@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -386,5 +387,51 @@ func TestPassiveTrackersKeptThroughABriefGap(t *testing.T) {
 	h.passiveReadings(context.Background(), s) // its counters are not read: the window stays as it was
 	if e := s.Engines[0]; e.Pace == nil || e.Pace.WindowSeconds != 10 || e.Passive == nil || e.Passive.ThroughputTPS != 1800 || pc.start != start {
 		t.Fatalf("back after the gap: pace %+v, passive %+v; want the readings from before it, and the window", e.Pace, e.Passive)
+	}
+}
+
+// twoRanks is one reading of a two-rank engine whose generated-tokens
+// counter is labelled by rank: rank 0 has made r0 tokens, rank 1 r1 (< 0:
+// its series is missing from the page), each rank running 20 with work
+// waiting.
+func twoRanks(r0, r1 float64) engine.Counters {
+	c := engine.Counters{Generated: r0, GeneratedLive: true, Ranks: map[int]float64{0: r0}, Load: busyLoad(20)}
+	if r1 >= 0 {
+		c.Generated += r1
+		c.Ranks[1] = r1
+		c.Load = busyLoad(20, 20)
+	}
+	return c
+}
+
+// A counter summed over ranks is one counter only while the same ranks
+// make it: a rank whose series is missing from one read (where nothing
+// else says how many ranks the engine has, the load then reads one rank,
+// saturated) and back at the next adds all its tokens since it started
+// to the window. Before, a window that started on the short read counted
+// them as made within it: 1,800 tok/s read as 35,000. Now a window starts
+// over where the counter's ranks change.
+func TestPassiveCounterRanksChange(t *testing.T) {
+	p := &passive{window: 30 * time.Second, perRank: 16, ranks: 1}
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	// 900 tok/s per rank; rank 1 had made 1,000,000 tokens before.
+	var got []*wire.Passive
+	for s := 0; s <= 50; s++ {
+		r1 := 1e6 + 900*float64(s)
+		if s == 6 {
+			r1 = -1
+		}
+		if r := p.add(at(s), twoRanks(900*float64(s), r1)); r != nil {
+			got = append(got, r)
+		}
+	}
+	if len(got) == 0 {
+		t.Fatal("no reading from 44 s of saturation")
+	}
+	for _, r := range got {
+		if math.Abs(r.ThroughputTPS-1800) > 1e-6 {
+			t.Errorf("reading %+v, want 1,800 tok/s", r)
+		}
 	}
 }

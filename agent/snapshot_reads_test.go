@@ -102,3 +102,146 @@ func TestSnapshotCountersNeverGoBack(t *testing.T) {
 		t.Fatalf("the older snapshot's counters after the newer's: %v at %v (%v); want a fresh read, 3, after %v", c.Generated, next, err, at)
 	}
 }
+
+// A snapshot that reads the engine idle adds an idle point to the
+// trackers, timed when it is added; a snapshot taken together with it,
+// whose /metrics answer came before that point (the engine busy then),
+// must not add that answer after it: the window would then start before
+// the idle moment, and time would run backwards in the trackers. The
+// older answer is read afresh. Before, the idle point left the trackers'
+// last read time where it was, and the older answer was taken.
+func TestSnapshotCountersNotBeforeAnIdlePoint(t *testing.T) {
+	s, err := sim.Start(sim.Config{Flavor: sim.FlavorVLLM, Model: "test/model", SingleTPS: 200, Batch16TPS: 1600, MaxRunning: 1}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	cfg := config.Default()
+	cfg.Node.Name = "gpu-test"
+	cfg.Probe.Concurrency = 1 // one running, one waiting: saturated
+	cfg.Engines = []config.Engine{{Kind: wire.EngineVLLM, URL: s.URL()}}
+	col, err := collect.New(collect.Config{Node: cfg.Node.Name, Engines: Engines(cfg)}, oneGPU{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewHandler(cfg, col, oneGPU{}, nil, nil)
+	key := col.Snapshot(t.Context()).Engines[0].CapacityKey // the collector's alone: no tracker yet
+	client, ok := col.Engine(key)
+	if key == "" || !ok {
+		t.Fatalf("no engine under capacity key %q", key)
+	}
+	users(t, s, 2)
+	testutil.Eventually(t, "one request running, one waiting", 10*time.Second, func() bool {
+		r, w := s.InFlight()
+		return r == 1 && w == 1
+	})
+
+	// Snapshot A reads the busy engine's /metrics for its facts ...
+	older := engine.ShareReads(t.Context())
+	busy, err := client.Counters(older)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered := engine.MetricsReadAt(older, client)
+	// ... snapshot B, with a load that reads idle, comes to the trackers first ...
+	idleAt := time.Now()
+	h.passiveReadings(engine.ShareReads(t.Context()), &wire.Snapshot{Engines: []wire.Engine{{CapacityKey: key, Load: wire.Load{Known: true}}}})
+	// ... then A, with the load its answer read.
+	a := &wire.Snapshot{Engines: []wire.Engine{{CapacityKey: key, Load: busy.Load}}}
+	h.passiveReadings(older, a)
+
+	h.passiveMu.Lock()
+	defer h.passiveMu.Unlock()
+	p, pc := h.passive[key], h.paces[key]
+	if !answered.Before(idleAt) {
+		t.Fatalf("A's answer came at %v, not before the idle point at %v", answered, idleAt)
+	}
+	if p.start.at.IsZero() || p.start.at.Before(idleAt) || p.last.at.Before(idleAt) {
+		t.Errorf("passive window from %v to %v, the idle point at %v: want one that starts after it", p.start.at, p.last.at, idleAt)
+	}
+	if pc.start.at.IsZero() || pc.start.at.Before(idleAt) || pc.prev.at.Before(idleAt) {
+		t.Errorf("pace window from %v (last sample %v), the idle point at %v: want one that starts after it", pc.start.at, pc.prev.at, idleAt)
+	}
+	if p.readAt.Before(idleAt) {
+		t.Errorf("the trackers last read at %v, before the idle point at %v", p.readAt, idleAt)
+	}
+}
+
+// A passive window holds a capacity only where every snapshot in it read
+// the engine saturated. A snapshot that could not read its counters (a
+// failed /metrics read, or the engine unreachable, so no capacity key)
+// proves nothing of the time it stands for: the engine may have stalled
+// or idled then, and a window across it reads the average. Such a
+// snapshot starts the passive window over; the pace window, which counts
+// the time between tokens, not the time, runs on. Before, both windows
+// ran on across it.
+func TestPassiveWindowStartsOverAfterAnUnreadSnapshot(t *testing.T) {
+	s, err := sim.Start(sim.Config{Flavor: sim.FlavorVLLM, Model: "test/model", SingleTPS: 200, Batch16TPS: 1600, MaxRunning: 1}, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	var failing atomic.Bool
+	proxy := httputil.NewSingleHostReverseProxy(mustURL(t, s.URL()))
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if failing.Load() && r.URL.Path == "/metrics" {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	cfg := config.Default()
+	cfg.Node.Name = "gpu-test"
+	cfg.Probe.Concurrency = 1 // one running, one waiting: saturated
+	cfg.Engines = []config.Engine{{Kind: wire.EngineVLLM, URL: front.URL}}
+	col, err := collect.New(collect.Config{Node: cfg.Node.Name, Engines: Engines(cfg)}, oneGPU{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewHandler(cfg, col, oneGPU{}, nil, nil)
+	key := col.Snapshot(t.Context()).Engines[0].CapacityKey
+	if key == "" {
+		t.Fatal("no capacity key")
+	}
+	users(t, s, 2)
+	testutil.Eventually(t, "one request running, one waiting", 10*time.Second, func() bool {
+		r, w := s.InFlight()
+		return r == 1 && w == 1
+	})
+	busy := func() *wire.Snapshot {
+		return &wire.Snapshot{Engines: []wire.Engine{{CapacityKey: key, Load: wire.Load{Known: true, Running: 1, Waiting: 1}}}}
+	}
+	window := func() (passiveSample, paceSample) {
+		h.passiveMu.Lock()
+		defer h.passiveMu.Unlock()
+		return h.passive[key].start, h.paces[key].start
+	}
+	for _, gap := range []struct {
+		name string
+		take func()
+	}{
+		{"a failed read", func() {
+			failing.Store(true)
+			defer failing.Store(false)
+			h.passiveReadings(engine.ShareReads(t.Context()), busy())
+		}},
+		{"the engine unreachable", func() { h.passiveReadings(engine.ShareReads(t.Context()), passiveSnapshot("")) }},
+	} {
+		h.passiveReadings(engine.ShareReads(t.Context()), busy())
+		before, paceBefore := window()
+		if before.at.IsZero() || paceBefore.at.IsZero() {
+			t.Fatalf("%s: no window on the saturated engine (passive from %v, pace from %v)", gap.name, before.at, paceBefore.at)
+		}
+		gapAt := time.Now()
+		gap.take()
+		h.passiveReadings(engine.ShareReads(t.Context()), busy())
+		after, paceAfter := window()
+		if !after.at.After(gapAt) {
+			t.Errorf("after %s: the passive window starts at %v, before it (%v)", gap.name, after.at, gapAt)
+		}
+		if paceAfter != paceBefore {
+			t.Errorf("after %s: the pace window starts at %v, want it to run on from %v", gap.name, paceAfter.at, paceBefore.at)
+		}
+	}
+}
