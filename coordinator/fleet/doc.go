@@ -67,7 +67,11 @@
 //     worker whose agent was connected when the coordinator stopped counts
 //     as gone from the restart. After a restart the stored workers (the
 //     last one seen per node and URL) keep their weights while the agents
-//     reconnect.
+//     reconnect. An agent is back only once a snapshot arrives on its
+//     connection (the server has refused the invalid ones): a hello alone,
+//     or an agent looping on hellos and refused snapshots, moves neither
+//     the grace nor the TTL, which run from when it last left; a
+//     connection that replaces a reporting one counts as leaving then.
 //   - held by an admin "hold": overrides everything below.
 //   - pending: the engine is not ready, or cannot be read
 //     (engine_unreachable, critical, when the agent gives an error).

@@ -259,12 +259,30 @@ func (f *Fleet) poolHolds(w *worker) bool {
 }
 
 func (f *Fleet) staleFinding(w *worker, until time.Time) health.Finding {
-	msg := fmt.Sprintf("the agent on node %s is not connected since %s (last heard from %s). Nothing said its engine stopped, "+
-		"so the worker keeps its last weight until %s (stale_weight_ttl %s after the disconnect), or until its agent reconnects "+
-		"and says how the engine is. The gateways' own health checks still take a dead engine out.",
-		w.node, until.Add(-f.cfg.staleTTL()).UTC().Format(time.RFC3339), w.lastSeen.UTC().Format(time.RFC3339),
-		until.UTC().Format(time.RFC3339), f.cfg.staleTTL())
+	msg := fmt.Sprintf("%s (last heard from %s). Nothing said its engine stopped, "+
+		"so the worker keeps its last weight until %s (stale_weight_ttl %s after the disconnect), or until its agent %s. "+
+		"The gateways' own health checks still take a dead engine out.",
+		f.awayText(w, until.Add(-f.cfg.staleTTL())), w.lastSeen.UTC().Format(time.RFC3339),
+		until.UTC().Format(time.RFC3339), f.cfg.staleTTL(), f.backText(w))
 	return health.Finding{Code: wire.CodeAgentOffline, Severity: wire.SeverityWarning, Message: msg}
+}
+
+// awayText says the worker's agent has been away since left: not
+// connected, or connected again without a valid snapshot (node.present).
+func (f *Fleet) awayText(w *worker, left time.Time) string {
+	if f.connected(w) {
+		return fmt.Sprintf("the agent on node %s left at %s and has sent no snapshot the coordinator accepted since "+
+			"(it is connected again, but a hello alone does not bring it back)", w.node, left.UTC().Format(time.RFC3339))
+	}
+	return fmt.Sprintf("the agent on node %s is not connected since %s", w.node, left.UTC().Format(time.RFC3339))
+}
+
+// backText is what brings the worker's agent back.
+func (f *Fleet) backText(w *worker) string {
+	if f.connected(w) {
+		return "says how the engine is in a snapshot the coordinator accepts"
+	}
+	return "reconnects and says how the engine is"
 }
 
 // offlineFinding says why a worker whose agent is gone is out of the
@@ -272,8 +290,12 @@ func (f *Fleet) staleFinding(w *worker, until time.Time) health.Finding {
 // until, else because it was not serving when its agent left (its engine
 // not ready, held, unmeasured).
 func (f *Fleet) offlineFinding(w *worker, expired bool, until time.Time) health.Finding {
-	msg := fmt.Sprintf("the agent on node %s is not connected (last heard from %s); the worker is out of the weight table until it reconnects.",
-		w.node, w.lastSeen.UTC().Format(time.RFC3339))
+	gone := fmt.Sprintf("the agent on node %s is not connected", w.node)
+	if n := f.nodes[w.node]; n != nil && n.connected {
+		gone = f.awayText(w, n.since)
+	}
+	msg := fmt.Sprintf("%s (last heard from %s); the worker is out of the weight table until its agent %s.",
+		gone, w.lastSeen.UTC().Format(time.RFC3339), f.backText(w))
 	if expired {
 		msg += fmt.Sprintf(" Its last weight counted until %s (stale_weight_ttl %s after the disconnect).", until.UTC().Format(time.RFC3339), f.cfg.staleTTL())
 	}
@@ -444,7 +466,7 @@ func stamp(w *worker, now time.Time) {
 
 // schedule lowers nextDue to this worker's next deadline.
 func (f *Fleet) schedule(w *worker, now time.Time) {
-	if n := f.nodes[w.node]; n != nil && !n.connected {
+	if n := f.nodes[w.node]; n != nil && !n.present() {
 		if off := n.since.Add(f.cfg.OfflineGrace); now.Before(off) {
 			f.due(off)
 		} else if until := f.staleUntil(w); w.state == view.StateStale && now.Before(until) {

@@ -13,14 +13,17 @@ import (
 
 // Connect records that conn is now node's agent connection. Probe requests
 // sent on an earlier connection are forgotten. It returns no actions today:
-// the agent's first snapshot decides what to send.
+// the agent's first snapshot decides what to send. The agent is not back
+// until that snapshot comes (Snapshot): the time it left, and with it the
+// grace and the stale weight's TTL, run on from its last present connection.
 func (f *Fleet) Connect(node string, conn uint64, hello wire.Hello) []Action {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := f.now()
 	n := f.nodeFor(node)
 	f.connSeq++
-	n.conn, n.connected, n.order, n.since = conn, true, f.connSeq, now
+	n.leave(now) // a connection it replaces is over
+	n.conn, n.connected, n.order = conn, true, f.connSeq
 	f.noteOffers(n, hello.Measurements)
 	for _, w := range n.workers {
 		w.probe.outstanding, w.probe.status = false, ""
@@ -43,7 +46,8 @@ func (f *Fleet) Disconnect(node string, conn uint64) {
 		return
 	}
 	now := f.now()
-	n.connected, n.since = false, now
+	n.leave(now)
+	n.connected = false
 	for _, w := range sortedWorkers(n.workers) {
 		w.probe.outstanding, w.probe.status = false, ""
 		f.saveWorker(w, now, true)
@@ -71,6 +75,9 @@ func (f *Fleet) Snapshot(nodeName string, s wire.Snapshot) []Action {
 	defer f.mu.Unlock()
 	now := f.now()
 	n := f.nodeFor(nodeName)
+	if n.connected && !n.reported {
+		n.reported, n.since = true, now // back: the first valid word since it left
+	}
 	s.GPUs = distinctGPUs(s.GPUs) // gpus.go
 	if g := len(s.GPUs); !n.gpusKnown || g != n.gpus {
 		n.gpus, n.gpusKnown = g, true
@@ -544,7 +551,7 @@ func (f *Fleet) Tick() []Action {
 	f.nextDue = now.Add(f.cfg.ForgetAfter)
 	var away, probe []*worker
 	for _, w := range f.workers {
-		if !f.connected(w) {
+		if !f.present(w) {
 			if f.offline(w, now) && now.Sub(w.lastSeen) >= f.cfg.ForgetAfter {
 				f.log.Info("forgetting worker", "worker", w.id, "last_seen", w.lastSeen)
 				f.drop(w)
@@ -612,7 +619,7 @@ func (f *Fleet) saveWorker(w *worker, now time.Time, force bool) {
 		EngineVersion: w.eng.Version, LaunchArgs: w.eng.LaunchArgs, Ranks: w.eng.Ranks, FirstSeen: w.firstSeen, LastSeen: w.lastSeen,
 		ExpectedRanks: w.eng.ExpectedRanks, Complete: w.eng.Complete, MissingRanks: w.eng.MissingRanks, MaxModelLen: w.eng.MaxModelLen,
 		EngineDown: !w.eng.Ready || w.eng.Error != "", Pace: w.pace.record()}
-	if n := f.nodes[w.node]; n != nil && !n.connected {
+	if n := f.nodes[w.node]; n != nil && !n.present() {
 		gone := n.since
 		r.AgentGone = &gone
 	}

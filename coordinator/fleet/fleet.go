@@ -286,9 +286,17 @@ type node struct {
 	name      string
 	conn      uint64
 	connected bool
-	order     uint64    // fleet-wide order of connections: a higher one is newer
-	since     time.Time // when it connected, or disconnected
-	workers   map[string]*worker
+	order     uint64 // fleet-wide order of connections: a higher one is newer
+	// reported: a valid snapshot came on the current connection. Only
+	// then is the agent back (present): a hello alone says nothing of
+	// the engine, and an agent whose snapshots are all refused is as
+	// away as one that never reconnects.
+	reported bool
+	// since is when the agent came back (its connection's first valid
+	// snapshot) or, while it is not present, when it left: its last
+	// present connection ended or was replaced. A hello does not move it.
+	since   time.Time
+	workers map[string]*worker
 	// badAddr holds, by capacity key, why the server refused the address
 	// the node's engine offers gateways (see SetAddressRefusals).
 	badAddr map[string]string
@@ -777,10 +785,24 @@ func (f *Fleet) touch(w *worker) {
 	w.rev = f.seq
 }
 
-// offline reports whether the worker's agent has been gone past the grace.
+// present reports whether the node's agent is back: connected, and a
+// valid snapshot came on that connection.
+func (n *node) present() bool { return n.connected && n.reported }
+
+// leave records that the node's agent is no longer present from now (its
+// connection ended or was replaced); the time it left stays that of its
+// last present connection.
+func (n *node) leave(now time.Time) {
+	if n.present() {
+		n.since = now
+	}
+	n.reported = false
+}
+
+// offline reports whether the worker's agent has been away past the grace.
 func (f *Fleet) offline(w *worker, now time.Time) bool {
 	n := f.nodes[w.node]
-	return n == nil || (!n.connected && !now.Before(n.since.Add(f.cfg.OfflineGrace)))
+	return n == nil || (!n.present() && !now.Before(n.since.Add(f.cfg.OfflineGrace)))
 }
 
 // staleTTL is how long after its agent left a worker keeps its weight.
@@ -792,10 +814,10 @@ func (c Config) staleTTL() time.Duration {
 }
 
 // staleUntil is when the worker's last weight stops counting, its agent
-// being gone; zero while the agent is connected or unknown.
+// being away; zero while the agent is present or unknown.
 func (f *Fleet) staleUntil(w *worker) time.Time {
 	n := f.nodes[w.node]
-	if n == nil || n.connected {
+	if n == nil || n.present() {
 		return time.Time{}
 	}
 	return n.since.Add(f.cfg.staleTTL())
@@ -804,6 +826,12 @@ func (f *Fleet) staleUntil(w *worker) time.Time {
 func (f *Fleet) connected(w *worker) bool {
 	n := f.nodes[w.node]
 	return n != nil && n.connected
+}
+
+// present reports whether the worker's agent is back (node.present).
+func (f *Fleet) present(w *worker) bool {
+	n := f.nodes[w.node]
+	return n != nil && n.present()
 }
 
 // due lowers the next time Tick has work to do.

@@ -411,7 +411,8 @@ func TestLateDisconnectOfReplacedConnection(t *testing.T) {
 	h := newHarness(t)
 	h.admit("n", engine("k", "http://1:8000", "m"), 640)
 	old := h.conns["n"]
-	h.connect("n") // the server replaced the connection
+	h.connect("n")  // the server replaced the connection
+	h.snapshot("n") // and the agent reported on the new one, as it does at once
 	h.f.Disconnect("n", old)
 	h.clk.advance(time.Minute)
 	h.f.Tick()

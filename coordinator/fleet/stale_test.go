@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,5 +228,115 @@ func TestStaleWorkerWeightEntrySaysStale(t *testing.T) {
 				t.Errorf("%s table: %s has \"max_running\":%v (present %v), want %v", kind, id, running, ok, wantRunning[id])
 			}
 		}
+	}
+}
+
+// An agent back only to say hello (its snapshots refused, or none sent)
+// has said nothing valid of its engine since it left: the grace and the
+// stale weight's TTL run on from its departure, whether a connection is
+// open or not, in the record too, so a restart keeps that time. Each
+// hello used to restart both, so a looping agent kept its weight forever.
+// A valid snapshot brings it back.
+func TestHelloAloneDoesNotBringTheAgentBack(t *testing.T) {
+	cfg := testConfig()
+	cfg.StaleWeightTTL = 10 * time.Minute
+	h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+	h.admit("n", engine("k", "http://1:8000", "m"), 640)
+	h.admit("n2", engine("k2", "http://2:8000", "m"), 640)
+	h.disconnect("n")
+	left := h.clk.now()
+	check := func(when string, connected bool) {
+		t.Helper()
+		w := h.worker("k")
+		x, ok := warning(w, wire.CodeAgentOffline)
+		away := h.clk.now().Sub(left)
+		switch {
+		case away < cfg.OfflineGrace:
+			if w.State != view.StateAdmitted {
+				t.Fatalf("%s, %s after the agent left: %s, want admitted within the grace", when, away, w.State)
+			}
+		case away < cfg.StaleWeightTTL:
+			if w.State != view.StateStale || w.Weight == nil || !ok || x.Severity != wire.SeverityWarning {
+				t.Fatalf("%s, %s after the agent left: %s weight %v warning %+v, want stale", when, away, w.State, w.Weight, x)
+			}
+		default:
+			if w.State != view.StateOffline || w.Weight != nil || !ok || x.Severity != wire.SeverityCritical {
+				t.Fatalf("%s, %s after the agent left: %s weight %v warning %+v, want offline", when, away, w.State, w.Weight, x)
+			}
+		}
+		if ok && connected != !strings.Contains(x.Message, "is not connected") {
+			t.Errorf("%s: connected %v, warning %q", when, connected, x.Message)
+		}
+		if w.AgentConnected != connected {
+			t.Errorf("%s: agent_connected %v, want %v", when, w.AgentConnected, connected)
+		}
+		if r := h.st.state().Workers["k"]; r.AgentGone == nil || !r.AgentGone.Equal(left) {
+			t.Errorf("%s: the record says the agent left at %v, want %v", when, r.AgentGone, left)
+		}
+	}
+	for h.clk.now().Sub(left) < cfg.StaleWeightTTL+5*time.Minute {
+		h.clk.advance(20 * time.Second)
+		h.connect("n")
+		h.f.Tick()
+		check("after a hello", true)
+		h.disconnect("n")
+		h.f.Tick()
+		check("after the connection ended", false)
+	}
+	if wt := h.weights("m"); len(wt) != 1 || wt["k2"] != 1 {
+		t.Errorf("weights %v, want k2 alone", wt)
+	}
+	h2 := h.restart()
+	if w := h2.worker("k"); w.State != view.StateOffline {
+		t.Errorf("after a restart: %s, want offline", w.State)
+	}
+	h2.connect("n")
+	h2.snapshot("n")
+	if w := h2.worker("k"); w.State != view.StateAdmitted || w.Weight == nil || !w.AgentConnected {
+		t.Errorf("after a valid snapshot: %s weight %v connected %v, want admitted", w.State, w.Weight, w.AgentConnected)
+	}
+	if r := h2.st.state().Workers["k"]; r.AgentGone != nil {
+		t.Errorf("after a valid snapshot the record says the agent left at %v", r.AgentGone)
+	}
+}
+
+// A connection that replaces a reporting one without a snapshot of its own
+// counts as the agent away from the replacement: stale after the grace,
+// until stale_weight_ttl from then. The snapshot an agent sends at once
+// keeps the worker admitted throughout.
+func TestReplacedConnectionCountsFromTheReplacement(t *testing.T) {
+	cfg := testConfig()
+	cfg.StaleWeightTTL = 10 * time.Minute
+	h := newHarnessWith(t, cfg, newMemStore(), &clock{t: t0})
+	h.admit("n", engine("k", "http://1:8000", "m"), 640)
+	h.clk.advance(time.Hour)
+	h.connect("n")
+	h.snapshot("n")
+	h.clk.advance(time.Hour)
+	if w := h.worker("k"); w.State != view.StateAdmitted {
+		t.Fatalf("a reconnect with its snapshot: %s, want admitted", w.State)
+	}
+	replaced := h.clk.now()
+	h.connect("n")
+	h.clk.advance(cfg.OfflineGrace - time.Second)
+	h.f.Tick()
+	if w := h.worker("k"); w.State != view.StateAdmitted {
+		t.Fatalf("within the grace of the replacement: %s, want admitted", w.State)
+	}
+	h.clk.advance(time.Second)
+	h.f.Tick()
+	w := h.worker("k")
+	x, _ := warning(w, wire.CodeAgentOffline)
+	if w.State != view.StateStale || !strings.Contains(x.Message, replaced.UTC().Format(time.RFC3339)) {
+		t.Fatalf("the grace after the replacement out: %s %+v, want stale since %v", w.State, x, replaced)
+	}
+	h.clk.advance(cfg.StaleWeightTTL - cfg.OfflineGrace)
+	h.f.Tick()
+	if w := h.worker("k"); w.State != view.StateOffline {
+		t.Fatalf("stale_weight_ttl after the replacement: %s, want offline", w.State)
+	}
+	h.snapshot("n")
+	if w := h.worker("k"); w.State != view.StateAdmitted {
+		t.Fatalf("a valid snapshot on the connection: %s, want admitted", w.State)
 	}
 }
