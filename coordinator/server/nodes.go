@@ -12,6 +12,7 @@ import (
 	"heft/coordinator/fleet"
 	"heft/coordinator/nodes"
 	"heft/shared/grammar"
+	"heft/shared/settings"
 	"heft/shared/view"
 )
 
@@ -44,8 +45,14 @@ func (s *Server) nodeRecordRoute(rest string) methods {
 // stay open when no viewer token is set.
 func (s *Server) nodeRead(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// Each line of a token setting is a token: a rotation holds the
+		// old one and the new.
 		t := s.tokens()
-		if t.Viewer == "" && s.adminAuth(w, r) || t.Viewer != "" && s.checkToken(w, r, authViewer, true, t.Viewer, t.Admin) {
+		kind, query, want := authAdmin, false, settings.SplitTokens(t.Admin)
+		if t.Viewer != "" {
+			kind, query, want = authViewer, true, append(settings.SplitTokens(t.Viewer), want...)
+		}
+		if s.checkToken(w, r, kind, query, want...) {
 			h(w, r)
 		}
 	}

@@ -43,7 +43,11 @@ func backup(ctx context.Context, args []string, env func(string) string, stdout,
 		return 0
 	}
 	if len(args) == 0 || strings.HasPrefix(args[len(args)-1], "-") {
-		fmt.Fprint(stderr, backupUsage)
+		why := "no FILE to write the backup to"
+		if len(args) > 0 {
+			why = fmt.Sprintf("the last argument, %q, is a flag: FILE comes last", args[len(args)-1])
+		}
+		fmt.Fprintf(stderr, "heft-coordinator backup: %s\n\n%s", why, backupUsage)
 		return settings.ExitUsage
 	}
 	file := args[len(args)-1]

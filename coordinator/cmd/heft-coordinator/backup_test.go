@@ -168,8 +168,14 @@ func TestBackupRestore(t *testing.T) {
 // on, backup says what is wrong.
 func TestBackupUsage(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if code := run(context.Background(), []string{"backup"}, noEnv, &stdout, &stderr, nil); code != 2 || !strings.Contains(stderr.String(), "usage: heft-coordinator backup") {
+	if code := run(context.Background(), []string{"backup"}, noEnv, &stdout, &stderr, nil); code != 2 || !strings.Contains(stderr.String(), "usage: heft-coordinator backup") ||
+		!strings.HasPrefix(stderr.String(), "heft-coordinator backup: no FILE") {
 		t.Errorf("no file: exit %d, %s", code, stderr.String())
+	}
+	stderr.Reset()
+	if code := run(context.Background(), []string{"backup", "--bogus"}, noEnv, &stdout, &stderr, nil); code != 2 ||
+		!strings.HasPrefix(stderr.String(), `heft-coordinator backup: the last argument, "--bogus", is a flag`) {
+		t.Errorf("a flag last: exit %d, %s", code, stderr.String())
 	}
 	stdout.Reset()
 	if code := run(context.Background(), []string{"backup", "--help"}, noEnv, &stdout, &stderr, nil); code != 0 || !strings.Contains(stdout.String(), "To restore") {
