@@ -81,6 +81,12 @@ func (b Built) Close() {
 // Build makes the targets of cfg. Envoy tables that share a listen address
 // share one xDS server; LiteLLM tables that share a file share its writer.
 func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
+	return build(cfg, logger, envoy.NewServer)
+}
+
+// build is Build with xds making the xDS server of each Envoy listen
+// address: the run binds it (envoy.NewServer), --check may not.
+func build(cfg config.Config, logger hclog.Logger, xds func(string, hclog.Logger) (*envoy.Server, error)) (Built, error) {
 	var b Built
 	var errs []error
 	add := func(t target.Target, err error, sel target.Selection) {
@@ -102,7 +108,7 @@ func Build(cfg config.Config, logger hclog.Logger) (Built, error) {
 	for _, e := range cfg.Envoy {
 		s, err := servers[e.Listen], error(nil)
 		if s == nil {
-			if s, err = envoy.NewServer(e.Listen, logger); err == nil {
+			if s, err = xds(e.Listen, logger); err == nil {
 				servers[e.Listen] = s
 				b.Envoys = append(b.Envoys, s)
 			}

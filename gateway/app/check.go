@@ -2,13 +2,18 @@ package app
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"heft/gateway/config"
 	"heft/gateway/coord"
+	"heft/gateway/envoy"
 	"heft/gateway/nginx"
 	"heft/gateway/syncer"
 	"heft/gateway/target"
@@ -23,6 +28,9 @@ import (
 // steps:
 //
 //   - configuration: the file, the token file and the TLS files load;
+//   - listen: each Envoy table's xDS address binds (and is let go) or,
+//     while the heft-sync service runs, what holds it answers as an xDS
+//     server (envoy.Probe); an address another program holds fails;
 //   - coordinator: GET /api/v1/workers answers with the token;
 //   - model: each configured model has a worker at the coordinator. A
 //     model with none is a warning, not a failure: the coordinator knows a
@@ -41,16 +49,22 @@ func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
 		return settings.ExitConfig
 	}
 	defer cc.Client.CloseIdleConnections()
-	built, err := Build(cfg, logger)
+	code := 0
+	built, err := build(cfg, logger, func(listen string, logger hclog.Logger) (*envoy.Server, error) {
+		s, err := checkListen(ctx, cfg, listen, logger, failed)
+		if err != nil {
+			code = 1
+		}
+		return s, nil
+	})
 	if err != nil {
 		failed("configuration", err)
 		if !isConfig(err) {
-			return 1 // an Envoy table's listen address in use
+			return 1
 		}
 		return settings.ExitConfig
 	}
 	defer built.Close()
-	code := 0
 	if !checkCoordinator(ctx, cc, built.Targets, logger, failed) {
 		code = 1
 	}
@@ -69,6 +83,55 @@ func Check(ctx context.Context, cfg config.Config, logger hclog.Logger) int {
 		logger.Info("ok", "step", "gateway", "target", t.Name(), "model", t.Model())
 	}
 	return code
+}
+
+// probeWait is how long the check waits for what holds an Envoy table's
+// listen address to answer as an xDS server.
+const probeWait = 3 * time.Second
+
+// checkListen is the listen step of an Envoy table's address: the address
+// binds, or what holds it answers as an xDS server (the heft-sync service,
+// running: the check runs beside it). It returns the server to build the
+// address's clusters on, so that the other steps check them either way,
+// and the step's failure, logged.
+func checkListen(ctx context.Context, cfg config.Config, listen string, logger hclog.Logger,
+	failed func(string, error, ...any)) (*envoy.Server, error) {
+	s, err := envoy.NewServer(listen, logger)
+	if err == nil {
+		logger.Info("ok", "step", "listen", "listen", listen)
+		return s, nil
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		failed("listen", err, "listen", listen)
+		return envoy.Detached(listen, logger), err
+	}
+	var clusters []string
+	for _, e := range cfg.Envoy {
+		if e.Listen == listen {
+			clusters = append(clusters, e.ClusterName())
+		}
+	}
+	a, perr := envoy.Probe(ctx, listen, clusters, probeWait)
+	if perr != nil {
+		err = fmt.Errorf("%w; %w", err, perr)
+		failed("listen", err, "listen", listen)
+		return envoy.Detached(listen, logger), err
+	}
+	published := "nothing yet"
+	if a.Version != "" {
+		var ps []string
+		for _, c := range clusters {
+			if n, ok := a.Endpoints[c]; ok {
+				ps = append(ps, fmt.Sprintf("%s: %d endpoints", c, n))
+			} else {
+				ps = append(ps, c+": none")
+			}
+		}
+		published = fmt.Sprintf("version %s, %s", a.Version, strings.Join(ps, ", "))
+	}
+	logger.Info("ok: in use by a running xDS server (the heft-sync service?), not bound by the check",
+		"step", "listen", "listen", listen, "published", published)
+	return envoy.Detached(listen, logger), nil
 }
 
 // checkCoordinator reads the workers once and looks for each target's

@@ -17,6 +17,7 @@ import (
 	"heft/gateway/gwtest"
 	"heft/shared/settings"
 	"heft/shared/testutil"
+	"heft/shared/view"
 )
 
 // checkRig is a fake coordinator that wants a token, a real HAProxy and a
@@ -176,6 +177,112 @@ func TestBadConfigurationIs78(t *testing.T) {
 			if !strings.Contains(errb.String(), w) {
 				t.Errorf("%s: no %q on stderr\n%s", c.name, w, errb.String())
 			}
+		}
+	}
+}
+
+// envoyCheck is a heft-sync file with one [[envoy]] table on xds, its
+// state file in dir, and a fake coordinator with one worker of the model.
+func envoyCheck(t *testing.T, xds string) (config.Config, string) {
+	t.Helper()
+	c := gwtest.NewCoordinator(t)
+	c.SetWorkers(gwtest.Worker(model, "127.0.0.1:9001", view.StateAdmitted, 1))
+	dir := t.TempDir()
+	path := filepath.Join(dir, "heft-sync.toml")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(`listen = "127.0.0.1:%d"
+[coordinator]
+url = %q
+[[envoy]]
+listen = %q
+model = %q
+cluster = "qwen"
+state_file = %q
+`, gwtest.FreePort(t), c.URL(), xds, model, filepath.Join(dir, "envoy-qwen.json"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load([]string{"--config", path, "--check"}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, dir
+}
+
+func runCheck(cfg config.Config) (int, string) {
+	var out testutil.SyncBuffer
+	code := app.Check(context.Background(), cfg, hclog.New(&hclog.LoggerOptions{Output: &out}))
+	return code, out.String()
+}
+
+// Operators run --check after editing the file, while the heft-sync
+// service runs and holds the Envoy table's xDS address. The check bound it
+// and failed there ("address already in use"); now it asks what holds the
+// address over real gRPC, finds the service's xDS server publishing the
+// cluster, passes the step without binding, and runs every other step.
+// Before the first start the address is free and the check binds it.
+func TestCheckBesideTheRunningService(t *testing.T) {
+	xds := fmt.Sprintf("127.0.0.1:%d", gwtest.FreePort(t))
+	cfg, dir := envoyCheck(t, xds)
+	code, out := runCheck(cfg)
+	if code != 0 || strings.Contains(out, "in use") {
+		t.Fatalf("before the first start: code %d\n%s", code, out)
+	}
+	if !strings.Contains(out, "ok: step=listen listen="+xds) {
+		t.Errorf("before the first start: no listen step\n%s", out)
+	}
+
+	run := cfg
+	run.CheckOnly = false
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Run(ctx, run, hclog.New(&hclog.LoggerOptions{Output: t.Output()})) }()
+	defer func() { cancel(); <-done }()
+	testutil.Eventually(t, "the service to publish the cluster", 10*time.Second, func() bool {
+		_, err := os.Stat(filepath.Join(dir, "envoy-qwen.json"))
+		return err == nil
+	})
+
+	code, out = runCheck(cfg)
+	for _, want := range []string{
+		"ok: in use by a running xDS server (the heft-sync service?), not bound by the check: step=listen listen=" + xds,
+		`published="version 1, qwen: 1 endpoints"`,
+		"ok: step=coordinator",
+		"ok: step=model",
+		"ok: step=gateway target=envoy:qwen",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in the log\n%s", want, out)
+		}
+	}
+	if code != 0 || strings.Contains(out, "check failed") || strings.Contains(out, "published what heft-sync last published") {
+		t.Fatalf("beside the service: code %d\n%s", code, out)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the service stopped: %v", err)
+	default:
+	}
+}
+
+// What the check was for stays: an Envoy table's address that another
+// program holds (a plain TCP listener, no xDS server) fails the listen
+// step naming the address, and the other steps still run.
+func TestCheckFailsOnAnAddressAnotherProgramHolds(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	xds := busy.Addr().String()
+	cfg, _ := envoyCheck(t, xds)
+	code, out := runCheck(cfg)
+	if code != 1 || !strings.Contains(out, "check failed: step=listen") || !strings.Contains(out, "listen="+xds) ||
+		!strings.Contains(out, "address already in use") || !strings.Contains(out, "answered on "+xds) ||
+		!strings.Contains(out, "not an xDS server") || strings.Contains(out, "in use by a running xDS server") {
+		t.Fatalf("address held by another program: code %d\n%s", code, out)
+	}
+	for _, want := range []string{"ok: step=coordinator", "ok: step=model", "ok: step=gateway target=envoy:qwen"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in the log: the other steps did not run\n%s", want, out)
 		}
 	}
 }

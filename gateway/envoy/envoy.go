@@ -54,10 +54,11 @@ func (everyNode) ID(*corev3.Node) string { return snapshotKey }
 
 // Server is one xDS server on one listen address.
 type Server struct {
-	ln    net.Listener
-	grpc  *grpc.Server
-	cache cachev3.SnapshotCache
-	log   hclog.Logger
+	listen string
+	ln     net.Listener // nil: Detached
+	grpc   *grpc.Server
+	cache  cachev3.SnapshotCache
+	log    hclog.Logger
 
 	mu       sync.Mutex
 	clusters map[string]*endpointv3.ClusterLoadAssignment
@@ -104,22 +105,36 @@ func NewServer(listen string, logger hclog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("envoy xds listen %s: %w", listen, err)
 	}
-	l := logger.Named("envoy").With("listen", ln.Addr().String())
-	s := &Server{ln: ln, log: l, clusters: map[string]*endpointv3.ClusterLoadAssignment{}}
+	return newServer(ln, ln.Addr().String(), logger), nil
+}
+
+// Detached is a server for listen that does not listen, and so publishes
+// nothing: heft-sync --check builds on it the clusters of an address the
+// heft-sync service holds, to check their state files. Run fails.
+func Detached(listen string, logger hclog.Logger) *Server {
+	return newServer(nil, listen, logger)
+}
+
+func newServer(ln net.Listener, listen string, logger hclog.Logger) *Server {
+	l := logger.Named("envoy").With("listen", listen)
+	s := &Server{listen: listen, ln: ln, log: l, clusters: map[string]*endpointv3.ClusterLoadAssignment{}}
 	s.cache = cachev3.NewSnapshotCache(false, everyNode{}, log.LoggerFuncs{
 		DebugFunc: func(f string, a ...any) { l.Trace(fmt.Sprintf(f, a...)) },
 		InfoFunc:  func(f string, a ...any) { l.Debug(fmt.Sprintf(f, a...)) },
 		WarnFunc:  func(f string, a ...any) { l.Warn(fmt.Sprintf(f, a...)) },
 		ErrorFunc: func(f string, a ...any) { l.Error(fmt.Sprintf(f, a...)) },
 	})
-	return s, nil
+	return s
 }
 
-// Addr is the address the server listens on.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
+// Addr is the address the server listens on; a Detached server's listen.
+func (s *Server) Addr() string { return s.listen }
 
 // Run serves xDS until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
+	if s.ln == nil {
+		return fmt.Errorf("envoy xds %s: not listening (a server built for --check)", s.listen)
+	}
 	xds := serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
 		StreamOpenFunc: func(_ context.Context, id int64, typ string) error {
 			s.log.Debug("xds stream opened", "stream", id, "type", typ)
@@ -149,7 +164,12 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // Close releases the listener of a server that never ran.
-func (s *Server) Close() error { return s.ln.Close() }
+func (s *Server) Close() error {
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Close()
+}
 
 // set replaces one cluster's assignment and publishes a new snapshot when
 // it changed. It reports whether it did.

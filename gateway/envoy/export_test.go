@@ -9,3 +9,6 @@ func (c *Cluster) UseLookup(lookup target.LookupFunc) *Cluster {
 	c.keepAnswers()
 	return c
 }
+
+// DialAddr is dialAddr, for tests.
+var DialAddr = dialAddr

@@ -122,8 +122,12 @@ func (c *Cluster) Served(context.Context) ([]target.Served, error) {
 }
 
 // restore publishes what the state file holds, before any apply. A file
-// that cannot be read publishes nothing: the first apply decides.
+// that cannot be read publishes nothing: the first apply decides. A
+// Detached server publishes nothing.
 func (c *Cluster) restore() {
+	if c.s.ln == nil {
+		return
+	}
 	served, err := c.Served(context.Background())
 	if err != nil {
 		c.s.log.Warn("the state file cannot be read; the cluster waits for its first apply", "cluster", c.name, "error", err)
