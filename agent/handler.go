@@ -156,11 +156,8 @@ func (h *Handler) Probe(ctx context.Context, req wire.ProbeRequest) (wire.Measur
 			h.probeLog.Info("engine busy; asked the coordinator to drain it at the gateways", "url", client.URL())
 			return nil
 		},
-		Counters: func(ctx context.Context) (float64, error) {
-			c, err := client.Counters(ctx)
-			return c.Generated, err
-		},
-		Stir: client.Stir, Load: client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids, EngineTree: client.Tree,
+		Counters: client.Counters,
+		Stir:     client.Stir, Load: client.Load, GPUs: h.gpus.Devices, GPUUUIDs: uuids, EngineTree: client.Tree,
 		OnWaiting: func(w probe.Waiting) {
 			msg := "engine not ready; the probe waits"
 			if w.Busy {

@@ -168,10 +168,7 @@ func (a probeArgs) run(ctx context.Context, stdio IO, openGPUs func(hclog.Logger
 		// traffic, every data-parallel rank at the same load.
 		e := c.Facts(ctx, gpus, nil)
 		cfg.Load, cfg.EngineTree, cfg.GPUUUIDs = c.Load, c.Tree, e.GPUUUIDs
-		cfg.Counters = func(ctx context.Context) (float64, error) {
-			n, err := c.Counters(ctx)
-			return n.Generated, err
-		}
+		cfg.Counters = c.Counters
 		cfg.Stir = c.Stir
 		cfg.Ranks = e.DataParallelRanks()
 		if !a.concurrencyGiven {

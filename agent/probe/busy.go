@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"heft/agent/engine"
@@ -336,12 +338,28 @@ func (p *prober) slack() int {
 // counter reads the engine's generated-tokens counter within ten seconds;
 // errNoCounters where the probe has no reader.
 func (p *prober) counter(ctx context.Context) (float64, error) {
+	r, err := p.read(ctx)
+	return r.total, err
+}
+
+// reading is one read of the engine's generated-tokens counter.
+type reading struct {
+	total float64
+	// ranks is the counter per rank that total was summed over
+	// (engine.Counters.Ranks); nil where the reader does not say.
+	ranks map[int]float64
+}
+
+// read reads the counter within ten seconds, with the ranks it was summed
+// over where the reader says.
+func (p *prober) read(ctx context.Context) (reading, error) {
 	if p.cfg.Counters == nil {
-		return 0, errNoCounters
+		return reading{}, errNoCounters
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return p.cfg.Counters(cctx)
+	c, err := p.cfg.Counters(cctx)
+	return reading{total: c.Generated, ranks: c.Ranks}, err
 }
 
 var errNoCounters = errors.New("no counter reader")
@@ -355,8 +373,8 @@ func (p *prober) readLoad(ctx context.Context) (wire.Load, error) {
 
 // readGenerated reads the engine's generated-tokens counter, noting once
 // in m why it cannot be read, and how the burst is checked without it.
-func (p *prober) readGenerated(ctx context.Context, m *wire.Measurement) (float64, bool) {
-	v, err := p.counter(ctx)
+func (p *prober) readGenerated(ctx context.Context, m *wire.Measurement) (reading, bool) {
+	v, err := p.read(ctx)
 	if err != nil {
 		note := fmt.Sprintf("other traffic during the burst not checked: %v", err)
 		if p.loadWatchable(m) {
@@ -366,7 +384,7 @@ func (p *prober) readGenerated(ctx context.Context, m *wire.Measurement) (float6
 		if ctx.Err() == nil && p.cfg.Counters != nil && !slices.Contains(m.Problems, note) {
 			m.Problems = append(m.Problems, note)
 		}
-		return 0, false
+		return reading{}, false
 	}
 	return v, true
 }
@@ -382,10 +400,10 @@ func (p *prober) loadWatchable(m *wire.Measurement) bool {
 // counter and load together where both can be read (base is the counter
 // before the burst, counted whether it was read), its load alone where
 // only that can, else nil.
-func (p *prober) watchFor(m *wire.Measurement, phase string, base float64, counted bool) burstWatch {
+func (p *prober) watchFor(m *wire.Measurement, phase string, base reading, counted bool) burstWatch {
 	switch {
 	case counted && p.cfg.Load != nil:
-		return p.counterWatch(phase, base)
+		return p.counterWatch(phase, base.total)
 	case !counted && p.loadWatchable(m):
 		return p.loadWatch(phase)
 	}
@@ -443,16 +461,103 @@ func (p *prober) loadWatch(phase string) burstWatch {
 	}
 }
 
+// checkBurst judges a burst (the warm-up or the measured one) by the
+// engine's counter read before and after it. Only two readings of one
+// counter say what the engine generated in between: summed over the same
+// ranks (vLLM's engine label), none of which went back. A rank missing
+// from the read after hides all it made, other traffic included; one
+// missing from the read before adds all it ever made. A series missing
+// from one page is back at the next, so after is read again once. Then:
+//   - a counter that still went back is an engine that restarted between
+//     the reads: the burst is not of the engine as it now is (a cold one
+//     lies, PRODUCT.md), so it is discarded as a shared burst is, and the
+//     coordinator asks again later;
+//   - still other ranks is a pair that cannot be compared, as a read that
+//     fails after the burst: kept with that case's "not checked" note,
+//     not a restart (nothing went back), and the engine was idle before
+//     the burst and watched through it.
+func (p *prober) checkBurst(ctx context.Context, m *wire.Measurement, phase string, b burstSummary, before reading, after *reading) error {
+	fault, reads := comparePair(before, *after), "read once"
+	if fault != pairOK {
+		if again, err := p.read(ctx); err == nil {
+			*after, fault, reads = again, comparePair(before, again), "read twice"
+		} else if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	switch fault {
+	case pairWentBack:
+		sent := "the measured burst was not sent"
+		if phase == PhaseMeasure {
+			sent = fmt.Sprintf("the burst's %.1f tok/s is not of the engine as it now is, and was discarded", b.TPS)
+		}
+		return busyError{fmt.Sprintf("the engine's generated-tokens counter went back during the %s (%s before it, %s after, %s): "+
+			"the engine restarted; %s", phaseName(phase), before, *after, reads, sent)}
+	case pairOtherRanks:
+		// The warm-up's pair only spares the engine's users the measured
+		// burst, whose own pair (from after, read again) still decides.
+		if phase == PhaseMeasure {
+			m.Problems = append(m.Problems, fmt.Sprintf("other traffic during the burst not checked: the engine's generated-tokens counter "+
+				"was summed over other ranks before it (%s) and after it (%s, %s), so the two are not one counter (a rank's series missing from /metrics)",
+				before, *after, reads))
+		}
+		return nil
+	}
+	return p.shared(m, phase, b, before.total, after.total)
+}
+
+// pairFault says why two readings of the counter are not one counter.
+type pairFault int
+
+const (
+	pairOK         pairFault = iota
+	pairWentBack             // a rank, or the total where the ranks are not known, went back
+	pairOtherRanks           // summed over other ranks
+)
+
+// comparePair compares a reading with one before it. A counter that is
+// one series (SGLang, llama.cpp: rank 0 alone) is compared as before: it
+// went back or it did not.
+func comparePair(before, after reading) pairFault {
+	if before.ranks == nil || after.ranks == nil {
+		if after.total < before.total {
+			return pairWentBack
+		}
+		return pairOK
+	}
+	same := len(before.ranks) == len(after.ranks)
+	for k, v := range before.ranks {
+		a, ok := after.ranks[k]
+		if ok && a < v {
+			return pairWentBack
+		}
+		same = same && ok
+	}
+	if !same {
+		return pairOtherRanks
+	}
+	return pairOK
+}
+
+// String gives the reading's total, and its ranks where several.
+func (r reading) String() string {
+	if len(r.ranks) < 2 {
+		return fmt.Sprintf("%.0f", r.total)
+	}
+	parts := make([]string, 0, len(r.ranks))
+	for _, k := range slices.Sorted(maps.Keys(r.ranks)) {
+		parts = append(parts, fmt.Sprintf("rank %d: %.0f", k, r.ranks[k]))
+	}
+	return fmt.Sprintf("%.0f (%s)", r.total, strings.Join(parts, ", "))
+}
+
 // shared judges the engine's own count of generated tokens over a burst
 // (the warm-up or the measured one) against what the burst received: more
 // means other requests shared the engine, and the burst measured a share.
-// A little slack covers a counter that records a step late.
+// A little slack covers a counter that records a step late. before and
+// after are one counter (checkBurst).
 func (p *prober) shared(m *wire.Measurement, phase string, meas burstSummary, before, after float64) error {
 	grew := after - before
-	if grew < 0 {
-		m.Problems = append(m.Problems, fmt.Sprintf("the engine's generated-tokens counter went back from %.0f to %.0f during the burst (restarted?)", before, after))
-		return nil
-	}
 	if phase == PhaseMeasure {
 		m.EngineGeneratedTokens = int64(grew)
 	}

@@ -193,7 +193,9 @@ func TestRunIdleSettle(t *testing.T) {
 		cfg := quick(f.URL())
 		var counted atomic.Int32
 		cfg.Load, _ = busyFor(0)
-		cfg.Counters = func(context.Context) (float64, error) { return float64(100 * counted.Add(1)), nil }
+		cfg.Counters = func(context.Context) (engine.Counters, error) {
+			return engine.Counters{Generated: float64(100 * counted.Add(1))}, nil
+		}
 		cfg.RequireIdle, cfg.Trigger = true, wire.ReasonScheduled
 		_, err := Run(t.Context(), cfg)
 		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "generated 100 tokens") || !strings.Contains(err.Error(), "reported no requests") || f.chats.Load() != 0 {
@@ -224,16 +226,16 @@ func TestRunIdleSettle(t *testing.T) {
 func TestRunSharedBurstDiscarded(t *testing.T) {
 	// The engine's counter before the warm-up, after it (its 32 tokens,
 	// and warmExtra of someone else's), and after the measured burst.
-	counter := func(warmExtra, extra float64) (func(context.Context) (float64, error), *atomic.Int32) {
+	counter := func(warmExtra, extra float64) (func(context.Context) (engine.Counters, error), *atomic.Int32) {
 		var reads atomic.Int32
-		return func(context.Context) (float64, error) {
+		return func(context.Context) (engine.Counters, error) {
 			switch reads.Add(1) {
 			case 1:
-				return 1000, nil
+				return engine.Counters{Generated: 1000}, nil
 			case 2:
-				return 1000 + 4*8 + warmExtra, nil
+				return engine.Counters{Generated: 1000 + 4*8 + warmExtra}, nil
 			}
-			return 1000 + 2*4*8 + warmExtra + extra, nil
+			return engine.Counters{Generated: 1000 + 2*4*8 + warmExtra + extra}, nil
 		}, &reads
 	}
 	t.Run("other traffic: discarded", func(t *testing.T) {
@@ -274,7 +276,7 @@ func TestRunSharedBurstDiscarded(t *testing.T) {
 	t.Run("counter unreadable: measured, with a note", func(t *testing.T) {
 		f := newFake(t, nil)
 		cfg := quick(f.URL())
-		cfg.Counters = func(context.Context) (float64, error) { return 0, errors.New("no /metrics") }
+		cfg.Counters = func(context.Context) (engine.Counters, error) { return engine.Counters{}, errors.New("no /metrics") }
 		m := mustRun(t, cfg)
 		if !m.Valid() || !hasProblem(m, "other traffic during the burst not checked: no /metrics") {
 			t.Fatalf("valid %v problems %q", m.Valid(), m.Problems)

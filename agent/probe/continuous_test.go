@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"heft/agent/engine"
 	"heft/shared/wire"
 )
 
@@ -75,8 +76,8 @@ func (e *specEngine) stream(n int64, w http.ResponseWriter, r *http.Request, req
 	writeEvent(w, "[DONE]")
 }
 
-func (e *specEngine) counter(context.Context) (float64, error) {
-	return float64(e.generated.Load()), nil
+func (e *specEngine) counter(context.Context) (engine.Counters, error) {
+	return engine.Counters{Generated: float64(e.generated.Load())}, nil
 }
 
 func (e *specEngine) load(context.Context) (wire.Load, error) {

@@ -52,8 +52,8 @@ const (
 
 // ErrBusy is returned (errors.Is) by a probe that found the engine busy
 // and did not measure it (see Config.Busy), or whose measured burst the
-// engine's own counters show was shared with other traffic; the caller
-// should try again later. Its Busy method says so to packages that do not
+// engine's own counters show was shared with other traffic, or ran on an
+// engine that restarted; the caller should try again later. Its Busy method says so to packages that do not
 // import probe (the link).
 var ErrBusy error = busyError{}
 
@@ -99,8 +99,10 @@ type Config struct {
 	// more than the burst received means other traffic shared the engine
 	// (mid-burst, only where Load also shows more requests than the
 	// burst's), and Run returns ErrBusy, not a number. Where it cannot be
-	// read, Load alone watches each burst (loadWatch).
-	Counters func(ctx context.Context) (float64, error)
+	// read, Load alone watches each burst (loadWatch). Only Generated and
+	// Ranks are used: a burst is judged only by two reads summed over the
+	// same ranks (checkBurst).
+	Counters func(ctx context.Context) (engine.Counters, error)
 	// Stir, optional, reads what moves at every step of an engine with
 	// requests running (engine.Client.Stir): a load that reads busy while
 	// it and this stand still for StaleLoadAfter is a load the engine
@@ -397,7 +399,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	if startCounted && counted {
 		// Traffic that shared the warm-up would share the measured burst
 		// too: stop here, and spare the engine's users half the burst.
-		if err := p.shared(m, PhaseWarmup, warm, start, before); err != nil {
+		if err := p.checkBurst(ctx, m, PhaseWarmup, warm, start, &before); err != nil {
 			return burstSummary{}, false, err
 		}
 	}
@@ -427,7 +429,7 @@ func (p *prober) measure(ctx context.Context, m *wire.Measurement) (meas burstSu
 	}
 	if counted {
 		if after, ok := p.readGenerated(ctx, m); ok {
-			if err := p.shared(m, PhaseMeasure, meas, before, after); err != nil {
+			if err := p.checkBurst(ctx, m, PhaseMeasure, meas, before, &after); err != nil {
 				return meas, false, err
 			}
 		}

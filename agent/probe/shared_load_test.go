@@ -52,10 +52,7 @@ func TestSharedBurstSeenByLoadWithoutCounters(t *testing.T) {
 	t.Cleanup(stopUsers)
 	var once sync.Once
 	cfg := Config{URL: noMetrics.URL, Kind: wire.EngineSGLang, Tokens: 256, CapacityKey: "k", Trigger: wire.ReasonOnDemand,
-		Load: client.Load, Counters: func(ctx context.Context) (float64, error) {
-			c, err := client.Counters(ctx)
-			return c.Generated, err
-		}, ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second, settle: 50 * time.Millisecond,
+		Load: client.Load, Counters: client.Counters, ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second, settle: 50 * time.Millisecond,
 		watchPoll: 200 * time.Millisecond,
 		Progress: func(p Progress) {
 			if p.Phase == PhaseMeasure {
@@ -86,7 +83,7 @@ func TestSharedBurstSeenByLoadWithoutCounters(t *testing.T) {
 // the note that it was not checked.
 func TestLoadAloneWatchesTheWholeBurst(t *testing.T) {
 	t.Parallel()
-	noCounters := func(context.Context) (float64, error) { return 0, errors.New("no /metrics") }
+	noCounters := func(context.Context) (engine.Counters, error) { return engine.Counters{}, errors.New("no /metrics") }
 	run := func(duringBurst int) (wire.Measurement, error) {
 		// The first request ends at once; the others run until the watch
 		// has read the load after the probe saw the first end, so the load

@@ -130,17 +130,14 @@ func TestSimSharedWarmupStopsEarly(t *testing.T) {
 // default of 256), its engine client, the agent's counter reader, traffic
 // that sends it 11 long-running users, and stopUsers, which ends them (the
 // test's cleanup does too).
-func sharedSim(t *testing.T, kind string, accept int) (s *sim.Server, client *engine.Client, counters func(context.Context) (float64, error), traffic, stopUsers func()) {
+func sharedSim(t *testing.T, kind string, accept int) (s *sim.Server, client *engine.Client, counters func(context.Context) (engine.Counters, error), traffic, stopUsers func()) {
 	flavor := map[string]string{wire.EngineVLLM: sim.FlavorVLLM, wire.EngineSGLang: sim.FlavorSGLang}[kind]
 	s = startSim(t, sim.Config{Flavor: flavor, SingleTPS: 100, Batch16TPS: 1000, MaxRunning: 64, SpecAccept: accept})
 	client, err := engine.New(engine.Config{Kind: kind, URL: s.URL()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	counters = func(ctx context.Context) (float64, error) {
-		c, err := client.Counters(ctx)
-		return c.Generated, err
-	}
+	counters = client.Counters
 	ctx, cancel := context.WithCancel(t.Context())
 	var users sync.WaitGroup
 	stopUsers = func() { cancel(); users.Wait() }

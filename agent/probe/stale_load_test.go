@@ -56,7 +56,7 @@ func TestSimStaleLoadProbed(t *testing.T) {
 		t.Fatalf("load %+v (%v), want aborted requests still on the gauges", stale, err)
 	}
 	cfg := Config{URL: s.URL(), Kind: wire.EngineVLLM, Tokens: 64, CapacityKey: "k", Trigger: wire.ReasonScheduled, RequireIdle: true,
-		Load: client.Load, Counters: func(ctx context.Context) (float64, error) { c, err := client.Counters(ctx); return c.Generated, err },
+		Load: client.Load, Counters: client.Counters,
 		ReadyTimeout: 10 * time.Second, BurstTimeout: 30 * time.Second, settle: 50 * time.Millisecond,
 		busyPoll: 100 * time.Millisecond, staleAfter: time.Second}
 
@@ -83,7 +83,7 @@ func TestSimStaleLoadProbed(t *testing.T) {
 	s, client, leave = staleSim(t, 6)
 	cfg.URL, cfg.Load, cfg.Stir, cfg.Trigger, cfg.RequireIdle, cfg.Busy, cfg.BusyWait =
 		s.URL(), client.Load, client.Stir, wire.ReasonOnDemand, false, BusyWait, 20*time.Second
-	cfg.Counters = func(ctx context.Context) (float64, error) { c, err := client.Counters(ctx); return c.Generated, err }
+	cfg.Counters = client.Counters
 	time.AfterFunc(500*time.Millisecond, leave)
 	if m := mustRun(t, cfg); !m.Valid() || m.BusyWaitSeconds < 1 {
 		t.Errorf("valid %v after waiting %.1f s; problems %q", m.Valid(), m.BusyWaitSeconds, m.Problems)
