@@ -1,7 +1,6 @@
 package packaging
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,7 +49,7 @@ func TestUnitsReloadAsTheDocsSay(t *testing.T) {
 		}
 		// A stand-in main process that says when SIGHUP reaches it.
 		main := exec.Command("sh", "-c", `trap 'echo hup; exit 0' HUP; echo ready; while :; do sleep 0.05; done`)
-		var out bytes.Buffer
+		var out testutil.SyncBuffer
 		main.Stdout = &out
 		if err := main.Start(); err != nil {
 			t.Fatal(err)
