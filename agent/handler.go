@@ -54,6 +54,7 @@ type Handler struct {
 	passive       map[string]*passive // passive capacity per capacity key (passive.go)
 	paces         map[string]*pace    // pace readings per capacity key (pace.go)
 	passiveWindow time.Duration       // tests: replaces both the passive and the pace window; 0: the config's
+	passiveGap    time.Duration       // tests: replaces passiveMaxGap
 	staleAfter    time.Duration       // tests: replaces probe.StaleLoadAfter in snapshots
 }
 

@@ -34,9 +34,10 @@ const passiveStill = 2 * time.Second
 // passive turns an engine's own counters, read while it is saturated in
 // service, into wire.Passive readings: no burst is sent. A sample that is
 // not saturated, a counter that went back (a restart) or is summed over
-// other ranks, or a snapshot that could not read the engine starts over.
+// other ranks, or one more than maxGap after the last starts over.
 type passive struct {
 	window  time.Duration
+	maxGap  time.Duration
 	perRank int
 	ranks   int
 
@@ -65,6 +66,17 @@ const (
 	passiveForget  = 10 * time.Minute
 	maxPassiveKeys = 64
 )
+
+// passiveMaxGap is the longest time between two samples a passive window
+// spans. A snapshot that could not read the engine (a /metrics read that
+// failed or timed out, or the engine unreachable) leaves a hole in which
+// the engine may have stalled or idled, and the window averages it in.
+// One such read is a hole of at most the read's 5 s timeout and the 1 s
+// poll, and a busy engine's /metrics fails now and then (SGLang's and
+// vLLM's answer on the event loop that serves requests): were every hole
+// a new start, a saturated engine whose /metrics fails once per window
+// would never be read. Two failed reads in a row start over.
+const passiveMaxGap = 10 * time.Second
 
 type passiveSample struct {
 	at  time.Time
@@ -114,7 +126,8 @@ func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 	if still && !p.start.at.IsZero() && at.Sub(p.moved.at) >= passiveStill {
 		ok = false
 	}
-	if !ok || p.start.at.IsZero() || c.Generated < p.last.gen || ranks != p.last.ranks {
+	hole := !p.last.at.IsZero() && at.Sub(p.last.at) > cmp.Or(p.maxGap, passiveMaxGap)
+	if !ok || p.start.at.IsZero() || c.Generated < p.last.gen || ranks != p.last.ranks || hole {
 		p.unseen()
 		if ok {
 			first := passiveSample{at, c.Generated, ranks}
@@ -150,9 +163,7 @@ func (p *passive) add(at time.Time, c engine.Counters) *wire.Passive {
 	return r
 }
 
-// unseen starts the window over (its last reading stays): the engine's
-// counters could not be read, or it read idle, so nothing says that it
-// stayed saturated.
+// unseen starts the window over (its last reading stays).
 func (p *passive) unseen() {
 	p.rates = p.rates[:0]
 	p.start, p.last, p.moved, p.minRunning = passiveSample{}, passiveSample{}, passiveSample{}, 0
@@ -185,15 +196,6 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 	}
 	seen := time.Now()
 	defer h.forgetPassive(seen)
-	defer func() {
-		// An engine this snapshot could not name (unreachable: no
-		// capacity key) was not seen saturated either.
-		for _, p := range h.passive {
-			if !p.seen.Equal(seen) && ctx.Err() == nil {
-				p.unseen()
-			}
-		}
-	}()
 	for i := range s.Engines {
 		e := &s.Engines[i]
 		if e.CapacityKey == "" {
@@ -201,7 +203,7 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 		}
 		p := h.passive[e.CapacityKey]
 		if p == nil {
-			p = &passive{window: h.passiveWindow, perRank: h.cfg.Probe.Concurrency}
+			p = &passive{window: h.passiveWindow, maxGap: h.passiveGap, perRank: h.cfg.Probe.Concurrency}
 			if p.window == 0 {
 				p.window = h.cfg.Probe.PassiveWindow
 			}
@@ -228,7 +230,7 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 				c, at, read = got, when, err == nil
 			}
 		}
-		if read { // a failed read leaves the pace window as it was
+		if read { // a failed read leaves both windows as they were (passiveMaxGap)
 			// An idle point counts as a read too: a /metrics answer that
 			// came before it (another snapshot's, the engine busy then) is
 			// read afresh, never added after it, or a window would start
@@ -241,14 +243,7 @@ func (h *Handler) passiveReadings(ctx context.Context, s *wire.Snapshot) {
 				e.Load.StaleSeconds = d.Seconds()
 			}
 		} else {
-			// No proof of stillness, nor of saturation: a passive window
-			// across a snapshot that could not read the engine would hold
-			// time in which it may have stalled or idled. The pace window
-			// runs on: it counts the time between tokens, not the time.
-			p.stillLoad.Reset()
-			if ctx.Err() == nil { // a snapshot cut short says nothing of the engine
-				p.unseen()
-			}
+			p.stillLoad.Reset() // no proof of stillness
 		}
 		if pc.latest != nil {
 			r := *pc.latest

@@ -132,7 +132,8 @@ type member struct {
 	// checked is its node's (SetAddressRefusals), is on the
 	// data-parallel address's host.
 	head bool
-	// live: its agent is connected. A worker whose node went away stays
+	// live: its agent is present (connected, and a snapshot accepted on
+	// that connection: node.present). A worker whose node went away stays
 	// listed until forgotten (a day); its ranks must not keep out those
 	// of a live one (the same engine back under a corrected node name, or
 	// on another host). A hostile node gains from this only while the
@@ -159,7 +160,7 @@ func (f *Fleet) naming(w *worker, s span) []member {
 			continue
 		}
 		if os, ok := spanOf(o.eng); ok && os.addr == s.addr {
-			out = append(out, member{w: o, s: os, head: !os.headless && f.addressOn(o, os.host), live: f.connected(o)})
+			out = append(out, member{w: o, s: os, head: !os.headless && f.addressOn(o, os.host), live: f.present(o)})
 		}
 	}
 	return out

@@ -224,6 +224,26 @@ func TestDeploymentLiveNodeWinsOverAnOfflineOne(t *testing.T) {
 	}
 }
 
+// The same, with the old tail's agent connected again but every snapshot
+// it sends refused (a hello reaches the fleet, no snapshot does): it is as
+// away as one that never came back (bdf1652), and its stale starved rank
+// kept the head held on that rank alone while "live" meant connected.
+func TestDeploymentHelloAloneIsNotLive(t *testing.T) {
+	h := headAndTail(t, [2]int64{373696, 373552}, [2]int64{373600, 46704})
+	h.disconnect("gpu-b")
+	h.clk.advance(time.Second)
+	h.connect("gpu-b") // hello only: its snapshots are refused before the fleet
+	h.connect("gpu-b2")
+	h.put("gpu-b2", dpNode("tail2", "http://10.0.0.2:8000", 2, true, 373600, 373600))
+	h.result("gpu-b2", measured("tail2", 500, h.clk.now()))
+	h.snapshot("gpu-a")
+	for _, id := range []string{"head", "tail2"} {
+		if w := h.worker(id); w.State != view.StateAdmitted || len(w.Ranks) != 4 {
+			t.Errorf("%s: %s on ranks %v, want admitted on the four live ranks", id, w.State, w.Ranks)
+		}
+	}
+}
+
 // headAndTail is an honest vLLM DP4 deployment over two nodes, measured:
 // the head (gpu-a, DP 0–1) and a headless tail (gpu-b, DP 2–3) with the
 // given pools.
