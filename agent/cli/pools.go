@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -176,6 +177,14 @@ func otherPoolLines(kind string) string {
 	return strings.Join(out, "; ")
 }
 
+// mlxServerLine reports whether line is mlx_lm.server's own (its banner,
+// or a warning naming its module's file): a log without any kind's pool
+// lines that holds one is mlx-lm's, which has no pool, not a vLLM log
+// without one.
+func mlxServerLine(line string) bool {
+	return strings.Contains(line, "Starting MLX Server") || strings.Contains(line, "mlx_lm/server.py") || strings.Contains(line, "mlx_lm.server")
+}
+
 // errNoPoolEngine is mlx-lm's answer: its server allocates KV cache per
 // request and has no pool to read.
 var errNoPoolEngine = errors.New("mlx-lm's server exposes no KV pool: it allocates each request's cache as it goes, " +
@@ -218,13 +227,17 @@ func (a poolsArgs) read() (poolsReport, enginelog.Facts, int, error) {
 		// Read once, then try each kind: the first whose pool lines the
 		// log holds is the engine's.
 		readErr = src.ReadAll(context.Background(), logsource.Handler{Line: func(l string) { lines = append(lines, l) }})
-		kind = poolKinds[0]
+		kind = ""
 		for _, k := range poolKinds {
 			if f, err := readKind(k, replay(lines)); err == nil && len(f.Ranks) > 0 {
 				kind = k
 				break
 			}
 		}
+		if kind == "" && readErr == nil && slices.ContainsFunc(lines, mlxServerLine) {
+			return poolsReport{}, enginelog.Facts{Engine: wire.EngineMLX}, 1, fmt.Errorf("%s: the log is mlx_lm.server's: %w", a.log, errNoPoolEngine)
+		}
+		kind = cmp.Or(kind, poolKinds[0])
 	}
 	facts, err := readKind(kind, func(yield func(string)) error {
 		if a.kind == "" {

@@ -110,6 +110,10 @@ func TestPoolsErrors(t *testing.T) {
 		{"wrong engine", []string{"--engine", "vllm", "--log", testutil.Testdata(t, "engines/sglang-dp2-even.log")}, 1, []string{`try engine "sglang"`}},
 		{"unknown engine", []string{"--engine", "tgi", "--log", noPool}, 2, []string{`unknown engine "tgi"`}},
 		{"an engine without a pool", []string{"--engine", "mlx", "--log", noPool}, 1, []string{"exposes no KV pool"}},
+		// Without --engine a log of no kind's pool lines was read as a
+		// vLLM log without one, mlx_lm.server's too.
+		{"mlx_lm.server's log, no engine named", []string{"--log", testutil.Testdata(t, "engines/wild/mlx-lm-2026-server-start.log")}, 1,
+			[]string{"the log is mlx_lm.server's", "exposes no KV pool"}},
 		{"missing file", []string{"--engine", "sglang", "--log", filepath.Join(t.TempDir(), "absent.log")}, 1, []string{"cannot read the log", "absent.log"}},
 		{"a directory", []string{"--engine", "sglang", "--log", t.TempDir()}, 1, []string{"is a directory"}},
 		{"missing flags", []string{"--engine", "vllm"}, 2, []string{"--log is required", "usage: heft-agent pools"}},
