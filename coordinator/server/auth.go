@@ -125,7 +125,13 @@ func (s *Server) readAuth(w http.ResponseWriter, r *http.Request) bool {
 	if t.Viewer == "" {
 		return true
 	}
-	return s.checkToken(w, r, authViewer, true, append(settings.SplitTokens(t.Viewer), settings.SplitTokens(t.Admin)...)...)
+	return s.checkToken(w, r, authViewer, true, readTokens(t)...)
+}
+
+// readTokens are the tokens a read guarded by the viewer token takes: each
+// line of the viewer and the admin setting (a rotation holds two).
+func readTokens(t Tokens) []string {
+	return append(settings.SplitTokens(t.Viewer), settings.SplitTokens(t.Admin)...)
 }
 
 // clientIP is the address a request comes from. X-Forwarded-For is read

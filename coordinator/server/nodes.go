@@ -45,12 +45,11 @@ func (s *Server) nodeRecordRoute(rest string) methods {
 // stay open when no viewer token is set.
 func (s *Server) nodeRead(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		// Each line of a token setting is a token: a rotation holds the
-		// old one and the new.
+		// One read of the settings decides both the rule and its tokens.
 		t := s.tokens()
 		kind, query, want := authAdmin, false, settings.SplitTokens(t.Admin)
 		if t.Viewer != "" {
-			kind, query, want = authViewer, true, append(settings.SplitTokens(t.Viewer), want...)
+			kind, query, want = authViewer, true, readTokens(t)
 		}
 		if s.checkToken(w, r, kind, query, want...) {
 			h(w, r)
